@@ -1,0 +1,102 @@
+# zeroserve — one build for everything.
+#   make            build ./zeroserve (CPU always; CUDA objects too when nvcc is found, CUDA=0 turns off)
+#   make test       build and run every test (also under ASan+UBSan); ends with "N passed, N failed"
+#   make serve      build and start the server on the default model
+#   make bench      run the benchmarks
+# Missing Debian packages are installed when run as root; otherwise the apt-get line is printed.
+
+CC      ?= gcc
+BUILD   ?= build
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=gnu11 -Wall -Wextra -pthread -MMD -MP -I. -Iengine -Ikernels -Ioffload -Iserver \
+           -I/usr/include/x86_64-linux-gnu/openblas-pthread
+LDLIBS  += -lopenblas -ljansson -lmicrohttpd -luring -lm -lpthread
+
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
+CUDA    ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -Xcompiler -Wall,-Wextra -I. -Iengine -Ikernels
+
+DEB_PKGS = libjansson-dev libmicrohttpd-dev liburing-dev libopenblas-dev curl
+DEP_HDRS = /usr/include/jansson.h /usr/include/microhttpd.h /usr/include/liburing.h \
+           /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/bin/curl
+
+LIB_SRC  := $(wildcard engine/*.c kernels/cpu/*.c offload/*.c) $(filter-out server/main.c,$(wildcard server/*.c))
+CUDA_C   := $(filter %-cuda.c %-nccl.c,$(LIB_SRC))
+LIB_SRC  := $(filter-out $(CUDA_C),$(LIB_SRC))
+CU_SRC   := $(wildcard kernels/cuda/*.cu)
+TEST_SRC := $(wildcard tests/test-*.c)
+TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+# unit tests that also run under AddressSanitizer + UndefinedBehaviorSanitizer
+ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRC))
+
+ifeq ($(CUDA),1)
+CFLAGS   += -DZS_CUDA=1 -I$(CUDA_HOME)/include
+LIB_SRC  += $(CUDA_C)
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart_static -ldl -lrt -lstdc++
+LIB_CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
+endif
+
+LIB_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(LIB_CU_OBJ)
+ASAN_OBJ := $(patsubst %.c,$(BUILD)/asan/%.o,$(LIB_SRC)) $(LIB_CU_OBJ)
+ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+.PHONY: all deps test test-unit serve bench clean
+all: deps zeroserve
+
+deps:
+	@missing=""; for h in $(DEP_HDRS); do [ -e $$h ] || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages: $(DEB_PKGS)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PKGS)) >/dev/null || exit 1; \
+	  else \
+	    echo "missing packages; run: sudo apt-get install -y $(DEB_PKGS)"; exit 1; \
+	  fi; \
+	fi
+
+zeroserve: $(BUILD)/libzs.a $(BUILD)/server/main.o
+	$(CC) $(CFLAGS) -o $@ $(BUILD)/server/main.o $(BUILD)/libzs.a $(LDLIBS)
+
+$(BUILD)/libzs.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/asan/libzs.a: $(ASAN_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/asan/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) -c $< -o $@
+
+$(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libzs.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libzs.a $(LDLIBS)
+
+$(BUILD)/asan/tests/%: tests/%.c $(BUILD)/asan/libzs.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) -o $@ $< $(BUILD)/asan/libzs.a $(LDLIBS)
+
+test: all $(TESTS) $(ASAN_TESTS)
+	@BUILD=$(BUILD) sh tests/run-tests.sh
+
+serve: all
+	sh server/serve-default.sh
+
+bench: all
+	sh tests/bench/run.sh
+
+clean:
+	rm -rf $(BUILD) zeroserve
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

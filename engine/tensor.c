@@ -1,0 +1,116 @@
+/* tensor.c — dtype sizes and names, f16/bf16 <-> f32 conversion. */
+#include "tensor.h"
+
+#include <string.h>
+
+#include "common.h"
+
+size_t zs_dtype_size(zs_dtype t) {
+    switch (t) {
+    case ZS_F32: return 4;
+    case ZS_F16: return 2;
+    case ZS_BF16: return 2;
+    default: return 0;
+    }
+}
+
+const char *zs_dtype_name(zs_dtype t) {
+    switch (t) {
+    case ZS_F32: return "F32";
+    case ZS_F16: return "F16";
+    case ZS_BF16: return "BF16";
+    default: return "?";
+    }
+}
+
+int zs_dtype_parse(const char *name, zs_dtype *out) {
+    if (!strcmp(name, "F32") || !strcmp(name, "f32") || !strcmp(name, "float32")) *out = ZS_F32;
+    else if (!strcmp(name, "F16") || !strcmp(name, "f16") || !strcmp(name, "float16")) *out = ZS_F16;
+    else if (!strcmp(name, "BF16") || !strcmp(name, "bf16") || !strcmp(name, "bfloat16")) *out = ZS_BF16;
+    else return ZS_EUNSUPPORTED;
+    return 0;
+}
+
+int64_t zs_tensor_numel(const zs_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float zs_bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
+
+uint16_t zs_f32_to_bf16(float f) {
+    uint32_t u = f2u(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float zs_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) u = sign;
+        else { /* subnormal: value = man * 2^-24 */
+            float f = (float)man * 5.9604644775390625e-8f;
+            u = f2u(f) | sign;
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    return u2f(u);
+}
+
+uint16_t zs_f32_to_f16(float f) {
+    uint32_t u = f2u(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);       /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);      /* overflow -> inf */
+    if (a < 0x38800000u) {                                         /* subnormal or zero */
+        /* value / 2^-24, rounded to nearest even */
+        float v = u2f(a) * 16777216.0f;
+        uint32_t m = (uint32_t)v;
+        float r = v - (float)m;
+        if (r > 0.5f || (r == 0.5f && (m & 1u))) m++;
+        return (uint16_t)(sign | m);
+    }
+    uint32_t e = (a >> 23) - 112u;
+    uint32_t m = a & 0x7fffffu;
+    uint32_t h = (e << 10) | (m >> 13);
+    uint32_t rest = m & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+void zs_to_f32(float *dst, const void *src, zs_dtype st, size_t n) {
+    if (st == ZS_F32) {
+        memmove(dst, src, n * 4);
+    } else if (st == ZS_BF16) {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = u2f((uint32_t)s[i] << 16);
+    } else {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) dst[i] = zs_f16_to_f32(s[i]);
+    }
+}
+
+void zs_convert(void *dst, zs_dtype dt, const void *src, zs_dtype st, size_t n) {
+    if (dt == st) { memmove(dst, src, n * zs_dtype_size(dt)); return; }
+    if (dt == ZS_F32) { zs_to_f32(dst, src, st, n); return; }
+    uint16_t *d = dst;
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        if (st == ZS_F32) f = ((const float *)src)[i];
+        else if (st == ZS_BF16) f = zs_bf16_to_f32(((const uint16_t *)src)[i]);
+        else f = zs_f16_to_f32(((const uint16_t *)src)[i]);
+        d[i] = dt == ZS_BF16 ? zs_f32_to_bf16(f) : zs_f32_to_f16(f);
+    }
+}
