@@ -38,14 +38,21 @@ int zs_err(int code, const char *fmt, ...) {
 }
 
 int zs_err_prefix(int code, const char *fmt, ...) {
-    char old[sizeof zs_errbuf];
+    char old[sizeof zs_errbuf], pre[sizeof zs_errbuf];
     memcpy(old, zs_errbuf, sizeof old);
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(zs_errbuf, sizeof zs_errbuf, fmt, ap);
+    vsnprintf(pre, sizeof pre, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof zs_errbuf && old[0])
-        snprintf(zs_errbuf + n, sizeof zs_errbuf - (size_t)n, ": %s", old);
+    size_t n = strlen(pre);
+    memcpy(zs_errbuf, pre, n + 1);
+    if (old[0] && n + 2 < sizeof zs_errbuf) {
+        size_t room = sizeof zs_errbuf - n - 3, m = strlen(old);
+        if (m > room) m = room;
+        memcpy(zs_errbuf + n, ": ", 2);
+        memcpy(zs_errbuf + n + 2, old, m);
+        zs_errbuf[n + 2 + m] = 0;
+    }
     return code;
 }
 

@@ -55,8 +55,8 @@ static inline char *tu_model_dir(char *buf, size_t n, const char *name) {
 
 /* Loads <model dir>/reference.json (NULL + message on failure). */
 static inline json_t *tu_load_reference(const char *dir) {
-    char p[4096];
-    snprintf(p, sizeof p, "%s/reference.json", dir);
+    char p[4200];
+    snprintf(p, sizeof p, "%.4000s/reference.json", dir);
     json_error_t e;
     json_t *j = json_load_file(p, 0, &e);
     if (!j) fprintf(stderr, "cannot load %s: %s\n", p, e.text);
