@@ -8,7 +8,7 @@
 CC      ?= gcc
 BUILD   ?= build
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=gnu11 -Wall -Wextra -pthread -MMD -MP -I. -Iengine -Ikernels -Ioffload -Iserver \
+CFLAGS  += -std=gnu11 -Wall -Wextra -pthread -MMD -MP -I. -Iengine -Ikernels/cpu -Ioffload -Iserver \
            -I/usr/include/x86_64-linux-gnu/openblas-pthread
 LDLIBS  += -lopenblas -ljansson -lmicrohttpd -luring -lm -lpthread
 

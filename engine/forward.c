@@ -1,0 +1,191 @@
+/* forward.c — the forward pass of a batch of tokens through every bucket (embeddings, each
+ * transformer block, final norm and LM head), for Llama-family and GPT-2 models, on the CPU. */
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+#include "model.h"
+#include "ops.h"
+
+struct zs_forward {
+    const zs_model *m;
+    int max_tokens;
+    float *x, *xn, *q, *k, *v, *att, *h1, *h2, *scores;
+};
+
+int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
+    const zs_model_config *c = zs_model_config_get(m);
+    if (max_tokens <= 0) return zs_err(ZS_EINVAL, "forward: max_tokens must be positive");
+    zs_forward *f = calloc(1, sizeof *f);
+    if (!f) return zs_err(ZS_ENOMEM, "out of memory");
+    f->m = m;
+    f->max_tokens = max_tokens;
+    size_t n = (size_t)max_tokens, qd = (size_t)c->n_heads * (size_t)c->head_dim;
+    size_t kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t wide = ZS_MAX((size_t)c->ffn_dim, ZS_MAX(qd, (size_t)c->dim));
+    f->x = zs_aligned_alloc(64, n * (size_t)c->dim * 4);
+    f->xn = zs_aligned_alloc(64, n * ZS_MAX((size_t)c->dim, qd) * 4);
+    f->q = zs_aligned_alloc(64, n * qd * 4);
+    f->k = zs_aligned_alloc(64, n * kvd * 4);
+    f->v = zs_aligned_alloc(64, n * kvd * 4);
+    f->att = zs_aligned_alloc(64, n * qd * 4);
+    f->h1 = zs_aligned_alloc(64, n * wide * 4);
+    f->h2 = zs_aligned_alloc(64, n * wide * 4);
+    f->scores = zs_aligned_alloc(64, (size_t)c->max_seq * 4);
+    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->h1 || !f->h2 || !f->scores) {
+        zs_forward_free(f);
+        return zs_err(ZS_ENOMEM, "forward: cannot allocate scratch for %d tokens", max_tokens);
+    }
+    *out = f;
+    return 0;
+}
+
+void zs_forward_free(zs_forward *f) {
+    if (!f) return;
+    free(f->x); free(f->xn); free(f->q); free(f->k); free(f->v);
+    free(f->att); free(f->h1); free(f->h2); free(f->scores);
+    free(f);
+}
+
+/* Pointer of a role's tensor in a bucket given the two base pointers. */
+static inline const void *W(const zs_bucket_layout *L, int role, const void *data, const void *res) {
+    const zs_slot *s = &L->slot[role];
+    if (!s->present) return NULL;
+    return (const char *)(s->resident ? res : data) + s->offset;
+}
+#define WF(L, role, data, res) ((const float *)W(L, role, data, res))
+
+static void norm(const zs_model_config *c, float *y, const float *x, const float *w, const float *b, int n) {
+    if (c->arch == ZS_ARCH_GPT2) zs_op_layernorm(y, x, w, b, n, c->dim, c->norm_eps);
+    else zs_op_rmsnorm(y, x, w, n, c->dim, c->norm_eps);
+}
+
+static void attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b) {
+    const zs_model_config *c = zs_model_config_get(f->m);
+    int hd = c->head_dim, nh = c->n_heads, group = c->n_heads / c->n_kv_heads;
+    size_t qd = (size_t)nh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int i = 0; i < b->n; i++) {
+        int seq = b->seq[i], p = b->pos[i];
+        for (int h = 0; h < nh; h++) {
+            const float *q = f->q + (size_t)i * qd + (size_t)h * hd;
+            int kh = h / group;
+            float *sc = f->scores;
+            for (int j = 0; j <= p; j++) {
+                const float *k = zs_kv_k(kv, layer, seq, j) + (size_t)kh * hd;
+                float s = 0.0f;
+                for (int d = 0; d < hd; d++) s += q[d] * k[d];
+                sc[j] = s * scale;
+            }
+            zs_op_softmax(sc, p + 1);
+            float *o = f->att + (size_t)i * qd + (size_t)h * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int j = 0; j <= p; j++) {
+                const float *v = zs_kv_v(kv, layer, seq, j) + (size_t)kh * hd;
+                float w = sc[j];
+                for (int d = 0; d < hd; d++) o[d] += w * v[d];
+            }
+        }
+    }
+}
+
+static void layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b,
+                          const void *data, const void *res) {
+    const zs_model *m = f->m;
+    const zs_model_config *c = zs_model_config_get(m);
+    const zs_bucket_layout *L = zs_model_layout(m, zs_bucket_layer(l));
+    int n = b->n, d = c->dim, ff = c->ffn_dim;
+    int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    zs_dtype wd = L->slot[ZS_R_WQ].dtype;
+
+    norm(c, f->xn, f->x, WF(L, ZS_R_ATTN_NORM_W, data, res), WF(L, ZS_R_ATTN_NORM_B, data, res), n);
+    zs_op_matmul(f->q, f->xn, n, d, W(L, ZS_R_WQ, data, res), wd, qd, WF(L, ZS_R_BQ, data, res));
+    zs_op_matmul(f->k, f->xn, n, d, W(L, ZS_R_WK, data, res), wd, kvd, WF(L, ZS_R_BK, data, res));
+    zs_op_matmul(f->v, f->xn, n, d, W(L, ZS_R_WV, data, res), wd, kvd, WF(L, ZS_R_BV, data, res));
+    for (int i = 0; i < n; i++) {
+        float *q = f->q + (size_t)i * qd, *k = f->k + (size_t)i * kvd;
+        if (c->arch != ZS_ARCH_GPT2) {
+            zs_op_rope(q, c->n_heads, c->head_dim, b->pos[i], c->rope_theta);
+            zs_op_rope(k, c->n_kv_heads, c->head_dim, b->pos[i], c->rope_theta);
+        }
+        memcpy(zs_kv_k(kv, l, b->seq[i], b->pos[i]), k, (size_t)kvd * 4);
+        memcpy(zs_kv_v(kv, l, b->seq[i], b->pos[i]), f->v + (size_t)i * kvd, (size_t)kvd * 4);
+    }
+    attention(f, kv, l, b);
+    zs_op_matmul(f->xn, f->att, n, qd, W(L, ZS_R_WO, data, res), wd, d, WF(L, ZS_R_BO, data, res));
+    zs_op_add(f->x, f->xn, (size_t)n * d);
+
+    norm(c, f->xn, f->x, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), n);
+    if (c->arch == ZS_ARCH_GPT2) {
+        zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res));
+        zs_op_gelu(f->h1, (size_t)n * ff);
+    } else {
+        zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_GATE, data, res), wd, ff, WF(L, ZS_R_B_GATE, data, res));
+        zs_op_matmul(f->h2, f->xn, n, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res));
+        zs_op_swiglu(f->h1, f->h1, f->h2, (size_t)n * ff);
+    }
+    zs_op_matmul(f->xn, f->h1, n, ff, W(L, ZS_R_W_DOWN, data, res), wd, d, WF(L, ZS_R_B_DOWN, data, res));
+    zs_op_add(f->x, f->xn, (size_t)n * d);
+}
+
+int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const zs_batch *b,
+                   float *logits) {
+    const zs_model *m = f->m;
+    const zs_model_config *c = zs_model_config_get(m);
+    if (b->n <= 0 || b->n > f->max_tokens)
+        return zs_err(ZS_EINVAL, "forward: batch of %d tokens (limit %d)", b->n, f->max_tokens);
+    for (int i = 0; i < b->n; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)
+            return zs_err(ZS_ERANGE, "token id %d is out of range [0, %d)", b->tokens[i], c->vocab_size);
+        if (b->pos[i] < 0 || b->pos[i] >= zs_kv_seq_len(kv, b->seq[i]) || b->pos[i] >= c->max_seq)
+            return zs_err(ZS_ERANGE, "position %d is outside the reserved context", b->pos[i]);
+    }
+    int d = c->dim, rc;
+    const void *data;
+
+    /* embeddings */
+    int eb = zs_bucket_embed();
+    const zs_bucket_layout *E = zs_model_layout(m, eb);
+    if ((rc = src->acquire(src->ctx, eb, &data)) < 0) return rc;
+    const void *eres = zs_model_bucket_resident(m, eb);
+    for (int i = 0; i < b->n; i++) {
+        float *x = f->x + (size_t)i * d;
+        zs_op_embed(x, W(E, ZS_R_TOK_EMB, data, eres), E->slot[ZS_R_TOK_EMB].dtype, d, b->tokens[i]);
+        if (E->slot[ZS_R_POS_EMB].present) {
+            zs_op_embed(f->xn, W(E, ZS_R_POS_EMB, data, eres), E->slot[ZS_R_POS_EMB].dtype, d, b->pos[i]);
+            zs_op_add(x, f->xn, (size_t)d);
+        }
+    }
+    src->release(src->ctx, eb);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        int lb = zs_bucket_layer(l);
+        if ((rc = src->acquire(src->ctx, lb, &data)) < 0) return rc;
+        layer_forward(f, kv, l, b, data, zs_model_bucket_resident(m, lb));
+        src->release(src->ctx, lb);
+    }
+
+    /* final norm + LM head for the rows that want logits; a tied head reads the embedding
+     * bucket again (pass order: embed, layers, head, embed) */
+    int hb = zs_bucket_head(m);
+    const zs_bucket_layout *H = zs_model_layout(m, hb);
+    const void *hres = zs_model_bucket_resident(m, hb);
+    if ((rc = src->acquire(src->ctx, hb, &data)) < 0) return rc;
+    for (int i = 0; i < b->n; i++) {
+        if (b->logits_idx[i] < 0) continue;
+        norm(c, f->xn + (size_t)b->logits_idx[i] * d, f->x + (size_t)i * d, WF(H, ZS_R_OUT_NORM_W, data, hres),
+             WF(H, ZS_R_OUT_NORM_B, data, hres), 1);
+    }
+    if (!c->tied_embeddings && b->n_logits > 0)
+        zs_op_matmul(logits, f->xn, b->n_logits, d, W(H, ZS_R_LM_HEAD, data, hres),
+                     H->slot[ZS_R_LM_HEAD].dtype, c->vocab_size, NULL);
+    src->release(src->ctx, hb);
+    if (c->tied_embeddings) {
+        if ((rc = src->acquire(src->ctx, eb, &data)) < 0) return rc;
+        if (b->n_logits > 0)
+            zs_op_matmul(logits, f->xn, b->n_logits, d, W(E, ZS_R_TOK_EMB, data, eres),
+                         E->slot[ZS_R_TOK_EMB].dtype, c->vocab_size, NULL);
+        src->release(src->ctx, eb);
+    }
+    return 0;
+}

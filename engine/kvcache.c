@@ -1,0 +1,137 @@
+/* kvcache.c — paged KV cache: a free list of blocks and a block table per sequence. */
+#include "kvcache.h"
+
+#include <string.h>
+
+#include "common.h"
+
+typedef struct {
+    int open;
+    int len;
+    int n_blocks;
+    int *blocks; /* [max_blocks_per_seq] */
+} kv_seq;
+
+struct zs_kvcache {
+    int n_layers, kv_dim, n_blocks, max_seqs, max_len, max_bps;
+    float **pool;  /* [n_layers] -> n_blocks * 2 * ZS_KV_BLOCK * kv_dim floats */
+    int *free_list;
+    int n_free;
+    kv_seq *seqs;
+};
+
+size_t zs_kv_block_bytes(int n_layers, int kv_dim) {
+    return (size_t)n_layers * 2 * ZS_KV_BLOCK * (size_t)kv_dim * sizeof(float);
+}
+
+int zs_kv_blocks_for_bytes(int n_layers, int kv_dim, size_t bytes) {
+    size_t b = zs_kv_block_bytes(n_layers, kv_dim);
+    size_t n = b ? bytes / b : 0;
+    return n > 1 << 24 ? 1 << 24 : (int)n;
+}
+
+int zs_kv_init(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len,
+               zs_kvcache **out) {
+    if (n_layers <= 0 || kv_dim <= 0 || n_blocks <= 0 || max_seqs <= 0 || max_len <= 0)
+        return zs_err(ZS_EINVAL, "kv cache: invalid size (layers %d, kv_dim %d, blocks %d, seqs %d, len %d)",
+                      n_layers, kv_dim, n_blocks, max_seqs, max_len);
+    zs_kvcache *kv = calloc(1, sizeof *kv);
+    if (!kv) return zs_err(ZS_ENOMEM, "kv cache: out of memory");
+    kv->n_layers = n_layers;
+    kv->kv_dim = kv_dim;
+    kv->n_blocks = n_blocks;
+    kv->max_seqs = max_seqs;
+    kv->max_len = max_len;
+    kv->max_bps = (max_len + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+    kv->pool = calloc((size_t)n_layers, sizeof(float *));
+    kv->free_list = malloc((size_t)n_blocks * sizeof(int));
+    kv->seqs = calloc((size_t)max_seqs, sizeof(kv_seq));
+    int ok = kv->pool && kv->free_list && kv->seqs;
+    size_t per_layer = (size_t)n_blocks * 2 * ZS_KV_BLOCK * (size_t)kv_dim * sizeof(float);
+    for (int l = 0; ok && l < n_layers; l++) {
+        kv->pool[l] = zs_aligned_alloc(64, per_layer);
+        ok = kv->pool[l] != NULL;
+    }
+    for (int s = 0; ok && s < max_seqs; s++) {
+        kv->seqs[s].blocks = malloc((size_t)kv->max_bps * sizeof(int));
+        ok = kv->seqs[s].blocks != NULL;
+    }
+    if (!ok) {
+        zs_kv_free(kv);
+        return zs_err(ZS_ENOMEM, "kv cache: cannot allocate %d blocks (%zu MiB)", n_blocks,
+                      per_layer * (size_t)n_layers >> 20);
+    }
+    for (int i = 0; i < n_blocks; i++) kv->free_list[i] = n_blocks - 1 - i;
+    kv->n_free = n_blocks;
+    *out = kv;
+    return 0;
+}
+
+void zs_kv_free(zs_kvcache *kv) {
+    if (!kv) return;
+    if (kv->pool)
+        for (int l = 0; l < kv->n_layers; l++) free(kv->pool[l]);
+    if (kv->seqs)
+        for (int s = 0; s < kv->max_seqs; s++) free(kv->seqs[s].blocks);
+    free(kv->pool);
+    free(kv->free_list);
+    free(kv->seqs);
+    free(kv);
+}
+
+int zs_kv_seq_open(zs_kvcache *kv, int *seq) {
+    for (int s = 0; s < kv->max_seqs; s++)
+        if (!kv->seqs[s].open) {
+            kv->seqs[s].open = 1;
+            kv->seqs[s].len = 0;
+            kv->seqs[s].n_blocks = 0;
+            *seq = s;
+            return 0;
+        }
+    return zs_err(ZS_EBUSY, "kv cache: all %d sequence slots are in use", kv->max_seqs);
+}
+
+void zs_kv_seq_truncate(zs_kvcache *kv, int seq, int len) {
+    kv_seq *s = &kv->seqs[seq];
+    if (len < 0) len = 0;
+    if (len > s->len) return;
+    int keep = (len + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+    while (s->n_blocks > keep) kv->free_list[kv->n_free++] = s->blocks[--s->n_blocks];
+    s->len = len;
+}
+
+void zs_kv_seq_close(zs_kvcache *kv, int seq) {
+    if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].open) return;
+    zs_kv_seq_truncate(kv, seq, 0);
+    kv->seqs[seq].open = 0;
+}
+
+int zs_kv_seq_len(const zs_kvcache *kv, int seq) { return kv->seqs[seq].len; }
+
+int zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len) {
+    kv_seq *s = &kv->seqs[seq];
+    if (new_len > kv->max_len)
+        return zs_err(ZS_ERANGE, "sequence length %d exceeds the context length %d", new_len,
+                      kv->max_len);
+    int need = (new_len + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK - s->n_blocks;
+    if (need > kv->n_free)
+        return zs_err(ZS_ENOSPC, "kv cache full: need %d more blocks, %d free", need, kv->n_free);
+    for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = kv->free_list[--kv->n_free];
+    if (new_len > s->len) s->len = new_len;
+    return 0;
+}
+
+static inline float *kv_at(zs_kvcache *kv, int layer, int seq, int pos, int which) {
+    const kv_seq *s = &kv->seqs[seq];
+    int blk = s->blocks[pos / ZS_KV_BLOCK];
+    size_t off = (((size_t)blk * 2 + (size_t)which) * ZS_KV_BLOCK + (size_t)(pos % ZS_KV_BLOCK)) *
+                 (size_t)kv->kv_dim;
+    return kv->pool[layer] + off;
+}
+
+float *zs_kv_k(zs_kvcache *kv, int layer, int seq, int pos) { return kv_at(kv, layer, seq, pos, 0); }
+float *zs_kv_v(zs_kvcache *kv, int layer, int seq, int pos) { return kv_at(kv, layer, seq, pos, 1); }
+
+int zs_kv_used_blocks(const zs_kvcache *kv) { return kv->n_blocks - kv->n_free; }
+int zs_kv_total_blocks(const zs_kvcache *kv) { return kv->n_blocks; }
+int zs_kv_max_len(const zs_kvcache *kv) { return kv->max_len; }

@@ -1,0 +1,43 @@
+/* kvcache.h — paged key/value cache: fixed-size blocks of ZS_KV_BLOCK token positions, shared by
+ * all sequences, with a block table per sequence (DESIGN.md §4).
+ *
+ * Memory: for each layer one pool of n_blocks blocks; a block holds K and V for ZS_KV_BLOCK
+ * positions of all kv heads (f32). Ownership: the cache owns its pools and sequence tables.
+ * Thread-safety: none; the engine thread that runs steps owns the cache (the scheduler
+ * publishes block counts for metrics through zs_kv_used_blocks, which only reads an int). */
+#ifndef ZS_KVCACHE_H
+#define ZS_KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ZS_KV_BLOCK 16
+
+typedef struct zs_kvcache zs_kvcache;
+
+/* kv_dim = n_kv_heads * head_dim. max_seqs sequence slots, each up to max_len positions. */
+int  zs_kv_init(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len, zs_kvcache **out);
+void zs_kv_free(zs_kvcache *kv);
+/* Blocks needed for a given number of bytes of cache memory. */
+int  zs_kv_blocks_for_bytes(int n_layers, int kv_dim, size_t bytes);
+size_t zs_kv_block_bytes(int n_layers, int kv_dim);
+
+/* Sequence slots. open gives a free slot (ZS_EBUSY if none). */
+int  zs_kv_seq_open(zs_kvcache *kv, int *seq);
+void zs_kv_seq_close(zs_kvcache *kv, int seq);          /* frees its blocks at once */
+int  zs_kv_seq_len(const zs_kvcache *kv, int seq);
+/* Makes room for positions [0, new_len): allocates blocks as needed (ZS_ENOSPC when the pool is
+ * exhausted, leaving the sequence unchanged) and records new_len as the length. */
+int  zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len);
+/* Truncate the sequence to len positions (frees blocks beyond). */
+void zs_kv_seq_truncate(zs_kvcache *kv, int seq, int len);
+
+/* Pointers to K (or V) of (layer, seq, pos): kv_dim floats. pos must be < seq length. */
+float *zs_kv_k(zs_kvcache *kv, int layer, int seq, int pos);
+float *zs_kv_v(zs_kvcache *kv, int layer, int seq, int pos);
+
+int zs_kv_used_blocks(const zs_kvcache *kv);
+int zs_kv_total_blocks(const zs_kvcache *kv);
+int zs_kv_max_len(const zs_kvcache *kv);
+
+#endif

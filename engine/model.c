@@ -1,0 +1,381 @@
+/* model.c — opening a checkpoint as a model: the bucket layout of each architecture, the mapping
+ * from Hugging Face tensor names to roles, validation of every tensor, and packing buckets. */
+#include "model.h"
+
+#include <string.h>
+
+#include "common.h"
+#include "safetensors.h"
+
+enum { SRC_COPY, SRC_TRANSPOSE_COLS, SRC_VEC_SLICE };
+
+typedef struct {
+    const zs_st_tensor *t; /* validated source tensor */
+    int kind;
+    int64_t col0;          /* first source column (TRANSPOSE_COLS) or element (VEC_SLICE) */
+} src_ref;
+
+struct zs_model {
+    char *dir;
+    zs_model_config cfg;
+    zs_model_opts opts;
+    zs_st_set *st;
+    int n_buckets;
+    zs_bucket_layout *layout; /* [n_buckets] */
+    src_ref *src;             /* [n_buckets * ZS_MAX_ROLES] */
+    void **data;              /* [n_buckets] resident copies (or NULL) */
+    void **res;               /* [n_buckets] */
+    char fingerprint[96];
+    size_t n_params;
+};
+
+void zs_model_opts_default(zs_model_opts *o) {
+    o->weight_dtype = ZS_DTYPE_COUNT;
+    o->persist_threshold = 0;
+}
+
+int zs_model_n_buckets(const zs_model *m) { return m->n_buckets; }
+int zs_bucket_head(const zs_model *m) { return m->n_buckets - 1; }
+const zs_model_config *zs_model_config_get(const zs_model *m) { return &m->cfg; }
+const zs_bucket_layout *zs_model_layout(const zs_model *m, int b) { return &m->layout[b]; }
+const char *zs_model_dir(const zs_model *m) { return m->dir; }
+const char *zs_model_fingerprint(const zs_model *m) { return m->fingerprint; }
+size_t zs_model_param_count(const zs_model *m) { return m->n_params; }
+const void *zs_model_bucket_data(const zs_model *m, int b) { return m->data ? m->data[b] : NULL; }
+const void *zs_model_bucket_resident(const zs_model *m, int b) { return m->res ? m->res[b] : NULL; }
+
+size_t zs_model_weight_bytes(const zs_model *m) {
+    size_t s = 0;
+    for (int b = 0; b < m->n_buckets; b++) s += m->layout[b].data_bytes + m->layout[b].resident_bytes;
+    return s;
+}
+
+/* ---- layout ---- */
+
+static void slot_set(zs_bucket_layout *L, int role, zs_dtype dt, int ndim, int64_t d0, int64_t d1) {
+    zs_slot *s = &L->slot[role];
+    s->present = 1;
+    s->dtype = dt;
+    s->ndim = ndim;
+    s->shape[0] = d0;
+    s->shape[1] = ndim > 1 ? d1 : 1;
+}
+
+/* Assigns areas and offsets to the present slots: 64-byte aligned, data part padded to 4 KiB. */
+static void layout_finish(zs_bucket_layout *L, int64_t threshold) {
+    size_t off_d = 0, off_r = 0;
+    for (int r = 0; r < L->n_roles; r++) {
+        zs_slot *s = &L->slot[r];
+        if (!s->present) continue;
+        int64_t n = s->shape[0] * s->shape[1];
+        s->nbytes = (size_t)n * zs_dtype_size(s->dtype);
+        s->resident = n < threshold || s->ndim == 1;
+        size_t *off = s->resident ? &off_r : &off_d;
+        s->offset = *off;
+        *off = ZS_ALIGN_UP(*off + s->nbytes, 64);
+    }
+    L->data_bytes = ZS_ALIGN_UP(off_d, 4096);
+    L->resident_bytes = off_r;
+}
+
+static void build_layouts(zs_model *m) {
+    const zs_model_config *c = &m->cfg;
+    zs_dtype wd = m->opts.weight_dtype;
+    int64_t d = c->dim, q = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t f = c->ffn_dim;
+    int gpt2 = c->arch == ZS_ARCH_GPT2;
+
+    zs_bucket_layout *E = &m->layout[0];
+    E->n_roles = ZS_R_EMB_COUNT;
+    slot_set(E, ZS_R_TOK_EMB, wd, 2, c->vocab_size, d);
+    if (gpt2) slot_set(E, ZS_R_POS_EMB, wd, 2, c->max_seq, d);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        zs_bucket_layout *L = &m->layout[1 + l];
+        L->n_roles = ZS_R_LAYER_COUNT;
+        slot_set(L, ZS_R_ATTN_NORM_W, ZS_F32, 1, d, 1);
+        slot_set(L, ZS_R_WQ, wd, 2, q, d);
+        slot_set(L, ZS_R_WK, wd, 2, kvd, d);
+        slot_set(L, ZS_R_WV, wd, 2, kvd, d);
+        slot_set(L, ZS_R_WO, wd, 2, d, q);
+        slot_set(L, ZS_R_FFN_NORM_W, ZS_F32, 1, d, 1);
+        if (!gpt2) slot_set(L, ZS_R_W_GATE, wd, 2, f, d);
+        slot_set(L, ZS_R_W_UP, wd, 2, f, d);
+        slot_set(L, ZS_R_W_DOWN, wd, 2, d, f);
+        if (gpt2) {
+            slot_set(L, ZS_R_ATTN_NORM_B, ZS_F32, 1, d, 1);
+            slot_set(L, ZS_R_FFN_NORM_B, ZS_F32, 1, d, 1);
+        }
+        if (gpt2 || c->qkv_bias) {
+            slot_set(L, ZS_R_BQ, ZS_F32, 1, q, 1);
+            slot_set(L, ZS_R_BK, ZS_F32, 1, kvd, 1);
+            slot_set(L, ZS_R_BV, ZS_F32, 1, kvd, 1);
+        }
+        if (gpt2 || c->o_bias) slot_set(L, ZS_R_BO, ZS_F32, 1, d, 1);
+        if (gpt2 || c->mlp_bias) {
+            if (!gpt2) slot_set(L, ZS_R_B_GATE, ZS_F32, 1, f, 1);
+            slot_set(L, ZS_R_B_UP, ZS_F32, 1, f, 1);
+            slot_set(L, ZS_R_B_DOWN, ZS_F32, 1, d, 1);
+        }
+    }
+    zs_bucket_layout *H = &m->layout[m->n_buckets - 1];
+    H->n_roles = ZS_R_HEAD_COUNT;
+    slot_set(H, ZS_R_OUT_NORM_W, ZS_F32, 1, d, 1);
+    if (gpt2) slot_set(H, ZS_R_OUT_NORM_B, ZS_F32, 1, d, 1);
+    if (!c->tied_embeddings) slot_set(H, ZS_R_LM_HEAD, wd, 2, c->vocab_size, d);
+
+    for (int b = 0; b < m->n_buckets; b++) {
+        layout_finish(&m->layout[b], m->opts.persist_threshold);
+        for (int r = 0; r < m->layout[b].n_roles; r++)
+            if (m->layout[b].slot[r].present)
+                m->n_params += (size_t)(m->layout[b].slot[r].shape[0] * m->layout[b].slot[r].shape[1]);
+    }
+}
+
+/* ---- name mapping and validation ---- */
+
+static int find_src(zs_model *m, const char *name, int ndim, int64_t d0, int64_t d1,
+                    const zs_st_tensor **out) {
+    int64_t shape[2] = {d0, d1};
+    return zs_st_get(m->st, name, ndim, shape, out);
+}
+
+/* GPT-2 checkpoints exist with and without the "transformer." prefix. */
+static const char *gpt2_prefix(const zs_model *m) {
+    return zs_st_find(m->st, "transformer.wte.weight") || !zs_st_find(m->st, "wte.weight")
+               ? "transformer."
+               : "";
+}
+
+static int map_llama(zs_model *m) {
+    const zs_model_config *c = &m->cfg;
+    int64_t d = c->dim, q = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t f = c->ffn_dim;
+    char nm[256];
+    src_ref *S = m->src;
+#define GET(b, role, nd, a0, a1, ...)                                                      \
+    do {                                                                                   \
+        snprintf(nm, sizeof nm, __VA_ARGS__);                                              \
+        ZS_CHECK(find_src(m, nm, nd, a0, a1, &S[(b)*ZS_MAX_ROLES + (role)].t));            \
+        S[(b)*ZS_MAX_ROLES + (role)].kind = SRC_COPY;                                      \
+    } while (0)
+    GET(0, ZS_R_TOK_EMB, 2, c->vocab_size, d, "model.embed_tokens.weight");
+    for (int l = 0; l < c->n_layers; l++) {
+        int b = 1 + l;
+        const char *p = "model.layers";
+        GET(b, ZS_R_ATTN_NORM_W, 1, d, 0, "%s.%d.input_layernorm.weight", p, l);
+        GET(b, ZS_R_WQ, 2, q, d, "%s.%d.self_attn.q_proj.weight", p, l);
+        GET(b, ZS_R_WK, 2, kvd, d, "%s.%d.self_attn.k_proj.weight", p, l);
+        GET(b, ZS_R_WV, 2, kvd, d, "%s.%d.self_attn.v_proj.weight", p, l);
+        GET(b, ZS_R_WO, 2, d, q, "%s.%d.self_attn.o_proj.weight", p, l);
+        GET(b, ZS_R_FFN_NORM_W, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+        GET(b, ZS_R_W_GATE, 2, f, d, "%s.%d.mlp.gate_proj.weight", p, l);
+        GET(b, ZS_R_W_UP, 2, f, d, "%s.%d.mlp.up_proj.weight", p, l);
+        GET(b, ZS_R_W_DOWN, 2, d, f, "%s.%d.mlp.down_proj.weight", p, l);
+        if (c->qkv_bias) {
+            GET(b, ZS_R_BQ, 1, q, 0, "%s.%d.self_attn.q_proj.bias", p, l);
+            GET(b, ZS_R_BK, 1, kvd, 0, "%s.%d.self_attn.k_proj.bias", p, l);
+            GET(b, ZS_R_BV, 1, kvd, 0, "%s.%d.self_attn.v_proj.bias", p, l);
+        }
+        if (c->o_bias) GET(b, ZS_R_BO, 1, d, 0, "%s.%d.self_attn.o_proj.bias", p, l);
+        if (c->mlp_bias) {
+            GET(b, ZS_R_B_GATE, 1, f, 0, "%s.%d.mlp.gate_proj.bias", p, l);
+            GET(b, ZS_R_B_UP, 1, f, 0, "%s.%d.mlp.up_proj.bias", p, l);
+            GET(b, ZS_R_B_DOWN, 1, d, 0, "%s.%d.mlp.down_proj.bias", p, l);
+        }
+    }
+    int h = m->n_buckets - 1;
+    GET(h, ZS_R_OUT_NORM_W, 1, d, 0, "model.norm.weight");
+    if (!c->tied_embeddings) GET(h, ZS_R_LM_HEAD, 2, c->vocab_size, d, "lm_head.weight");
+    return 0;
+}
+
+static int map_gpt2(zs_model *m) {
+    const zs_model_config *c = &m->cfg;
+    int64_t d = c->dim, f = c->ffn_dim;
+    const char *pre = gpt2_prefix(m);
+    char nm[256];
+    src_ref *S = m->src;
+    GET(0, ZS_R_TOK_EMB, 2, c->vocab_size, d, "%swte.weight", pre);
+    GET(0, ZS_R_POS_EMB, 2, c->max_seq, d, "%swpe.weight", pre);
+    for (int l = 0; l < c->n_layers; l++) {
+        int b = 1 + l;
+        src_ref *R = &S[b * ZS_MAX_ROLES];
+        GET(b, ZS_R_ATTN_NORM_W, 1, d, 0, "%sh.%d.ln_1.weight", pre, l);
+        GET(b, ZS_R_ATTN_NORM_B, 1, d, 0, "%sh.%d.ln_1.bias", pre, l);
+        GET(b, ZS_R_FFN_NORM_W, 1, d, 0, "%sh.%d.ln_2.weight", pre, l);
+        GET(b, ZS_R_FFN_NORM_B, 1, d, 0, "%sh.%d.ln_2.bias", pre, l);
+        /* c_attn: Conv1D [in, 3*d]: q, k, v are column blocks */
+        GET(b, ZS_R_WQ, 2, d, 3 * d, "%sh.%d.attn.c_attn.weight", pre, l);
+        GET(b, ZS_R_BQ, 1, 3 * d, 0, "%sh.%d.attn.c_attn.bias", pre, l);
+        for (int k = 0; k < 3; k++) {
+            R[ZS_R_WQ + k] = (src_ref){R[ZS_R_WQ].t, SRC_TRANSPOSE_COLS, k * d};
+            R[ZS_R_BQ + k] = (src_ref){R[ZS_R_BQ].t, SRC_VEC_SLICE, k * d};
+        }
+        GET(b, ZS_R_WO, 2, d, d, "%sh.%d.attn.c_proj.weight", pre, l);
+        R[ZS_R_WO].kind = SRC_TRANSPOSE_COLS;
+        GET(b, ZS_R_BO, 1, d, 0, "%sh.%d.attn.c_proj.bias", pre, l);
+        GET(b, ZS_R_W_UP, 2, d, f, "%sh.%d.mlp.c_fc.weight", pre, l);
+        R[ZS_R_W_UP].kind = SRC_TRANSPOSE_COLS;
+        GET(b, ZS_R_B_UP, 1, f, 0, "%sh.%d.mlp.c_fc.bias", pre, l);
+        GET(b, ZS_R_W_DOWN, 2, f, d, "%sh.%d.mlp.c_proj.weight", pre, l);
+        R[ZS_R_W_DOWN].kind = SRC_TRANSPOSE_COLS;
+        GET(b, ZS_R_B_DOWN, 1, d, 0, "%sh.%d.mlp.c_proj.bias", pre, l);
+    }
+    int h = m->n_buckets - 1;
+    GET(h, ZS_R_OUT_NORM_W, 1, d, 0, "%sln_f.weight", pre);
+    GET(h, ZS_R_OUT_NORM_B, 1, d, 0, "%sln_f.bias", pre);
+    if (!c->tied_embeddings) GET(h, ZS_R_LM_HEAD, 2, c->vocab_size, d, "lm_head.weight");
+#undef GET
+    return 0;
+}
+
+int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
+    zs_model *m = calloc(1, sizeof *m);
+    if (!m) return zs_err(ZS_ENOMEM, "out of memory");
+    int rc;
+    m->dir = strdup(dir);
+    if (o) m->opts = *o;
+    else zs_model_opts_default(&m->opts);
+    if (!m->dir) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto fail; }
+    if ((rc = zs_config_load(dir, &m->cfg)) < 0) goto fail;
+    if (m->opts.weight_dtype >= ZS_DTYPE_COUNT) m->opts.weight_dtype = m->cfg.dtype;
+    if ((rc = zs_st_open_dir(dir, &m->st)) < 0) goto fail;
+    m->n_buckets = m->cfg.n_layers + 2;
+    m->layout = calloc((size_t)m->n_buckets, sizeof *m->layout);
+    m->src = calloc((size_t)m->n_buckets * ZS_MAX_ROLES, sizeof *m->src);
+    if (!m->layout || !m->src) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto fail; }
+    build_layouts(m);
+    rc = m->cfg.arch == ZS_ARCH_GPT2 ? map_gpt2(m) : map_llama(m);
+    if (rc < 0) goto fail;
+    /* When the checkpoint's dtype is not the one config.json says, store as the checkpoint has it. */
+    if (!o || o->weight_dtype >= ZS_DTYPE_COUNT) {
+        zs_dtype st_dt = m->src[ZS_R_TOK_EMB].t->dtype;
+        if (st_dt != m->opts.weight_dtype) {
+            m->opts.weight_dtype = st_dt;
+            memset(m->layout, 0, (size_t)m->n_buckets * sizeof *m->layout);
+            m->n_params = 0;
+            build_layouts(m);
+        }
+    }
+    char fp[64];
+    if ((rc = zs_st_fingerprint(m->st, fp, sizeof fp)) < 0) goto fail;
+    snprintf(m->fingerprint, sizeof m->fingerprint, "%s-%s-p%lld-v1", fp,
+             zs_dtype_name(m->opts.weight_dtype), (long long)m->opts.persist_threshold);
+    *out = m;
+    return 0;
+fail:
+    zs_model_free(m);
+    return rc;
+}
+
+/* ---- packing ---- */
+
+static int pack_one(const zs_slot *s, const src_ref *r, void *dst) {
+    const zs_st_tensor *t = r->t;
+    size_t esz_src = zs_dtype_size(t->dtype), esz_dst = zs_dtype_size(s->dtype);
+    if (r->kind == SRC_COPY) {
+        zs_convert(dst, s->dtype, t->data, t->dtype, (size_t)(s->shape[0] * s->shape[1]));
+    } else if (r->kind == SRC_VEC_SLICE) {
+        zs_convert(dst, s->dtype, (const char *)t->data + (size_t)r->col0 * esz_src, t->dtype,
+                   (size_t)s->shape[0]);
+    } else { /* transpose columns [col0, col0+out) of a [in, cols] source into [out, in] */
+        int64_t out_rows = s->shape[0], in = s->shape[1], cols = t->shape[1];
+        float *row = malloc((size_t)in * sizeof(float));
+        if (!row) return zs_err(ZS_ENOMEM, "out of memory packing %s", t->name);
+        for (int64_t o = 0; o < out_rows; o++) {
+            for (int64_t i = 0; i < in; i++)
+                zs_to_f32(&row[i], (const char *)t->data + ((size_t)(i * cols + r->col0 + o)) * esz_src,
+                          t->dtype, 1);
+            zs_convert((char *)dst + (size_t)(o * in) * esz_dst, s->dtype, row, ZS_F32, (size_t)in);
+        }
+        free(row);
+    }
+    return 0;
+}
+
+int zs_model_pack_bucket(const zs_model *m, int b, void *dst, void *rdst) {
+    if (!m->st) return zs_err(ZS_EINVAL, "%s: checkpoint already closed", m->dir);
+    const zs_bucket_layout *L = &m->layout[b];
+    if (dst) memset(dst, 0, L->data_bytes);
+    if (rdst) memset(rdst, 0, L->resident_bytes);
+    for (int r = 0; r < L->n_roles; r++) {
+        const zs_slot *s = &L->slot[r];
+        if (!s->present) continue;
+        void *base = s->resident ? rdst : dst;
+        if (!base) continue;
+        const src_ref *src = &m->src[b * ZS_MAX_ROLES + r];
+        ZS_CHECK(pack_one(s, src, (char *)base + s->offset));
+    }
+    /* all of this bucket's source tensors are converted: let the kernel drop their pages */
+    for (int r = 0; r < L->n_roles; r++)
+        if (L->slot[r].present && (dst || rdst)) zs_st_release(m->st, m->src[b * ZS_MAX_ROLES + r].t);
+    return 0;
+}
+
+int zs_model_load_resident_parts(zs_model *m) {
+    if (!m->res) {
+        m->res = calloc((size_t)m->n_buckets, sizeof(void *));
+        if (!m->res) return zs_err(ZS_ENOMEM, "out of memory");
+    }
+    for (int b = 0; b < m->n_buckets; b++) {
+        if (m->res[b]) continue;
+        m->res[b] = zs_aligned_alloc(64, m->layout[b].resident_bytes);
+        if (!m->res[b]) return zs_err(ZS_ENOMEM, "out of memory for resident parameters");
+        ZS_CHECK(zs_model_pack_bucket(m, b, NULL, m->res[b]));
+    }
+    return 0;
+}
+
+int zs_model_load_resident(zs_model *m) {
+    ZS_CHECK(zs_model_load_resident_parts(m));
+    if (!m->data) {
+        m->data = calloc((size_t)m->n_buckets, sizeof(void *));
+        if (!m->data) return zs_err(ZS_ENOMEM, "out of memory");
+    }
+    for (int b = 0; b < m->n_buckets; b++) {
+        if (m->data[b]) continue;
+        m->data[b] = zs_aligned_alloc(4096, m->layout[b].data_bytes);
+        if (!m->data[b])
+            return zs_err(ZS_ENOMEM, "out of memory for bucket %d (%zu bytes)", b, m->layout[b].data_bytes);
+        ZS_CHECK(zs_model_pack_bucket(m, b, m->data[b], NULL));
+    }
+    return 0;
+}
+
+void zs_model_close_checkpoint(zs_model *m) {
+    if (m->st) zs_st_close(m->st);
+    m->st = NULL;
+}
+
+void zs_model_free(zs_model *m) {
+    if (!m) return;
+    zs_model_close_checkpoint(m);
+    for (int b = 0; m->data && b < m->n_buckets; b++) free(m->data[b]);
+    for (int b = 0; m->res && b < m->n_buckets; b++) free(m->res[b]);
+    free(m->data);
+    free(m->res);
+    free(m->layout);
+    free(m->src);
+    free(m->dir);
+    free(m);
+}
+
+static int resident_acquire(void *ctx, int b, const void **data) {
+    zs_model *m = ctx;
+    if (!m->data || !m->data[b]) return zs_err(ZS_EINVAL, "bucket %d is not loaded", b);
+    *data = m->data[b];
+    return 0;
+}
+static void resident_release(void *ctx, int b) { (void)ctx; (void)b; }
+
+zs_weight_source zs_model_resident_source(zs_model *m) {
+    return (zs_weight_source){resident_acquire, resident_release, m};
+}
+
+int zs_model_pass_order(const zs_model *m, int *order) {
+    int n = 0;
+    for (int b = 0; b < m->n_buckets; b++) order[n++] = b;
+    if (m->cfg.tied_embeddings) order[n++] = zs_bucket_embed();
+    return n;
+}

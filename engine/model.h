@@ -1,0 +1,134 @@
+/* model.h — a loaded model: its configuration, the layout of its parameter buckets, and the
+ * forward pass over a batch of tokens from one or more sequences.
+ *
+ * Parameters are packed into flat buckets (DESIGN.md §3): bucket 0 holds the embeddings,
+ * buckets 1..L the transformer blocks, bucket L+1 the final norm and LM head. Tensors with fewer
+ * elements than the persistence threshold (norms, biases) are kept apart in a small "resident"
+ * area per bucket that every rank holds in full; the rest of a bucket is the part that is
+ * sharded, offloaded and gathered. Every layer has the same layout (same offsets), so a layer's
+ * tensors are found from the two base pointers (bucket data, resident data).
+ *
+ * The forward pass reads bucket data through a zs_weight_source: for a resident model it hands
+ * out the buffers it owns; the ZeRO-3 coordinator (gather.c) hands out gathered buffers.
+ * Ownership: zs_model owns its config, layout and (when resident) its buffers. A zs_model is
+ * read-only after load and may be shared by threads; a forward call uses its own scratch. */
+#ifndef ZS_MODEL_H
+#define ZS_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "kvcache.h"
+#include "tensor.h"
+
+/* Tensor roles. Per layer: */
+enum {
+    ZS_R_ATTN_NORM_W, ZS_R_ATTN_NORM_B,
+    ZS_R_WQ, ZS_R_WK, ZS_R_WV, ZS_R_BQ, ZS_R_BK, ZS_R_BV,
+    ZS_R_WO, ZS_R_BO,
+    ZS_R_FFN_NORM_W, ZS_R_FFN_NORM_B,
+    ZS_R_W_GATE, ZS_R_B_GATE, ZS_R_W_UP, ZS_R_B_UP, ZS_R_W_DOWN, ZS_R_B_DOWN,
+    ZS_R_LAYER_COUNT
+};
+/* Embedding bucket and head bucket: */
+enum { ZS_R_TOK_EMB, ZS_R_POS_EMB, ZS_R_EMB_COUNT };
+enum { ZS_R_OUT_NORM_W, ZS_R_OUT_NORM_B, ZS_R_LM_HEAD, ZS_R_HEAD_COUNT };
+
+#define ZS_MAX_ROLES ZS_R_LAYER_COUNT
+
+typedef struct {
+    int present;          /* this architecture has the tensor */
+    int resident;         /* 1: in the resident area, 0: in the sharded bucket data */
+    zs_dtype dtype;
+    int ndim;
+    int64_t shape[2];     /* our layout: linear weights are [out, in] */
+    size_t offset;        /* bytes from the start of its area */
+    size_t nbytes;
+} zs_slot;
+
+typedef struct {
+    int n_roles;
+    zs_slot slot[ZS_MAX_ROLES];
+    size_t data_bytes;     /* sharded part, padded to 4096 */
+    size_t resident_bytes; /* resident part */
+} zs_bucket_layout;
+
+typedef struct {
+    zs_dtype weight_dtype;     /* storage dtype of matrices; ZS_DTYPE_COUNT = as stored in the checkpoint */
+    int64_t persist_threshold; /* tensors with fewer elements stay resident (default 100000... set by caller) */
+} zs_model_opts;
+
+void zs_model_opts_default(zs_model_opts *o);
+
+typedef struct zs_model zs_model;
+
+/* Bucket ids. */
+static inline int zs_bucket_embed(void) { return 0; }
+static inline int zs_bucket_layer(int l) { return 1 + l; }
+int zs_model_n_buckets(const zs_model *m);
+int zs_bucket_head(const zs_model *m);
+
+/* Reads config.json and checks every tensor the architecture needs (names, shapes, dtypes)
+ * without copying weight data yet. The checkpoint stays mapped until zs_model_free or
+ * zs_model_close_checkpoint. */
+int  zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out);
+/* Packs every bucket into buffers owned by the model (the resident, single-rank case). */
+int  zs_model_load_resident(zs_model *m);
+/* Packs bucket b (data part, data_bytes long) into dst and its resident part into rdst
+ * (resident_bytes long); either may be NULL to skip it. Reads the mapped checkpoint tensor by
+ * tensor, converting dtype and layout; releases the pages of each source tensor after use. */
+int  zs_model_pack_bucket(const zs_model *m, int b, void *dst, void *rdst);
+void zs_model_close_checkpoint(zs_model *m);
+void zs_model_free(zs_model *m);
+
+const zs_model_config *zs_model_config_get(const zs_model *m);
+const zs_bucket_layout *zs_model_layout(const zs_model *m, int bucket);
+const char *zs_model_dir(const zs_model *m);
+/* Fingerprint of the source checkpoint plus the packing options (for reusing shard files). */
+const char *zs_model_fingerprint(const zs_model *m);
+size_t zs_model_param_count(const zs_model *m);
+size_t zs_model_weight_bytes(const zs_model *m);   /* bytes of all buckets (data + resident) */
+/* Resident buffers owned by the model (after zs_model_load_resident; NULL before). */
+const void *zs_model_bucket_data(const zs_model *m, int b);
+const void *zs_model_bucket_resident(const zs_model *m, int b);
+/* Resident parts can be kept by the model even when data lives elsewhere. */
+int zs_model_load_resident_parts(zs_model *m);
+
+/* Where the forward pass gets bucket data. acquire returns the full (gathered) data part of a
+ * bucket; release says the pass is done with it. Calls come in pass order on one thread:
+ * embed, layer 0 .. layer L-1, head, and embed once more when the LM head is tied to the
+ * embeddings (zs_model_pass_order gives that list). */
+typedef struct {
+    int (*acquire)(void *ctx, int bucket, const void **data);
+    void (*release)(void *ctx, int bucket);
+    void *ctx;
+} zs_weight_source;
+/* The source that serves the model's own resident buffers. */
+zs_weight_source zs_model_resident_source(zs_model *m);
+/* The order in which one forward pass acquires buckets; returns the count (<= n_buckets + 1). */
+int zs_model_pass_order(const zs_model *m, int *order);
+
+/* A batch: n tokens; token i belongs to kv sequence seq[i] at position pos[i]. Tokens of one
+ * sequence are consecutive with increasing positions; the cache must already have room
+ * (zs_kv_seq_reserve) for them. logits_idx[i] >= 0 asks for the logits row of token i at that
+ * row of the output (rows 0..n_logits-1). */
+typedef struct {
+    int n;
+    const int32_t *tokens;
+    const int32_t *pos;
+    const int32_t *seq;
+    const int32_t *logits_idx;
+    int n_logits;
+} zs_batch;
+
+typedef struct zs_forward zs_forward;   /* scratch of one forward executor */
+int  zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out);
+void zs_forward_free(zs_forward *f);
+/* Runs the batch through all buckets; writes n_logits rows of vocab_size floats to logits.
+ * Returns 0, or the error of a failed acquire (the caller's sequences are then unchanged apart
+ * from their reserved room). */
+int  zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const zs_batch *b,
+                    float *logits);
+
+#endif

@@ -1,0 +1,35 @@
+/* ops.h — the numeric operations of the forward pass on the CPU (fp32 activations).
+ * Matrix products go through OpenBLAS; weights may be f32, f16 or bf16 (converted block by
+ * block into a per-thread scratch buffer before the BLAS call). All functions are thread-safe
+ * (scratch buffers are thread-local) and do not allocate on the hot path after the first call. */
+#ifndef ZS_OPS_H
+#define ZS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor.h"
+
+/* y[T,out] = x[T,in] · W[out,in]^T (+ bias[out] when bias != NULL). W in dtype wdt. */
+void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
+                  const float *bias);
+/* y[T,d] = x / rms(x) * w, per row (w in f32). y may alias x. */
+void zs_op_rmsnorm(float *y, const float *x, const float *w, int T, int d, float eps);
+/* y[T,d] = (x - mean) / sqrt(var + eps) * w + b, per row. y may alias x. */
+void zs_op_layernorm(float *y, const float *x, const float *w, const float *b, int T, int d,
+                     float eps);
+/* Rotary embedding, Hugging Face rotate_half convention: dims i and i+hd/2 form a pair.
+ * x is [n_heads * head_dim] for one token at position pos. */
+void zs_op_rope(float *x, int n_heads, int head_dim, int pos, float theta);
+/* x[i] = gelu_tanh(x[i]) */
+void zs_op_gelu(float *x, size_t n);
+/* out[i] = silu(gate[i]) * up[i] */
+void zs_op_swiglu(float *out, const float *gate, const float *up, size_t n);
+/* y[i] += x[i] */
+void zs_op_add(float *y, const float *x, size_t n);
+/* In-place softmax over n values. */
+void zs_op_softmax(float *x, int n);
+/* out[d] = row `id` of table[rows, d] (any dtype), converted to f32. */
+void zs_op_embed(float *out, const void *table, zs_dtype dt, int d, int id);
+
+#endif
