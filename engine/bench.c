@@ -1,0 +1,145 @@
+/* bench.c — throughput benchmark: prefill tokens/s, decode tokens/s at batch 1, and decode
+ * weight-read GB/s as a ratio to the host memory bandwidth measured in the same run. */
+#include "bench.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+
+void zs_bench_opts_default(zs_bench_opts *o) {
+    memset(o, 0, sizeof *o);
+    zs_engine_opts_default(&o->engine);
+    o->runs = 5;
+    o->prefill_tokens = 128;
+    o->decode_tokens = 32;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct { const uint64_t *p; size_t n; uint64_t sum; } bw_arg;
+
+static void *bw_worker(void *a) {
+    bw_arg *w = a;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= w->n; i += 4) {
+        s0 += w->p[i]; s1 += w->p[i + 1]; s2 += w->p[i + 2]; s3 += w->p[i + 3];
+    }
+    for (; i < w->n; i++) s0 += w->p[i];
+    w->sum = s0 + s1 + s2 + s3;
+    return NULL;
+}
+
+int zs_bench_mem_bw(size_t bytes, int threads, int runs, double *gbps) {
+    if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (threads <= 0) threads = 1;
+    if (threads > 64) threads = 64;
+    if (runs <= 0) runs = 5;
+    size_t n = bytes / 8;
+    uint64_t *buf = zs_aligned_alloc(4096, n * 8);
+    double *t = calloc((size_t)runs, sizeof *t);
+    if (!buf || !t) {
+        free(buf); free(t);
+        return zs_err(ZS_ENOMEM, "bench: cannot allocate %zu MiB for the bandwidth probe", bytes >> 20);
+    }
+    for (size_t i = 0; i < n; i++) buf[i] = i;
+    pthread_t th[64];
+    bw_arg args[64];
+    volatile uint64_t sink = 0;
+    for (int r = 0; r < runs; r++) {
+        double t0 = zs_now();
+        size_t per = n / (size_t)threads;
+        for (int k = 0; k < threads; k++) {
+            args[k] = (bw_arg){buf + per * (size_t)k, k == threads - 1 ? n - per * (size_t)k : per, 0};
+            pthread_create(&th[k], NULL, bw_worker, &args[k]);
+        }
+        for (int k = 0; k < threads; k++) {
+            pthread_join(th[k], NULL);
+            sink += args[k].sum;
+        }
+        t[r] = (double)(n * 8) / (zs_now() - t0) / 1e9;
+    }
+    (void)sink;
+    *gbps = median(t, runs);
+    free(buf);
+    free(t);
+    return 0;
+}
+
+static int count_cb(void *ud, const char *s, size_t n) { (void)ud; (void)s; (void)n; return 0; }
+
+int zs_bench_run(const zs_bench_opts *o) {
+    zs_engine *e;
+    ZS_CHECK(zs_engine_open(&o->engine, &e));
+    zs_model *m = zs_engine_model(e);
+    const zs_model_config *c = zs_model_config_get(m);
+    int runs = o->runs > 0 ? o->runs : 5;
+    int np = ZS_MIN(o->prefill_tokens, zs_engine_context(e) - o->decode_tokens - 1);
+    int nd = o->decode_tokens;
+    if (np < 1 || nd < 1) {
+        zs_engine_free(e);
+        return zs_err(ZS_EINVAL, "bench: context %d too short for %d prefill + %d decode tokens",
+                      zs_engine_context(e), o->prefill_tokens, o->decode_tokens);
+    }
+    /* weight bytes one decode step reads: every bucket (tied heads read the embedding twice,
+     * but only one row of it for the lookup: count the table once) */
+    size_t wbytes = zs_model_weight_bytes(m);
+    double bw;
+    int rc = zs_bench_mem_bw(ZS_MAX((size_t)512 << 20, ZS_MIN(wbytes, (size_t)2 << 30)), o->threads, runs, &bw);
+    if (rc < 0) { zs_engine_free(e); return rc; }
+
+    int32_t *prompt = malloc((size_t)np * sizeof(int32_t));
+    double *tp = calloc((size_t)runs, sizeof(double)), *td = calloc((size_t)runs, sizeof(double));
+    if (!prompt || !tp || !td) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto done; }
+    for (int i = 0; i < np; i++) prompt[i] = (int32_t)((i * 7919 + 13) % c->vocab_size);
+    zs_gen_params gp;
+    memset(&gp, 0, sizeof gp);
+    zs_sampler_params_default(&gp.sampling);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = nd + 1; /* the first token comes from the prefill logits */
+    gp.ignore_eos = 1;
+    fprintf(stderr, "bench: %s, %.1fM parameters, %s weights (%.2f GB), prefill %d tokens, decode %d tokens, %d runs\n",
+            c->arch_name, (double)zs_model_param_count(m) / 1e6, zs_dtype_name(zs_model_layout(m, 1)->slot[ZS_R_WQ].dtype),
+            (double)wbytes / 1e9, np, nd, runs);
+    for (int r = 0; r < runs + 1; r++) { /* run 0 warms up */
+        zs_gen_result res;
+        if ((rc = zs_engine_generate(e, prompt, np, &gp, count_cb, NULL, &res)) < 0) goto done;
+        free(res.ids);
+        if (r == 0) continue;
+        tp[r - 1] = np / res.t_prefill;
+        td[r - 1] = (res.n_generated - 1) / res.t_decode;
+    }
+    double pre = median(tp, runs), dec = median(td, runs);
+    double wgbps = dec * (double)wbytes / 1e9;
+    printf("memory bandwidth (measured):   %8.2f GB/s\n", bw);
+    printf("prefill:                       %8.1f tokens/s  (%d tokens)\n", pre, np);
+    printf("decode, batch 1:               %8.2f tokens/s\n", dec);
+    printf("decode weight read:            %8.2f GB/s  = %.2f x memory bandwidth\n", wgbps, wgbps / bw);
+    if (o->json_out) {
+        json_t *j = json_pack("{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:i}", "model", c->arch_name,
+                              "params_millions", (double)zs_model_param_count(m) / 1e6,
+                              "mem_bw_gbps", bw, "prefill_tok_s", pre, "decode_tok_s", dec,
+                              "decode_weight_gbps", wgbps, "decode_bw_ratio", wgbps / bw, "runs", runs,
+                              "prefill_tokens", np);
+        if (j && json_dump_file(j, o->json_out, JSON_INDENT(2)) != 0)
+            rc = zs_err(ZS_EIO, "bench: cannot write %s", o->json_out);
+        json_decref(j);
+    }
+done:
+    free(prompt);
+    free(tp);
+    free(td);
+    zs_engine_free(e);
+    return rc;
+}

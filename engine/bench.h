@@ -1,0 +1,23 @@
+/* bench.h — `zeroserve bench`: prefill and decode throughput of a model, with the bound it is
+ * measured against (host memory read bandwidth) measured in the same run. */
+#ifndef ZS_BENCH_H
+#define ZS_BENCH_H
+
+#include "engine.h"
+
+typedef struct {
+    zs_engine_opts engine;
+    int runs;           /* repetitions; medians are reported (default 5) */
+    int prefill_tokens; /* prompt length for the prefill figure (default 128) */
+    int decode_tokens;  /* tokens per decode run (default 32) */
+    int threads;        /* threads for the bandwidth probe (default: online CPUs) */
+    const char *json_out; /* optional: write the figures as JSON here */
+} zs_bench_opts;
+
+void zs_bench_opts_default(zs_bench_opts *o);
+/* Measures host memory read bandwidth (GB/s, median of runs) with a multi-threaded streaming
+ * read of a buffer of `bytes`. */
+int zs_bench_mem_bw(size_t bytes, int threads, int runs, double *gbps);
+int zs_bench_run(const zs_bench_opts *o);
+
+#endif

@@ -1,0 +1,201 @@
+/* engine.c — opens model + tokenizer + KV cache + forward executor, and generates one sequence:
+ * chunked prefill, then decode with sampling, EOS, stop strings and a streaming text callback. */
+#include "engine.h"
+
+#include <string.h>
+
+#include "common.h"
+#include "stop.h"
+
+struct zs_engine {
+    zs_engine_opts opts;
+    zs_model *model;
+    zs_tokenizer *tok;
+    zs_kvcache *kv;
+    zs_forward *fwd;
+    zs_weight_source src;
+    int context;
+};
+
+void zs_engine_opts_default(zs_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    zs_model_opts_default(&o->model);
+    o->max_seqs = 8;
+    o->max_batch_tokens = 256;
+}
+
+zs_model *zs_engine_model(zs_engine *e) { return e->model; }
+zs_tokenizer *zs_engine_tokenizer(zs_engine *e) { return e->tok; }
+zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
+int zs_engine_context(const zs_engine *e) { return e->context; }
+
+int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
+    zs_engine *e = calloc(1, sizeof *e);
+    if (!e) return zs_err(ZS_ENOMEM, "out of memory");
+    e->opts = *o;
+    int rc;
+    if ((rc = zs_model_open(o->model_dir, &o->model, &e->model)) < 0) goto fail;
+    if ((rc = zs_tokenizer_load(o->model_dir, &e->tok)) < 0) goto fail;
+    const zs_model_config *c = zs_model_config_get(e->model);
+    if (zs_tokenizer_vocab_size(e->tok) > c->vocab_size) {
+        rc = zs_err(ZS_EFORMAT, "%s: tokenizer has %d tokens but the model's vocab_size is %d",
+                    o->model_dir, zs_tokenizer_vocab_size(e->tok), c->vocab_size);
+        goto fail;
+    }
+    if ((rc = zs_model_load_resident(e->model)) < 0) goto fail;
+    zs_model_close_checkpoint(e->model);
+    e->context = o->max_context > 0 && o->max_context < c->max_seq ? o->max_context : c->max_seq;
+    int kvd = c->n_kv_heads * c->head_dim;
+    int per_seq = (e->context + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+    int n_blocks = per_seq * o->max_seqs;
+    size_t cap = o->kv_bytes ? o->kv_bytes : (size_t)1 << 30;
+    int fit = zs_kv_blocks_for_bytes(c->n_layers, kvd, cap);
+    if (n_blocks > fit) n_blocks = fit;
+    if (n_blocks < per_seq && o->kv_bytes) {
+        rc = zs_err(ZS_EINVAL, "kv cache of %zu bytes holds less than one full context (%d positions)",
+                    o->kv_bytes, e->context);
+        goto fail;
+    }
+    if (n_blocks < 1) n_blocks = 1;
+    if ((rc = zs_kv_init(c->n_layers, kvd, n_blocks, o->max_seqs, e->context, &e->kv)) < 0) goto fail;
+    if ((rc = zs_forward_new(e->model, o->max_batch_tokens, &e->fwd)) < 0) goto fail;
+    e->src = zs_model_resident_source(e->model);
+    *out = e;
+    return 0;
+fail:
+    zs_engine_free(e);
+    return rc;
+}
+
+void zs_engine_free(zs_engine *e) {
+    if (!e) return;
+    zs_forward_free(e->fwd);
+    zs_kv_free(e->kv);
+    zs_tokenizer_free(e->tok);
+    zs_model_free(e->model);
+    free(e);
+}
+
+int zs_engine_forward(zs_engine *e, const zs_batch *b, float *logits) {
+    return zs_forward_run(e->fwd, &e->src, e->kv, b, logits);
+}
+
+/* Runs tokens [0,n) of one sequence starting at position pos0, in chunks; logits of the last
+ * token go to logits. */
+static int run_tokens(zs_engine *e, int seq, const int32_t *ids, int n, int pos0, float *logits) {
+    int chunk = e->opts.max_batch_tokens;
+    int32_t *pos = malloc((size_t)chunk * sizeof(int32_t) * 3);
+    if (!pos) return zs_err(ZS_ENOMEM, "out of memory");
+    int32_t *sq = pos + chunk, *li = sq + chunk;
+    int rc = 0;
+    for (int s = 0; s < n && rc == 0; s += chunk) {
+        int m = ZS_MIN(chunk, n - s);
+        for (int i = 0; i < m; i++) {
+            pos[i] = pos0 + s + i;
+            sq[i] = seq;
+            li[i] = -1;
+        }
+        int last = s + m == n;
+        if (last) li[m - 1] = 0;
+        zs_batch b = {m, ids + s, pos, sq, li, last ? 1 : 0};
+        rc = zs_engine_forward(e, &b, logits);
+    }
+    free(pos);
+    return rc;
+}
+
+/* Sends text through the stop filter to the callback; sets *stopped. Returns <0 on error,
+ * 1 when the callback asked to cancel. */
+static int emit(zs_stop *st, zs_gen_cb cb, void *ud, const char *txt, size_t n, int *stopped) {
+    char buf[1024];
+    size_t done = 0;
+    while (done < n && !*stopped) {
+        size_t m = ZS_MIN(n - done, sizeof buf / 2 - 1), out;
+        int rc = st ? zs_stop_push(st, txt + done, m, buf, sizeof buf, &out, stopped) : 0;
+        if (rc < 0) return rc;
+        const char *p = st ? buf : txt + done;
+        if (!st) out = m;
+        if (out && cb && cb(ud, p, out)) return 1;
+        done += m;
+    }
+    return 0;
+}
+
+int zs_engine_generate(zs_engine *e, const int32_t *prompt, int n_prompt, const zs_gen_params *p,
+                       zs_gen_cb cb, void *ud, zs_gen_result *res) {
+    const zs_model_config *c = zs_model_config_get(e->model);
+    memset(res, 0, sizeof *res);
+    if (n_prompt <= 0) return zs_err(ZS_EINVAL, "prompt is empty");
+    if (p->max_tokens < 0) return zs_err(ZS_EINVAL, "max_tokens must be >= 0");
+    if ((long)n_prompt + p->max_tokens > e->context)
+        return zs_err(ZS_ERANGE, "prompt (%d tokens) plus max_tokens (%d) exceeds the context length %d",
+                      n_prompt, p->max_tokens, e->context);
+    ZS_CHECK(zs_sampler_params_check(&p->sampling));
+    int rc, seq = -1, vocab = c->vocab_size;
+    zs_sampler *smp = NULL;
+    zs_stop *st = NULL;
+    zs_detok *dt = NULL;
+    float *logits = malloc((size_t)vocab * sizeof(float));
+    int32_t *ids = malloc(((size_t)p->max_tokens + 1) * sizeof(int32_t));
+    if (!logits || !ids) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto done; }
+    if ((rc = zs_sampler_new(&p->sampling, vocab, &smp)) < 0) goto done;
+    if (p->n_stop > 0 && (rc = zs_stop_new(p->stop, p->n_stop, &st)) < 0) goto done;
+    if ((rc = zs_detok_new(e->tok, 1, &dt)) < 0) goto done;
+    if ((rc = zs_kv_seq_open(e->kv, &seq)) < 0) goto done;
+    if ((rc = zs_kv_seq_reserve(e->kv, seq, n_prompt)) < 0) goto done;
+
+    double t0 = zs_now();
+    if ((rc = run_tokens(e, seq, prompt, n_prompt, 0, logits)) < 0) goto done;
+    res->t_prefill = zs_now() - t0;
+    res->n_prompt = n_prompt;
+    res->finish = ZS_FINISH_LENGTH;
+    int stopped = 0, pos = n_prompt;
+    char txt[512];
+    t0 = zs_now();
+    for (int i = 0; i < p->max_tokens; i++) {
+        int tok;
+        float lp;
+        if ((rc = zs_sampler_sample(smp, logits, &tok, &lp)) < 0) goto done;
+        if (!p->ignore_eos && zs_tokenizer_is_eos(e->tok, tok)) {
+            res->finish = ZS_FINISH_STOP;
+            break;
+        }
+        ids[res->n_generated++] = tok;
+        size_t n;
+        if ((rc = zs_detok_push(dt, tok, txt, sizeof txt, &n)) < 0) goto done;
+        if ((rc = emit(st, cb, ud, txt, n, &stopped)) != 0) {
+            if (rc > 0) rc = zs_err(ZS_ECANCELLED, "generation cancelled");
+            goto done;
+        }
+        if (stopped) {
+            res->finish = ZS_FINISH_STOP;
+            break;
+        }
+        if (i + 1 == p->max_tokens) break; /* no forward needed for a token we will not sample */
+        if ((rc = zs_kv_seq_reserve(e->kv, seq, pos + 1)) < 0) goto done;
+        if ((rc = run_tokens(e, seq, &ids[res->n_generated - 1], 1, pos, logits)) < 0) goto done;
+        pos++;
+    }
+    if (!stopped) {
+        size_t n;
+        if ((rc = zs_detok_flush(dt, txt, sizeof txt, &n)) < 0) goto done;
+        if ((rc = emit(st, cb, ud, txt, n, &stopped)) < 0) goto done;
+        if (st && !stopped) {
+            char buf[1024];
+            if ((rc = zs_stop_flush(st, buf, sizeof buf, &n)) < 0) goto done;
+            if (n && cb) cb(ud, buf, n);
+        }
+        if (stopped) res->finish = ZS_FINISH_STOP;
+    }
+    res->t_decode = zs_now() - t0;
+    rc = 0;
+done:
+    if (seq >= 0) zs_kv_seq_close(e->kv, seq);
+    zs_detok_free(dt);
+    zs_stop_free(st);
+    zs_sampler_free(smp);
+    free(logits);
+    if (rc == 0) res->ids = ids;
+    else free(ids);
+    return rc;
+}

@@ -1,0 +1,60 @@
+/* engine.h — the inference engine as the CLI and the server see it: a model, its tokenizer, a
+ * KV cache and a forward executor, plus single-sequence generation (prefill in chunks, then
+ * token-by-token decode with sampling, stop strings and EOS, text streamed to a callback).
+ * Ownership: the engine owns everything it opens. Thread-safety: one thread at a time. */
+#ifndef ZS_ENGINE_H
+#define ZS_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+typedef struct {
+    const char *model_dir;
+    zs_model_opts model;
+    int max_seqs;          /* KV sequence slots (default 8) */
+    int max_batch_tokens;  /* tokens per forward call (default 256) */
+    int max_context;       /* 0 = the model's max_position_embeddings */
+    size_t kv_bytes;       /* 0 = enough for max_seqs full contexts, capped at 1 GiB */
+} zs_engine_opts;
+
+void zs_engine_opts_default(zs_engine_opts *o);
+
+typedef struct zs_engine zs_engine;
+int  zs_engine_open(const zs_engine_opts *o, zs_engine **out);
+void zs_engine_free(zs_engine *e);
+zs_model *zs_engine_model(zs_engine *e);
+zs_tokenizer *zs_engine_tokenizer(zs_engine *e);
+zs_kvcache *zs_engine_kv(zs_engine *e);
+int  zs_engine_context(const zs_engine *e);
+
+/* Runs one forward call (any mix of sequences) with the engine's weight source. */
+int  zs_engine_forward(zs_engine *e, const zs_batch *b, float *logits);
+
+typedef struct {
+    int max_tokens;             /* new tokens at most (>= 0) */
+    zs_sampler_params sampling;
+    const char *const *stop;    /* stop strings */
+    int n_stop;
+    int ignore_eos;
+} zs_gen_params;
+
+enum { ZS_FINISH_STOP = 0, ZS_FINISH_LENGTH = 1 };
+
+typedef struct {
+    int n_prompt, n_generated;
+    int finish;                 /* ZS_FINISH_* */
+    double t_prefill, t_decode; /* seconds */
+    int32_t *ids;               /* generated ids (malloc'd, caller frees), n_generated long */
+} zs_gen_result;
+
+/* Called with each piece of text that is safe to show; return non-zero to cancel. */
+typedef int (*zs_gen_cb)(void *ud, const char *text, size_t len);
+
+int zs_engine_generate(zs_engine *e, const int32_t *prompt, int n_prompt, const zs_gen_params *p,
+                       zs_gen_cb cb, void *ud, zs_gen_result *res);
+
+#endif

@@ -1,0 +1,213 @@
+/* main.c — the zeroserve command line: generate, init-model, bench. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cli.h"
+#include "common.h"
+#include "engine.h"
+#include "init-model.h"
+
+static int parse_wdtype(const char *s, zs_dtype *out) {
+    if (!s || !strcmp(s, "auto")) { *out = ZS_DTYPE_COUNT; return 0; }
+    if (zs_dtype_parse(s, out) == 0) return 0;
+    return zs_err(ZS_EINVAL, "--weight-dtype: '%s' is not one of auto, f32, f16, bf16", s);
+}
+
+static int want_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
+static int print_cb(void *ud, const char *s, size_t n) {
+    (void)ud;
+    fwrite(s, 1, n, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+static int cmd_generate(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *wdt = NULL, *stop = NULL;
+    zs_gen_params gp;
+    memset(&gp, 0, sizeof gp);
+    zs_sampler_params_default(&gp.sampling);
+    gp.max_tokens = 64;
+    int ctx = 0, ignore_eos = 0, stats = 0, ids = 0;
+    uint64_t seed = 0;
+    zs_opt opts[] = {
+        {"model", ZS_OPT_STR, &model, "model directory (Hugging Face layout)  [required]"},
+        {"prompt", ZS_OPT_STR, &prompt, "prompt text  [required]"},
+        {"max-tokens", ZS_OPT_INT, &gp.max_tokens, "new tokens at most (default 64)"},
+        {"temperature", ZS_OPT_FLOAT, &gp.sampling.temperature, "0 = greedy (default 1)"},
+        {"top-p", ZS_OPT_FLOAT, &gp.sampling.top_p, "nucleus sampling (default 1 = off)"},
+        {"top-k", ZS_OPT_INT, &gp.sampling.top_k, "keep the k most likely tokens (default 0 = off)"},
+        {"seed", ZS_OPT_U64, &seed, "random seed (default 0)"},
+        {"stop", ZS_OPT_STR, &stop, "stop string"},
+        {"ignore-eos", ZS_OPT_FLAG, &ignore_eos, "keep generating after the end-of-sequence token"},
+        {"weight-dtype", ZS_OPT_STR, &wdt, "auto (as stored) | f32 | f16 | bf16"},
+        {"context", ZS_OPT_INT, &ctx, "context length (default: the model's)"},
+        {"stats", ZS_OPT_FLAG, &stats, "print timing to stderr"},
+        {"print-ids", ZS_OPT_FLAG, &ids, "print the generated token ids to stderr"},
+    };
+    int n_opts = sizeof opts / sizeof opts[0];
+    if (want_help(argc, argv)) {
+        zs_cli_usage("generate", "Generates text from a prompt and prints it as it is produced.", opts, n_opts);
+        return 0;
+    }
+    ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
+    if (!model) return zs_err(ZS_EINVAL, "--model is required");
+    if (!prompt) return zs_err(ZS_EINVAL, "--prompt is required");
+    gp.sampling.seed = seed;
+    gp.ignore_eos = ignore_eos;
+    if (stop) { gp.stop = &stop; gp.n_stop = 1; }
+    zs_engine_opts eo;
+    zs_engine_opts_default(&eo);
+    eo.model_dir = model;
+    eo.max_seqs = 1;
+    eo.max_context = ctx;
+    ZS_CHECK(parse_wdtype(wdt, &eo.model.weight_dtype));
+    zs_engine *e;
+    ZS_CHECK(zs_engine_open(&eo, &e));
+    int32_t *pids = NULL;
+    size_t np = 0;
+    int rc = zs_tokenizer_encode(zs_engine_tokenizer(e), prompt, strlen(prompt), 1, &pids, &np);
+    if (rc == 0 && np == 0) rc = zs_err(ZS_EINVAL, "the prompt encodes to no tokens");
+    zs_gen_result res;
+    if (rc == 0) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+        rc = zs_engine_generate(e, pids, (int)np, &gp, print_cb, NULL, &res);
+        fputc('\n', stdout);
+    }
+    if (rc == 0) {
+        if (ids) {
+            for (int i = 0; i < res.n_generated; i++) fprintf(stderr, "%s%d", i ? " " : "", res.ids[i]);
+            fputc('\n', stderr);
+        }
+        if (stats)
+            fprintf(stderr, "prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.2f tok/s); finish: %s\n",
+                    res.n_prompt, res.t_prefill, res.n_prompt / res.t_prefill, res.n_generated, res.t_decode,
+                    res.n_generated > 1 ? (res.n_generated - 1) / res.t_decode : 0.0,
+                    res.finish == ZS_FINISH_STOP ? "stop" : "length");
+        free(res.ids);
+    }
+    free(pids);
+    zs_engine_free(e);
+    return rc;
+}
+
+static int cmd_init_model(int argc, char **argv) {
+    const char *arch = "llama", *out = NULL, *dtype = "f32";
+    zs_init_opts io;
+    /* first pass: find --arch so the defaults fit it */
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--arch")) arch = argv[i + 1];
+        else if (!strncmp(argv[i], "--arch=", 7)) arch = argv[i] + 7;
+    ZS_CHECK(zs_init_opts_default(arch, &io));
+    zs_model_config *c = &io.cfg;
+    int head_dim = 0, untied = 0, tied = 0, qkv_bias = 0;
+    zs_opt opts[] = {
+        {"arch", ZS_OPT_STR, &arch, "llama | gpt2 (default llama)"},
+        {"layers", ZS_OPT_INT, &c->n_layers, "transformer blocks"},
+        {"dim", ZS_OPT_INT, &c->dim, "hidden size"},
+        {"heads", ZS_OPT_INT, &c->n_heads, "attention heads"},
+        {"kv-heads", ZS_OPT_INT, &c->n_kv_heads, "key/value heads (llama; default = heads)"},
+        {"head-dim", ZS_OPT_INT, &head_dim, "per-head size (default dim / heads)"},
+        {"ffn", ZS_OPT_INT, &c->ffn_dim, "MLP hidden size"},
+        {"vocab", ZS_OPT_INT, &c->vocab_size, "vocabulary size (>= 257)"},
+        {"context", ZS_OPT_INT, &c->max_seq, "max positions"},
+        {"dtype", ZS_OPT_STR, &dtype, "f32 | f16 | bf16 (default f32)"},
+        {"seed", ZS_OPT_U64, &io.seed, "random seed (default 1234)"},
+        {"tied", ZS_OPT_FLAG, &tied, "tie the LM head to the embeddings"},
+        {"untied", ZS_OPT_FLAG, &untied, "separate LM head"},
+        {"qkv-bias", ZS_OPT_FLAG, &qkv_bias, "llama: q/k/v biases (Qwen2 style)"},
+        {"out", ZS_OPT_STR, &out, "output directory  [required]"},
+    };
+    int n_opts = sizeof opts / sizeof opts[0];
+    if (want_help(argc, argv)) {
+        zs_cli_usage("init-model", "Writes a random-initialised model in Hugging Face layout.", opts, n_opts);
+        return 0;
+    }
+    int kv_given = 0;
+    for (int i = 0; i < argc; i++) if (!strncmp(argv[i], "--kv-heads", 10)) kv_given = 1;
+    ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
+    if (!out) return zs_err(ZS_EINVAL, "--out is required");
+    if (zs_dtype_parse(dtype, &c->dtype) < 0)
+        return zs_err(ZS_EINVAL, "--dtype: '%s' is not one of f32, f16, bf16", dtype);
+    if (c->n_heads <= 0 || c->dim <= 0) return zs_err(ZS_EINVAL, "--heads and --dim must be positive");
+    if (!kv_given && c->arch == ZS_ARCH_GPT2) c->n_kv_heads = c->n_heads;
+    else if (!kv_given) c->n_kv_heads = ZS_MIN(c->n_kv_heads, c->n_heads);
+    c->head_dim = head_dim > 0 ? head_dim : c->dim / c->n_heads;
+    if (tied) c->tied_embeddings = 1;
+    if (untied) c->tied_embeddings = 0;
+    if (qkv_bias) c->qkv_bias = 1;
+    ZS_CHECK(zs_init_model_write(&io, out));
+    double params = (double)c->vocab_size * c->dim * (c->tied_embeddings ? 1 : 2) +
+                    (double)c->n_layers * ((double)c->dim * c->head_dim * (2 * c->n_heads + 2 * c->n_kv_heads) +
+                                           (double)c->dim * c->ffn_dim * (c->arch == ZS_ARCH_GPT2 ? 2 : 3));
+    printf("wrote %s: %s, %d layers, dim %d, %.1fM parameters, %s, seed %llu — the weights are random\n", out,
+           c->arch_name, c->n_layers, c->dim, params / 1e6, zs_dtype_name(c->dtype), (unsigned long long)io.seed);
+    return 0;
+}
+
+static int cmd_bench(int argc, char **argv) {
+    zs_bench_opts bo;
+    zs_bench_opts_default(&bo);
+    const char *model = NULL, *wdt = NULL;
+    zs_opt opts[] = {
+        {"model", ZS_OPT_STR, &model, "model directory  [required]"},
+        {"runs", ZS_OPT_INT, &bo.runs, "repetitions, medians reported (default 5)"},
+        {"prefill", ZS_OPT_INT, &bo.prefill_tokens, "prompt tokens (default 128)"},
+        {"decode", ZS_OPT_INT, &bo.decode_tokens, "decode tokens per run (default 32)"},
+        {"threads", ZS_OPT_INT, &bo.threads, "threads of the bandwidth probe (default: all CPUs)"},
+        {"weight-dtype", ZS_OPT_STR, &wdt, "auto | f32 | f16 | bf16"},
+        {"json", ZS_OPT_STR, &bo.json_out, "also write the figures as JSON to this file"},
+    };
+    int n_opts = sizeof opts / sizeof opts[0];
+    if (want_help(argc, argv)) {
+        zs_cli_usage("bench", "Measures prefill and decode throughput against measured memory bandwidth.", opts, n_opts);
+        return 0;
+    }
+    ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
+    if (!model) return zs_err(ZS_EINVAL, "--model is required");
+    if (bo.runs < 1 || bo.prefill_tokens < 1 || bo.decode_tokens < 2)
+        return zs_err(ZS_EINVAL, "--runs and --prefill must be >= 1, --decode >= 2");
+    bo.engine.model_dir = model;
+    bo.engine.max_seqs = 1;
+    bo.engine.max_batch_tokens = ZS_MAX(256, bo.prefill_tokens);
+    ZS_CHECK(parse_wdtype(wdt, &bo.engine.model.weight_dtype));
+    return zs_bench_run(&bo);
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: zeroserve <command> [flags]   (zeroserve <command> --help for its flags)\n\n"
+            "commands:\n"
+            "  generate     generate text from a prompt\n"
+            "  init-model   write a random-initialised model in Hugging Face layout\n"
+            "  bench        measure prefill/decode throughput against memory bandwidth\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage();
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    int rc;
+    if (!strcmp(cmd, "generate")) rc = cmd_generate(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "init-model")) rc = cmd_init_model(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "bench")) rc = cmd_bench(argc - 2, argv + 2);
+    else {
+        fprintf(stderr, "zeroserve: unknown command '%s'\n", cmd);
+        usage();
+        return 2;
+    }
+    if (rc < 0) {
+        fprintf(stderr, "zeroserve %s: error: %s\n", cmd, zs_errmsg()[0] ? zs_errmsg() : zs_strerror(rc));
+        return 1;
+    }
+    return 0;
+}
