@@ -91,7 +91,7 @@ test: all $(TESTS) $(ASAN_TESTS)
 	@BUILD=$(BUILD) sh tests/run-tests.sh
 
 serve: all
-	sh server/serve-default.sh
+	MODEL="$(MODEL)" sh server/serve-default.sh
 
 bench: all
 	sh tests/bench/run.sh
