@@ -1,0 +1,69 @@
+/* tokenizer.h — text <-> token ids for Hugging Face tokenizer.json files with a BPE model:
+ * byte-level BPE (GPT-2, Llama 3, Qwen2) and SentencePiece-style BPE with byte fallback
+ * (Llama 2, stories260K), plus a streaming decoder that emits only complete UTF-8.
+ *
+ * Ownership: zs_tokenizer_load returns a tokenizer the caller frees with zs_tokenizer_free.
+ * Strings returned by zs_tokenizer_piece belong to the tokenizer (valid until it is freed).
+ * zs_tokenizer_encode / zs_tokenizer_decode return malloc'd buffers the caller free()s.
+ * A zs_detok borrows its tokenizer (which must outlive it) and is freed with zs_detok_free.
+ *
+ * Thread-safety: a loaded tokenizer is immutable; every zs_tokenizer_* call on it may run from
+ * several threads at once (encode/decode keep all scratch state on the caller's stack/heap).
+ * A zs_detok holds per-stream state: use each one from one thread at a time.
+ *
+ * Errors: functions returning int give 0 or a negative ZS_E* code (common.h) with a message in
+ * zs_errmsg(); out-parameters are written only on success. */
+#ifndef ZS_TOKENIZER_H
+#define ZS_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct zs_tokenizer zs_tokenizer;
+
+/* Loads <dir>/tokenizer.json (required), and when present tokenizer_config.json, config.json and
+ * generation_config.json for the bos/eos ids and add_bos_token/add_eos_token.
+ * ZS_ENOTFOUND: no tokenizer.json; ZS_EFORMAT: malformed file (message names file and problem);
+ * ZS_EUNSUPPORTED: a valid but unsupported model/normalizer/pre-tokenizer/decoder/regex. */
+int zs_tokenizer_load(const char *dir, zs_tokenizer **out);
+void zs_tokenizer_free(zs_tokenizer *t);
+
+/* Number of ids: 1 + the largest id of the model vocab and the added tokens. */
+int zs_tokenizer_vocab_size(const zs_tokenizer *t);
+int zs_tokenizer_bos(const zs_tokenizer *t);              /* -1 if none */
+int zs_tokenizer_eos(const zs_tokenizer *t);              /* primary eos, -1 if none */
+int zs_tokenizer_is_eos(const zs_tokenizer *t, int id);   /* any eos id (config lists may hold several) */
+/* Special: an added token marked "special", or the bos/eos id. */
+int zs_tokenizer_is_special(const zs_tokenizer *t, int id);
+/* Raw vocab string of id (an added token's content for added ids), NULL if id has none. */
+const char *zs_tokenizer_piece(const zs_tokenizer *t, int id);
+/* Id of a raw vocab string or added-token content, -1 if absent. */
+int zs_tokenizer_token_id(const zs_tokenizer *t, const char *piece);
+
+/* Encodes len bytes of UTF-8 text. add_special: apply the post-processor (e.g. prepend <s>).
+ * Added/special tokens written literally in the text are matched as their ids.
+ * *ids is malloc'd (may be NULL when *n_ids is 0), caller frees.
+ * Invalid UTF-8 -> ZS_EINVAL with the byte offset in the message. */
+int zs_tokenizer_encode(const zs_tokenizer *t, const char *text, size_t len, int add_special,
+                        int32_t **ids, size_t *n_ids);
+
+/* Decodes ids to a malloc'd NUL-terminated UTF-8 string; skip_special drops special tokens.
+ * Invalid byte sequences become U+FFFD. An id outside [0, vocab_size) or without a piece ->
+ * ZS_ERANGE. Equal to the concatenated output of a zs_detok fed the same ids. */
+int zs_tokenizer_decode(const zs_tokenizer *t, const int32_t *ids, size_t n, int skip_special,
+                        char **out);
+
+/* Streaming decoder: push ids one at a time and get back only complete UTF-8 (a partial
+ * multi-byte sequence is held back until completed; invalid sequences give U+FFFD). Leading-space
+ * stripping (SentencePiece style) is applied exactly as in zs_tokenizer_decode, so all pushes +
+ * flush concatenated == zs_tokenizer_decode of the whole sequence.
+ * push/flush write the bytes plus a NUL to buf; *n_out excludes the NUL. When the output (plus
+ * NUL) does not fit in cap, they return ZS_ERANGE and leave the stream state unchanged (retry
+ * with a larger buffer; 3 * (length of the id's piece + 3) + 1 bytes always suffice). */
+typedef struct zs_detok zs_detok;
+int zs_detok_new(const zs_tokenizer *t, int skip_special, zs_detok **out);
+int zs_detok_push(zs_detok *d, int32_t id, char *buf, size_t cap, size_t *n_out);
+int zs_detok_flush(zs_detok *d, char *buf, size_t cap, size_t *n_out);
+void zs_detok_free(zs_detok *d);
+
+#endif
