@@ -170,20 +170,41 @@ static int write_tokenizer(const zs_model_config *c, const char *dir) {
         json_object_set_new(vocab, nm, json_integer(i));
     }
     json_object_set_new(vocab, "<|endoftext|>", json_integer(eos));
-    json_t *tok = json_pack("{s:s, s:n, s:n, s:[{s:i, s:s, s:b, s:b, s:b, s:b, s:b}], s:n,"
-                            " s:{s:s, s:b, s:b, s:b}, s:{s:s, s:b, s:b, s:b}, s:{s:s, s:b, s:b, s:b},"
-                            " s:{s:s, s:n, s:n, s:n, s:b, s:b, s:o, s:[]}}",
-                            "version", "1.0", "truncation", "padding", "added_tokens", "id", eos,
-                            "content", "<|endoftext|>", "single_word", 0, "lstrip", 0, "rstrip", 0,
-                            "normalized", 0, "special", 1, "normalizer", "pre_tokenizer", "type",
-                            "ByteLevel", "add_prefix_space", 0, "trim_offsets", 1, "use_regex", 1,
-                            "post_processor", "type", "ByteLevel", "add_prefix_space", 1,
-                            "trim_offsets", 0, "use_regex", 1, "decoder", "type", "ByteLevel",
-                            "add_prefix_space", 1, "trim_offsets", 1, "use_regex", 1, "model",
-                            "type", "BPE", "dropout", "unk_token", "continuing_subword_prefix",
-                            "end_of_word_suffix", "fuse_unk", 0, "byte_fallback", 0, "vocab", vocab,
-                            "merges");
-    if (!tok) return zs_err(ZS_ENOMEM, "init-model: cannot build tokenizer.json");
+    json_t *tok = json_object();
+    json_t *added = json_object();
+    json_object_set_new(added, "id", json_integer(eos));
+    json_object_set_new(added, "content", json_string("<|endoftext|>"));
+    json_object_set_new(added, "single_word", json_false());
+    json_object_set_new(added, "lstrip", json_false());
+    json_object_set_new(added, "rstrip", json_false());
+    json_object_set_new(added, "normalized", json_false());
+    json_object_set_new(added, "special", json_true());
+    json_t *added_list = json_array();
+    json_array_append_new(added_list, added);
+    json_t *bl = json_object();
+    json_object_set_new(bl, "type", json_string("ByteLevel"));
+    json_object_set_new(bl, "add_prefix_space", json_false());
+    json_object_set_new(bl, "trim_offsets", json_true());
+    json_object_set_new(bl, "use_regex", json_true());
+    json_t *model = json_object();
+    json_object_set_new(model, "type", json_string("BPE"));
+    json_object_set_new(model, "dropout", json_null());
+    json_object_set_new(model, "unk_token", json_null());
+    json_object_set_new(model, "continuing_subword_prefix", json_null());
+    json_object_set_new(model, "end_of_word_suffix", json_null());
+    json_object_set_new(model, "fuse_unk", json_false());
+    json_object_set_new(model, "byte_fallback", json_false());
+    json_object_set_new(model, "vocab", vocab);
+    json_object_set_new(model, "merges", json_array());
+    json_object_set_new(tok, "version", json_string("1.0"));
+    json_object_set_new(tok, "truncation", json_null());
+    json_object_set_new(tok, "padding", json_null());
+    json_object_set_new(tok, "added_tokens", added_list);
+    json_object_set_new(tok, "normalizer", json_null());
+    json_object_set_new(tok, "pre_tokenizer", json_deep_copy(bl));
+    json_object_set_new(tok, "post_processor", json_deep_copy(bl));
+    json_object_set_new(tok, "decoder", bl);
+    json_object_set_new(tok, "model", model);
     ZS_CHECK(write_json(tok, dir, "tokenizer.json"));
     json_t *tc = json_pack("{s:s, s:b, s:b, s:s, s:s, s:i, s:s}", "tokenizer_class",
                            "PreTrainedTokenizerFast", "add_bos_token", 0, "add_eos_token", 0,
@@ -193,6 +214,22 @@ static int write_tokenizer(const zs_model_config *c, const char *dir) {
     ZS_CHECK(write_json(tc, dir, "tokenizer_config.json"));
     json_t *gc = json_pack("{s:i, s:i}", "bos_token_id", eos, "eos_token_id", eos);
     return write_json(gc, dir, "generation_config.json");
+}
+
+/* mkdir -p */
+static int mkdir_p(const char *dir) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p) return zs_err(ZS_EINVAL, "init-model: path too long");
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            if (mkdir(p, 0755) != 0 && errno != EEXIST)
+                return zs_err(ZS_EIO, "init-model: cannot create %s: %s", p, strerror(errno));
+            *s = '/';
+        }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST)
+        return zs_err(ZS_EIO, "init-model: cannot create %s: %s", p, strerror(errno));
+    return 0;
 }
 
 int zs_init_model_write(const zs_init_opts *o, const char *dir) {
@@ -209,8 +246,7 @@ int zs_init_model_write(const zs_init_opts *o, const char *dir) {
         return zs_err(ZS_EINVAL, "init-model: gpt2 needs heads * head_dim == dim and no grouped kv heads");
     if (c.head_dim % 2) return zs_err(ZS_EINVAL, "init-model: head dim must be even (RoPE)");
     c.bos_id = c.eos_id = c.vocab_size - 1;
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return zs_err(ZS_EIO, "init-model: cannot create %s: %s", dir, strerror(errno));
+    ZS_CHECK(mkdir_p(dir));
 
     tdesc *t = calloc((size_t)(8 + 20 * c.n_layers), sizeof *t);
     zs_st_decl *decls = calloc((size_t)(8 + 20 * c.n_layers), sizeof *decls);
