@@ -11,9 +11,8 @@ struct zs_engine {
     zs_engine_opts opts;
     zs_model *model;
     zs_tokenizer *tok;
+    zs_world *world;
     zs_kvcache *kv;
-    zs_forward *fwd;
-    zs_weight_source src;
     int context;
 };
 
@@ -22,11 +21,14 @@ void zs_engine_opts_default(zs_engine_opts *o) {
     zs_model_opts_default(&o->model);
     o->max_seqs = 8;
     o->max_batch_tokens = 256;
+    o->ranks = 1;
+    o->gather.tier = ZS_OFFLOAD_NONE;
 }
 
 zs_model *zs_engine_model(zs_engine *e) { return e->model; }
 zs_tokenizer *zs_engine_tokenizer(zs_engine *e) { return e->tok; }
 zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
+zs_world *zs_engine_world(zs_engine *e) { return e->world; }
 int zs_engine_context(const zs_engine *e) { return e->context; }
 
 int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
@@ -42,8 +44,6 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
                     o->model_dir, zs_tokenizer_vocab_size(e->tok), c->vocab_size);
         goto fail;
     }
-    if ((rc = zs_model_load_resident(e->model)) < 0) goto fail;
-    zs_model_close_checkpoint(e->model);
     e->context = o->max_context > 0 && o->max_context < c->max_seq ? o->max_context : c->max_seq;
     int kvd = c->n_kv_heads * c->head_dim;
     int per_seq = (e->context + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
@@ -57,9 +57,12 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
         goto fail;
     }
     if (n_blocks < 1) n_blocks = 1;
-    if ((rc = zs_kv_init(c->n_layers, kvd, n_blocks, o->max_seqs, e->context, &e->kv)) < 0) goto fail;
-    if ((rc = zs_forward_new(e->model, o->max_batch_tokens, &e->fwd)) < 0) goto fail;
-    e->src = zs_model_resident_source(e->model);
+    zs_world_opts wo = {o->ranks, o->nvme_path, o->gather, o->max_batch_tokens, n_blocks, o->max_seqs, e->context};
+    if (!wo.gather.max_live_bytes && o->max_live_params > 0)
+        wo.gather.max_live_bytes = (size_t)o->max_live_params *
+                                   zs_dtype_size(zs_model_layout(e->model, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype);
+    if ((rc = zs_world_open(e->model, &wo, &e->world)) < 0) goto fail;
+    e->kv = zs_world_kv(e->world, 0);
     *out = e;
     return 0;
 fail:
@@ -69,15 +72,21 @@ fail:
 
 void zs_engine_free(zs_engine *e) {
     if (!e) return;
-    zs_forward_free(e->fwd);
-    zs_kv_free(e->kv);
+    zs_world_free(e->world);
     zs_tokenizer_free(e->tok);
     zs_model_free(e->model);
     free(e);
 }
 
 int zs_engine_forward(zs_engine *e, const zs_batch *b, float *logits) {
-    return zs_forward_run(e->fwd, &e->src, e->kv, b, logits);
+    int n = zs_world_ranks(e->world);
+    zs_batch bs[n];
+    float *lg[n];
+    memset(bs, 0, sizeof bs);
+    memset(lg, 0, sizeof lg);
+    bs[0] = *b;
+    lg[0] = logits;
+    return zs_world_step(e->world, bs, lg);
 }
 
 /* Runs tokens [0,n) of one sequence starting at position pos0, in chunks; logits of the last

@@ -8,9 +8,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gather.h"
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "world.h"
 
 typedef struct {
     const char *model_dir;
@@ -19,6 +21,11 @@ typedef struct {
     int max_batch_tokens;  /* tokens per forward call (default 256) */
     int max_context;       /* 0 = the model's max_position_embeddings */
     size_t kv_bytes;       /* 0 = enough for max_seqs full contexts, capped at 1 GiB */
+    int ranks;             /* rank threads (default 1) */
+    const char *nvme_path; /* shard directory for offload nvme */
+    zs_gather_opts gather; /* tier (offload), live budget, slots, aio, verify */
+    int64_t max_live_params; /* live budget in parameters (DeepSpeed's stage3_max_live_parameters),
+                                used when gather.max_live_bytes is 0 */
 } zs_engine_opts;
 
 void zs_engine_opts_default(zs_engine_opts *o);
@@ -28,10 +35,11 @@ int  zs_engine_open(const zs_engine_opts *o, zs_engine **out);
 void zs_engine_free(zs_engine *e);
 zs_model *zs_engine_model(zs_engine *e);
 zs_tokenizer *zs_engine_tokenizer(zs_engine *e);
-zs_kvcache *zs_engine_kv(zs_engine *e);
+zs_kvcache *zs_engine_kv(zs_engine *e);   /* rank 0's cache */
+zs_world *zs_engine_world(zs_engine *e);
 int  zs_engine_context(const zs_engine *e);
 
-/* Runs one forward call (any mix of sequences) with the engine's weight source. */
+/* Runs one forward call (any mix of sequences of rank 0) as one step of all ranks. */
 int  zs_engine_forward(zs_engine *e, const zs_batch *b, float *logits);
 
 typedef struct {

@@ -532,6 +532,26 @@ int zs_shard_file_write(zs_shard_file *f, int shard, const void *data) {
     return 0;
 }
 
+int zs_shard_file_repair(zs_shard_file *f, int shard, const void *data) {
+    if (!f || !data) return zs_err(ZS_EINVAL, "zs_shard_file_repair: NULL argument");
+    if (f->state != SF_READABLE)
+        return zs_err(ZS_EINVAL, "%s: shard %d: only a committed file can be repaired", f->path, shard);
+    if (shard < 0 || shard >= f->n)
+        return zs_err(ZS_ERANGE, "%s: shard %d out of range (0..%d)", f->path, shard, f->n - 1);
+    if (f->bytes[shard] == 0) return 0;
+    if (zs_checksum64(data, f->bytes[shard]) != f->sums[shard])
+        return zs_err(ZS_ECHECKSUM, "%s: shard %d: repair data does not match the recorded checksum",
+                      f->path, shard);
+    int fd = open(f->path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return zs_err(errno_code(errno), "%s: cannot open for repair: %s", f->path, strerror(errno));
+    int e = pwrite_all(fd, data, f->bytes[shard], (off_t)f->offs[shard]);
+    if (e == 0 && fsync(fd) != 0) e = -errno;
+    close(fd);
+    if (e < 0)
+        return zs_err(errno_code(-e), "%s: shard %d: repair write failed: %s", f->path, shard, strerror(-e));
+    return 0;
+}
+
 static int sf_write_manifest(zs_shard_file *f) {
     json_t *m = json_object();
     json_t *arr = json_array();

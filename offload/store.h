@@ -66,6 +66,9 @@ int zs_shard_file_commit(zs_shard_file *f);
 void zs_shard_file_close(zs_shard_file *f);
 
 /* Data file path: the final name once reused/committed, the .tmp name while being written. */
+/* Rewrites one shard of a committed file in place (pwrite + fsync), e.g. after a read found it
+ * truncated or corrupt; data must match the shard's recorded checksum. */
+int zs_shard_file_repair(zs_shard_file *f, int shard, const void *data);
 const char *zs_shard_file_path(const zs_shard_file *f);
 int zs_shard_file_count(const zs_shard_file *f);
 size_t zs_shard_file_bytes(const zs_shard_file *f, int shard);  /* 0 if out of range */

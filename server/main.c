@@ -6,14 +6,9 @@
 #include "bench.h"
 #include "cli.h"
 #include "common.h"
+#include "engine-flags.h"
 #include "engine.h"
 #include "init-model.h"
-
-static int parse_wdtype(const char *s, zs_dtype *out) {
-    if (!s || !strcmp(s, "auto")) { *out = ZS_DTYPE_COUNT; return 0; }
-    if (zs_dtype_parse(s, out) == 0) return 0;
-    return zs_err(ZS_EINVAL, "--weight-dtype: '%s' is not one of auto, f32, f16, bf16", s);
-}
 
 static int want_help(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
@@ -29,15 +24,16 @@ static int print_cb(void *ud, const char *s, size_t n) {
 }
 
 static int cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *wdt = NULL, *stop = NULL;
+    const char *prompt = NULL, *stop = NULL;
     zs_gen_params gp;
     memset(&gp, 0, sizeof gp);
     zs_sampler_params_default(&gp.sampling);
     gp.max_tokens = 64;
-    int ctx = 0, ignore_eos = 0, stats = 0, ids = 0;
+    int ignore_eos = 0, stats = 0, ids = 0;
     uint64_t seed = 0;
-    zs_opt opts[] = {
-        {"model", ZS_OPT_STR, &model, "model directory (Hugging Face layout)  [required]"},
+    zs_engine_flags ef;
+    zs_engine_flags_init(&ef);
+    zs_opt opts[16 + ZS_ENGINE_FLAG_COUNT] = {
         {"prompt", ZS_OPT_STR, &prompt, "prompt text  [required]"},
         {"max-tokens", ZS_OPT_INT, &gp.max_tokens, "new tokens at most (default 64)"},
         {"temperature", ZS_OPT_FLOAT, &gp.sampling.temperature, "0 = greedy (default 1)"},
@@ -46,28 +42,24 @@ static int cmd_generate(int argc, char **argv) {
         {"seed", ZS_OPT_U64, &seed, "random seed (default 0)"},
         {"stop", ZS_OPT_STR, &stop, "stop string"},
         {"ignore-eos", ZS_OPT_FLAG, &ignore_eos, "keep generating after the end-of-sequence token"},
-        {"weight-dtype", ZS_OPT_STR, &wdt, "auto (as stored) | f32 | f16 | bf16"},
-        {"context", ZS_OPT_INT, &ctx, "context length (default: the model's)"},
-        {"stats", ZS_OPT_FLAG, &stats, "print timing to stderr"},
+        {"stats", ZS_OPT_FLAG, &stats, "print timing and gather counters to stderr"},
         {"print-ids", ZS_OPT_FLAG, &ids, "print the generated token ids to stderr"},
     };
-    int n_opts = sizeof opts / sizeof opts[0];
+    int n_opts = zs_engine_flags_table(&ef, opts, 10);
     if (want_help(argc, argv)) {
         zs_cli_usage("generate", "Generates text from a prompt and prints it as it is produced.", opts, n_opts);
         return 0;
     }
     ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
-    if (!model) return zs_err(ZS_EINVAL, "--model is required");
+    if (!ef.model) return zs_err(ZS_EINVAL, "--model is required");
     if (!prompt) return zs_err(ZS_EINVAL, "--prompt is required");
     gp.sampling.seed = seed;
     gp.ignore_eos = ignore_eos;
     if (stop) { gp.stop = &stop; gp.n_stop = 1; }
     zs_engine_opts eo;
     zs_engine_opts_default(&eo);
-    eo.model_dir = model;
     eo.max_seqs = 1;
-    eo.max_context = ctx;
-    ZS_CHECK(parse_wdtype(wdt, &eo.model.weight_dtype));
+    ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
     int32_t *pids = NULL;
@@ -86,11 +78,19 @@ static int cmd_generate(int argc, char **argv) {
             for (int i = 0; i < res.n_generated; i++) fprintf(stderr, "%s%d", i ? " " : "", res.ids[i]);
             fputc('\n', stderr);
         }
-        if (stats)
+        if (stats) {
             fprintf(stderr, "prompt %d tokens in %.3f s (%.1f tok/s); generated %d tokens in %.3f s (%.2f tok/s); finish: %s\n",
                     res.n_prompt, res.t_prefill, res.n_prompt / res.t_prefill, res.n_generated, res.t_decode,
                     res.n_generated > 1 ? (res.n_generated - 1) / res.t_decode : 0.0,
                     res.finish == ZS_FINISH_STOP ? "stop" : "length");
+            zs_gather_stats gs;
+            zs_world_stats(zs_engine_world(e), &gs);
+            fprintf(stderr, "gather: ranks %d, nvme %.1f MB, host %.1f MB, gathered %.1f MB, stall %.3f s, "
+                    "max depth %d, max live %.1f MB (limit %.1f MB), read errors %ld, repairs %ld\n",
+                    zs_world_ranks(zs_engine_world(e)), gs.bytes_nvme / 1e6, gs.bytes_host / 1e6,
+                    gs.bytes_gathered / 1e6, gs.stall_s, gs.max_depth, gs.max_live_bytes / 1e6,
+                    gs.live_limit / 1e6, gs.read_errors, gs.repairs);
+        }
         free(res.ids);
     }
     free(pids);
@@ -155,29 +155,27 @@ static int cmd_init_model(int argc, char **argv) {
 static int cmd_bench(int argc, char **argv) {
     zs_bench_opts bo;
     zs_bench_opts_default(&bo);
-    const char *model = NULL, *wdt = NULL;
-    zs_opt opts[] = {
-        {"model", ZS_OPT_STR, &model, "model directory  [required]"},
+    zs_engine_flags ef;
+    zs_engine_flags_init(&ef);
+    zs_opt opts[8 + ZS_ENGINE_FLAG_COUNT] = {
         {"runs", ZS_OPT_INT, &bo.runs, "repetitions, medians reported (default 5)"},
         {"prefill", ZS_OPT_INT, &bo.prefill_tokens, "prompt tokens (default 128)"},
         {"decode", ZS_OPT_INT, &bo.decode_tokens, "decode tokens per run (default 32)"},
         {"threads", ZS_OPT_INT, &bo.threads, "threads of the bandwidth probe (default: all CPUs)"},
-        {"weight-dtype", ZS_OPT_STR, &wdt, "auto | f32 | f16 | bf16"},
         {"json", ZS_OPT_STR, &bo.json_out, "also write the figures as JSON to this file"},
     };
-    int n_opts = sizeof opts / sizeof opts[0];
+    int n_opts = zs_engine_flags_table(&ef, opts, 5);
     if (want_help(argc, argv)) {
-        zs_cli_usage("bench", "Measures prefill and decode throughput against measured memory bandwidth.", opts, n_opts);
+        zs_cli_usage("bench", "Measures prefill and decode throughput against bounds measured in the same run.", opts, n_opts);
         return 0;
     }
     ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
-    if (!model) return zs_err(ZS_EINVAL, "--model is required");
+    if (!ef.model) return zs_err(ZS_EINVAL, "--model is required");
     if (bo.runs < 1 || bo.prefill_tokens < 1 || bo.decode_tokens < 2)
         return zs_err(ZS_EINVAL, "--runs and --prefill must be >= 1, --decode >= 2");
-    bo.engine.model_dir = model;
     bo.engine.max_seqs = 1;
     bo.engine.max_batch_tokens = ZS_MAX(256, bo.prefill_tokens);
-    ZS_CHECK(parse_wdtype(wdt, &bo.engine.model.weight_dtype));
+    ZS_CHECK(zs_engine_flags_apply(&ef, &bo.engine));
     return zs_bench_run(&bo);
 }
 

@@ -1,0 +1,470 @@
+/* gather.c — the ZeRO-3 gather coordinator of one rank: shard storage per tier, the prefetch
+ * thread (read -> agree -> all_gather -> publish, in pass order, within the live budget), the
+ * acquire/release weight source, counters, and the repair of truncated or corrupt shards. */
+#include "gather.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common.h"
+#include "pinned.h"
+#include "store.h"
+
+typedef struct {
+    int bucket;
+    int slot;          /* pinned slot of its NVMe read, -1 */
+    int read_done;     /* NVMe read finished */
+    int read_status;
+    int ready;         /* published to the compute thread */
+    int status;        /* agreed status */
+    void *buf;         /* full bucket (or the shard itself in direct mode) */
+    size_t live;       /* bytes it counts against the live budget */
+    char msg[320];
+} item_t;
+
+typedef struct fbuf { void *p; size_t cap; struct fbuf *next; } fbuf;
+
+struct zs_gather {
+    const zs_model *m;
+    int rank, nranks;
+    zs_comm *comm;
+    zs_gather_opts o;
+    int n_buckets;
+    size_t *shard_bytes, *full_bytes;
+    void **shards;            /* none/cpu: shard of each bucket */
+    void *host_region;        /* cpu tier: one pinned region holding all shards */
+    zs_pinned *pinned_all;    /* cpu tier */
+    zs_shard_file *file;      /* nvme tier */
+    zs_pinned *slots;         /* nvme tier: read slots */
+    zs_shard_reader *reader;
+    int direct;               /* no pipeline: acquire returns the shard itself */
+
+    int order[1024];
+    int n_order;
+    item_t *ring;
+    long ring_n;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    long produced;            /* items published */
+    long consumed;            /* items acquired */
+    long released;            /* items released */
+    long submitted;           /* NVMe reads submitted (item index) */
+    long pass_start;
+    size_t live, live_limit;
+    fbuf *free_bufs;
+    zs_gather_stats st;
+};
+
+size_t zs_partition_shard_bytes(const zs_model *m, int bucket, int nranks) {
+    size_t d = zs_model_layout(m, bucket)->data_bytes;
+    if (d == 0) return 0;
+    return ZS_ALIGN_UP((d + (size_t)nranks - 1) / (size_t)nranks, 4096);
+}
+
+static const char *bucket_label(const zs_model *m, int b, char *buf, size_t cap) {
+    if (b == zs_bucket_embed()) snprintf(buf, cap, "embeddings");
+    else if (b == zs_bucket_head(m)) snprintf(buf, cap, "head");
+    else snprintf(buf, cap, "layer %d", b - 1);
+    return buf;
+}
+
+int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const zs_gather_opts *o,
+                  zs_gather **out) {
+    zs_gather *g = calloc(1, sizeof *g);
+    if (!g) return zs_err(ZS_ENOMEM, "out of memory");
+    g->m = m;
+    g->rank = rank;
+    g->nranks = nranks;
+    g->comm = comm;
+    g->o = *o;
+    if (g->o.buffer_count <= 0) g->o.buffer_count = 4;
+    g->n_buckets = zs_model_n_buckets(m);
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->shard_bytes = calloc((size_t)g->n_buckets, sizeof(size_t));
+    g->full_bytes = calloc((size_t)g->n_buckets, sizeof(size_t));
+    g->shards = calloc((size_t)g->n_buckets, sizeof(void *));
+    if (!g->shard_bytes || !g->full_bytes || !g->shards) goto nomem;
+    size_t max_full = 0, total = 0, max_shard = 0;
+    for (int b = 0; b < g->n_buckets; b++) {
+        g->shard_bytes[b] = zs_partition_shard_bytes(m, b, nranks);
+        g->full_bytes[b] = g->shard_bytes[b] * (size_t)nranks;
+        max_full = ZS_MAX(max_full, g->full_bytes[b]);
+        max_shard = ZS_MAX(max_shard, g->shard_bytes[b]);
+        total += g->shard_bytes[b];
+    }
+    g->n_order = zs_model_pass_order(m, g->order);
+    g->direct = nranks == 1 && o->tier != ZS_OFFLOAD_NVME;
+    g->live_limit = o->max_live_bytes ? o->max_live_bytes : 4 * max_full;
+    if (!g->direct && g->live_limit < max_full) {
+        int rc = zs_err(ZS_EINVAL, "max_live_bytes (%zu) is smaller than the largest bucket (%zu bytes)",
+                        g->live_limit, max_full);
+        zs_gather_free(g);
+        return rc;
+    }
+    g->st.live_limit = g->live_limit;
+    if (o->tier == ZS_OFFLOAD_NONE) {
+        for (int b = 0; b < g->n_buckets; b++) {
+            if (!g->shard_bytes[b]) continue;
+            g->shards[b] = zs_aligned_alloc(4096, g->shard_bytes[b]);
+            if (!g->shards[b]) goto nomem;
+        }
+    } else if (o->tier == ZS_OFFLOAD_CPU) {
+        int rc = zs_pinned_init(ZS_MAX(total, 4096), 1, &g->pinned_all);
+        if (rc < 0) { zs_gather_free(g); return rc; }
+        char *p = zs_pinned_slot(g->pinned_all, 0);
+        for (int b = 0; b < g->n_buckets; b++) {
+            g->shards[b] = g->shard_bytes[b] ? p : NULL;
+            p += g->shard_bytes[b];
+        }
+    } else {
+        /* a read slot never runs a full pass ahead: the slot count stays below the pass length */
+        int n = ZS_MIN(g->o.buffer_count, ZS_MAX(1, g->n_order - 1));
+        int rc = zs_pinned_init(ZS_MAX(max_shard, 4096), n, &g->slots);
+        if (rc < 0) { zs_gather_free(g); return rc; }
+    }
+    g->ring_n = g->n_order + g->o.buffer_count + 2;
+    g->ring = calloc((size_t)g->ring_n, sizeof(item_t));
+    if (!g->ring) goto nomem;
+    *out = g;
+    return 0;
+nomem:
+    zs_gather_free(g);
+    return zs_err(ZS_ENOMEM, "rank %d: out of memory for parameter shards", rank);
+}
+
+void *zs_gather_shard_buffer(zs_gather *g, int b) { return g->shards[b]; }
+
+int zs_gather_attach_file(zs_gather *g, void *shard_file) {
+    g->file = shard_file;
+    int n = zs_pinned_count(g->slots);
+    void *bufs[64];
+    size_t sizes[64];
+    for (int i = 0; i < n && i < 64; i++) {
+        bufs[i] = zs_pinned_slot(g->slots, i);
+        sizes[i] = zs_pinned_slot_bytes(g->slots);
+    }
+    zs_reader_opts ro = {g->o.queue_depth, g->o.block_size, g->o.verify};
+    return zs_shard_reader_open(g->file, &ro, bufs, sizes, n, &g->reader);
+}
+
+/* ---- full-bucket buffer pool ---- */
+
+static void *pool_get(zs_gather *g, size_t size) {
+    fbuf **pp = &g->free_bufs, **best = NULL;
+    for (; *pp; pp = &(*pp)->next)
+        if ((*pp)->cap >= size && (!best || (*pp)->cap < (*best)->cap)) best = pp;
+    if (best) {
+        fbuf *f = *best;
+        *best = f->next;
+        void *p = f->p;
+        free(f);
+        return p;
+    }
+    /* nothing fits: the cached buffers are too small for this bucket; drop them */
+    while (g->free_bufs) {
+        fbuf *f = g->free_bufs;
+        g->free_bufs = f->next;
+        free(f->p);
+        free(f);
+    }
+    return zs_aligned_alloc(4096, size);
+}
+
+static void pool_put(zs_gather *g, void *p, size_t cap) {
+    fbuf *f = malloc(sizeof *f);
+    if (!f) { free(p); return; }
+    *f = (fbuf){p, cap, g->free_bufs};
+    g->free_bufs = f;
+}
+
+/* ---- the prefetch thread ---- */
+
+static item_t *ring_at(zs_gather *g, long k) { return &g->ring[k % g->ring_n]; }
+
+/* Submits NVMe reads for items [submitted, limit) while slots are free. Caller holds no lock. */
+static void submit_reads(zs_gather *g, long limit) {
+    while (g->submitted < limit) {
+        long j = g->submitted;
+        item_t *it = ring_at(g, j);
+        int b = g->order[j % g->n_order];
+        memset(it, 0, sizeof *it);
+        it->bucket = b;
+        it->slot = -1;
+        if (g->shard_bytes[b] == 0) {
+            it->read_done = 1;
+            g->submitted++;
+            continue;
+        }
+        int slot;
+        if (zs_pinned_acquire(g->slots, 0, &slot) < 0) return; /* no free slot: later */
+        it->slot = slot;
+        int rc = zs_shard_reader_submit(g->reader, b, slot, (uint64_t)j);
+        if (rc < 0) {
+            it->read_done = 1;
+            it->read_status = rc;
+            snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
+        }
+        g->submitted++;
+    }
+}
+
+/* Waits until item k's read is done, reaping other completions on the way. */
+static void wait_read(zs_gather *g, long k) {
+    item_t *it = ring_at(g, k);
+    while (!it->read_done) {
+        uint64_t tag;
+        int status;
+        int r = zs_shard_reader_poll(g->reader, 1, &tag, &status);
+        if (r < 0) { /* the reader itself failed: fail the item */
+            it->read_done = 1;
+            it->read_status = r;
+            snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
+            return;
+        }
+        if (r == 0) continue;
+        item_t *d = ring_at(g, (long)tag);
+        d->read_done = 1;
+        d->read_status = status;
+        if (status < 0) snprintf(d->msg, sizeof d->msg, "%s", zs_errmsg());
+    }
+}
+
+/* Rewrites bucket b's shard, and every shard past the end of a truncated file, from the
+ * checkpoint. */
+static void repair(zs_gather *g, int bad) {
+    struct stat sb;
+    off_t size = stat(zs_shard_file_path(g->file), &sb) == 0 ? sb.st_size : 0;
+    for (int b = 0; b < g->n_buckets; b++) {
+        size_t off = zs_shard_file_offset(g->file, b), n = zs_shard_file_bytes(g->file, b);
+        if (n == 0 || (b != bad && (off_t)(off + n) <= size)) continue;
+        const zs_bucket_layout *L = zs_model_layout(g->m, b);
+        char *full = zs_aligned_alloc(4096, g->full_bytes[b]);
+        int rc = full ? zs_model_pack_bucket(g->m, b, full, NULL) : zs_err(ZS_ENOMEM, "out of memory");
+        if (rc == 0) {
+            memset(full + L->data_bytes, 0, g->full_bytes[b] - L->data_bytes);
+            rc = zs_shard_file_repair(g->file, b, full + (size_t)g->rank * g->shard_bytes[b]);
+        }
+        free(full);
+        char lb[32];
+        if (rc == 0) {
+            g->st.repairs++;
+            zs_log_warn("rank %d: rewrote the %s shard of %s from the checkpoint", g->rank,
+                        bucket_label(g->m, b, lb, sizeof lb), zs_shard_file_path(g->file));
+        } else {
+            zs_log_error("rank %d: cannot repair the %s shard: %s", g->rank,
+                         bucket_label(g->m, b, lb, sizeof lb), zs_errmsg());
+        }
+    }
+}
+
+static void *prefetch_main(void *arg) {
+    zs_gather *g = arg;
+    int nvme = g->o.tier == ZS_OFFLOAD_NVME;
+    for (long k = 0;; k++) {
+        int b = g->order[k % g->n_order];
+        size_t need = g->full_bytes[b];
+        /* stay within one pass of the compute thread and within the live budget */
+        pthread_mutex_lock(&g->mu);
+        while (!g->stop && (k >= g->consumed + g->n_order ||
+                            (g->live > 0 && g->live + need > g->live_limit)))
+            pthread_cond_wait(&g->cv, &g->mu);
+        long window = g->consumed + g->n_order;
+        int stop = g->stop;
+        pthread_mutex_unlock(&g->mu);
+        if (stop) break;
+
+        item_t *it = ring_at(g, k);
+        if (nvme) {
+            /* every earlier item has returned its slot, so item k always gets one */
+            if (g->submitted <= k) submit_reads(g, k + 1);
+            ZS_ASSERT(g->submitted > k);
+            submit_reads(g, ZS_MIN(window, k + zs_pinned_count(g->slots)));
+            wait_read(g, k);
+        } else {
+            memset(it, 0, sizeof *it);
+            it->bucket = b;
+            it->slot = -1;
+        }
+        int local = nvme ? it->read_status : 0;
+        int global = local;
+        void *full = NULL;
+        if (need > 0) {
+            if (local < 0) {
+                g->st.read_errors++;
+                zs_log_error("rank %d: %s", g->rank, it->msg);
+            }
+            int rc = zs_comm_agree(g->comm, local, &global);
+            if (rc < 0) {
+                global = rc;
+                snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
+            } else if (global < 0 && local == 0) {
+                char lb[32];
+                snprintf(it->msg, sizeof it->msg, "reading the %s shard failed on another rank",
+                         bucket_label(g->m, b, lb, sizeof lb));
+            }
+            if (global == 0) {
+                const void *send = nvme ? zs_pinned_slot(g->slots, it->slot) : g->shards[b];
+                full = pool_get(g, need);
+                if (!full) {
+                    /* still take part in the collective so the other ranks do not hang */
+                    global = zs_err(ZS_ENOMEM, "rank %d: out of memory for a %zu-byte bucket", g->rank, need);
+                    snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
+                    zs_comm_abort(g->comm);
+                } else if ((rc = zs_comm_all_gather(g->comm, send, full, g->shard_bytes[b], NULL)) < 0) {
+                    global = rc;
+                    snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
+                    pool_put(g, full, need);
+                    full = NULL;
+                }
+            }
+            if (nvme && it->slot >= 0) zs_pinned_release(g->slots, it->slot);
+            if (nvme && local < 0 && local != ZS_EIO) repair(g, b);
+        }
+        pthread_mutex_lock(&g->mu);
+        it->status = global;
+        it->buf = full;
+        it->live = full ? need : 0;
+        it->ready = 1;
+        if (full) {
+            g->live += need;
+            if (g->live > g->st.max_live_bytes) g->st.max_live_bytes = g->live;
+            g->st.bytes_gathered += need;
+            if (nvme) g->st.bytes_nvme += g->shard_bytes[b];
+            else if (g->o.tier == ZS_OFFLOAD_CPU) g->st.bytes_host += g->shard_bytes[b];
+            g->st.items++;
+        }
+        g->produced = k + 1;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+    }
+    return NULL;
+}
+
+int zs_gather_start(zs_gather *g) {
+    if (g->direct) return 0;
+    if (g->o.tier == ZS_OFFLOAD_NVME && !g->reader)
+        return zs_err(ZS_EINVAL, "rank %d: no shard file attached", g->rank);
+    if (pthread_create(&g->thread, NULL, prefetch_main, g) != 0)
+        return zs_err(ZS_EIO, "rank %d: cannot start the prefetch thread", g->rank);
+    g->thread_started = 1;
+    return 0;
+}
+
+/* ---- the compute side ---- */
+
+static int g_acquire(void *ctx, int bucket, const void **data) {
+    zs_gather *g = ctx;
+    if (g->direct) {
+        *data = g->shards[bucket];
+        return 0;
+    }
+    pthread_mutex_lock(&g->mu);
+    long k = g->consumed++;
+    ZS_ASSERT(g->order[k % g->n_order] == bucket);
+    pthread_cond_broadcast(&g->cv); /* the window moved */
+    if (g->produced <= k) {
+        double t0 = zs_now();
+        while (g->produced <= k && !g->stop) pthread_cond_wait(&g->cv, &g->mu);
+        g->st.stall_s += zs_now() - t0;
+    }
+    item_t *it = ring_at(g, k);
+    int depth = (int)(g->produced - k - 1);
+    if (depth > g->st.max_depth) g->st.max_depth = depth;
+    int rc = g->stop && g->produced <= k ? zs_err(ZS_ECANCELLED, "engine is shutting down") : 0;
+    if (rc == 0 && it->status < 0) rc = zs_err(it->status, "%s", it->msg);
+    if (rc == 0) *data = it->buf;
+    pthread_mutex_unlock(&g->mu);
+    return rc;
+}
+
+static void g_release(void *ctx, int bucket) {
+    zs_gather *g = ctx;
+    (void)bucket;
+    if (g->direct) return;
+    pthread_mutex_lock(&g->mu);
+    ZS_ASSERT(g->released < g->consumed);
+    item_t *it = ring_at(g, g->released++);
+    if (it->ready && it->buf) {
+        pool_put(g, it->buf, g->full_bytes[it->bucket]);
+        g->live -= it->live;
+        it->buf = NULL;
+        it->live = 0;
+    }
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+zs_weight_source zs_gather_source(zs_gather *g) {
+    return (zs_weight_source){g_acquire, g_release, g};
+}
+
+void zs_gather_pass_begin(zs_gather *g) {
+    if (g->direct) return;
+    ZS_ASSERT(g->consumed % g->n_order == 0 && g->released == g->consumed);
+    g->pass_start = g->consumed;
+}
+
+void zs_gather_pass_end(zs_gather *g) {
+    if (g->direct) return;
+    while (g->released < g->consumed) g_release(g, -1);
+    while (g->consumed < g->pass_start + g->n_order) {
+        const void *d;
+        int b = g->order[g->consumed % g->n_order];
+        (void)g_acquire(g, b, &d);
+        g_release(g, b);
+    }
+}
+
+void zs_gather_stats_get(zs_gather *g, zs_gather_stats *s) {
+    pthread_mutex_lock(&g->mu);
+    *s = g->st;
+    s->live_bytes = g->live;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void zs_gather_stats_reset_peaks(zs_gather *g) {
+    pthread_mutex_lock(&g->mu);
+    g->st.max_depth = 0;
+    g->st.max_live_bytes = g->live;
+    g->st.stall_s = 0;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void zs_gather_free(zs_gather *g) {
+    if (!g) return;
+    if (g->thread_started) {
+        pthread_mutex_lock(&g->mu);
+        g->stop = 1;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        zs_comm_abort(g->comm); /* wakes a prefetch thread blocked in a collective */
+        pthread_join(g->thread, NULL);
+    }
+    if (g->ring)
+        for (long i = 0; i < g->ring_n; i++) free(g->ring[i].buf);
+    while (g->free_bufs) {
+        fbuf *f = g->free_bufs;
+        g->free_bufs = f->next;
+        free(f->p);
+        free(f);
+    }
+    zs_shard_reader_close(g->reader);
+    if (g->file) zs_shard_file_close(g->file);
+    zs_pinned_free(g->slots);
+    if (g->o.tier == ZS_OFFLOAD_NONE && g->shards)
+        for (int b = 0; b < g->n_buckets; b++) free(g->shards[b]);
+    zs_pinned_free(g->pinned_all);
+    free(g->shards);
+    free(g->shard_bytes);
+    free(g->full_bytes);
+    free(g->ring);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+}

@@ -1,0 +1,75 @@
+/* gather.h — the ZeRO-3 coordinator of one rank (DESIGN.md §3): it keeps this rank's shard of
+ * every bucket in its tier (device memory, pinned host memory, or an NVMe shard file), and
+ * during each forward pass hands out full buckets: NVMe -> pinned slot (io_uring) -> device ->
+ * all_gather across ranks -> full-bucket buffer. A prefetch thread runs this pipeline ahead of
+ * the compute thread, in pass order, bounded by max_live_bytes (full buffers resident at once)
+ * and by the free pinned slots; acquire() only waits for work already in flight.
+ *
+ * A read that fails on any rank fails that bucket on every rank (the ranks agree on a status
+ * before the all_gather), so the pass fails everywhere together; a shard found truncated or
+ * corrupt is rewritten from the checkpoint before it is read again.
+ *
+ * Ownership: the coordinator owns its shards, slots, reader, shard file and full buffers; the
+ * model and the communicator are borrowed. Thread-safety: acquire/release/pass_* come from one
+ * compute thread; stats may be read from any thread. */
+#ifndef ZS_GATHER_H
+#define ZS_GATHER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm.h"
+#include "dsconfig.h"
+#include "model.h"
+
+typedef struct {
+    int tier;               /* ZS_OFFLOAD_NONE | ZS_OFFLOAD_CPU | ZS_OFFLOAD_NVME */
+    size_t max_live_bytes;  /* full-bucket bytes resident at once; 0 = 4 x the largest bucket */
+    int buffer_count;       /* pinned slots for NVMe reads (default 4) */
+    int queue_depth;        /* io_uring queue depth (default 32) */
+    size_t block_size;      /* bytes per read request (default 1 MiB) */
+    int verify;             /* check each shard's checksum on every read */
+} zs_gather_opts;
+
+typedef struct {
+    uint64_t bytes_nvme;      /* read from the shard file */
+    uint64_t bytes_host;      /* moved host -> device (cpu tier) */
+    uint64_t bytes_gathered;  /* received through all_gather */
+    double stall_s;           /* time acquire() waited for a bucket */
+    int max_depth;            /* most buckets ready beyond the one being computed */
+    size_t live_bytes;        /* full-bucket bytes resident now */
+    size_t max_live_bytes;    /* the most ever resident */
+    size_t live_limit;        /* the bound in force */
+    long items;               /* buckets gathered */
+    long read_errors, repairs;
+} zs_gather_stats;
+
+/* Shard sizes: every bucket's data part is split into nranks equal shards of this many bytes
+ * (a multiple of 4096; 0 for an empty bucket). */
+size_t zs_partition_shard_bytes(const zs_model *m, int bucket, int nranks);
+
+typedef struct zs_gather zs_gather;
+
+int  zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm,
+                   const zs_gather_opts *o, zs_gather **out);
+/* none/cpu tiers: where this rank's shard of bucket b is to be stored (shard_bytes long). */
+void *zs_gather_shard_buffer(zs_gather *g, int b);
+/* nvme tier: the committed shard file of this rank (ownership passes to the coordinator). */
+int  zs_gather_attach_file(zs_gather *g, void *shard_file /* zs_shard_file* */);
+/* Starts the prefetch thread (after the shards are in place). */
+int  zs_gather_start(zs_gather *g);
+void zs_gather_free(zs_gather *g);   /* stops the thread; call after zs_comm_abort on shutdown */
+
+/* The weight source that a forward pass reads through. */
+zs_weight_source zs_gather_source(zs_gather *g);
+/* Every rank runs exactly one full pass per engine step: pass_begin, then the forward (whose
+ * acquires may stop early on an error), then pass_end, which releases what is still held and
+ * takes part in the remaining gathers of the pass. A rank with nothing to compute calls just
+ * begin and end. */
+void zs_gather_pass_begin(zs_gather *g);
+void zs_gather_pass_end(zs_gather *g);
+
+void zs_gather_stats_get(zs_gather *g, zs_gather_stats *s);
+void zs_gather_stats_reset_peaks(zs_gather *g);
+
+#endif

@@ -1,0 +1,274 @@
+/* world.c — rank threads of one process, parameter placement into each rank's tier, and
+ * lockstep execution of step plans. */
+#include "world.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "common.h"
+#include "store.h"
+
+typedef struct {
+    struct zs_world *w;
+    int rank;
+    zs_comm *comm;
+    zs_gather *g;
+    zs_kvcache *kv;
+    zs_forward *fwd;
+    pthread_t th;
+    int started;
+    /* the current step */
+    const zs_batch *batch;
+    float *logits;
+    int rc;
+    char err[1024];
+} rank_t;
+
+struct zs_world {
+    zs_model *m;
+    zs_world_opts o;
+    int n;
+    rank_t *ranks;
+    int reused;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    long step;     /* generation: bumped to start a step */
+    int done;      /* worker ranks finished with the current step */
+    int quit;
+};
+
+int zs_world_ranks(const zs_world *w) { return w->n; }
+zs_kvcache *zs_world_kv(zs_world *w, int rank) { return w->ranks[rank].kv; }
+int zs_world_reused_shards(const zs_world *w) { return w->reused; }
+
+static void run_rank(rank_t *r) {
+    zs_gather_pass_begin(r->g);
+    r->rc = 0;
+    if (r->batch && r->batch->n > 0) {
+        zs_weight_source src = zs_gather_source(r->g);
+        r->rc = zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
+        if (r->rc < 0) snprintf(r->err, sizeof r->err, "%s", zs_errmsg());
+    }
+    zs_gather_pass_end(r->g);
+}
+
+static void *rank_main(void *arg) {
+    rank_t *r = arg;
+    zs_world *w = r->w;
+    long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->quit && w->step == seen) pthread_cond_wait(&w->cv, &w->mu);
+        if (w->quit) { pthread_mutex_unlock(&w->mu); break; }
+        seen = w->step;
+        pthread_mutex_unlock(&w->mu);
+        run_rank(r);
+        pthread_mutex_lock(&w->mu);
+        w->done++;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+    return NULL;
+}
+
+int zs_world_step(zs_world *w, const zs_batch *batches, float **logits) {
+    static const zs_batch empty = {0, NULL, NULL, NULL, NULL, 0};
+    for (int i = 0; i < w->n; i++) {
+        w->ranks[i].batch = batches ? &batches[i] : &empty;
+        w->ranks[i].logits = logits ? logits[i] : NULL;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->done = 0;
+    w->step++;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    run_rank(&w->ranks[0]);
+    pthread_mutex_lock(&w->mu);
+    while (w->done < w->n - 1) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    for (int i = 0; i < w->n; i++)
+        if (w->ranks[i].rc < 0) return zs_err(w->ranks[i].rc, "%s", w->ranks[i].err);
+    return 0;
+}
+
+/* ---- placement ---- */
+
+static const char *label_of(const zs_model *m, int b, char *buf, size_t cap) {
+    if (b == zs_bucket_embed()) snprintf(buf, cap, "embeddings");
+    else if (b == zs_bucket_head(m)) snprintf(buf, cap, "head");
+    else snprintf(buf, cap, "layer %d", b - 1);
+    return buf;
+}
+
+/* Packs bucket b once into a zero-padded full buffer (n shards long). */
+static int pack_full(zs_model *m, int b, int n, char **out) {
+    size_t shard = zs_partition_shard_bytes(m, b, n), full = shard * (size_t)n;
+    size_t data = zs_model_layout(m, b)->data_bytes;
+    char *buf = zs_aligned_alloc(4096, ZS_MAX(full, 4096));
+    if (!buf) return zs_err(ZS_ENOMEM, "out of memory packing bucket %d (%zu bytes)", b, full);
+    int rc = zs_model_pack_bucket(m, b, buf, NULL);
+    if (rc < 0) { free(buf); return rc; }
+    memset(buf + data, 0, full - data);
+    *out = buf;
+    return 0;
+}
+
+static int place_memory(zs_world *w) {
+    int nb = zs_model_n_buckets(w->m);
+    for (int b = 0; b < nb; b++) {
+        size_t shard = zs_partition_shard_bytes(w->m, b, w->n);
+        if (!shard) continue;
+        char *full;
+        ZS_CHECK(pack_full(w->m, b, w->n, &full));
+        for (int r = 0; r < w->n; r++)
+            memcpy(zs_gather_shard_buffer(w->ranks[r].g, b), full + (size_t)r * shard, shard);
+        free(full);
+    }
+    return 0;
+}
+
+static int place_nvme(zs_world *w) {
+    const char *dir = w->o.nvme_path;
+    if (!dir || !*dir) return zs_err(ZS_EINVAL, "offload nvme needs an NVMe path (--nvme-path DIR)");
+    int nb = zs_model_n_buckets(w->m), rc = 0;
+    size_t *sizes = calloc((size_t)nb, sizeof(size_t));
+    zs_shard_file **files = calloc((size_t)w->n, sizeof *files);
+    int *reused = calloc((size_t)w->n, sizeof(int));
+    if (!sizes || !files || !reused) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto done; }
+    size_t per_rank = 0;
+    for (int b = 0; b < nb; b++) per_rank += sizes[b] = zs_partition_shard_bytes(w->m, b, w->n);
+    if ((rc = zs_shard_dir_check(dir, 0)) < 0) goto done;
+    char fp[256];
+    snprintf(fp, sizeof fp, "%s-ranks%d", zs_model_fingerprint(w->m), w->n);
+    int to_write = 0;
+    for (int r = 0; r < w->n && rc == 0; r++) {
+        rc = zs_shard_file_open(dir, r, fp, nb, sizes, &reused[r], &files[r]);
+        if (rc == 0 && !reused[r]) to_write++;
+    }
+    if (rc == 0 && to_write > 0) rc = zs_shard_dir_check(dir, per_rank * (size_t)to_write);
+    if (rc == 0 && to_write > 0) {
+        zs_log_info("writing %d shard file(s) of %.1f MB under %s", to_write, (double)per_rank / 1e6, dir);
+        for (int b = 0; b < nb && rc == 0; b++) {
+            if (!sizes[b]) continue;
+            char *full;
+            if ((rc = pack_full(w->m, b, w->n, &full)) < 0) break;
+            for (int r = 0; r < w->n && rc == 0; r++)
+                if (!reused[r]) rc = zs_shard_file_write(files[r], b, full + (size_t)r * sizes[b]);
+            free(full);
+        }
+        for (int r = 0; r < w->n && rc == 0; r++)
+            if (!reused[r]) rc = zs_shard_file_commit(files[r]);
+    }
+    w->reused = to_write == 0;
+    for (int r = 0; r < w->n && rc == 0; r++) {
+        char lb[32];
+        for (int b = 0; b < nb && rc == 0; b++)
+            rc = zs_shard_file_set_label(files[r], b, label_of(w->m, b, lb, sizeof lb));
+        if (rc == 0) {
+            rc = zs_gather_attach_file(w->ranks[r].g, files[r]);
+            files[r] = NULL; /* owned by the coordinator now */
+        }
+    }
+done:
+    for (int r = 0; files && r < w->n; r++)
+        if (files[r]) zs_shard_file_close(files[r]);
+    free(files);
+    free(sizes);
+    free(reused);
+    return rc;
+}
+
+int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
+    if (o->ranks < 1 || o->ranks > 256) return zs_err(ZS_EINVAL, "--ranks must be between 1 and 256 (got %d)", o->ranks);
+    zs_world *w = calloc(1, sizeof *w);
+    if (!w) return zs_err(ZS_ENOMEM, "out of memory");
+    w->m = m;
+    w->o = *o;
+    w->n = o->ranks;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    int rc;
+    zs_comm **comms = calloc((size_t)w->n, sizeof *comms);
+    w->ranks = calloc((size_t)w->n, sizeof *w->ranks);
+    if (!comms || !w->ranks) { free(comms); zs_world_free(w); return zs_err(ZS_ENOMEM, "out of memory"); }
+    rc = zs_comm_local_create(w->n, comms);
+    for (int r = 0; r < w->n; r++) {
+        w->ranks[r].w = w;
+        w->ranks[r].rank = r;
+        w->ranks[r].comm = rc == 0 ? comms[r] : NULL;
+    }
+    free(comms);
+    if (rc < 0) goto fail;
+    if ((rc = zs_model_load_resident_parts(m)) < 0) goto fail;
+    const zs_model_config *c = zs_model_config_get(m);
+    for (int r = 0; r < w->n && rc == 0; r++) {
+        rank_t *R = &w->ranks[r];
+        rc = zs_gather_new(m, r, w->n, R->comm, &o->gather, &R->g);
+        if (rc == 0) rc = zs_kv_init(c->n_layers, c->n_kv_heads * c->head_dim, o->kv_blocks, o->max_seqs, o->context, &R->kv);
+        if (rc == 0) rc = zs_forward_new(m, o->max_tokens, &R->fwd);
+    }
+    if (rc < 0) goto fail;
+    rc = o->gather.tier == ZS_OFFLOAD_NVME ? place_nvme(w) : place_memory(w);
+    if (rc < 0) goto fail;
+    /* the NVMe tier keeps the checkpoint mapped to repair damaged shards */
+    if (o->gather.tier != ZS_OFFLOAD_NVME) zs_model_close_checkpoint(m);
+    for (int r = 0; r < w->n && rc == 0; r++) rc = zs_gather_start(w->ranks[r].g);
+    for (int r = 1; r < w->n && rc == 0; r++) {
+        if (pthread_create(&w->ranks[r].th, NULL, rank_main, &w->ranks[r]) != 0)
+            rc = zs_err(ZS_EIO, "cannot start rank thread %d", r);
+        else w->ranks[r].started = 1;
+    }
+    if (rc < 0) goto fail;
+    *out = w;
+    return 0;
+fail:
+    zs_world_free(w);
+    return rc;
+}
+
+void zs_world_free(zs_world *w) {
+    if (!w) return;
+    pthread_mutex_lock(&w->mu);
+    w->quit = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    for (int r = 1; w->ranks && r < w->n; r++)
+        if (w->ranks[r].started) pthread_join(w->ranks[r].th, NULL);
+    /* stop every prefetch thread before any communicator handle goes away */
+    for (int r = 0; w->ranks && r < w->n; r++)
+        if (w->ranks[r].comm) zs_comm_abort(w->ranks[r].comm);
+    for (int r = 0; w->ranks && r < w->n; r++) {
+        zs_gather_free(w->ranks[r].g);
+        zs_forward_free(w->ranks[r].fwd);
+        zs_kv_free(w->ranks[r].kv);
+    }
+    for (int r = 0; w->ranks && r < w->n; r++)
+        if (w->ranks[r].comm) zs_comm_free(w->ranks[r].comm);
+    free(w->ranks);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
+void zs_world_stats(zs_world *w, zs_gather_stats *out) {
+    memset(out, 0, sizeof *out);
+    for (int r = 0; r < w->n; r++) {
+        zs_gather_stats s;
+        zs_gather_stats_get(w->ranks[r].g, &s);
+        out->bytes_nvme += s.bytes_nvme;
+        out->bytes_host += s.bytes_host;
+        out->bytes_gathered += s.bytes_gathered;
+        out->stall_s += s.stall_s;
+        out->items += s.items;
+        out->read_errors += s.read_errors;
+        out->repairs += s.repairs;
+        out->max_depth = ZS_MAX(out->max_depth, s.max_depth);
+        out->live_bytes = ZS_MAX(out->live_bytes, s.live_bytes);
+        out->max_live_bytes = ZS_MAX(out->max_live_bytes, s.max_live_bytes);
+        out->live_limit = s.live_limit;
+    }
+}
+
+void zs_world_reset_peaks(zs_world *w) {
+    for (int r = 0; r < w->n; r++) zs_gather_stats_reset_peaks(w->ranks[r].g);
+}

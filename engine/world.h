@@ -1,0 +1,44 @@
+/* world.h — the ranks of one process (DESIGN.md §1): N rank threads, each bound to a device (a
+ * CPU device here) with its own communicator handle, gather coordinator, KV cache and forward
+ * executor. Rank 0 runs in the caller's thread; ranks 1..N-1 are worker threads. Every engine
+ * step is one step plan: a batch for each rank (possibly empty) that all ranks execute in
+ * lockstep, so every rank takes part in every gather.
+ *
+ * zs_world_open also places the parameters: each bucket is packed once from the checkpoint and
+ * its N shards go to their ranks' tiers (device memory, pinned host memory, or one NVMe shard
+ * file per rank, written atomically and reused on the next start when the checkpoint and the
+ * layout are unchanged). Ownership: the world owns its ranks; the model is borrowed and must
+ * outlive it. Thread-safety: one thread drives a world (open, step, free). */
+#ifndef ZS_WORLD_H
+#define ZS_WORLD_H
+
+#include "gather.h"
+#include "kvcache.h"
+#include "model.h"
+
+typedef struct {
+    int ranks;             /* >= 1 */
+    const char *nvme_path; /* directory of the shard files (tier nvme) */
+    zs_gather_opts gather; /* tier, live budget, slots, aio, verify */
+    int max_tokens;        /* tokens per forward call and rank */
+    int kv_blocks, max_seqs, context; /* KV cache of each rank */
+} zs_world_opts;
+
+typedef struct zs_world zs_world;
+
+int  zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out);
+void zs_world_free(zs_world *w);
+int  zs_world_ranks(const zs_world *w);
+zs_kvcache *zs_world_kv(zs_world *w, int rank);
+/* 1 when the shard files of this start were reused rather than written. */
+int  zs_world_reused_shards(const zs_world *w);
+
+/* One step: rank r runs batches[r] (n == 0: takes part in the gathers only) and writes its
+ * logits to logits[r]. Returns 0, or the first failing rank's error (message set). */
+int  zs_world_step(zs_world *w, const zs_batch *batches, float **logits);
+
+/* Counters of all ranks: bytes summed, stall summed, depth and live bytes the maximum. */
+void zs_world_stats(zs_world *w, zs_gather_stats *out);
+void zs_world_reset_peaks(zs_world *w);
+
+#endif

@@ -1,0 +1,90 @@
+/* engine-flags.c — engine flags and the DeepSpeed-style --config file merged into engine
+ * options (flags win over the file). */
+#include "engine-flags.h"
+
+#include <string.h>
+
+#include "common.h"
+#include "dsconfig.h"
+
+void zs_engine_flags_init(zs_engine_flags *f) {
+    memset(f, 0, sizeof *f);
+    f->max_live_bytes = -1;
+    f->persist_threshold = -1;
+}
+
+int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
+    zs_opt t[ZS_ENGINE_FLAG_COUNT] = {
+        {"model", ZS_OPT_STR, &f->model, "model directory (Hugging Face layout)  [required]"},
+        {"weight-dtype", ZS_OPT_STR, &f->weight_dtype, "auto (as stored) | f32 | f16 | bf16"},
+        {"context", ZS_OPT_INT, &f->context, "context length (default: the model's)"},
+        {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
+        {"ranks", ZS_OPT_INT, &f->ranks, "rank threads, each with its own device (default 1)"},
+        {"offload", ZS_OPT_STR, &f->offload, "where a rank's shards live: none | cpu | nvme (default none)"},
+        {"nvme-path", ZS_OPT_STR, &f->nvme_path, "directory of the shard files for --offload nvme"},
+        {"max-live-bytes", ZS_OPT_I64, &f->max_live_bytes, "full-layer bytes resident at once (default 4 layers)"},
+        {"persist-threshold", ZS_OPT_I64, &f->persist_threshold, "tensors under this many elements stay resident (default 0: norms and biases)"},
+        {"verify-shards", ZS_OPT_FLAG, &f->verify, "check every shard's checksum on every read"},
+        {"buffer-count", ZS_OPT_INT, &f->buffer_count, "pinned read slots per rank (default 4)"},
+        {"aio-queue-depth", ZS_OPT_INT, &f->aio_queue_depth, "io_uring queue depth (default 32)"},
+        {"aio-block-size", ZS_OPT_I64, &f->aio_block_size, "bytes per read request (default 1 MiB)"},
+    };
+    memcpy(o + n, t, sizeof t);
+    return n + ZS_ENGINE_FLAG_COUNT;
+}
+
+int zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo) {
+    zs_zero_opts z;
+    zs_zero_opts_init(&z);
+    if (f->config) ZS_CHECK(zs_dsconfig_load(f->config, &z));
+    /* flags override the file */
+    zs_zero_opts fl;
+    zs_zero_opts_init(&fl);
+    if (f->offload) ZS_CHECK(zs_offload_parse(f->offload, &fl.offload_param));
+    if (f->nvme_path) {
+        if (strlen(f->nvme_path) >= sizeof fl.nvme_path) return zs_err(ZS_EINVAL, "--nvme-path is too long");
+        snprintf(fl.nvme_path, sizeof fl.nvme_path, "%s", f->nvme_path);
+    }
+    if (f->persist_threshold >= 0) fl.param_persistence_threshold = f->persist_threshold;
+    else if (f->persist_threshold != -1) return zs_err(ZS_EINVAL, "--persist-threshold must be >= 0");
+    if (f->buffer_count) fl.buffer_count = f->buffer_count;
+    if (f->aio_queue_depth) fl.aio_queue_depth = f->aio_queue_depth;
+    if (f->aio_block_size) fl.aio_block_size = f->aio_block_size;
+    zs_zero_opts_merge(&z, &fl);
+    if (z.offload_param == ZS_OFFLOAD_NVME && !z.nvme_path[0])
+        return zs_err(ZS_EINVAL, "--offload nvme needs --nvme-path DIR (or offload_param.nvme_path in --config)");
+
+    eo->model_dir = f->model;
+    if (f->context < 0) return zs_err(ZS_EINVAL, "--context must be >= 0");
+    eo->max_context = f->context;
+    if (f->ranks < 0 || f->ranks > 256) return zs_err(ZS_EINVAL, "--ranks must be between 1 and 256");
+    eo->ranks = f->ranks > 0 ? f->ranks : 1;
+    eo->gather.tier = z.offload_param >= 0 ? z.offload_param : ZS_OFFLOAD_NONE;
+    static char nvme[1024];
+    snprintf(nvme, sizeof nvme, "%s", z.nvme_path);
+    eo->nvme_path = nvme[0] ? nvme : NULL;
+    if (f->max_live_bytes != -1 && f->max_live_bytes <= 0) return zs_err(ZS_EINVAL, "--max-live-bytes must be positive");
+    if (f->max_live_bytes > 0) eo->gather.max_live_bytes = (size_t)f->max_live_bytes;
+    else if (z.max_live_parameters > 0) eo->max_live_params = z.max_live_parameters;
+    if (z.param_persistence_threshold >= 0) eo->model.persist_threshold = z.param_persistence_threshold;
+    if (f->buffer_count < 0 || f->buffer_count > 64) return zs_err(ZS_EINVAL, "--buffer-count must be between 1 and 64");
+    if (z.buffer_count > 64) return zs_err(ZS_EINVAL, "offload_param.buffer_count must be at most 64");
+    if (z.buffer_count > 0) eo->gather.buffer_count = z.buffer_count;
+    if (f->aio_queue_depth < 0 || f->aio_queue_depth > 4096) return zs_err(ZS_EINVAL, "--aio-queue-depth must be between 1 and 4096");
+    if (z.aio_queue_depth > 0) eo->gather.queue_depth = z.aio_queue_depth;
+    if (f->aio_block_size < 0 || (f->aio_block_size && (f->aio_block_size < 4096 || f->aio_block_size % 4096)))
+        return zs_err(ZS_EINVAL, "--aio-block-size must be a positive multiple of 4096");
+    if (z.aio_block_size > 0) eo->gather.block_size = (size_t)z.aio_block_size;
+    eo->gather.verify = f->verify;
+    /* precision: --weight-dtype, else bf16/fp16 from the config, else as stored */
+    eo->model.weight_dtype = ZS_DTYPE_COUNT;
+    if (f->weight_dtype && strcmp(f->weight_dtype, "auto") != 0) {
+        if (zs_dtype_parse(f->weight_dtype, &eo->model.weight_dtype) < 0)
+            return zs_err(ZS_EINVAL, "--weight-dtype: '%s' is not one of auto, f32, f16, bf16", f->weight_dtype);
+    } else if (z.bf16 == 1) {
+        eo->model.weight_dtype = ZS_BF16;
+    } else if (z.fp16 == 1) {
+        eo->model.weight_dtype = ZS_F16;
+    }
+    return 0;
+}
