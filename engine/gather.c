@@ -20,6 +20,7 @@ typedef struct {
     int status;        /* agreed status */
     void *buf;         /* full bucket (or the shard itself in direct mode) */
     size_t live;       /* bytes it counts against the live budget */
+    int remote;        /* failed because another rank's read failed */
     char msg[320];
 } item_t;
 
@@ -56,6 +57,8 @@ struct zs_gather {
     long submitted;           /* NVMe reads submitted (item index) */
     long pass_start;
     size_t live, live_limit;
+    int pass_rc, pass_remote; /* first failure of this pass (a local one preferred) */
+    char pass_msg[320];
     fbuf *free_bufs;
     zs_gather_stats st;
 };
@@ -153,7 +156,7 @@ int zs_gather_attach_file(zs_gather *g, void *shard_file) {
     return zs_shard_reader_open(g->file, &ro, bufs, sizes, n, &g->reader);
 }
 
-/* ---- full-bucket buffer pool ---- */
+/* ---- full-bucket buffer pool (callers hold g->mu) ---- */
 
 static void *pool_get(zs_gather *g, size_t size) {
     fbuf **pp = &g->free_bufs, **best = NULL;
@@ -236,8 +239,9 @@ static void wait_read(zs_gather *g, long k) {
 }
 
 /* Rewrites bucket b's shard, and every shard past the end of a truncated file, from the
- * checkpoint. */
-static void repair(zs_gather *g, int bad) {
+ * checkpoint; then reads again the shards of those buckets that were already in flight. */
+static void repair(zs_gather *g, int bad, long k) {
+    char fixed[1024] = {0};
     struct stat sb;
     off_t size = stat(zs_shard_file_path(g->file), &sb) == 0 ? sb.st_size : 0;
     for (int b = 0; b < g->n_buckets; b++) {
@@ -253,12 +257,27 @@ static void repair(zs_gather *g, int bad) {
         free(full);
         char lb[32];
         if (rc == 0) {
+            if (b < (int)sizeof fixed) fixed[b] = 1;
             g->st.repairs++;
             zs_log_warn("rank %d: rewrote the %s shard of %s from the checkpoint", g->rank,
                         bucket_label(g->m, b, lb, sizeof lb), zs_shard_file_path(g->file));
         } else {
             zs_log_error("rank %d: cannot repair the %s shard: %s", g->rank,
                          bucket_label(g->m, b, lb, sizeof lb), zs_errmsg());
+        }
+    }
+    for (long j = k + 1; j < g->submitted; j++) {
+        item_t *it = ring_at(g, j);
+        if (it->slot < 0 || it->bucket >= (int)sizeof fixed || !fixed[it->bucket]) continue;
+        wait_read(g, j);
+        it->read_done = 0;
+        it->read_status = 0;
+        it->msg[0] = 0;
+        int rc = zs_shard_reader_submit(g->reader, it->bucket, it->slot, (uint64_t)j);
+        if (rc < 0) {
+            it->read_done = 1;
+            it->read_status = rc;
+            snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
         }
     }
 }
@@ -305,12 +324,15 @@ static void *prefetch_main(void *arg) {
                 snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
             } else if (global < 0 && local == 0) {
                 char lb[32];
+                it->remote = 1;
                 snprintf(it->msg, sizeof it->msg, "reading the %s shard failed on another rank",
                          bucket_label(g->m, b, lb, sizeof lb));
             }
             if (global == 0) {
                 const void *send = nvme ? zs_pinned_slot(g->slots, it->slot) : g->shards[b];
+                pthread_mutex_lock(&g->mu); /* the pool is shared with release() */
                 full = pool_get(g, need);
+                pthread_mutex_unlock(&g->mu);
                 if (!full) {
                     /* still take part in the collective so the other ranks do not hang */
                     global = zs_err(ZS_ENOMEM, "rank %d: out of memory for a %zu-byte bucket", g->rank, need);
@@ -319,14 +341,18 @@ static void *prefetch_main(void *arg) {
                 } else if ((rc = zs_comm_all_gather(g->comm, send, full, g->shard_bytes[b], NULL)) < 0) {
                     global = rc;
                     snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
+                    pthread_mutex_lock(&g->mu);
                     pool_put(g, full, need);
+                    pthread_mutex_unlock(&g->mu);
                     full = NULL;
                 }
             }
             if (nvme && it->slot >= 0) zs_pinned_release(g->slots, it->slot);
-            if (nvme && local < 0 && local != ZS_EIO) repair(g, b);
+            if (nvme && local < 0 && local != ZS_EIO) repair(g, b, k);
         }
         pthread_mutex_lock(&g->mu);
+        if (global < 0 && !it->remote && local == 0 && it->msg[0] == 0)
+            snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
         it->status = global;
         it->buf = full;
         it->live = full ? need : 0;
@@ -377,7 +403,14 @@ static int g_acquire(void *ctx, int bucket, const void **data) {
     int depth = (int)(g->produced - k - 1);
     if (depth > g->st.max_depth) g->st.max_depth = depth;
     int rc = g->stop && g->produced <= k ? zs_err(ZS_ECANCELLED, "engine is shutting down") : 0;
-    if (rc == 0 && it->status < 0) rc = zs_err(it->status, "%s", it->msg);
+    if (rc == 0 && it->status < 0) {
+        rc = zs_err(it->status, "%s", it->msg);
+        if (g->pass_rc == 0 || (g->pass_remote && !it->remote)) {
+            g->pass_rc = it->status;
+            g->pass_remote = it->remote;
+            snprintf(g->pass_msg, sizeof g->pass_msg, "%s", it->msg);
+        }
+    }
     if (rc == 0) *data = it->buf;
     pthread_mutex_unlock(&g->mu);
     return rc;
@@ -405,6 +438,9 @@ zs_weight_source zs_gather_source(zs_gather *g) {
 }
 
 void zs_gather_pass_begin(zs_gather *g) {
+    g->pass_rc = 0;
+    g->pass_remote = 0;
+    g->pass_msg[0] = 0;
     if (g->direct) return;
     ZS_ASSERT(g->consumed % g->n_order == 0 && g->released == g->consumed);
     g->pass_start = g->consumed;
@@ -419,6 +455,12 @@ void zs_gather_pass_end(zs_gather *g) {
         (void)g_acquire(g, b, &d);
         g_release(g, b);
     }
+}
+
+int zs_gather_pass_error(const zs_gather *g, int *remote, const char **msg) {
+    *remote = g->pass_remote;
+    *msg = g->pass_msg;
+    return g->pass_rc;
 }
 
 void zs_gather_stats_get(zs_gather *g, zs_gather_stats *s) {

@@ -69,6 +69,10 @@ zs_weight_source zs_gather_source(zs_gather *g);
 void zs_gather_pass_begin(zs_gather *g);
 void zs_gather_pass_end(zs_gather *g);
 
+/* The first failure of the current pass (a failure of this rank's own read preferred over one
+ * caused by another rank's): its code (0 if none), *remote and the message. */
+int  zs_gather_pass_error(const zs_gather *g, int *remote, const char **msg);
+
 void zs_gather_stats_get(zs_gather *g, zs_gather_stats *s);
 void zs_gather_stats_reset_peaks(zs_gather *g);
 

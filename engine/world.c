@@ -20,7 +20,7 @@ typedef struct {
     /* the current step */
     const zs_batch *batch;
     float *logits;
-    int rc;
+    int rc, remote;
     char err[1024];
 } rank_t;
 
@@ -43,13 +43,19 @@ int zs_world_reused_shards(const zs_world *w) { return w->reused; }
 
 static void run_rank(rank_t *r) {
     zs_gather_pass_begin(r->g);
-    r->rc = 0;
+    int rc = 0;
     if (r->batch && r->batch->n > 0) {
         zs_weight_source src = zs_gather_source(r->g);
-        r->rc = zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
-        if (r->rc < 0) snprintf(r->err, sizeof r->err, "%s", zs_errmsg());
+        rc = zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
+        if (rc < 0) snprintf(r->err, sizeof r->err, "%s", zs_errmsg());
     }
     zs_gather_pass_end(r->g);
+    /* a failed gather is what failed the forward (and a rank with no work sees it only here) */
+    const char *msg;
+    int remote, grc = zs_gather_pass_error(r->g, &remote, &msg);
+    r->rc = grc < 0 ? grc : rc;
+    r->remote = grc < 0 && remote;
+    if (grc < 0) snprintf(r->err, sizeof r->err, "%s", msg);
 }
 
 static void *rank_main(void *arg) {
@@ -86,9 +92,14 @@ int zs_world_step(zs_world *w, const zs_batch *batches, float **logits) {
     pthread_mutex_lock(&w->mu);
     while (w->done < w->n - 1) pthread_cond_wait(&w->cv, &w->mu);
     pthread_mutex_unlock(&w->mu);
+    /* report the rank where the failure happened, not the ranks that failed with it */
+    int first = -1;
     for (int i = 0; i < w->n; i++)
-        if (w->ranks[i].rc < 0) return zs_err(w->ranks[i].rc, "%s", w->ranks[i].err);
-    return 0;
+        if (w->ranks[i].rc < 0) {
+            if (first < 0) first = i;
+            if (!w->ranks[i].remote) return zs_err(w->ranks[i].rc, "%s", w->ranks[i].err);
+        }
+    return first < 0 ? 0 : zs_err(w->ranks[first].rc, "%s", w->ranks[first].err);
 }
 
 /* ---- placement ---- */

@@ -317,7 +317,7 @@ static void handle_cqe(zs_shard_reader *r, int ri, int res) {
     } else if (res < 0) {
         op_fail(r, op, ZS_EIO, "read failed at offset %zu: %s", foff, strerror(-res));
     } else if (res == 0) {
-        op_fail(r, op, ZS_EIO,
+        op_fail(r, op, ZS_EFORMAT,
                 "unexpected end of file at offset %zu (the file is shorter than its manifest "
                 "says: truncated?)",
                 foff);
@@ -380,7 +380,7 @@ static void pread_op(zs_shard_reader *r, rd_op *op) {
                 break;
             }
             if (n == 0) {
-                op_fail(r, op, ZS_EIO,
+                op_fail(r, op, ZS_EFORMAT,
                         "unexpected end of file at offset %zu (the file is shorter than its "
                         "manifest says: truncated?)",
                         foff);
