@@ -8,7 +8,7 @@
 CC      ?= gcc
 BUILD   ?= build
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=gnu11 -Wall -Wextra -pthread -MMD -MP -I. -Iengine -Ikernels/cpu -Ioffload -Iserver \
+ZS_CFLAGS = $(CFLAGS) -std=gnu11 -Wall -Wextra -pthread -MMD -MP -I. -Iengine -Ikernels/cpu -Ioffload -Iserver \
            -I/usr/include/x86_64-linux-gnu/openblas-pthread
 LDLIBS  += -lopenblas -ljansson -lmicrohttpd -luring -lm -lpthread
 
@@ -32,7 +32,7 @@ TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRC))
 
 ifeq ($(CUDA),1)
-CFLAGS   += -DZS_CUDA=1 -I$(CUDA_HOME)/include
+ZS_CFLAGS += -DZS_CUDA=1 -I$(CUDA_HOME)/include
 LIB_SRC  += $(CUDA_C)
 LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart_static -ldl -lrt -lstdc++
 LIB_CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
@@ -57,7 +57,7 @@ deps:
 	fi
 
 zeroserve: $(BUILD)/libzs.a $(BUILD)/server/main.o
-	$(CC) $(CFLAGS) -o $@ $(BUILD)/server/main.o $(BUILD)/libzs.a $(LDLIBS)
+	$(CC) $(ZS_CFLAGS) -o $@ $(BUILD)/server/main.o $(BUILD)/libzs.a $(LDLIBS)
 
 $(BUILD)/libzs.a: $(LIB_OBJ)
 	@rm -f $@
@@ -69,11 +69,11 @@ $(BUILD)/asan/libzs.a: $(ASAN_OBJ)
 
 $(BUILD)/%.o: %.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(ZS_CFLAGS) -c $< -o $@
 
 $(BUILD)/asan/%.o: %.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(ASAN_FLAGS) -c $< -o $@
+	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) -c $< -o $@
 
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
@@ -81,11 +81,11 @@ $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libzs.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libzs.a $(LDLIBS)
+	$(CC) $(ZS_CFLAGS) -o $@ $< $(BUILD)/libzs.a $(LDLIBS)
 
 $(BUILD)/asan/tests/%: tests/%.c $(BUILD)/asan/libzs.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(ASAN_FLAGS) -o $@ $< $(BUILD)/asan/libzs.a $(LDLIBS)
+	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) -o $@ $< $(BUILD)/asan/libzs.a $(LDLIBS)
 
 test: all $(TESTS) $(ASAN_TESTS)
 	@BUILD=$(BUILD) sh tests/run-tests.sh

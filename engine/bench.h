@@ -18,6 +18,10 @@ void zs_bench_opts_default(zs_bench_opts *o);
 /* Measures host memory read bandwidth (GB/s, median of runs) with a multi-threaded streaming
  * read of a buffer of `bytes`. */
 int zs_bench_mem_bw(size_t bytes, int threads, int runs, double *gbps);
+/* Throughput of a resident model against host memory bandwidth. */
 int zs_bench_run(const zs_bench_opts *o);
+/* Weight streaming with --offload/--ranks against the tier's bound, and the overlap figure
+ * (bench-offload.c). */
+int zs_bench_offload(const zs_bench_opts *o);
 
 #endif

@@ -273,8 +273,8 @@ int zs_sampler_sample(zs_sampler *s, const float *logits, int *token, float *log
     if (!logits) return zs_err(ZS_EINVAL, "zs_sampler_sample: logits is NULL");
     if (!token) return zs_err(ZS_EINVAL, "zs_sampler_sample: token is NULL");
     const int n = s->n;
-    float max;
-    int argmax;
+    float max = 0.0f;
+    int argmax = 0;
     int bad = scan_logits(logits, n, &max, &argmax);
     if (bad >= 0)
         return zs_err(ZS_EINVAL, "logits[%d] is not finite (%g)", bad, (double)logits[bad]);
@@ -361,8 +361,8 @@ int zs_sampler_top_logprobs(const float *logits, int vocab_size, int k, int *ids
                       vocab_size);
     if (k > 0 && (!ids || !logprobs))
         return zs_err(ZS_EINVAL, "top_logprobs: ids/logprobs is NULL");
-    float max;
-    int argmax;
+    float max = 0.0f;
+    int argmax = 0;
     int bad = scan_logits(logits, vocab_size, &max, &argmax);
     if (bad >= 0)
         return zs_err(ZS_EINVAL, "logits[%d] is not finite (%g)", bad, (double)logits[bad]);

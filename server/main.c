@@ -176,6 +176,7 @@ static int cmd_bench(int argc, char **argv) {
     bo.engine.max_seqs = 1;
     bo.engine.max_batch_tokens = ZS_MAX(256, bo.prefill_tokens);
     ZS_CHECK(zs_engine_flags_apply(&ef, &bo.engine));
+    if (bo.engine.ranks > 1 || bo.engine.gather.tier != ZS_OFFLOAD_NONE) return zs_bench_offload(&bo);
     return zs_bench_run(&bo);
 }
 
