@@ -344,6 +344,9 @@ static void stress_rank(zs_comm *c, void *arg) {
             errs++;
         }
     }
+    /* A rank that stopped early would leave the others waiting in their next collective
+     * (a failure would show up as a watchdog hang): abort so they stop too. */
+    if (errs) zs_comm_abort(c);
     free(send);
     free(recv);
     free(ref);
