@@ -8,7 +8,7 @@
 CC      ?= gcc
 BUILD   ?= build
 CFLAGS  ?= -O2 -g
-ZS_CFLAGS = $(CFLAGS) -std=gnu11 -Wall -Wextra -pthread -MMD -MP -I. -Iengine -Ikernels/cpu -Ioffload -Iserver \
+ZS_CFLAGS = $(CFLAGS) -std=gnu11 -Wall -Wextra -pthread -MMD -MP -iquote . -iquote engine -iquote kernels/cpu -iquote offload -iquote server \
            -I/usr/include/x86_64-linux-gnu/openblas-pthread
 LDLIBS  += -lopenblas -ljansson -lmicrohttpd -luring -lm -lpthread
 
@@ -42,6 +42,10 @@ LIB_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(LIB_CU_OBJ)
 ASAN_OBJ := $(patsubst %.c,$(BUILD)/asan/%.o,$(LIB_SRC)) $(LIB_CU_OBJ)
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
+# The playground page (served at GET /) is embedded in the library as a generated C byte array.
+LIB_OBJ  += $(BUILD)/gen/playground.o
+ASAN_OBJ += $(BUILD)/asan/gen/playground.o
+
 .PHONY: all deps test test-unit serve bench clean
 all: deps zeroserve
 
@@ -72,6 +76,20 @@ $(BUILD)/%.o: %.c | deps
 	$(CC) $(ZS_CFLAGS) -c $< -o $@
 
 $(BUILD)/asan/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) -c $< -o $@
+
+$(BUILD)/gen/playground.c: clients/web/index.html
+	@mkdir -p $(dir $@)
+	@{ printf '/* generated from %s by the Makefile: the playground page served at GET / */\n' $<; \
+	  printf '#include <stddef.h>\nconst unsigned char zs_playground_html[] = {\n'; \
+	  od -An -v -tu1 $< | awk '{ for (i = 1; i <= NF; i++) printf "%s,", $$i; printf "\n" }'; \
+	  printf '0};\nconst size_t zs_playground_html_len = sizeof zs_playground_html - 1;\n'; } > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/gen/playground.o: $(BUILD)/gen/playground.c
+	$(CC) $(ZS_CFLAGS) -c $< -o $@
+
+$(BUILD)/asan/gen/playground.o: $(BUILD)/gen/playground.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) -c $< -o $@
 

@@ -1,55 +1,11 @@
 /* ops.c — CPU reference-quality implementations of the forward-pass operations. */
 #include "ops.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
-
-/* Per-thread scratch for converting weight blocks from f16/bf16 to f32. */
-static _Thread_local float *zs_ops_scratch;
-static _Thread_local size_t zs_ops_scratch_n;
-
-static float *ops_scratch(size_t n) {
-    if (n > zs_ops_scratch_n) {
-        free(zs_ops_scratch);
-        zs_ops_scratch = zs_aligned_alloc(64, n * sizeof(float));
-        ZS_ASSERT(zs_ops_scratch != NULL);
-        zs_ops_scratch_n = n;
-    }
-    return zs_ops_scratch;
-}
-
-/* One BLAS call for rows [0,rows) of an f32 weight block. T==1 uses gemv (streams W once). */
-static void matmul_f32(float *y, int ldy, const float *x, int T, int in, const float *W, int rows) {
-    if (T == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, rows, in, 1.0f, W, in, x, 1, 0.0f, y, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, in, 1.0f, x, in, W, in,
-                    0.0f, y, ldy);
-}
-
-void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
-                  const float *bias) {
-    if (wdt == ZS_F32) {
-        matmul_f32(y, out, x, T, in, W, out);
-    } else {
-        /* convert ~256 KiB of weights at a time (stays in L2), then multiply that block */
-        int rows_blk = (int)ZS_MAX(1, (64 * 1024) / (size_t)in);
-        float *buf = ops_scratch((size_t)rows_blk * (size_t)in);
-        size_t esz = zs_dtype_size(wdt);
-        for (int r0 = 0; r0 < out; r0 += rows_blk) {
-            int rows = ZS_MIN(rows_blk, out - r0);
-            zs_to_f32(buf, (const char *)W + (size_t)r0 * (size_t)in * esz, wdt,
-                      (size_t)rows * (size_t)in);
-            matmul_f32(y + r0, out, x, T, in, buf, rows);
-        }
-    }
-    if (bias)
-        for (int t = 0; t < T; t++) zs_op_add(y + (size_t)t * (size_t)out, bias, (size_t)out);
-}
 
 void zs_op_rmsnorm(float *y, const float *x, const float *w, int T, int d, float eps) {
     for (int t = 0; t < T; t++) {

@@ -1,7 +1,7 @@
 /* ops.h — the numeric operations of the forward pass on the CPU (fp32 activations).
- * Matrix products go through OpenBLAS; weights may be f32, f16 or bf16 (converted block by
- * block into a per-thread scratch buffer before the BLAS call). All functions are thread-safe
- * (scratch buffers are thread-local) and do not allocate on the hot path after the first call. */
+ * Matrix products (matmul.c) are batch-invariant and multi-threaded; weights may be f32, f16 or
+ * bf16 (converted block by block into a per-thread scratch buffer). All functions are
+ * thread-safe and do not allocate on the hot path after the first call. */
 #ifndef ZS_OPS_H
 #define ZS_OPS_H
 
@@ -10,7 +10,8 @@
 
 #include "tensor.h"
 
-/* y[T,out] = x[T,in] · W[out,in]^T (+ bias[out] when bias != NULL). W in dtype wdt. */
+/* y[T,out] = x[T,in] · W[out,in]^T (+ bias[out] when bias != NULL). W in dtype wdt. Row t of
+ * y depends only on row t of x (bit for bit), never on T or the other rows. */
 void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
                   const float *bias);
 /* y[T,d] = x / rms(x) * w, per row (w in f32). y may alias x. */
