@@ -30,6 +30,8 @@ zs_tokenizer *zs_engine_tokenizer(zs_engine *e) { return e->tok; }
 zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
 zs_world *zs_engine_world(zs_engine *e) { return e->world; }
 int zs_engine_context(const zs_engine *e) { return e->context; }
+int zs_engine_max_seqs(const zs_engine *e) { return e->opts.max_seqs; }
+int zs_engine_max_batch_tokens(const zs_engine *e) { return e->opts.max_batch_tokens; }
 
 int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     zs_engine *e = calloc(1, sizeof *e);

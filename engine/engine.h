@@ -38,6 +38,8 @@ zs_tokenizer *zs_engine_tokenizer(zs_engine *e);
 zs_kvcache *zs_engine_kv(zs_engine *e);   /* rank 0's cache */
 zs_world *zs_engine_world(zs_engine *e);
 int  zs_engine_context(const zs_engine *e);
+int  zs_engine_max_seqs(const zs_engine *e);          /* KV sequence slots of each rank */
+int  zs_engine_max_batch_tokens(const zs_engine *e);  /* tokens per forward call and rank */
 
 /* Runs one forward call (any mix of sequences of rank 0) as one step of all ranks. */
 int  zs_engine_forward(zs_engine *e, const zs_batch *b, float *logits);
