@@ -60,9 +60,19 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     }
     if (n_blocks < 1) n_blocks = 1;
     zs_world_opts wo = {o->ranks, o->nvme_path, o->gather, o->max_batch_tokens, n_blocks, o->max_seqs, e->context};
-    if (!wo.gather.max_live_bytes && o->max_live_params > 0)
-        wo.gather.max_live_bytes = (size_t)o->max_live_params *
-                                   zs_dtype_size(zs_model_layout(e->model, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype);
+    if (!wo.gather.max_live_bytes && o->max_live_params > 0) {
+        size_t dsize = zs_dtype_size(zs_model_layout(e->model, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype);
+        size_t largest = 0;
+        for (int b = 0; b < zs_model_n_buckets(e->model); b++)
+            largest = ZS_MAX(largest, zs_partition_shard_bytes(e->model, b, o->ranks) * (size_t)o->ranks);
+        wo.gather.max_live_bytes = (size_t)o->max_live_params * dsize;
+        if (wo.gather.max_live_bytes < largest) {
+            rc = zs_err(ZS_EINVAL, "zero_optimization.stage3_max_live_parameters: %lld parameters (%zu bytes) "
+                        "cannot hold the largest bucket of this model (%zu parameters)",
+                        (long long)o->max_live_params, wo.gather.max_live_bytes, largest / dsize);
+            goto fail;
+        }
+    }
     if ((rc = zs_world_open(e->model, &wo, &e->world)) < 0) goto fail;
     e->kv = zs_world_kv(e->world, 0);
     *out = e;
