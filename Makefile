@@ -109,7 +109,7 @@ test: all $(TESTS) $(ASAN_TESTS)
 	@BUILD=$(BUILD) sh tests/run-tests.sh
 
 serve: all
-	MODEL="$(MODEL)" sh server/serve-default.sh
+	MODEL="$(MODEL)" HOST="$(HOST)" PORT="$(PORT)" SERVE_ARGS="$(SERVE_ARGS)" sh server/serve-default.sh
 
 bench: all
 	sh tests/bench/run.sh

@@ -90,6 +90,24 @@ void zs_engine_free(zs_engine *e) {
     free(e);
 }
 
+int zs_engine_detok_for(zs_engine *e, const int32_t *prompt, int n_prompt, zs_detok **out) {
+    zs_detok *d;
+    ZS_CHECK(zs_detok_new(e->tok, 1, &d));
+    int last = n_prompt - 1;
+    while (last >= 0 && zs_tokenizer_is_special(e->tok, prompt[last])) last--;
+    if (last >= 0) {
+        char junk[512];
+        size_t n;
+        if (zs_detok_push(d, prompt[last], junk, sizeof junk, &n) < 0) {
+            /* an id the tokenizer cannot decode: start without context */
+            zs_detok_free(d);
+            ZS_CHECK(zs_detok_new(e->tok, 1, &d));
+        }
+    }
+    *out = d;
+    return 0;
+}
+
 int zs_engine_forward(zs_engine *e, const zs_batch *b, float *logits) {
     int n = zs_world_ranks(e->world);
     zs_batch bs[n];
@@ -161,7 +179,7 @@ int zs_engine_generate(zs_engine *e, const int32_t *prompt, int n_prompt, const 
     if (!logits || !ids) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto done; }
     if ((rc = zs_sampler_new(&p->sampling, vocab, &smp)) < 0) goto done;
     if (p->n_stop > 0 && (rc = zs_stop_new(p->stop, p->n_stop, &st)) < 0) goto done;
-    if ((rc = zs_detok_new(e->tok, 1, &dt)) < 0) goto done;
+    if ((rc = zs_engine_detok_for(e, prompt, n_prompt, &dt)) < 0) goto done;
     if ((rc = zs_kv_seq_open(e->kv, &seq)) < 0) goto done;
     if ((rc = zs_kv_seq_reserve(e->kv, seq, n_prompt)) < 0) goto done;
 

@@ -41,6 +41,11 @@ int  zs_engine_context(const zs_engine *e);
 int  zs_engine_max_seqs(const zs_engine *e);          /* KV sequence slots of each rank */
 int  zs_engine_max_batch_tokens(const zs_engine *e);  /* tokens per forward call and rank */
 
+/* A streaming decoder for the continuation of prompt: primed with the prompt's last ordinary
+ * token, so the continuation decodes in context (SentencePiece drops a leading space only at
+ * the very start of a text, not where a continuation starts). */
+int  zs_engine_detok_for(zs_engine *e, const int32_t *prompt, int n_prompt, zs_detok **out);
+
 /* Runs one forward call (any mix of sequences of rank 0) as one step of all ranks. */
 int  zs_engine_forward(zs_engine *e, const zs_batch *b, float *logits);
 

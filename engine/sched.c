@@ -411,7 +411,7 @@ int zs_sched_submit(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink
         memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
         rc = zs_sampler_new(&p->sampling, s->vocab, &r->smp);
     }
-    if (rc == 0) rc = zs_detok_new(zs_engine_tokenizer(s->e), 1, &r->dt);
+    if (rc == 0) rc = zs_engine_detok_for(s->e, p->prompt, p->n_prompt, &r->dt);
     if (rc == 0 && p->n_stop > 0) rc = zs_stop_new(p->stop, p->n_stop, &r->st);
     if (rc < 0) {
         req_free(r);

@@ -1,8 +1,9 @@
-/* main.c — the zeroserve command line: generate, init-model, bench. */
+/* main.c — the zeroserve command line: serve, generate, init-model, bench. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "bench.h"
 #include "cli.h"
 #include "common.h"
@@ -184,6 +185,7 @@ static void usage(void) {
     fprintf(stderr,
             "usage: zeroserve <command> [flags]   (zeroserve <command> --help for its flags)\n\n"
             "commands:\n"
+            "  serve        serve the model over an OpenAI-compatible HTTP API\n"
             "  generate     generate text from a prompt\n"
             "  init-model   write a random-initialised model in Hugging Face layout\n"
             "  bench        measure prefill/decode throughput against memory bandwidth\n");
@@ -196,7 +198,8 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     int rc;
-    if (!strcmp(cmd, "generate")) rc = cmd_generate(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve")) rc = zs_cmd_serve(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "generate")) rc = cmd_generate(argc - 2, argv + 2);
     else if (!strcmp(cmd, "init-model")) rc = cmd_init_model(argc - 2, argv + 2);
     else if (!strcmp(cmd, "bench")) rc = cmd_bench(argc - 2, argv + 2);
     else {

@@ -1,11 +1,11 @@
 #!/bin/sh
-# `make serve`: runs zeroserve on the default model. MODEL=DIR picks another model directory.
-# Without MODEL, the default is a small random-initialised Llama written once by init-model with
-# a fixed seed into models/default (it works on any machine; its weights are random, so its text
-# is gibberish). Until the HTTP server lands, this generates one completion with `generate`.
+# `make serve`: starts the HTTP server on the default model. MODEL=DIR serves another model
+# directory; HOST, PORT and any ZS_API_KEY in the environment are passed on.
+# Without MODEL, the default is a small random-initialised Llama that init-model writes once,
+# with a fixed seed, into models/default: it works on any machine, but its weights are random,
+# so its text is gibberish.
 set -e
 cd "$(dirname "$0")/.."
-PROMPT=${PROMPT:-"Once upon a time"}
 if [ -z "$MODEL" ]; then
     MODEL=models/default
     if [ ! -f "$MODEL/config.json" ]; then
@@ -15,5 +15,6 @@ if [ -z "$MODEL" ]; then
     echo "note: the default model at $MODEL has RANDOM weights (init-model, seed 1234): expect gibberish."
     echo "      For real text: make serve MODEL=../shared/models/stories260K (or any HF Llama/GPT-2 directory)."
 fi
-exec ./zeroserve generate --model "$MODEL" --prompt "$PROMPT" --max-tokens "${MAX_TOKENS:-64}" \
-    --temperature "${TEMPERATURE:-0.8}" --seed "${SEED:-0}" --stats
+NAME=$(basename "$MODEL")
+echo "try:  curl -s http://${HOST:-127.0.0.1}:${PORT:-8080}/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"$NAME\",\"prompt\":\"Once upon a time\",\"max_tokens\":32}'"
+exec ./zeroserve serve --model "$MODEL" --host "${HOST:-127.0.0.1}" --port "${PORT:-8080}" $SERVE_ARGS

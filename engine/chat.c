@@ -1,0 +1,266 @@
+/* chat.c — chat templates (llama-2, llama-3, chatml, plain) rendered in C exactly as the Hugging
+ * Face Jinja templates of these families render, and detection of the family from a model's
+ * tokenizer_config.json. See chat.h for the formats. */
+#include "chat.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "common.h"
+
+static const char *k_names[ZS_CHAT_COUNT] = {"plain", "llama-2", "llama-3", "chatml"};
+
+const char *zs_chat_template_name(int tmpl) {
+    return tmpl >= 0 && tmpl < ZS_CHAT_COUNT ? k_names[tmpl] : "unknown";
+}
+
+int zs_chat_template_parse(const char *name, int *out) {
+    if (!name || !out) return zs_err(ZS_EINVAL, "chat template: no name");
+    if (!strcmp(name, "auto")) {
+        *out = -1;
+        return 0;
+    }
+    for (int i = 0; i < ZS_CHAT_COUNT; i++)
+        if (!strcmp(name, k_names[i])) {
+            *out = i;
+            return 0;
+        }
+    return zs_err(ZS_EINVAL, "unknown chat template '%s' (expected auto, llama-2, llama-3, chatml or plain)",
+                  name);
+}
+
+/* ------------------------------------------------------------------ detection */
+
+static int classify(const char *t) {
+    if (!t) return ZS_CHAT_PLAIN;
+    if (strstr(t, "<|im_start|>")) return ZS_CHAT_CHATML;
+    if (strstr(t, "<|start_header_id|>")) return ZS_CHAT_LLAMA3;
+    if (strstr(t, "[INST]") && (strstr(t, "<<SYS>>") || strstr(t, "bos_token + '[INST]") ||
+                                strstr(t, "bos_token + \"[INST]")))
+        return ZS_CHAT_LLAMA2;
+    return ZS_CHAT_PLAIN;
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (cap - len < 4096) {
+            size_t nc = cap ? cap * 2 : 8192;
+            char *nb = realloc(buf, nc + 1);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = nb;
+            cap = nc;
+        }
+        size_t n = fread(buf + len, 1, cap - len, f);
+        len += n;
+        if (n == 0) break;
+    }
+    fclose(f);
+    buf[len] = '\0';
+    return buf;
+}
+
+int zs_chat_template_detect(const char *model_dir) {
+    if (!model_dir) return ZS_CHAT_PLAIN;
+    char path[4200];
+    snprintf(path, sizeof path, "%.4000s/tokenizer_config.json", model_dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    int kind = ZS_CHAT_PLAIN, found = 0;
+    if (j) {
+        json_t *ct = json_object_get(j, "chat_template");
+        if (json_is_string(ct)) {
+            kind = classify(json_string_value(ct));
+            found = 1;
+        } else if (json_is_array(ct)) {
+            size_t i;
+            json_t *e;
+            json_array_foreach(ct, i, e) {
+                const char *name = json_string_value(json_object_get(e, "name"));
+                const char *tpl = json_string_value(json_object_get(e, "template"));
+                if (tpl && (!found || (name && !strcmp(name, "default")))) {
+                    kind = classify(tpl);
+                    found = 1;
+                    if (name && !strcmp(name, "default")) break;
+                }
+            }
+        }
+        json_decref(j);
+    }
+    if (!found) {
+        snprintf(path, sizeof path, "%.4000s/chat_template.jinja", model_dir);
+        char *t = read_text(path);
+        if (t) kind = classify(t);
+        free(t);
+    }
+    return kind;
+}
+
+int zs_chat_has_bos(int tmpl) { return tmpl == ZS_CHAT_LLAMA2 || tmpl == ZS_CHAT_LLAMA3; }
+
+/* ------------------------------------------------------------------ rendering */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_addn(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->len + n + 1) nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_add(sbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+/* Python's str.strip() for ASCII whitespace. */
+static void sb_add_stripped(sbuf *b, const char *s, size_t n) {
+    while (n && is_ws(*s)) s++, n--;
+    while (n && is_ws(s[n - 1])) n--;
+    sb_addn(b, s, n);
+}
+
+enum { R_SYSTEM, R_USER, R_ASSISTANT };
+
+static int role_of(const zs_chat_msg *m, int i, int *out) {
+    const char *r = m->role;
+    if (r && (!strcmp(r, "system") || !strcmp(r, "developer"))) *out = R_SYSTEM;
+    else if (r && !strcmp(r, "user")) *out = R_USER;
+    else if (r && !strcmp(r, "assistant")) *out = R_ASSISTANT;
+    else
+        return zs_err(ZS_EINVAL, "messages[%d].role: '%s' is not supported (expected system, user or assistant)",
+                      i, r ? r : "(none)");
+    return 0;
+}
+
+static const char *k_role_names[] = {"system", "user", "assistant"};
+static const char *k_plain_names[] = {"System", "User", "Assistant"};
+
+static int render_llama2(const zs_chat_msg *m, const int *roles, int n, const char *bos,
+                         const char *eos, sbuf *b) {
+    int first = 0;
+    const char *sys = NULL;
+    if (roles[0] == R_SYSTEM) {
+        sys = m[0].content ? m[0].content : "";
+        first = 1;
+    }
+    if (first >= n)
+        return zs_err(ZS_EINVAL, "messages: the llama-2 chat template needs a user message after the system message");
+    for (int i = first; i < n; i++) {
+        int want = (i - first) % 2 == 0 ? R_USER : R_ASSISTANT;
+        if (roles[i] != want)
+            return zs_err(ZS_EINVAL, "messages[%d].role: the llama-2 chat template needs roles alternating "
+                          "user/assistant/user/... (after an optional first system message); got '%s'",
+                          i, k_role_names[roles[i]]);
+        const char *c = m[i].content ? m[i].content : "";
+        if (roles[i] == R_USER) {
+            sb_add(b, bos);
+            sb_add(b, "[INST] ");
+            if (i == first && sys) {
+                sbuf t = {0};
+                sb_add(&t, "<<SYS>>\n");
+                sb_add(&t, sys);
+                sb_add(&t, "\n<</SYS>>\n\n");
+                sb_add(&t, c);
+                if (t.oom) b->oom = 1;
+                else sb_add_stripped(b, t.p, t.len);
+                free(t.p);
+            } else {
+                sb_add_stripped(b, c, strlen(c));
+            }
+            sb_add(b, " [/INST]");
+        } else {
+            sb_add(b, " ");
+            sb_add_stripped(b, c, strlen(c));
+            sb_add(b, " ");
+            sb_add(b, eos);
+        }
+    }
+    return 0;
+}
+
+int zs_chat_render(int tmpl, const zs_chat_msg *msgs, int n, int add_generation_prompt,
+                   const char *bos, const char *eos, char **out) {
+    if (!msgs || n <= 0 || !out) return zs_err(ZS_EINVAL, "messages: at least one message is required");
+    if (tmpl < 0 || tmpl >= ZS_CHAT_COUNT) return zs_err(ZS_EINVAL, "chat template %d is unknown", tmpl);
+    int *roles = malloc((size_t)n * sizeof *roles);
+    if (!roles) return zs_err(ZS_ENOMEM, "chat template: out of memory");
+    for (int i = 0; i < n; i++) {
+        int rc = role_of(&msgs[i], i, &roles[i]);
+        if (rc < 0) {
+            free(roles);
+            return rc;
+        }
+    }
+    sbuf b = {0};
+    int rc = 0;
+    switch (tmpl) {
+    case ZS_CHAT_LLAMA2:
+        rc = render_llama2(msgs, roles, n, bos ? bos : "<s>", eos ? eos : "</s>", &b);
+        break;
+    case ZS_CHAT_LLAMA3:
+        sb_add(&b, bos ? bos : "<|begin_of_text|>");
+        for (int i = 0; i < n; i++) {
+            const char *c = msgs[i].content ? msgs[i].content : "";
+            sb_add(&b, "<|start_header_id|>");
+            sb_add(&b, k_role_names[roles[i]]);
+            sb_add(&b, "<|end_header_id|>\n\n");
+            sb_add_stripped(&b, c, strlen(c));
+            sb_add(&b, "<|eot_id|>");
+        }
+        if (add_generation_prompt) sb_add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        break;
+    case ZS_CHAT_CHATML:
+        for (int i = 0; i < n; i++) {
+            sb_add(&b, "<|im_start|>");
+            sb_add(&b, k_role_names[roles[i]]);
+            sb_add(&b, "\n");
+            sb_add(&b, msgs[i].content ? msgs[i].content : "");
+            sb_add(&b, "<|im_end|>\n");
+        }
+        if (add_generation_prompt) sb_add(&b, "<|im_start|>assistant\n");
+        break;
+    default:
+        for (int i = 0; i < n; i++) {
+            sb_add(&b, k_plain_names[roles[i]]);
+            sb_add(&b, ": ");
+            sb_add(&b, msgs[i].content ? msgs[i].content : "");
+            sb_add(&b, "\n");
+        }
+        if (add_generation_prompt) sb_add(&b, "Assistant:");
+        break;
+    }
+    (void)eos;
+    free(roles);
+    if (rc == 0 && b.oom) rc = zs_err(ZS_ENOMEM, "chat template: out of memory");
+    if (rc == 0 && !b.p) sb_add(&b, ""); /* empty output still a string */
+    if (rc == 0 && b.oom) rc = zs_err(ZS_ENOMEM, "chat template: out of memory");
+    if (rc < 0) {
+        free(b.p);
+        return rc;
+    }
+    *out = b.p;
+    return 0;
+}

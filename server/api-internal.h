@@ -1,0 +1,95 @@
+/* api-internal.h — what the two halves of the OpenAI layer share: the api object, the parsed
+ * request (api-request.c parses and validates a request body into it) and the error it answers
+ * with (api-openai.c turns it into the OpenAI error shape). Not a public interface. */
+#ifndef ZS_API_INTERNAL_H
+#define ZS_API_INTERNAL_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "stop.h"
+
+#define MAX_N 16            /* choices per prompt */
+#define MAX_CHOICES 128     /* prompts x n per request */
+#define MAX_LOGPROBS_CMPL 5 /* completions: logprobs 0..5 */
+
+struct zs_api {
+    zs_http *http;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    zs_engine *engine;
+    zs_sched *sched;
+    const zs_tokenizer *tok;
+    int context, vocab, tmpl;
+    char *model_name, *bos, *eos, *ref_text;
+    int ref_tok;
+    long live;
+    long created;
+    int draining;
+};
+
+/* A growable byte string (oom set on allocation failure; later appends are dropped). */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static inline void sb_addn(sbuf *b, const char *s, size_t n) {
+    if (b->oom || !n) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        while (nc < b->len + n + 1) nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+/* An error to answer with: status, OpenAI type and code, the field at fault, a message. */
+typedef struct {
+    int status;
+    const char *type, *code;
+    char param[96];
+    char msg[600];
+} api_err;
+
+int zs_api_fail(api_err *e, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* A parsed, validated request: sampling and limits, stop strings (pointing into root) and the
+ * tokenized prompts (one per prompt; chat has one). */
+typedef struct {
+    int chat;
+    json_t *root;
+    int max_tokens, max_tokens_given;
+    int n, stream, include_usage;
+    int top_logprobs;          /* -1: none */
+    int ignore_eos;
+    zs_sampler_params sp;
+    uint64_t seed;
+    const char *stop[ZS_STOP_MAX_COUNT];
+    int n_stop;
+    int n_prompts;
+    int32_t **prompts;
+    int *n_prompt;
+    const char *prompt_param; /* "prompt" | "messages" */
+} req_t;
+
+/* Parses the request body of a completions (chat = 0) or chat completions request into q (which
+ * zs_api_req_free releases in every case). -1 with e filled on a bad request. */
+int  zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e);
+void zs_api_req_free(req_t *q);
+
+#endif

@@ -1,0 +1,713 @@
+/* api-openai.c — the OpenAI-compatible routes (DESIGN.md §6): /health, /v1/models,
+ * /v1/completions, /v1/chat/completions (plain JSON or Server-Sent Events), /metrics and the
+ * playground page at /. Validated requests (api-request.c) become scheduler requests
+ * (one per choice), answered from the scheduler's callbacks as one JSON body or as SSE chunks.
+ *
+ * Request lifetime: a handler validates, tokenizes and creates a `job` holding one `choice`
+ * per generated sequence, submits every choice, then (stream) starts the SSE stream. The job
+ * is answered and freed by whichever thread sees its last reference go: the engine thread
+ * (last on_done) or the handler (its own hold). A client disconnect (on_close) cancels every
+ * choice still running. Locking: job->mu guards the job; no zs_sched_* call and no HTTP call
+ * that can wait (respond, stream_start, stream_end) is made while holding it, so neither the
+ * scheduler's nor the HTTP layer's locks are ever taken inside job->mu except the non-waiting
+ * zs_http_stream_write. An on_done that arrives while a cancel is in flight waits for it, so
+ * the zs_request handles a cancel uses stay valid.
+ *
+ * Request parsing and validation live in api-request.c. */
+#define _GNU_SOURCE
+#include "api-internal.h"
+
+#include <stdarg.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "chat.h"
+#include "common.h"
+
+extern const unsigned char zs_playground_html[];
+extern const size_t zs_playground_html_len;
+
+/* ------------------------------------------------------------------ small helpers */
+
+static void random_hex(char *out, int nbytes) {
+    unsigned char b[32];
+    if (nbytes > 32) nbytes = 32;
+    if (getrandom(b, (size_t)nbytes, 0) != nbytes) {
+        uint64_t x = (uint64_t)zs_now() * 1000003u ^ (uint64_t)(uintptr_t)out;
+        for (int i = 0; i < nbytes; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            b[i] = (unsigned char)(x >> 56);
+        }
+    }
+    for (int i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+/* The text of one token as it appears inside a text: decoding [ref, id] minus the decoded ref,
+ * so the leading space SentencePiece decoders strip at the start of a text is kept. */
+static char *token_text(const zs_api *a, int32_t id) {
+    char *s = NULL;
+    if (a->ref_tok >= 0) {
+        int32_t two[2] = {a->ref_tok, id};
+        if (zs_tokenizer_decode(a->tok, two, 2, 0, &s) == 0) {
+            size_t rl = strlen(a->ref_text);
+            if (!strncmp(s, a->ref_text, rl)) {
+                memmove(s, s + rl, strlen(s + rl) + 1);
+                return s;
+            }
+            free(s);
+            s = NULL;
+        }
+    }
+    if (zs_tokenizer_decode(a->tok, &id, 1, 0, &s) == 0) return s;
+    return strdup("");
+}
+
+static json_t *bytes_array(const char *s) {
+    json_t *arr = json_array();
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        json_array_append_new(arr, json_integer(*p));
+    return arr;
+}
+
+static void respond_err(zs_http_req *r, const api_err *e) {
+    if (e->status == 429 || e->status == 503) zs_http_add_header(r, "Retry-After", "1");
+    zs_http_respond_error(r, e->status, e->type, e->param[0] ? e->param : NULL, e->code, "%s",
+                          e->msg);
+}
+
+/* ------------------------------------------------------------------ jobs */
+
+typedef struct {
+    int32_t token;
+    float logprob;
+    int n_top;
+    size_t offset;
+    int32_t top_ids[ZS_SAMPLER_MAX_TOP_LOGPROBS];
+    float top_lps[ZS_SAMPLER_MAX_TOP_LOGPROBS];
+} lp_entry;
+
+typedef struct job job;
+
+typedef struct {
+    job *j;
+    int index;
+    zs_request *req;
+    int submitted, done;
+    int finish, n_prompt, n_gen, err;
+    char *errmsg;
+    sbuf text;      /* non-stream: the completion text */
+    size_t emitted; /* stream: bytes sent (text_offset) */
+    lp_entry *lps;
+    int n_lps, cap_lps;
+} choice;
+
+struct job {
+    zs_api *api;
+    zs_sched *sched;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    zs_http_req *req;
+    zs_http_stream *stream;
+    int chat, streaming, include_usage, top_logprobs;
+    char id[64];
+    long created;
+    int n;
+    choice *ch;
+    int prompt_tokens;
+    int remaining, cancelling, closed, started;
+    sbuf pre;    /* stream data produced before the stream started */
+    api_err err; /* err.status != 0: answer with this error */
+};
+
+static void job_free(job *j) {
+    for (int i = 0; i < j->n; i++) {
+        free(j->ch[i].text.p);
+        free(j->ch[i].errmsg);
+        free(j->ch[i].lps);
+    }
+    free(j->ch);
+    free(j->pre.p);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    zs_api *a = j->api;
+    free(j);
+    pthread_mutex_lock(&a->mu);
+    a->live--;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static json_t *chunk_base(job *j) {
+    json_t *c = json_pack("{s:s,s:s,s:I,s:s}", "id", j->id, "object",
+                          j->chat ? "chat.completion.chunk" : "text_completion", "created",
+                          (json_int_t)j->created, "model", j->api->model_name);
+    return c;
+}
+
+/* Appends one SSE event (job->mu held). */
+static void emit_locked(job *j, const char *data, size_t len) {
+    if (j->closed) return;
+    if (j->started) {
+        sbuf ev = {0};
+        sb_addn(&ev, "data: ", 6);
+        sb_addn(&ev, data, len);
+        sb_addn(&ev, "\n\n", 2);
+        if (!ev.oom && ev.p) zs_http_stream_write(j->stream, ev.p, ev.len);
+        free(ev.p);
+    } else {
+        sb_addn(&j->pre, "data: ", 6);
+        sb_addn(&j->pre, data, len);
+        sb_addn(&j->pre, "\n\n", 2);
+    }
+}
+
+static void emit_json_locked(job *j, json_t *obj) {
+    if (!obj) return;
+    char *s = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    if (s) emit_locked(j, s, strlen(s));
+    free(s);
+}
+
+/* One choice entry of a chunk: chat {index, delta, logprobs, finish_reason} or completions
+ * {index, text, logprobs, finish_reason}. delta_role/text may be NULL. */
+static json_t *chunk_choice(job *j, int index, const char *role, const char *text, size_t len,
+                            json_t *logprobs, const char *finish) {
+    json_t *c = json_object();
+    json_object_set_new(c, "index", json_integer(index));
+    if (j->chat) {
+        json_t *d = json_object();
+        if (role) json_object_set_new(d, "role", json_string(role));
+        if (text) json_object_set_new(d, "content", json_stringn(text, len));
+        json_object_set_new(c, "delta", d);
+    } else {
+        json_object_set_new(c, "text", json_stringn(text ? text : "", text ? len : 0));
+    }
+    json_object_set_new(c, "logprobs", logprobs ? logprobs : json_null());
+    json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+    return c;
+}
+
+static void emit_choice_locked(job *j, json_t *choice_obj) {
+    json_t *c = chunk_base(j);
+    if (!c) {
+        json_decref(choice_obj);
+        return;
+    }
+    json_t *arr = json_array();
+    json_array_append_new(arr, choice_obj);
+    json_object_set_new(c, "choices", arr);
+    if (j->include_usage) json_object_set_new(c, "usage", json_null());
+    emit_json_locked(j, c);
+}
+
+/* Logprobs of a list of entries, in the shape of the endpoint. */
+static json_t *logprobs_json(job *j, const lp_entry *e, int n) {
+    const zs_api *a = j->api;
+    if (j->chat) {
+        json_t *content = json_array();
+        for (int i = 0; i < n; i++) {
+            char *t = token_text(a, e[i].token);
+            json_t *tops = json_array();
+            for (int k = 0; k < e[i].n_top; k++) {
+                char *tt = token_text(a, e[i].top_ids[k]);
+                json_array_append_new(tops, json_pack("{s:s,s:f,s:o}", "token", tt, "logprob",
+                                                      (double)e[i].top_lps[k], "bytes", bytes_array(tt)));
+                free(tt);
+            }
+            json_array_append_new(content, json_pack("{s:s,s:f,s:o,s:o}", "token", t, "logprob",
+                                                     (double)e[i].logprob, "bytes", bytes_array(t), "top_logprobs",
+                                                     tops));
+            free(t);
+        }
+        return json_pack("{s:o,s:n}", "content", content, "refusal");
+    }
+    json_t *tokens = json_array(), *tlp = json_array(), *tops = json_array(), *offs = json_array();
+    for (int i = 0; i < n; i++) {
+        char *t = token_text(a, e[i].token);
+        json_array_append_new(tokens, json_string(t));
+        json_array_append_new(tlp, json_real(e[i].logprob));
+        json_t *d = json_object();
+        for (int k = 0; k < e[i].n_top; k++) {
+            char *tt = token_text(a, e[i].top_ids[k]);
+            if (!json_object_get(d, tt)) json_object_set_new(d, tt, json_real(e[i].top_lps[k]));
+            free(tt);
+        }
+        if (!json_object_get(d, t)) json_object_set_new(d, t, json_real(e[i].logprob));
+        json_array_append_new(tops, d);
+        json_array_append_new(offs, json_integer((json_int_t)e[i].offset));
+        free(t);
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", tlp, "top_logprobs", tops,
+                     "text_offset", offs);
+}
+
+static void on_token(void *ud, int32_t token, const char *text, size_t len, float logprob,
+                     const int32_t *top_ids, const float *top_lps, int n_top) {
+    choice *c = ud;
+    job *j = c->j;
+    int want_lp = j->top_logprobs >= 0;
+    lp_entry e;
+    if (want_lp) {
+        e.token = token;
+        e.logprob = logprob;
+        e.n_top = ZS_MAX(0, ZS_MIN(n_top, ZS_SAMPLER_MAX_TOP_LOGPROBS));
+        for (int k = 0; k < e.n_top; k++) {
+            e.top_ids[k] = top_ids[k];
+            e.top_lps[k] = top_lps[k];
+        }
+    }
+    pthread_mutex_lock(&j->mu);
+    if (j->streaming) {
+        e.offset = c->emitted;
+        if (!j->closed && (len || want_lp))
+            emit_choice_locked(j, chunk_choice(j, c->index, NULL, text ? text : "", len,
+                                               want_lp ? logprobs_json(j, &e, 1) : NULL, NULL));
+        c->emitted += len;
+    } else {
+        e.offset = c->text.len;
+        sb_addn(&c->text, text, len);
+        if (want_lp) {
+            if (c->n_lps == c->cap_lps) {
+                int nc = c->cap_lps ? 2 * c->cap_lps : 16;
+                lp_entry *np = realloc(c->lps, (size_t)nc * sizeof *np);
+                if (np) {
+                    c->lps = np;
+                    c->cap_lps = nc;
+                }
+            }
+            if (c->n_lps < c->cap_lps) c->lps[c->n_lps++] = e;
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+}
+
+static const char *finish_name(int f) { return f == ZS_DONE_LENGTH ? "length" : "stop"; }
+
+static void job_finish(job *j);
+
+static void on_done(void *ud, int finish, const char *text, size_t len, int n_prompt,
+                    int n_generated, int err, const char *msg) {
+    choice *c = ud;
+    job *j = c->j;
+    pthread_mutex_lock(&j->mu);
+    while (j->cancelling) pthread_cond_wait(&j->cv, &j->mu);
+    c->done = 1;
+    c->req = NULL;
+    c->finish = finish;
+    c->n_prompt = n_prompt;
+    c->n_gen = n_generated;
+    if (finish == ZS_DONE_ERROR) {
+        c->err = err ? err : ZS_EIO;
+        c->errmsg = strdup(msg ? msg : "generation failed");
+    }
+    if (j->streaming) {
+        if (finish == ZS_DONE_STOP || finish == ZS_DONE_LENGTH) {
+            if (len) emit_choice_locked(j, chunk_choice(j, c->index, NULL, text, len, NULL, NULL));
+            c->emitted += len;
+            emit_choice_locked(j, chunk_choice(j, c->index, NULL, NULL, 0, NULL, finish_name(finish)));
+        }
+    } else {
+        sb_addn(&c->text, text, len);
+    }
+    int last = --j->remaining == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (last) job_finish(j);
+}
+
+/* Cancels every submitted, unfinished choice. close: the client has gone. */
+static void job_cancel(job *j, int close) {
+    pthread_mutex_lock(&j->mu);
+    if (close) j->closed = 1;
+    zs_request *reqs[MAX_CHOICES];
+    int n = 0;
+    for (int i = 0; i < j->n; i++)
+        if (j->ch[i].req && !j->ch[i].done) reqs[n++] = j->ch[i].req;
+    j->cancelling++;
+    pthread_mutex_unlock(&j->mu);
+    for (int i = 0; i < n; i++) zs_sched_cancel(j->sched, reqs[i]);
+    pthread_mutex_lock(&j->mu);
+    j->cancelling--;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void on_close(void *ud) { job_cancel(ud, 1); }
+
+static json_t *usage_json(job *j) {
+    long gen = 0;
+    for (int i = 0; i < j->n; i++) gen += j->ch[i].n_gen;
+    return json_pack("{s:i,s:I,s:I}", "prompt_tokens", j->prompt_tokens, "completion_tokens", (json_int_t)gen,
+                     "total_tokens", (json_int_t)(gen + j->prompt_tokens));
+}
+
+/* All choices are done (no locks held; only one thread gets here): answer and free. */
+static void job_finish(job *j) {
+    /* the first failure among the choices, if any */
+    const choice *failed = NULL, *cancelled = NULL;
+    for (int i = 0; i < j->n; i++) {
+        if (!j->ch[i].submitted) continue;
+        if (j->ch[i].finish == ZS_DONE_ERROR && !failed) failed = &j->ch[i];
+        if (j->ch[i].finish == ZS_DONE_CANCELLED && !cancelled) cancelled = &j->ch[i];
+    }
+    if (!j->err.status && !j->closed) {
+        if (failed) zs_api_fail(&j->err, 500, NULL, NULL, "generation failed: %s", failed->errmsg ? failed->errmsg : "");
+        else if (cancelled) zs_api_fail(&j->err, 503, NULL, NULL, "the request was cancelled: the server is shutting down");
+    }
+    if (j->stream) {
+        pthread_mutex_lock(&j->mu);
+        if (j->err.status) {
+            json_t *ev = json_pack("{s:{s:s,s:s,s:n,s:s?}}", "error", "message", j->err.msg, "type", j->err.type,
+                                   "param", "code", j->err.code);
+            emit_json_locked(j, ev);
+        } else {
+            if (j->include_usage) {
+                json_t *c = chunk_base(j);
+                if (c) {
+                    json_object_set_new(c, "choices", json_array());
+                    json_object_set_new(c, "usage", usage_json(j));
+                    emit_json_locked(j, c);
+                }
+            }
+            emit_locked(j, "[DONE]", 6);
+        }
+        pthread_mutex_unlock(&j->mu);
+        zs_http_stream_end(j->stream);
+    } else if (j->req) {
+        if (j->err.status) {
+            respond_err(j->req, &j->err);
+        } else if (j->closed) {
+            zs_http_respond_error(j->req, 499, "invalid_request_error", NULL, NULL, "client closed the request");
+        } else {
+            json_t *choices = json_array();
+            for (int i = 0; i < j->n; i++) {
+                choice *c = &j->ch[i];
+                json_t *lp = j->top_logprobs >= 0 ? logprobs_json(j, c->lps, c->n_lps) : json_null();
+                json_t *o;
+                if (j->chat)
+                    o = json_pack("{s:i,s:{s:s,s:s%},s:o,s:s}", "index", c->index, "message", "role", "assistant",
+                                  "content", c->text.p ? c->text.p : "", c->text.len, "logprobs", lp,
+                                  "finish_reason", finish_name(c->finish));
+                else
+                    o = json_pack("{s:s%,s:i,s:o,s:s}", "text", c->text.p ? c->text.p : "", c->text.len, "index",
+                                  c->index, "logprobs", lp, "finish_reason", finish_name(c->finish));
+                json_array_append_new(choices, o);
+            }
+            json_t *resp = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", j->id, "object",
+                                     j->chat ? "chat.completion" : "text_completion", "created",
+                                     (json_int_t)j->created, "model", j->api->model_name, "choices", choices,
+                                     "usage", usage_json(j));
+            zs_http_respond_json(j->req, 200, resp);
+        }
+    }
+    job_free(j);
+}
+
+static void job_release(job *j) {
+    pthread_mutex_lock(&j->mu);
+    int last = --j->remaining == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (last) job_finish(j);
+}
+
+static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
+    api_err e = {0};
+    pthread_mutex_lock(&a->mu);
+    zs_sched *s = a->sched;
+    int draining = a->draining;
+    pthread_mutex_unlock(&a->mu);
+    if (draining) {
+        zs_api_fail(&e, 503, NULL, "shutting_down", "The server is shutting down.");
+        respond_err(r, &e);
+        return;
+    }
+    if (!s) {
+        zs_api_fail(&e, 503, NULL, "model_loading", "The model is still loading; try again shortly.");
+        respond_err(r, &e);
+        return;
+    }
+    req_t q;
+    if (zs_api_parse_request(a, r, chat, &q, &e) < 0) {
+        zs_api_req_free(&q);
+        respond_err(r, &e);
+        return;
+    }
+    int n = q.n_prompts * q.n;
+    job *j = calloc(1, sizeof *j);
+    choice *ch = j ? calloc((size_t)n, sizeof *ch) : NULL;
+    if (!ch) {
+        free(j);
+        zs_api_req_free(&q);
+        zs_http_respond_error(r, 500, "server_error", NULL, NULL, "out of memory");
+        return;
+    }
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->api = a;
+    j->sched = s;
+    j->req = r;
+    j->chat = chat;
+    j->streaming = q.stream;
+    j->include_usage = q.include_usage;
+    j->top_logprobs = q.top_logprobs;
+    snprintf(j->id, sizeof j->id, "%s", chat ? "chatcmpl-" : "cmpl-");
+    random_hex(j->id + strlen(j->id), 12);
+    j->created = (long)time(NULL);
+    j->n = n;
+    j->ch = ch;
+    for (int i = 0; i < q.n_prompts; i++) j->prompt_tokens += q.n_prompt[i];
+    j->remaining = n + 1; /* + the handler's own hold */
+    pthread_mutex_lock(&a->mu);
+    a->live++;
+    pthread_mutex_unlock(&a->mu);
+    if (chat && q.stream)
+        for (int i = 0; i < n; i++)
+            emit_choice_locked(j, chunk_choice(j, i, "assistant", "", 0, NULL, NULL));
+    zs_http_on_close(r, on_close, j);
+
+    int stop = 0;
+    for (int i = 0; i < n; i++) {
+        choice *c = &ch[i];
+        c->j = j;
+        c->index = i;
+        pthread_mutex_lock(&j->mu);
+        stop = stop || j->closed || j->err.status;
+        if (stop) j->remaining--;
+        pthread_mutex_unlock(&j->mu);
+        if (stop) continue;
+        int p = i / q.n, k = i % q.n;
+        zs_req_params rp = {0};
+        rp.prompt = q.prompts[p];
+        rp.n_prompt = q.n_prompt[p];
+        rp.max_tokens = q.max_tokens;
+        rp.sampling = q.sp;
+        rp.sampling.seed = q.seed + (uint64_t)k;
+        rp.stop = q.n_stop ? q.stop : NULL;
+        rp.n_stop = q.n_stop;
+        rp.top_logprobs = q.top_logprobs;
+        rp.ignore_eos = q.ignore_eos;
+        zs_req_sink sink = {on_token, on_done, c};
+        zs_request *rq = NULL;
+        c->submitted = 1; /* before submit: on_done may come at once */
+        int rc = zs_sched_submit(s, &rp, &sink, &rq);
+        pthread_mutex_lock(&j->mu);
+        if (rc == 0) {
+            if (!c->done) c->req = rq;
+        } else {
+            c->submitted = 0;
+            j->remaining--;
+            if (!j->err.status) {
+                pthread_mutex_lock(&a->mu);
+                int shutting = a->draining;
+                pthread_mutex_unlock(&a->mu);
+                if (rc == ZS_ECANCELLED || shutting)
+                    zs_api_fail(&j->err, 503, NULL, "shutting_down", "The server is shutting down.");
+                else if (rc == ZS_EBUSY)
+                    zs_api_fail(&j->err, 429, NULL, "rate_limit_exceeded",
+                         "The server is busy: the request queue is full. Retry shortly.");
+                else if (rc == ZS_ERANGE || rc == ZS_EINVAL)
+                    zs_api_fail(&j->err, 400, NULL, "invalid_value", "%s", zs_errmsg());
+                else
+                    zs_api_fail(&j->err, 500, NULL, NULL, "cannot queue the request: %s", zs_errmsg());
+            }
+        }
+        int cancel_now = rc == 0 && j->closed && !c->done;
+        pthread_mutex_unlock(&j->mu);
+        if (cancel_now) job_cancel(j, 1);
+    }
+    zs_api_req_free(&q);
+    pthread_mutex_lock(&j->mu);
+    int failed = j->err.status != 0, closed = j->closed;
+    pthread_mutex_unlock(&j->mu);
+    if (failed) {
+        job_cancel(j, 0);
+    } else if (j->streaming && !closed) {
+        zs_http_stream *st = NULL;
+        int rc = zs_http_stream_start(r, 200, "text/event-stream", &st);
+        pthread_mutex_lock(&j->mu);
+        if (rc == 0) {
+            j->stream = st;
+            j->started = 1;
+            if (j->pre.len && !j->closed) zs_http_stream_write(st, j->pre.p, j->pre.len);
+            free(j->pre.p);
+            memset(&j->pre, 0, sizeof j->pre);
+        } else if (rc == ZS_ECANCELLED) {
+            j->req = NULL; /* released by the HTTP layer */
+        } else {
+            zs_api_fail(&j->err, 500, NULL, NULL, "cannot start the stream: %s", zs_errmsg());
+        }
+        pthread_mutex_unlock(&j->mu);
+        if (rc < 0) job_cancel(j, rc == ZS_ECANCELLED);
+    }
+    job_release(j);
+}
+
+/* ------------------------------------------------------------------ routes */
+
+static void h_completions(void *ud, zs_http_req *r) { handle_generate(ud, r, 0); }
+static void h_chat(void *ud, zs_http_req *r) { handle_generate(ud, r, 1); }
+
+static void h_health(void *ud, zs_http_req *r) {
+    int ok = zs_api_loaded(ud);
+    const char *b = ok ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}";
+    zs_http_respond(r, ok ? 200 : 503, "application/json", b, strlen(b));
+}
+
+static json_t *model_json(zs_api *a) {
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", a->model_name, "object", "model", "created", (json_int_t)a->created,
+                     "owned_by", "zeroserve");
+}
+
+static void h_models(void *ud, zs_http_req *r) {
+    zs_api *a = ud;
+    zs_http_respond_json(r, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(a)));
+}
+
+static void h_model(void *ud, zs_http_req *r) {
+    zs_api *a = ud;
+    const char *id = zs_http_req_param(r);
+    if (!id || strcmp(id, a->model_name)) {
+        zs_http_respond_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                              "The model '%s' does not exist.", id ? id : "");
+        return;
+    }
+    zs_http_respond_json(r, 200, model_json(a));
+}
+
+static void h_metrics(void *ud, zs_http_req *r) {
+    zs_api *a = ud;
+    pthread_mutex_lock(&a->mu);
+    zs_sched *s = a->sched;
+    pthread_mutex_unlock(&a->mu);
+    char *text = NULL;
+    size_t len = 0;
+    if (zs_metrics_render(a->http, s, &text, &len) < 0) {
+        zs_http_respond_error(r, 500, "server_error", NULL, NULL, "cannot render metrics: %s", zs_errmsg());
+        return;
+    }
+    zs_http_respond(r, 200, "text/plain; version=0.0.4; charset=utf-8", text, len);
+    free(text);
+}
+
+static void h_playground(void *ud, zs_http_req *r) {
+    (void)ud;
+    zs_http_respond(r, 200, "text/html; charset=utf-8", (const char *)zs_playground_html, zs_playground_html_len);
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
+    if (!h || !o || !o->model_name || !out) return zs_err(ZS_EINVAL, "api: bad arguments");
+    zs_api *a = calloc(1, sizeof *a);
+    if (!a) return zs_err(ZS_ENOMEM, "api: out of memory");
+    a->http = h;
+    a->model_name = strdup(o->model_name);
+    a->tmpl = o->chat_template >= 0 ? o->chat_template : zs_chat_template_detect(o->model_dir);
+    a->ref_tok = -1;
+    a->created = (long)time(NULL);
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    int rc = a->model_name ? 0 : zs_err(ZS_ENOMEM, "api: out of memory");
+    if (!rc) rc = zs_http_route(h, "GET", "/health", 0, h_health, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/", 0, h_playground, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/metrics", 1, h_metrics, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/models", 1, h_models, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/models/{id}", 1, h_model, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/completions", 1, h_completions, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/chat/completions", 1, h_chat, a);
+    if (rc < 0) {
+        zs_api_free(a);
+        return rc;
+    }
+    *out = a;
+    return 0;
+}
+
+void zs_api_attach(zs_api *a, zs_engine *e, zs_sched *s) {
+    zs_tokenizer *t = zs_engine_tokenizer(e);
+    int bos = zs_tokenizer_bos(t), eos = zs_tokenizer_eos(t);
+    const char *bp = bos >= 0 ? zs_tokenizer_piece(t, bos) : NULL;
+    const char *ep = eos >= 0 ? zs_tokenizer_piece(t, eos) : NULL;
+    char *bs = bp ? strdup(bp) : NULL, *es = ep ? strdup(ep) : NULL;
+    /* the reference token for token_text: a plain letter */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int ref = -1;
+    char *ref_text = NULL;
+    if (zs_tokenizer_encode(t, "a", 1, 0, &ids, &n) == 0 && n == 1 &&
+        zs_tokenizer_decode(t, ids, 1, 0, &ref_text) == 0 && ref_text[0])
+        ref = ids[0];
+    free(ids);
+    if (ref < 0) {
+        free(ref_text);
+        ref_text = NULL;
+    }
+    pthread_mutex_lock(&a->mu);
+    a->tok = t;
+    a->context = zs_engine_context(e);
+    a->vocab = zs_tokenizer_vocab_size(t);
+    a->bos = bs;
+    a->eos = es;
+    a->ref_tok = ref;
+    a->ref_text = ref_text;
+    a->engine = e;
+    a->sched = s;
+    pthread_mutex_unlock(&a->mu);
+    zs_log_info("api: serving '%s' (context %d, chat template %s)", a->model_name, a->context,
+                zs_chat_template_name(a->tmpl));
+}
+
+void zs_api_drain(zs_api *a) {
+    pthread_mutex_lock(&a->mu);
+    a->draining = 1;
+    pthread_mutex_unlock(&a->mu);
+}
+
+int zs_api_loaded(zs_api *a) {
+    pthread_mutex_lock(&a->mu);
+    int ok = a->sched != NULL;
+    pthread_mutex_unlock(&a->mu);
+    return ok;
+}
+
+long zs_api_live(zs_api *a) {
+    pthread_mutex_lock(&a->mu);
+    long n = a->live;
+    pthread_mutex_unlock(&a->mu);
+    return n;
+}
+
+long zs_api_wait_idle(zs_api *a, double timeout_s) {
+    double end = zs_now() + timeout_s;
+    pthread_mutex_lock(&a->mu);
+    while (a->live > 0) {
+        double left = end - zs_now();
+        if (left <= 0) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double t = ts.tv_sec + ts.tv_nsec * 1e-9 + ZS_MIN(left, 0.1);
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&a->cv, &a->mu, &ts);
+    }
+    long n = a->live;
+    pthread_mutex_unlock(&a->mu);
+    return n;
+}
+
+void zs_api_free(zs_api *a) {
+    if (!a) return;
+    long left = zs_api_wait_idle(a, 5.0);
+    if (left) {
+        zs_log_error("api: %ld requests still live at shutdown; leaking them", left);
+        return;
+    }
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->cv);
+    free(a->model_name);
+    free(a->bos);
+    free(a->eos);
+    free(a->ref_text);
+    free(a);
+}
+

@@ -1,0 +1,538 @@
+/* api-request.c — parsing and validation of /v1/completions and /v1/chat/completions request
+ * bodies (jansson), strictly: malformed JSON, unknown fields, wrong types and out-of-range
+ * values are 400s whose `param` names the field; an unknown model is 404; a prompt that does
+ * not fit the context is 400 context_length_exceeded. Prompts are tokenized here (chat through
+ * the chat template, chat.h).
+ *
+ * Decisions where OpenAI has no exact answer: unknown fields are 400 (param = the field);
+ * frequency_penalty / presence_penalty must be 0, echo false, best_of 1, suffix null or "",
+ * logit_bias empty, response_format {type:"text"}, tools empty, tool_choice none/auto; other
+ * values are 400 code "unsupported_parameter". A missing "model" means the served model.
+ * top_p 0 means greedy; top_k (0 or -1 = off), min_p and ignore_eos are extensions. Content
+ * parts of one message are joined with "\n". Default max_tokens: 16 (completions, capped by
+ * the room left in the context), the rest of the context (chat). */
+#define _GNU_SOURCE
+#include "api-internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <sys/random.h>
+
+#include "chat.h"
+#include "common.h"
+
+static uint64_t random_u64(void) {
+    uint64_t x;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) x = (uint64_t)(zs_now() * 1e9);
+    return x;
+}
+
+static const char *json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+/* ------------------------------------------------------------------ request errors */
+
+int zs_api_fail(api_err *e, int status, const char *param, const char *code, const char *fmt, ...) {
+    e->status = status;
+    e->type = status == 429 ? "rate_limit_error"
+              : status >= 500 ? "server_error"
+                              : "invalid_request_error";
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int bad_type(api_err *e, const char *name, const char *want, const json_t *v) {
+    return zs_api_fail(e, 400, name, "invalid_type", "Invalid type for '%s': expected %s, but got %s instead.",
+                name, want, json_type_name(v));
+}
+
+/* Number field (integer or real); absent/null leaves *out. */
+static int get_num(json_t *o, const char *name, double lo, double hi, double *out, int *given, api_err *e) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return bad_type(e, name, "a number", v);
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return zs_api_fail(e, 400, name, "invalid_value", "Invalid '%s': %g is out of range; expected a value between %g and %g.",
+                    name, x, lo, hi);
+    *out = x;
+    if (given) *given = 1;
+    return 0;
+}
+
+static int int_value(json_t *v, long long *out) {
+    if (json_is_integer(v)) {
+        *out = json_integer_value(v);
+        return 1;
+    }
+    if (json_is_real(v)) {
+        double x = json_real_value(v);
+        if (isfinite(x) && x == floor(x) && fabs(x) < 9e15) {
+            *out = (long long)x;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int get_int(json_t *o, const char *name, long long lo, long long hi, long long *out, int *given,
+                   api_err *e) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    long long x;
+    if (!int_value(v, &x)) return bad_type(e, name, "an integer", v);
+    if (x < lo || x > hi)
+        return zs_api_fail(e, 400, name, "invalid_value", "Invalid '%s': %lld is out of range; expected a value between %lld and %lld.",
+                    name, x, lo, hi);
+    *out = x;
+    if (given) *given = 1;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *name, int *out, api_err *e) {
+    json_t *v = json_object_get(o, name);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return bad_type(e, name, "a boolean", v);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int unsupported(api_err *e, const char *name, const char *what) {
+    return zs_api_fail(e, 400, name, "unsupported_parameter", "'%s' is not supported by this server: %s.", name, what);
+}
+
+/* ------------------------------------------------------------------ request parsing */
+
+void zs_api_req_free(req_t *q) {
+    for (int i = 0; i < q->n_prompts; i++) free(q->prompts[i]);
+    free(q->prompts);
+    free(q->n_prompt);
+    json_decref(q->root);
+}
+
+static const char *k_cmpl_fields[] = {
+    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
+    "logprobs", "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "echo",
+    "best_of", "suffix", "logit_bias", "ignore_eos", NULL};
+static const char *k_chat_fields[] = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+    "min_p", "seed", "stop", "n", "logprobs", "top_logprobs", "stream", "stream_options", "user",
+    "frequency_penalty", "presence_penalty", "logit_bias", "response_format", "ignore_eos", "tools",
+    "tool_choice", "parallel_tool_calls", "metadata", "store", "service_tier", NULL};
+
+static int check_fields(json_t *root, const char *const *known, api_err *e) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++) ok = !strcmp(k, known[i]);
+        if (!ok) return zs_api_fail(e, 400, k, "unknown_parameter", "Unrecognized request argument supplied: %s", k);
+    }
+    return 0;
+}
+
+static int add_prompt(req_t *q, int32_t *ids, int n, api_err *e) {
+    if (q->n_prompts >= MAX_CHOICES) {
+        free(ids);
+        return zs_api_fail(e, 400, "prompt", "invalid_value", "Too many prompts (at most %d).", MAX_CHOICES);
+    }
+    int32_t **np = realloc(q->prompts, (size_t)(q->n_prompts + 1) * sizeof *np);
+    if (np) q->prompts = np;
+    int *nn = realloc(q->n_prompt, (size_t)(q->n_prompts + 1) * sizeof *nn);
+    if (nn) q->n_prompt = nn;
+    if (!np || !nn) {
+        free(ids);
+        return zs_api_fail(e, 500, NULL, NULL, "out of memory");
+    }
+    q->prompts[q->n_prompts] = ids;
+    q->n_prompt[q->n_prompts] = n;
+    q->n_prompts++;
+    return 0;
+}
+
+static int encode_text(const zs_api *a, req_t *q, const char *text, size_t len, int add_special,
+                       const char *param, api_err *e) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (zs_tokenizer_encode(a->tok, text, len, add_special, &ids, &n) < 0)
+        return zs_api_fail(e, 400, param, "invalid_value", "Cannot tokenize '%s': %s", param, zs_errmsg());
+    if (n == 0) {
+        free(ids);
+        return zs_api_fail(e, 400, param, "invalid_value", "'%s' must not be empty (it encodes to no tokens).", param);
+    }
+    if (n > (size_t)a->context) {
+        free(ids);
+        return zs_api_fail(e, 400, param, "context_length_exceeded",
+                    "This model's maximum context length is %d tokens, but the %s has %zu tokens.",
+                    a->context, !strcmp(param, "messages") ? "conversation" : "prompt", n);
+    }
+    return add_prompt(q, ids, (int)n, e);
+}
+
+static int token_ids(const zs_api *a, req_t *q, json_t *arr, const char *param, api_err *e) {
+    size_t n = json_array_size(arr);
+    if (n == 0) return zs_api_fail(e, 400, param, "invalid_value", "'%s' must not be empty.", param);
+    if (n > (size_t)a->context)
+        return zs_api_fail(e, 400, param, "context_length_exceeded",
+                    "This model's maximum context length is %d tokens, but the prompt has %zu tokens.",
+                    a->context, n);
+    int32_t *ids = malloc(n * sizeof *ids);
+    if (!ids) return zs_api_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        long long x;
+        json_t *v = json_array_get(arr, i);
+        if (!int_value(v, &x) || x < 0 || x >= a->vocab) {
+            free(ids);
+            return zs_api_fail(e, 400, param, "invalid_value",
+                        "Invalid '%s': item %zu must be a token id between 0 and %d.", param, i, a->vocab - 1);
+        }
+        ids[i] = (int32_t)x;
+    }
+    return add_prompt(q, ids, (int)n, e);
+}
+
+static int parse_prompt(const zs_api *a, req_t *q, api_err *e) {
+    json_t *p = json_object_get(q->root, "prompt");
+    q->prompt_param = "prompt";
+    if (!p || json_is_null(p)) return zs_api_fail(e, 400, "prompt", "missing_required_parameter", "Missing required parameter: 'prompt'.");
+    if (json_is_string(p))
+        return encode_text(a, q, json_string_value(p), json_string_length(p), 1, "prompt", e);
+    if (!json_is_array(p)) return bad_type(e, "prompt", "a string or an array", p);
+    size_t n = json_array_size(p);
+    if (n == 0) return zs_api_fail(e, 400, "prompt", "invalid_value", "'prompt' must not be an empty array.");
+    json_t *first = json_array_get(p, 0);
+    if (json_is_number(first)) return token_ids(a, q, p, "prompt", e);
+    size_t i;
+    json_t *v;
+    json_array_foreach(p, i, v) {
+        if (json_is_string(v) && json_is_string(first)) {
+            if (encode_text(a, q, json_string_value(v), json_string_length(v), 1, "prompt", e) < 0) return -1;
+        } else if (json_is_array(v) && json_is_array(first)) {
+            if (token_ids(a, q, v, "prompt", e) < 0) return -1;
+        } else {
+            return zs_api_fail(e, 400, "prompt", "invalid_type",
+                        "Invalid type for 'prompt': expected a string, an array of strings, an array of token ids "
+                        "or an array of arrays of token ids.");
+        }
+    }
+    return 0;
+}
+
+static int parse_messages(const zs_api *a, req_t *q, api_err *e) {
+    json_t *m = json_object_get(q->root, "messages");
+    q->prompt_param = "messages";
+    if (!m || json_is_null(m)) return zs_api_fail(e, 400, "messages", "missing_required_parameter", "Missing required parameter: 'messages'.");
+    if (!json_is_array(m)) return bad_type(e, "messages", "an array", m);
+    size_t n = json_array_size(m);
+    if (n == 0) return zs_api_fail(e, 400, "messages", "invalid_value", "'messages' must contain at least one message.");
+    if (n > 100000) return zs_api_fail(e, 400, "messages", "invalid_value", "Too many messages.");
+    zs_chat_msg *msgs = calloc(n, sizeof *msgs);
+    char **owned = calloc(n, sizeof *owned);
+    int rc = 0;
+    char pname[96];
+    if (!msgs || !owned) rc = zs_api_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        json_t *msg = json_array_get(m, i);
+        snprintf(pname, sizeof pname, "messages[%zu]", i);
+        if (!json_is_object(msg)) {
+            rc = bad_type(e, pname, "an object", msg);
+            break;
+        }
+        json_t *role = json_object_get(msg, "role");
+        snprintf(pname, sizeof pname, "messages[%zu].role", i);
+        if (!json_is_string(role)) {
+            rc = role ? bad_type(e, pname, "a string", role)
+                      : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
+            break;
+        }
+        const char *rs = json_string_value(role);
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "developer")) {
+            rc = zs_api_fail(e, 400, pname, "invalid_value",
+                      "Invalid value for '%s': '%s' is not supported (expected 'system', 'user' or 'assistant').",
+                      pname, rs);
+            break;
+        }
+        msgs[i].role = rs;
+        json_t *c = json_object_get(msg, "content");
+        snprintf(pname, sizeof pname, "messages[%zu].content", i);
+        if (json_is_string(c)) {
+            msgs[i].content = json_string_value(c);
+        } else if ((!c || json_is_null(c)) && !strcmp(rs, "assistant")) {
+            msgs[i].content = "";
+        } else if (json_is_array(c)) {
+            sbuf b = {0};
+            size_t j;
+            json_t *part;
+            json_array_foreach(c, j, part) {
+                json_t *type = json_object_get(part, "type");
+                json_t *text = json_object_get(part, "text");
+                if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text")) {
+                    snprintf(pname, sizeof pname, "messages[%zu].content[%zu].type", i, j);
+                    rc = zs_api_fail(e, 400, pname, "invalid_value",
+                              "Invalid '%s': only content parts of type 'text' are supported.", pname);
+                    break;
+                }
+                if (!json_is_string(text)) {
+                    snprintf(pname, sizeof pname, "messages[%zu].content[%zu].text", i, j);
+                    rc = text ? bad_type(e, pname, "a string", text)
+                              : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
+                    break;
+                }
+                if (j) sb_addn(&b, "\n", 1);
+                sb_addn(&b, json_string_value(text), json_string_length(text));
+            }
+            if (rc == 0 && b.oom) rc = zs_api_fail(e, 500, NULL, NULL, "out of memory");
+            owned[i] = b.p;
+            msgs[i].content = b.p ? b.p : "";
+            if (rc) break;
+        } else {
+            rc = c ? bad_type(e, pname, "a string or an array of content parts", c)
+                   : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
+            break;
+        }
+    }
+    char *text = NULL;
+    if (rc == 0 && zs_chat_render(a->tmpl, msgs, (int)n, 1, a->bos, a->eos, &text) < 0) {
+        const char *em = zs_errmsg();
+        const char *colon = strchr(em, ':');
+        if (!strncmp(em, "messages", 8) && colon && (size_t)(colon - em) < sizeof pname) {
+            memcpy(pname, em, (size_t)(colon - em));
+            pname[colon - em] = '\0';
+        } else {
+            snprintf(pname, sizeof pname, "messages");
+        }
+        rc = zs_api_fail(e, 400, pname, "invalid_value", "%s", em);
+    }
+    if (rc == 0) rc = encode_text(a, q, text, strlen(text), !zs_chat_has_bos(a->tmpl), "messages", e);
+    free(text);
+    if (owned)
+        for (size_t i = 0; i < n; i++) free(owned[i]);
+    free(owned);
+    free(msgs);
+    return rc;
+}
+
+int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e) {
+    memset(q, 0, sizeof *q);
+    q->chat = chat;
+    q->top_logprobs = -1;
+    q->n = 1;
+    zs_sampler_params_default(&q->sp);
+    size_t blen;
+    const char *body = zs_http_req_body(r, &blen);
+    json_error_t je;
+    q->root = json_loadb(body, blen, 0, &je);
+    if (!q->root)
+        return zs_api_fail(e, 400, NULL, NULL,
+                    "We could not parse the JSON body of your request: %s (line %d, column %d). "
+                    "The body must be a JSON object.", je.text, je.line, je.column);
+    if (!json_is_object(q->root))
+        return zs_api_fail(e, 400, NULL, NULL, "The body of your request must be a JSON object, not %s.",
+                    json_type_name(q->root));
+    json_t *root = q->root;
+    if (check_fields(root, chat ? k_chat_fields : k_cmpl_fields, e) < 0) return -1;
+
+    json_t *model = json_object_get(root, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) return bad_type(e, "model", "a string", model);
+        if (strcmp(json_string_value(model), a->model_name))
+            return zs_api_fail(e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s').",
+                        json_string_value(model), a->model_name);
+    }
+
+    double x;
+    long long ll;
+    int given = 0;
+    x = q->sp.temperature;
+    if (get_num(root, "temperature", 0, 2, &x, NULL, e) < 0) return -1;
+    q->sp.temperature = (float)x;
+    x = q->sp.top_p;
+    if (get_num(root, "top_p", 0, 1, &x, NULL, e) < 0) return -1;
+    if (x == 0) { /* OpenAI allows 0: only the most likely token */
+        q->sp.top_p = 1;
+        q->sp.top_k = 1;
+    } else {
+        q->sp.top_p = (float)x;
+    }
+    ll = -2;
+    if (get_int(root, "top_k", -1, 1LL << 30, &ll, NULL, e) < 0) return -1;
+    if (ll > 0 && q->sp.top_k != 1) q->sp.top_k = (int)ll; /* 0 and -1 (vLLM) = off */
+    x = 0;
+    if (get_num(root, "min_p", 0, 1, &x, NULL, e) < 0) return -1;
+    if (x >= 1) return zs_api_fail(e, 400, "min_p", "invalid_value", "Invalid 'min_p': expected a value >= 0 and < 1.");
+    q->sp.min_p = (float)x;
+    given = 0;
+    if (get_int(root, "seed", INT64_MIN, INT64_MAX, &ll, &given, e) < 0) return -1;
+    q->seed = given ? (uint64_t)ll : random_u64();
+    ll = 1;
+    if (get_int(root, "n", 1, MAX_N, &ll, NULL, e) < 0) return -1;
+    q->n = (int)ll;
+    if (get_bool(root, "stream", &q->stream, e) < 0) return -1;
+    json_t *so = json_object_get(root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return bad_type(e, "stream_options", "an object", so);
+        if (!q->stream)
+            return zs_api_fail(e, 400, "stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.");
+        const char *k;
+        json_t *v;
+        json_object_foreach(so, k, v) {
+            if (strcmp(k, "include_usage"))
+                return zs_api_fail(e, 400, "stream_options", "unknown_parameter", "Unrecognized stream option: %s", k);
+        }
+        json_t *iu = json_object_get(so, "include_usage");
+        if (iu && !json_is_null(iu)) {
+            if (!json_is_boolean(iu)) return bad_type(e, "stream_options.include_usage", "a boolean", iu);
+            q->include_usage = json_is_true(iu);
+        }
+    }
+    if (get_bool(root, "ignore_eos", &q->ignore_eos, e) < 0) return -1;
+
+    /* stop */
+    json_t *st = json_object_get(root, "stop");
+    if (st && !json_is_null(st)) {
+        json_t *one[1] = {st};
+        size_t ns = 1;
+        if (json_is_array(st)) ns = json_array_size(st);
+        else if (!json_is_string(st)) return bad_type(e, "stop", "a string or an array of strings", st);
+        if (ns > ZS_STOP_MAX_COUNT)
+            return zs_api_fail(e, 400, "stop", "invalid_value", "Invalid 'stop': at most %d stop sequences are supported.",
+                        ZS_STOP_MAX_COUNT);
+        for (size_t i = 0; i < ns; i++) {
+            json_t *v = json_is_array(st) ? json_array_get(st, i) : one[0];
+            if (!json_is_string(v)) return bad_type(e, "stop", "a string or an array of strings", v);
+            size_t l = json_string_length(v);
+            if (l == 0) continue; /* an empty stop string stops nothing */
+            if (l > ZS_STOP_MAX_LEN || strlen(json_string_value(v)) != l)
+                return zs_api_fail(e, 400, "stop", "invalid_value", "Invalid 'stop': each stop sequence must be 1 to %d bytes.",
+                            ZS_STOP_MAX_LEN);
+            q->stop[q->n_stop++] = json_string_value(v);
+        }
+    }
+
+    /* logprobs */
+    if (!chat) {
+        ll = -1;
+        if (get_int(root, "logprobs", 0, MAX_LOGPROBS_CMPL, &ll, NULL, e) < 0) return -1;
+        q->top_logprobs = (int)ll;
+    } else {
+        int want = 0;
+        if (get_bool(root, "logprobs", &want, e) < 0) return -1;
+        ll = 0;
+        given = 0;
+        if (get_int(root, "top_logprobs", 0, ZS_SAMPLER_MAX_TOP_LOGPROBS, &ll, &given, e) < 0) return -1;
+        if (given && !want)
+            return zs_api_fail(e, 400, "top_logprobs", "invalid_value", "'top_logprobs' requires 'logprobs' to be true.");
+        q->top_logprobs = want ? (int)ll : -1;
+    }
+
+    /* accepted only with their neutral values */
+    const char *pens[] = {"frequency_penalty", "presence_penalty"};
+    for (int i = 0; i < 2; i++) {
+        x = 0;
+        if (get_num(root, pens[i], -2, 2, &x, NULL, e) < 0) return -1;
+        if (x != 0) return unsupported(e, pens[i], "only 0 is accepted");
+    }
+    if (!chat) {
+        int echo = 0;
+        if (get_bool(root, "echo", &echo, e) < 0) return -1;
+        if (echo) return unsupported(e, "echo", "only false is accepted");
+        ll = 1;
+        if (get_int(root, "best_of", 1, 1 << 20, &ll, NULL, e) < 0) return -1;
+        if (ll != 1) return unsupported(e, "best_of", "only 1 is accepted");
+        json_t *sfx = json_object_get(root, "suffix");
+        if (sfx && !json_is_null(sfx)) {
+            if (!json_is_string(sfx)) return bad_type(e, "suffix", "a string", sfx);
+            if (json_string_length(sfx)) return unsupported(e, "suffix", "only null or \"\" is accepted");
+        }
+    }
+    json_t *lb = json_object_get(root, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        if (!json_is_object(lb)) return bad_type(e, "logit_bias", "an object", lb);
+        if (json_object_size(lb)) return unsupported(e, "logit_bias", "only an empty map is accepted");
+    }
+    json_t *us = json_object_get(root, "user");
+    if (us && !json_is_null(us) && !json_is_string(us)) return bad_type(e, "user", "a string", us);
+    if (chat) {
+        json_t *rf = json_object_get(root, "response_format");
+        if (rf && !json_is_null(rf)) {
+            if (!json_is_object(rf)) return bad_type(e, "response_format", "an object", rf);
+            json_t *t = json_object_get(rf, "type");
+            if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
+                return unsupported(e, "response_format", "only {\"type\": \"text\"} is accepted");
+        }
+        json_t *tools = json_object_get(root, "tools");
+        if (tools && !json_is_null(tools)) {
+            if (!json_is_array(tools)) return bad_type(e, "tools", "an array", tools);
+            if (json_array_size(tools)) return unsupported(e, "tools", "tool calling is not available");
+        }
+        json_t *tc = json_object_get(root, "tool_choice");
+        if (tc && !json_is_null(tc) &&
+            !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
+            return unsupported(e, "tool_choice", "only \"none\" or \"auto\" (without tools) is accepted");
+        json_t *ptc = json_object_get(root, "parallel_tool_calls");
+        if (ptc && !json_is_null(ptc) && !json_is_boolean(ptc)) return bad_type(e, "parallel_tool_calls", "a boolean", ptc);
+        json_t *md = json_object_get(root, "metadata");
+        if (md && !json_is_null(md) && !json_is_object(md)) return bad_type(e, "metadata", "an object", md);
+        json_t *sto = json_object_get(root, "store");
+        if (sto && !json_is_null(sto) && !json_is_boolean(sto)) return bad_type(e, "store", "a boolean", sto);
+        json_t *tier = json_object_get(root, "service_tier");
+        if (tier && !json_is_null(tier) && !json_is_string(tier)) return bad_type(e, "service_tier", "a string", tier);
+    }
+
+    /* max tokens: validated before the prompt so a type error is reported as such */
+    const char *mt_name = "max_tokens";
+    ll = -1;
+    given = 0;
+    if (get_int(root, "max_tokens", 1, INT32_MAX, &ll, &given, e) < 0) return -1;
+    if (chat) {
+        long long l2 = -1;
+        int g2 = 0;
+        if (get_int(root, "max_completion_tokens", 1, INT32_MAX, &l2, &g2, e) < 0) return -1;
+        if (g2) {
+            ll = l2;
+            given = 1;
+            mt_name = "max_completion_tokens";
+        }
+    }
+    q->max_tokens_given = given;
+
+    /* the prompt(s) */
+    if ((chat ? parse_messages(a, q, e) : parse_prompt(a, q, e)) < 0) return -1;
+    if ((long)q->n_prompts * q->n > MAX_CHOICES)
+        return zs_api_fail(e, 400, "n", "invalid_value", "Too many choices: %d prompts x n=%d is more than %d.", q->n_prompts,
+                    q->n, MAX_CHOICES);
+    int longest = 0;
+    for (int i = 0; i < q->n_prompts; i++) longest = ZS_MAX(longest, q->n_prompt[i]);
+    if (given) {
+        if ((long long)longest + ll > a->context)
+            return zs_api_fail(e, 400, mt_name, "context_length_exceeded",
+                        "This model's maximum context length is %d tokens. However, you requested %lld tokens "
+                        "(%d in the %s, %lld for the completion). Please reduce the length of the %s or %s.",
+                        a->context, longest + ll, longest, chat ? "messages" : "prompt", ll,
+                        chat ? "messages" : "prompt", mt_name);
+        q->max_tokens = (int)ll;
+    } else {
+        int room = a->context - longest;
+        if (room < 1)
+            return zs_api_fail(e, 400, q->prompt_param, "context_length_exceeded",
+                        "This model's maximum context length is %d tokens, and the %s already has %d tokens.",
+                        a->context, chat ? "conversation" : "prompt", longest);
+        q->max_tokens = chat ? room : ZS_MIN(16, room);
+    }
+    return 0;
+}

@@ -1,0 +1,79 @@
+/* api.h — the server's application layer (DESIGN.md §6): the OpenAI-compatible routes on top of
+ * the HTTP layer (api-openai.c), the Prometheus /metrics text (metrics.c), and the `serve`
+ * command that puts HTTP, engine and scheduler together (serve.c).
+ *
+ * Ownership: zs_api borrows the zs_http it registers its routes on, and the engine and
+ * scheduler handed to zs_api_attach; it owns its per-request state. The zs_server of serve.c
+ * owns everything it starts (HTTP, engine, scheduler, api).
+ * Thread-safety: zs_api_attach, zs_api_loaded and zs_api_live may be called from any thread;
+ * route handlers run on the HTTP threads and scheduler callbacks on the engine thread. */
+#ifndef ZS_API_H
+#define ZS_API_H
+
+#include <stddef.h>
+
+#include "engine.h"
+#include "http.h"
+#include "sched.h"
+
+/* ------------------------------------------------------------------ api-openai.c */
+
+typedef struct {
+    const char *model_name; /* the id clients use in "model" (required) */
+    const char *model_dir;  /* for chat template detection */
+    int chat_template;      /* ZS_CHAT_* (chat.h), or -1: detect from model_dir */
+} zs_api_opts;
+
+typedef struct zs_api zs_api;
+
+/* Registers GET /health, GET /, GET /metrics, GET /v1/models, GET /v1/models/{id},
+ * POST /v1/completions and POST /v1/chat/completions on h (before traffic). /health and the
+ * playground page / need no API key (the page holds no data; its API calls send the key). Until
+ * zs_api_attach, /health answers 503 {"status":"loading"} and the generation routes 503. */
+int  zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out);
+/* The model is loaded: from now on requests go to s (e and s are borrowed and must outlive
+ * every request: free the scheduler only after zs_http_stop, then zs_api_free). */
+void zs_api_attach(zs_api *a, zs_engine *e, zs_sched *s);
+int  zs_api_loaded(zs_api *a);
+/* Shutting down: new generation requests get 503 (call before zs_sched_drain). */
+void zs_api_drain(zs_api *a);
+/* Requests of the api still holding state (submitted to the scheduler or being answered). */
+long zs_api_live(zs_api *a);
+/* Waits up to timeout_s for zs_api_live to reach 0; returns what is left. */
+long zs_api_wait_idle(zs_api *a, double timeout_s);
+void zs_api_free(zs_api *a); /* after zs_http_stop and after the scheduler's last callback */
+
+/* ------------------------------------------------------------------ metrics.c */
+
+/* The Prometheus text exposition (format 0.0.4) of the HTTP counters of h and the scheduler's
+ * counters (s may be NULL while the model loads: its figures are then 0). *out is malloc'd. */
+int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len);
+
+/* ------------------------------------------------------------------ serve.c */
+
+typedef struct {
+    zs_http_opts http;
+    zs_engine_opts engine;  /* model_dir required; strings are copied */
+    zs_sched_opts sched;
+    const char *model_name; /* NULL: the basename of engine.model_dir */
+    int chat_template;      /* ZS_CHAT_* or -1 (auto) */
+    int quiet;              /* no "listening"/"ready" lines on stderr */
+} zs_server_opts;
+
+typedef struct zs_server zs_server;
+
+/* Starts HTTP (so /health answers 503 while loading) and loads the engine in a background
+ * thread. on_loaded(ud, rc), when given, is called from that thread once loading has finished
+ * (rc 0) or failed (rc < 0, message in zs_errmsg() of that thread). */
+int  zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc), void *ud,
+                     zs_server **out);
+int  zs_server_port(const zs_server *s);
+/* Waits up to timeout_s for loading: 0 loaded, the load error code, or ZS_EBUSY (still loading). */
+int  zs_server_wait_loaded(zs_server *s, double timeout_s);
+/* Stops accepting, lets in-flight requests finish for up to drain_s, frees everything. */
+void zs_server_stop(zs_server *s, double drain_s);
+
+/* `zeroserve serve ...`: runs until SIGTERM/SIGINT; 0 on a clean stop. */
+int zs_cmd_serve(int argc, char **argv);
+
+#endif

@@ -1,0 +1,135 @@
+/* metrics.c — GET /metrics: the HTTP request counters and the scheduler's counters, gauges and
+ * latency histograms in the Prometheus text exposition format 0.0.4. */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "api.h"
+#include "common.h"
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} obuf;
+
+static void outf(obuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void outf(obuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t nc = b->cap ? b->cap : 4096;
+        while (nc <= b->len + (size_t)n) nc *= 2;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+}
+
+static void head(obuf *b, const char *name, const char *type, const char *help) {
+    outf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A label value with \, " and newline escaped. */
+static void label_value(obuf *b, const char *s) {
+    for (; *s; s++) {
+        if (*s == '\\') outf(b, "\\\\");
+        else if (*s == '"') outf(b, "\\\"");
+        else if (*s == '\n') outf(b, "\\n");
+        else outf(b, "%c", *s);
+    }
+}
+
+static void count_cb(void *ud, const char *route, const char *method, int status, long count) {
+    obuf *b = ud;
+    outf(b, "zeroserve_requests_total{route=\"");
+    label_value(b, route);
+    outf(b, "\",method=\"");
+    label_value(b, method);
+    outf(b, "\",status=\"%d\"} %ld\n", status, count);
+}
+
+static void histogram(obuf *b, const char *name, const char *help, const double *bounds,
+                      const uint64_t *counts, uint64_t count, double sum) {
+    head(b, name, "histogram", help);
+    double prev = 0;
+    for (int i = 0; i < ZS_SCHED_LAT_BUCKETS; i++) {
+        if (!(bounds[i] > prev)) continue; /* unset or not increasing */
+        outf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)counts[i]);
+        prev = bounds[i];
+    }
+    outf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)count);
+    outf(b, "%s_sum %.9g\n", name, sum);
+    outf(b, "%s_count %llu\n", name, (unsigned long long)count);
+}
+
+int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
+    if (!out || !len) return zs_err(ZS_EINVAL, "metrics: bad arguments");
+    zs_sched_stats st;
+    memset(&st, 0, sizeof st);
+    if (s) zs_sched_stats_get(s, &st);
+    obuf b = {0};
+
+    head(&b, "zeroserve_requests_total", "counter", "HTTP requests by route, method and status.");
+    if (h) zs_http_counts(h, count_cb, &b);
+
+    head(&b, "zeroserve_prompt_tokens_total", "counter", "Prompt tokens processed.");
+    outf(&b, "zeroserve_prompt_tokens_total %llu\n", (unsigned long long)st.prompt_tokens);
+    head(&b, "zeroserve_generation_tokens_total", "counter", "Tokens generated.");
+    outf(&b, "zeroserve_generation_tokens_total %llu\n", (unsigned long long)st.generated_tokens);
+
+    histogram(&b, "zeroserve_time_to_first_token_seconds", "Time from submission to the first generated token.",
+              st.lat_bounds, st.ttft_counts, st.ttft_count, st.ttft_sum);
+    histogram(&b, "zeroserve_inter_token_latency_seconds", "Time between consecutive generated tokens of a sequence.",
+              st.lat_bounds, st.itl_counts, st.itl_count, st.itl_sum);
+
+    head(&b, "zeroserve_queue_length", "gauge", "Requests waiting to be admitted.");
+    outf(&b, "zeroserve_queue_length %d\n", st.queued);
+    head(&b, "zeroserve_running_sequences", "gauge", "Sequences being generated.");
+    outf(&b, "zeroserve_running_sequences %d\n", st.running);
+    head(&b, "zeroserve_kv_blocks_used", "gauge", "KV cache blocks in use (all ranks).");
+    outf(&b, "zeroserve_kv_blocks_used %d\n", st.kv_used);
+    head(&b, "zeroserve_kv_blocks_total", "gauge", "KV cache blocks (all ranks).");
+    outf(&b, "zeroserve_kv_blocks_total %d\n", st.kv_total);
+
+    head(&b, "zeroserve_bytes_streamed_total", "counter",
+         "Parameter bytes moved by the ZeRO-3 gather: read from NVMe, copied from host, received through all_gather.");
+    outf(&b, "zeroserve_bytes_streamed_total{tier=\"nvme\"} %llu\n", (unsigned long long)st.gather.bytes_nvme);
+    outf(&b, "zeroserve_bytes_streamed_total{tier=\"host\"} %llu\n", (unsigned long long)st.gather.bytes_host);
+    outf(&b, "zeroserve_bytes_streamed_total{tier=\"gathered\"} %llu\n",
+         (unsigned long long)st.gather.bytes_gathered);
+    head(&b, "zeroserve_gather_stall_seconds_total", "counter", "Time compute waited for a layer to be gathered.");
+    outf(&b, "zeroserve_gather_stall_seconds_total %.9g\n", st.gather.stall_s);
+
+    head(&b, "zeroserve_engine_steps_total", "counter", "Engine steps (one pass over all layers each).");
+    outf(&b, "zeroserve_engine_steps_total %llu\n", (unsigned long long)st.steps);
+    head(&b, "zeroserve_requests_finished_total", "counter", "Generation requests finished, by reason.");
+    static const char *reasons[4] = {"stop", "length", "cancelled", "error"};
+    for (int i = 0; i < 4; i++)
+        outf(&b, "zeroserve_requests_finished_total{reason=\"%s\"} %llu\n", reasons[i],
+             (unsigned long long)st.requests_done[i]);
+
+    if (b.oom) {
+        free(b.p);
+        return zs_err(ZS_ENOMEM, "metrics: out of memory");
+    }
+    *out = b.p;
+    *len = b.len;
+    return 0;
+}

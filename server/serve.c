@@ -1,0 +1,269 @@
+/* serve.c — `zeroserve serve`: starts the HTTP server first (so /health answers 503 while the
+ * model loads), loads the engine and the scheduler in a background thread, then serves the
+ * OpenAI API until SIGTERM/SIGINT, when it stops accepting, drains in-flight requests (bounded)
+ * and frees everything. Signals are taken with sigwait in the main thread; no handler runs. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "chat.h"
+#include "cli.h"
+#include "common.h"
+#include "engine-flags.h"
+
+struct zs_server {
+    zs_server_opts o;
+    char *model_dir, *nvme_path, *name;
+    zs_http *http;
+    zs_api *api;
+    pthread_t loader;
+    int loader_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state; /* 0 loading, 1 loaded, < 0 load error */
+    char errmsg[512];
+    zs_engine *engine;
+    zs_sched *sched;
+    void (*on_loaded)(void *, int);
+    void *ud;
+};
+
+static void *loader_main(void *arg) {
+    zs_server *s = arg;
+    double t0 = zs_now();
+    zs_engine *e = NULL;
+    zs_sched *sc = NULL;
+    int rc = zs_engine_open(&s->o.engine, &e);
+    if (rc == 0) {
+        rc = zs_sched_new(e, &s->o.sched, &sc);
+        if (rc < 0) {
+            zs_err_prefix(rc, "scheduler");
+            zs_engine_free(e);
+            e = NULL;
+        }
+    }
+    if (rc == 0) zs_api_attach(s->api, e, sc);
+    pthread_mutex_lock(&s->mu);
+    s->engine = e;
+    s->sched = sc;
+    s->state = rc == 0 ? 1 : rc;
+    if (rc < 0) snprintf(s->errmsg, sizeof s->errmsg, "%s", zs_errmsg()[0] ? zs_errmsg() : zs_strerror(rc));
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (rc == 0 && !s->o.quiet) fprintf(stderr, "zeroserve: ready (loaded in %.1f s)\n", zs_now() - t0);
+    if (s->on_loaded) s->on_loaded(s->ud, rc);
+    return NULL;
+}
+
+static char *base_name(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    return strndup(dir + b, n - b);
+}
+
+static void server_free(zs_server *s) {
+    free(s->model_dir);
+    free(s->nvme_path);
+    free(s->name);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc), void *ud,
+                    zs_server **out) {
+    if (!o || !out || !o->engine.model_dir) return zs_err(ZS_EINVAL, "serve: --model is required");
+    zs_server *s = calloc(1, sizeof *s);
+    if (!s) return zs_err(ZS_ENOMEM, "serve: out of memory");
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->o = *o;
+    s->on_loaded = on_loaded;
+    s->ud = ud;
+    s->model_dir = strdup(o->engine.model_dir);
+    s->nvme_path = o->engine.nvme_path ? strdup(o->engine.nvme_path) : NULL;
+    s->name = o->model_name && *o->model_name ? strdup(o->model_name) : base_name(o->engine.model_dir);
+    if (!s->model_dir || !s->name || (o->engine.nvme_path && !s->nvme_path)) {
+        server_free(s);
+        return zs_err(ZS_ENOMEM, "serve: out of memory");
+    }
+    s->o.engine.model_dir = s->model_dir;
+    s->o.engine.nvme_path = s->nvme_path;
+    s->o.model_name = s->name;
+    s->o.http.api_key = NULL; /* not kept: the HTTP layer copies it */
+
+    int rc = zs_http_start(&o->http, &s->http);
+    if (rc < 0) {
+        server_free(s);
+        return rc;
+    }
+    zs_api_opts ao = {s->name, s->model_dir, o->chat_template};
+    rc = zs_api_new(s->http, &ao, &s->api);
+    if (rc < 0) {
+        zs_http_stop(s->http, 0);
+        server_free(s);
+        return rc;
+    }
+    if (!o->quiet) {
+        const char *host = o->http.host ? o->http.host : "127.0.0.1";
+        int v6 = strchr(host, ':') != NULL;
+        fprintf(stderr, "zeroserve: listening on http://%s%s%s:%d (model %s)\n", v6 ? "[" : "", host, v6 ? "]" : "",
+                zs_http_port(s->http), s->name);
+    }
+    if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
+        zs_http_stop(s->http, 0);
+        zs_api_free(s->api);
+        server_free(s);
+        return zs_err(ZS_ENOMEM, "serve: cannot start the loader thread");
+    }
+    s->loader_started = 1;
+    *out = s;
+    return 0;
+}
+
+int zs_server_port(const zs_server *s) { return s ? zs_http_port(s->http) : 0; }
+
+int zs_server_wait_loaded(zs_server *s, double timeout_s) {
+    double end = zs_now() + timeout_s;
+    pthread_mutex_lock(&s->mu);
+    while (s->state == 0 && zs_now() < end) {
+        pthread_mutex_unlock(&s->mu);
+        usleep(10000);
+        pthread_mutex_lock(&s->mu);
+    }
+    int st = s->state;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", s->errmsg);
+    pthread_mutex_unlock(&s->mu);
+    if (st == 1) return 0;
+    if (st == 0) return zs_err(ZS_EBUSY, "serve: the model is still loading");
+    return zs_err(st, "%s", msg);
+}
+
+void zs_server_stop(zs_server *s, double drain_s) {
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    zs_sched *sc = s->state == 1 ? s->sched : NULL;
+    pthread_mutex_unlock(&s->mu);
+    /* stop admitting, let running and queued requests finish (bounded), cancel the rest */
+    zs_api_drain(s->api);
+    if (sc) zs_sched_drain(sc, drain_s);
+    /* stop accepting; what is left of the responses gets a moment to flush */
+    zs_http_stop(s->http, sc ? 2.0 : 0.5);
+    if (s->loader_started) pthread_join(s->loader, NULL);
+    if (s->sched) zs_sched_free(s->sched); /* the last callbacks run here */
+    zs_api_free(s->api);
+    if (s->engine) zs_engine_free(s->engine);
+    server_free(s);
+}
+
+/* ------------------------------------------------------------------ the command */
+
+static void on_loaded_cmd(void *ud, int rc) {
+    (void)ud;
+    if (rc < 0) kill(getpid(), SIGUSR1); /* wakes sigwait in the main thread */
+}
+
+static int want_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
+int zs_cmd_serve(int argc, char **argv) {
+    const char *host = "127.0.0.1", *api_key = NULL, *tmpl_name = "auto", *name = NULL;
+    int port = 8080, max_seqs = 32, max_batch = 256, max_queue = 256, threads = 4;
+    int64_t max_body = 8388608;
+    zs_engine_flags ef;
+    zs_engine_flags_init(&ef);
+    zs_opt opts[16 + ZS_ENGINE_FLAG_COUNT] = {
+        {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
+        {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
+        {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\" (default: $ZS_API_KEY, else none)"},
+        {"max-seqs", ZS_OPT_INT, &max_seqs, "sequences generated at once (default 32)"},
+        {"max-batch-tokens", ZS_OPT_INT, &max_batch, "tokens per engine step (default 256)"},
+        {"max-queue", ZS_OPT_INT, &max_queue, "waiting requests at most; beyond it 429 (default 256)"},
+        {"max-body-bytes", ZS_OPT_I64, &max_body, "largest request body (default 8388608)"},
+        {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | plain (default auto)"},
+        {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name)"},
+        {"threads", ZS_OPT_INT, &threads, "HTTP threads (default 4)"},
+    };
+    int n_opts = zs_engine_flags_table(&ef, opts, 10);
+    if (want_help(argc, argv)) {
+        zs_cli_usage("serve", "Serves the model over an OpenAI-compatible HTTP API until SIGTERM/SIGINT.", opts,
+                     n_opts);
+        return 0;
+    }
+    ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
+    if (!ef.model) return zs_err(ZS_EINVAL, "--model is required");
+    if (port < 0 || port > 65535) return zs_err(ZS_EINVAL, "--port must be between 0 and 65535");
+    if (max_seqs < 1 || max_batch < 1 || max_queue < 1)
+        return zs_err(ZS_EINVAL, "--max-seqs, --max-batch-tokens and --max-queue must be >= 1");
+    if (max_body < 1) return zs_err(ZS_EINVAL, "--max-body-bytes must be >= 1");
+    if (threads < 1 || threads > 256) return zs_err(ZS_EINVAL, "--threads must be between 1 and 256");
+    int tmpl;
+    ZS_CHECK(zs_chat_template_parse(tmpl_name, &tmpl));
+    if (!api_key) api_key = getenv("ZS_API_KEY");
+
+    zs_server_opts so;
+    memset(&so, 0, sizeof so);
+    so.http.host = host;
+    so.http.port = port;
+    so.http.threads = threads;
+    so.http.max_body_bytes = (size_t)max_body;
+    so.http.api_key = api_key && *api_key ? api_key : NULL;
+    zs_engine_opts_default(&so.engine);
+    so.engine.max_seqs = max_seqs;
+    so.engine.max_batch_tokens = max_batch;
+    ZS_CHECK(zs_engine_flags_apply(&ef, &so.engine));
+    so.sched.max_seqs = max_seqs;
+    so.sched.max_batch_tokens = max_batch;
+    so.sched.max_queue = max_queue;
+    so.model_name = name;
+    so.chat_template = tmpl;
+
+    /* every thread started from here inherits the blocked set; only sigwait takes them */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
+    sigset_t old;
+    pthread_sigmask(SIG_BLOCK, &set, &old);
+    signal(SIGPIPE, SIG_IGN);
+
+    zs_server *s = NULL;
+    int rc = zs_server_start(&so, on_loaded_cmd, NULL, &s);
+    if (rc < 0) {
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        return rc;
+    }
+    for (;;) {
+        int sig = 0;
+        if (sigwait(&set, &sig) != 0) continue;
+        if (sig == SIGUSR1) {
+            rc = zs_server_wait_loaded(s, 0);
+            if (rc == ZS_EBUSY || rc == 0) continue; /* not from the loader */
+            char msg[600];
+            snprintf(msg, sizeof msg, "%s", zs_errmsg());
+            zs_server_stop(s, 0);
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            return zs_err(rc, "cannot load the model: %s", msg);
+        }
+        fprintf(stderr, "zeroserve: %s received, draining (up to 10 s) and stopping\n",
+                sig == SIGINT ? "SIGINT" : "SIGTERM");
+        break;
+    }
+    zs_server_stop(s, 10.0);
+    fprintf(stderr, "zeroserve: stopped\n");
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return 0;
+}
