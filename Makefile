@@ -18,9 +18,9 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -Xcompiler -Wall,-Wextra -I. -Iengine -Ikernels
 
-DEB_PKGS = libjansson-dev libmicrohttpd-dev liburing-dev libopenblas-dev curl
+DEB_PKGS = libjansson-dev libmicrohttpd-dev liburing-dev libopenblas-dev curl jq
 DEP_HDRS = /usr/include/jansson.h /usr/include/microhttpd.h /usr/include/liburing.h \
-           /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/bin/curl
+           /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/bin/curl /usr/bin/jq
 
 LIB_SRC  := $(wildcard engine/*.c kernels/cpu/*.c offload/*.c) $(filter-out server/main.c,$(wildcard server/*.c))
 CUDA_C   := $(filter %-cuda.c %-nccl.c,$(LIB_SRC))

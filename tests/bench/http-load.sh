@@ -1,0 +1,119 @@
+#!/bin/sh
+# shellcheck shell=bash
+# http-load.sh — HTTP serving benchmark (not part of `make test`): requests/s and p50/p99
+# latency of a 16-token greedy completion at concurrency 1, 8 and 32, and the server overhead
+# per request (HTTP latency minus engine time).
+#
+# The server does not report its engine time per request yet, so the engine time is ESTIMATED
+# as the median prefill + decode time of `zeroserve generate --stats` for the same request
+# (same model, prompt, 16 tokens, greedy); the script says so in its output.
+#
+#   sh tests/bench/http-load.sh                  # starts ./zeroserve serve on stories260K
+#   ZS_URL=http://127.0.0.1:8080 MODEL=DIR sh tests/bench/http-load.sh   # an already running server
+# Env: MODEL (default $ZS_SHARED/models/stories260K), ZS_SHARED (default ../shared), ZS_BIN
+# (default ./zeroserve), ZS_API_KEY, N (requests per concurrency level, default 256),
+# LEVELS (default "1 8 32"), PROMPT (default "Once upon a time"), ZS_BENCH_ARGS (server flags).
+if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD
+SHARED=${ZS_SHARED:-../shared}
+case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
+MODEL=${MODEL:-$SHARED/models/stories260K}
+BIN=${ZS_BIN:-./zeroserve}
+N=${N:-256}
+LEVELS=${LEVELS:-"1 8 32"}
+PROMPT=${PROMPT:-Once upon a time}
+command -v curl >/dev/null || { echo "curl is needed" >&2; exit 1; }
+T=$(mktemp -d /tmp/zs-http-load.XXXXXX) || exit 1
+SPID=""
+cleanup() {
+    [ -n "$SPID" ] && kill -TERM "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
+    rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+if [ -z "${ZS_URL:-}" ]; then
+    for try in $(seq 0 15); do
+        port=$(( 20000 + (RANDOM * 7 + $$ + try * 37) % 30000 ))
+        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
+        # shellcheck disable=SC2086
+        "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "$port" ${ZS_BENCH_ARGS:-} >"$T/server.log" 2>&1 &
+        SPID=$!
+        ZS_URL=http://127.0.0.1:$port
+        for _ in $(seq 600); do
+            kill -0 "$SPID" 2>/dev/null || break
+            [ "$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' "$ZS_URL/health")" = 200 ] && break
+            sleep 0.1
+        done
+        kill -0 "$SPID" 2>/dev/null && break
+        wait "$SPID" 2>/dev/null; SPID=""
+        grep -qi 'in use' "$T/server.log" || { cat "$T/server.log" >&2; exit 1; }
+    done
+    [ -n "$SPID" ] || { echo "could not start the server" >&2; exit 1; }
+fi
+AUTH=""
+[ -n "${ZS_API_KEY:-}" ] && AUTH="Authorization: Bearer $ZS_API_KEY"
+esc=$(printf '%s' "$PROMPT" | sed 's/\\/\\\\/g; s/"/\\"/g')
+printf '{"prompt":"%s","max_tokens":16,"temperature":0,"ignore_eos":true}' "$esc" >"$T/body.json"
+
+# worker W COUNT TAG: COUNT requests one after another on one curl (keep-alive), one latency per line
+cat >"$T/worker.sh" <<EOF
+args=()
+for ((j = 0; j < \$2; j++)); do
+    [ \$j -gt 0 ] && args+=(--next)
+    args+=(-s -o /dev/null -w '%{http_code} %{time_total}\n' --max-time 120 -H 'Content-Type: application/json')
+    [ -n "$AUTH" ] && args+=(-H "$AUTH")
+    args+=(--data-binary @$T/body.json "$ZS_URL/v1/completions")
+done
+curl "\${args[@]}" >"$T/lat.\$3.\$1"
+EOF
+
+now() { date +%s.%N; }
+echo "zeroserve HTTP load: $ZS_URL, model $(basename "$MODEL"), 16-token greedy completion of \"$PROMPT\", $N requests per level"
+# warm-up
+for w in $(seq 0 7); do echo "$w 4 warm"; done | xargs -P 8 -n 3 bash "$T/worker.sh"
+printf '\n%-12s %10s %10s %10s %10s %8s\n' concurrency "req/s" "p50 ms" "p99 ms" "mean ms" errors
+P50_C1=""
+for c in $LEVELS; do
+    n=$N; [ "$n" -lt $((c * 4)) ] && n=$((c * 4))
+    t0=$(now)
+    for w in $(seq 0 $((c - 1))); do echo "$w $(( n / c + (w < n % c ? 1 : 0) )) c$c"; done |
+        xargs -P "$c" -n 3 bash "$T/worker.sh"
+    t1=$(now)
+    cat "$T"/lat.c"$c".* >"$T/all.$c"
+    errs=$(awk '$1 != 200' "$T/all.$c" | wc -l)
+    awk '{print $2}' "$T/all.$c" | sort -g >"$T/sorted.$c"
+    read -r rps p50 p99 mean < <(awk -v t0="$t0" -v t1="$t1" '
+        { v[NR] = $1; s += $1 }
+        END { i50 = int(NR * 0.50 + 0.999999); i99 = int(NR * 0.99 + 0.999999)
+              printf "%.1f %.2f %.2f %.2f\n", NR / (t1 - t0), v[i50] * 1000, v[i99] * 1000, s / NR * 1000 }' "$T/sorted.$c")
+    printf '%-12s %10s %10s %10s %10s %8s\n' "$c" "$rps" "$p50" "$p99" "$mean" "$errs"
+    [ "$c" = 1 ] && P50_C1=$p50
+done
+
+# engine time estimate: median of prefill + decode seconds reported by `zeroserve generate --stats`
+for _ in $(seq 9); do
+    "$BIN" generate --model "$MODEL" --prompt "$PROMPT" --max-tokens 16 --temperature 0 --ignore-eos --stats 2>&1 >/dev/null |
+        awk '/^prompt / {
+                 # "prompt 5 tokens in 0.000 s (28618.9 tok/s); generated 16 tokens in 0.001 s (23359.94 tok/s); ..."
+                 # seconds = tokens / rate: more digits than the printed seconds
+                 split($0, a, /[;(]/); np = $2; ng = 0
+                 for (k = 1; k <= NF; k++) if ($k == "generated") ng = $(k + 1)
+                 n = 0; for (k = 1; k <= length(a); k++) if (a[k] ~ /tok\/s\)/) { split(a[k], b, " "); rate[++n] = b[1] }
+                 if (n >= 2 && rate[1] > 0 && rate[2] > 0) printf "%.6f\n", np / rate[1] + ng / rate[2] }'
+done | sort -g >"$T/engine"
+if [ -s "$T/engine" ]; then
+    eng_ms=$(awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] * 1000 }' "$T/engine")
+    echo
+    echo "engine time per request (ESTIMATE: the server does not report it yet; median prefill + decode"
+    echo "  of 9 runs of \`zeroserve generate --stats\` for the same 16-token request): $eng_ms ms"
+    if [ -n "$P50_C1" ]; then
+        echo "server overhead per request at concurrency 1 = p50 HTTP latency - engine estimate:" \
+             "$(awk -v a="$P50_C1" -v b="$eng_ms" 'BEGIN { printf "%.2f", a - b }') ms"
+        awk -v a="$P50_C1" -v b="$eng_ms" 'BEGIN { if (a < b) print "  (negative: a fresh `generate` process runs colder than the warm server engine, so the estimate\n   overstates engine time; the overhead is small next to the engine time, not measurable this way)" }'
+    fi
+else
+    echo "(could not read engine times from \`zeroserve generate --stats\`)"
+fi
