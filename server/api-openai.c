@@ -117,6 +117,7 @@ struct job {
     int remaining, cancelling, closed, started;
     sbuf pre;    /* stream data produced before the stream started */
     api_err err; /* err.status != 0: answer with this error */
+    double t_submit, t_done; /* engine time: first submit to last on_done (X-Engine-Time-Ms) */
 };
 
 static void job_free(job *j) {
@@ -292,6 +293,7 @@ static void on_done(void *ud, int finish, const char *text, size_t len, int n_pr
     job *j = c->j;
     pthread_mutex_lock(&j->mu);
     while (j->cancelling) pthread_cond_wait(&j->cv, &j->mu);
+    j->t_done = zs_now();
     c->done = 1;
     c->req = NULL;
     c->finish = finish;
@@ -397,6 +399,9 @@ static void job_finish(job *j) {
                                      j->chat ? "chat.completion" : "text_completion", "created",
                                      (json_int_t)j->created, "model", j->api->model_name, "choices", choices,
                                      "usage", usage_json(j));
+            char ms[32];
+            snprintf(ms, sizeof ms, "%.3f", (j->t_done - j->t_submit) * 1e3);
+            zs_http_add_header(j->req, "X-Engine-Time-Ms", ms);
             zs_http_respond_json(j->req, 200, resp);
         }
     }
@@ -465,6 +470,7 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
             emit_choice_locked(j, chunk_choice(j, i, "assistant", "", 0, NULL, NULL));
     zs_http_on_close(r, on_close, j);
 
+    j->t_submit = zs_now();
     int stop = 0;
     for (int i = 0; i < n; i++) {
         choice *c = &ch[i];

@@ -4,9 +4,8 @@
 # latency of a 16-token greedy completion at concurrency 1, 8 and 32, and the server overhead
 # per request (HTTP latency minus engine time).
 #
-# The server does not report its engine time per request yet, so the engine time is ESTIMATED
-# as the median prefill + decode time of `zeroserve generate --stats` for the same request
-# (same model, prompt, 16 tokens, greedy); the script says so in its output.
+# The server reports its engine time per request (submit to completion) in the X-Engine-Time-Ms
+# header of non-streamed responses; the overhead is the HTTP time minus that.
 #
 #   sh tests/bench/http-load.sh                  # starts ./zeroserve serve on stories260K
 #   ZS_URL=http://127.0.0.1:8080 MODEL=DIR sh tests/bench/http-load.sh   # an already running server
@@ -93,27 +92,20 @@ for c in $LEVELS; do
     [ "$c" = 1 ] && P50_C1=$p50
 done
 
-# engine time estimate: median of prefill + decode seconds reported by `zeroserve generate --stats`
-for _ in $(seq 9); do
-    "$BIN" generate --model "$MODEL" --prompt "$PROMPT" --max-tokens 16 --temperature 0 --ignore-eos --stats 2>&1 >/dev/null |
-        awk '/^prompt / {
-                 # "prompt 5 tokens in 0.000 s (28618.9 tok/s); generated 16 tokens in 0.001 s (23359.94 tok/s); ..."
-                 # seconds = tokens / rate: more digits than the printed seconds
-                 split($0, a, /[;(]/); np = $2; ng = 0
-                 for (k = 1; k <= NF; k++) if ($k == "generated") ng = $(k + 1)
-                 n = 0; for (k = 1; k <= length(a); k++) if (a[k] ~ /tok\/s\)/) { split(a[k], b, " "); rate[++n] = b[1] }
-                 if (n >= 2 && rate[1] > 0 && rate[2] > 0) printf "%.6f\n", np / rate[1] + ng / rate[2] }'
-done | sort -g >"$T/engine"
-if [ -s "$T/engine" ]; then
-    eng_ms=$(awk '{ v[NR] = $1 } END { printf "%.3f", v[int((NR + 1) / 2)] * 1000 }' "$T/engine")
+# server overhead: the server reports its engine time (first submit to completion) in the
+# X-Engine-Time-Ms header; overhead = HTTP request time (curl) - engine time, per request
+for _ in $(seq 41); do
+    auth_args=(); [ -n "$AUTH" ] && auth_args=(-H "$AUTH")
+    curl -s -D "$T/h" -o /dev/null -w '%{time_total}\n' --max-time 60 -H 'Content-Type: application/json' \
+        "${auth_args[@]}" --data-binary @"$T/body.json" "$ZS_URL/v1/completions" >"$T/t"
+    e=$(tr -d '\r' <"$T/h" | awk -F': ' 'tolower($1) == "x-engine-time-ms" { print $2 }')
+    [ -n "$e" ] && awk -v t="$(cat "$T/t")" -v e="$e" 'BEGIN { printf "%.4f %.4f\n", t * 1000 - e, e }'
+done | sort -g >"$T/overhead"
+if [ -s "$T/overhead" ]; then
+    read -r oh eng < <(awk '{ o[NR] = $1; e[NR] = $2 } END { m = int((NR + 1) / 2); printf "%.3f %.3f", o[m], e[m] }' "$T/overhead")
     echo
-    echo "engine time per request (ESTIMATE: the server does not report it yet; median prefill + decode"
-    echo "  of 9 runs of \`zeroserve generate --stats\` for the same 16-token request): $eng_ms ms"
-    if [ -n "$P50_C1" ]; then
-        echo "server overhead per request at concurrency 1 = p50 HTTP latency - engine estimate:" \
-             "$(awk -v a="$P50_C1" -v b="$eng_ms" 'BEGIN { printf "%.2f", a - b }') ms"
-        awk -v a="$P50_C1" -v b="$eng_ms" 'BEGIN { if (a < b) print "  (negative: a fresh `generate` process runs colder than the warm server engine, so the estimate\n   overstates engine time; the overhead is small next to the engine time, not measurable this way)" }'
-    fi
+    echo "server overhead per request (HTTP time - X-Engine-Time-Ms, median of 41 sequential requests): $oh ms"
+    echo "  (engine time for the same request: $eng ms)"
 else
-    echo "(could not read engine times from \`zeroserve generate --stats\`)"
+    echo "(the server sent no X-Engine-Time-Ms header)"
 fi
