@@ -906,8 +906,10 @@ void zs_http_stop(zs_http *h, double drain_s) {
     L(h);
     h->stopping = 1;
     U(h);
-    MHD_socket lfd = MHD_quiesce_daemon(h->d);
-    if (lfd != MHD_INVALID_SOCKET) close(lfd);
+    /* No MHD_quiesce_daemon: with a thread pool and epoll, 0.9.75 can abort in it ("Failed to
+     * remove listen FD from epoll set") when a worker has just taken the listen socket out of
+     * its epoll set. New requests are answered 503 instead (see `stopping`), and the listen
+     * socket closes with MHD_stop_daemon below. */
 
     /* 1. drain: wait for in-flight requests and streams to finish on their own */
     double grace = ZS_MIN(0.5, drain_s * 0.25);
