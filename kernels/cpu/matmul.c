@@ -76,7 +76,12 @@ void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dty
     while (rows > 4 && (out + rows - 1) / rows < 4 * threads) rows = ZS_MAX(4, (rows / 2) & ~3);
     j.rows_per_task = rows;
     j.tok_tile = ZS_MAX(2, (int)((16 * 1024 / 4) / (size_t)ZS_MAX(in, 1)) & ~1);
-    zs_pool_run(mm_task, &j, (out + rows - 1) / rows);
+    int tasks = (out + rows - 1) / rows;
+    /* small products are done here: waking the pool would cost more than the work */
+    if ((size_t)out * (size_t)in * (size_t)T < ((size_t)1 << 20))
+        for (int t = 0; t < tasks; t++) mm_task(&j, t);
+    else
+        zs_pool_run(mm_task, &j, tasks);
     if (bias)
         for (int t = 0; t < T; t++) zs_op_add(y + (size_t)t * out, bias, (size_t)out);
 }
