@@ -28,6 +28,9 @@ LIB_SRC  := $(filter-out $(CUDA_C),$(LIB_SRC))
 CU_SRC   := $(wildcard kernels/cuda/*.cu)
 TEST_SRC := $(wildcard tests/test-*.c)
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+# GPU test and benchmark programs (run by tests/gpu/run.sh on a machine with a GPU; built by
+# `make test` everywhere so that they always compile and link)
+GPU_PROGS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 # unit tests that also run under AddressSanitizer + UndefinedBehaviorSanitizer
 ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRC))
 
@@ -105,7 +108,7 @@ $(BUILD)/asan/tests/%: tests/%.c $(BUILD)/asan/libzs.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) -o $@ $< $(BUILD)/asan/libzs.a $(LDLIBS)
 
-test: all $(TESTS) $(ASAN_TESTS)
+test: all $(TESTS) $(ASAN_TESTS) $(GPU_PROGS)
 	@BUILD=$(BUILD) sh tests/run-tests.sh
 
 serve: all

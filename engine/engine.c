@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "device.h"
 #include "stop.h"
 
 struct zs_engine {
@@ -14,6 +15,7 @@ struct zs_engine {
     zs_world *world;
     zs_kvcache *kv;
     int context;
+    int device;
 };
 
 void zs_engine_opts_default(zs_engine_opts *o) {
@@ -29,6 +31,7 @@ zs_model *zs_engine_model(zs_engine *e) { return e->model; }
 zs_tokenizer *zs_engine_tokenizer(zs_engine *e) { return e->tok; }
 zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
 zs_world *zs_engine_world(zs_engine *e) { return e->world; }
+int zs_engine_device(const zs_engine *e) { return e->device; }
 int zs_engine_context(const zs_engine *e) { return e->context; }
 int zs_engine_max_seqs(const zs_engine *e) { return e->opts.max_seqs; }
 int zs_engine_max_batch_tokens(const zs_engine *e) { return e->opts.max_batch_tokens; }
@@ -38,6 +41,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     if (!e) return zs_err(ZS_ENOMEM, "out of memory");
     e->opts = *o;
     int rc;
+    if ((rc = zs_device_resolve(o->device, &e->device)) < 0) goto fail;
     if ((rc = zs_model_open(o->model_dir, &o->model, &e->model)) < 0) goto fail;
     if ((rc = zs_tokenizer_load(o->model_dir, &e->tok)) < 0) goto fail;
     const zs_model_config *c = zs_model_config_get(e->model);
@@ -59,7 +63,8 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
         goto fail;
     }
     if (n_blocks < 1) n_blocks = 1;
-    zs_world_opts wo = {o->ranks, o->nvme_path, o->gather, o->max_batch_tokens, n_blocks, o->max_seqs, e->context};
+    zs_world_opts wo = {o->ranks, o->nvme_path, o->gather, o->max_batch_tokens, n_blocks, o->max_seqs, e->context,
+                        e->device};
     if (!wo.gather.max_live_bytes && o->max_live_params > 0) {
         size_t dsize = zs_dtype_size(zs_model_layout(e->model, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype);
         size_t largest = 0;

@@ -26,6 +26,8 @@ typedef struct {
     zs_gather_opts gather; /* tier (offload), live budget, slots, aio, verify */
     int64_t max_live_params; /* live budget in parameters (DeepSpeed's stage3_max_live_parameters),
                                 used when gather.max_live_bytes is 0 */
+    int device;            /* ZS_DEVICE_AUTO (default: CUDA when a device is visible; the
+                              ZS_DEVICE environment variable overrides auto) | _CPU | _CUDA */
 } zs_engine_opts;
 
 void zs_engine_opts_default(zs_engine_opts *o);
@@ -37,6 +39,7 @@ zs_model *zs_engine_model(zs_engine *e);
 zs_tokenizer *zs_engine_tokenizer(zs_engine *e);
 zs_kvcache *zs_engine_kv(zs_engine *e);   /* rank 0's cache */
 zs_world *zs_engine_world(zs_engine *e);
+int  zs_engine_device(const zs_engine *e);            /* ZS_DEVICE_CPU or ZS_DEVICE_CUDA */
 int  zs_engine_context(const zs_engine *e);
 int  zs_engine_max_seqs(const zs_engine *e);          /* KV sequence slots of each rank */
 int  zs_engine_max_batch_tokens(const zs_engine *e);  /* tokens per forward call and rank */

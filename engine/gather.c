@@ -61,6 +61,8 @@ struct zs_gather {
     char pass_msg[320];
     fbuf *free_bufs;
     zs_gather_stats st;
+    int has_dev;              /* the rank's device is a GPU: buffers in device memory */
+    zs_gather_dev dv;
 };
 
 size_t zs_partition_shard_bytes(const zs_model *m, int bucket, int nranks) {
@@ -85,6 +87,11 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
     g->nranks = nranks;
     g->comm = comm;
     g->o = *o;
+    g->o.dev = NULL;
+    if (o->dev) {
+        g->dv = *o->dev;
+        g->has_dev = 1;
+    }
     if (g->o.buffer_count <= 0) g->o.buffer_count = 4;
     g->n_buckets = zs_model_n_buckets(m);
     pthread_mutex_init(&g->mu, NULL);
@@ -102,7 +109,8 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
         total += g->shard_bytes[b];
     }
     g->n_order = zs_model_pass_order(m, g->order);
-    g->direct = nranks == 1 && o->tier != ZS_OFFLOAD_NVME;
+    /* on a GPU a cpu-tier shard is host memory, so it still goes through the pipeline */
+    g->direct = nranks == 1 && (g->has_dev ? o->tier == ZS_OFFLOAD_NONE : o->tier != ZS_OFFLOAD_NVME);
     g->live_limit = o->max_live_bytes ? o->max_live_bytes : 4 * max_full;
     if (!g->direct && g->live_limit < max_full) {
         int rc = zs_err(ZS_EINVAL, "max_live_bytes (%zu) is smaller than the largest bucket (%zu bytes)",
@@ -114,7 +122,8 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
     if (o->tier == ZS_OFFLOAD_NONE) {
         for (int b = 0; b < g->n_buckets; b++) {
             if (!g->shard_bytes[b]) continue;
-            g->shards[b] = zs_aligned_alloc(4096, g->shard_bytes[b]);
+            g->shards[b] = g->has_dev ? g->dv.alloc(g->dv.ctx, g->shard_bytes[b])
+                                      : zs_aligned_alloc(4096, g->shard_bytes[b]);
             if (!g->shards[b]) goto nomem;
         }
     } else if (o->tier == ZS_OFFLOAD_CPU) {
@@ -143,6 +152,14 @@ nomem:
 
 void *zs_gather_shard_buffer(zs_gather *g, int b) { return g->shards[b]; }
 
+int zs_gather_put_shard(zs_gather *g, int b, const void *src) {
+    if (!g->shards[b]) return 0;
+    if (g->has_dev && g->o.tier == ZS_OFFLOAD_NONE)
+        return g->dv.upload(g->dv.ctx, g->shards[b], src, g->shard_bytes[b]);
+    memcpy(g->shards[b], src, g->shard_bytes[b]);
+    return 0;
+}
+
 int zs_gather_attach_file(zs_gather *g, void *shard_file) {
     g->file = shard_file;
     int n = zs_pinned_count(g->slots);
@@ -157,6 +174,18 @@ int zs_gather_attach_file(zs_gather *g, void *shard_file) {
 }
 
 /* ---- full-bucket buffer pool (callers hold g->mu) ---- */
+
+static void *buf_alloc(zs_gather *g, size_t size) {
+    return g->has_dev ? g->dv.alloc(g->dv.ctx, size) : zs_aligned_alloc(4096, size);
+}
+
+static void buf_free(zs_gather *g, void *p) {
+    if (g->has_dev) {
+        if (p) g->dv.free(g->dv.ctx, p);
+    } else {
+        free(p);
+    }
+}
 
 static void *pool_get(zs_gather *g, size_t size) {
     fbuf **pp = &g->free_bufs, **best = NULL;
@@ -173,15 +202,15 @@ static void *pool_get(zs_gather *g, size_t size) {
     while (g->free_bufs) {
         fbuf *f = g->free_bufs;
         g->free_bufs = f->next;
-        free(f->p);
+        buf_free(g, f->p);
         free(f);
     }
-    return zs_aligned_alloc(4096, size);
+    return buf_alloc(g, size);
 }
 
 static void pool_put(zs_gather *g, void *p, size_t cap) {
     fbuf *f = malloc(sizeof *f);
-    if (!f) { free(p); return; }
+    if (!f) { buf_free(g, p); return; }
     *f = (fbuf){p, cap, g->free_bufs};
     g->free_bufs = f;
 }
@@ -338,7 +367,12 @@ static void *prefetch_main(void *arg) {
                     global = zs_err(ZS_ENOMEM, "rank %d: out of memory for a %zu-byte bucket", g->rank, need);
                     snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
                     zs_comm_abort(g->comm);
-                } else if ((rc = zs_comm_all_gather(g->comm, send, full, g->shard_bytes[b], NULL)) < 0) {
+                } else if ((rc = g->has_dev
+                                      ? g->dv.gather(g->dv.ctx, g->comm, send,
+                                                     nvme ? ZS_GSRC_HOST_TRANSIENT
+                                                          : g->o.tier == ZS_OFFLOAD_CPU ? ZS_GSRC_HOST : ZS_GSRC_DEVICE,
+                                                     full, g->shard_bytes[b])
+                                      : zs_comm_all_gather(g->comm, send, full, g->shard_bytes[b], NULL)) < 0) {
                     global = rc;
                     snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
                     pthread_mutex_lock(&g->mu);
@@ -412,7 +446,9 @@ static int g_acquire(void *ctx, int bucket, const void **data) {
         }
     }
     if (rc == 0) *data = it->buf;
+    const void *ready = rc == 0 && g->has_dev ? it->buf : NULL;
     pthread_mutex_unlock(&g->mu);
+    if (ready) g->dv.ready(g->dv.ctx, ready); /* the compute queue waits for the gather */
     return rc;
 }
 
@@ -424,6 +460,7 @@ static void g_release(void *ctx, int bucket) {
     ZS_ASSERT(g->released < g->consumed);
     item_t *it = ring_at(g, g->released++);
     if (it->ready && it->buf) {
+        if (g->has_dev) g->dv.retire(g->dv.ctx, it->buf); /* before another gather may reuse it */
         pool_put(g, it->buf, g->full_bytes[it->bucket]);
         g->live -= it->live;
         it->buf = NULL;
@@ -489,18 +526,18 @@ void zs_gather_free(zs_gather *g) {
         pthread_join(g->thread, NULL);
     }
     if (g->ring)
-        for (long i = 0; i < g->ring_n; i++) free(g->ring[i].buf);
+        for (long i = 0; i < g->ring_n; i++) buf_free(g, g->ring[i].buf);
     while (g->free_bufs) {
         fbuf *f = g->free_bufs;
         g->free_bufs = f->next;
-        free(f->p);
+        buf_free(g, f->p);
         free(f);
     }
     zs_shard_reader_close(g->reader);
     if (g->file) zs_shard_file_close(g->file);
     zs_pinned_free(g->slots);
     if (g->o.tier == ZS_OFFLOAD_NONE && g->shards)
-        for (int b = 0; b < g->n_buckets; b++) free(g->shards[b]);
+        for (int b = 0; b < g->n_buckets; b++) buf_free(g, g->shards[b]);
     zs_pinned_free(g->pinned_all);
     free(g->shards);
     free(g->shard_bytes);

@@ -22,6 +22,27 @@
 #include "dsconfig.h"
 #include "model.h"
 
+/* Device operations of a rank whose device is a GPU (engine/device.h fills them; NULL in
+ * zs_gather_opts.dev keeps everything in host memory, the CPU device). With them, tier-none
+ * shards and full-bucket buffers are device memory, and each bucket is assembled on the device:
+ * `gather` copies this rank's shard (src: device memory, or pinned host memory that stays valid
+ * (cpu tier) or that is released when it returns (an NVMe read slot)) into its place in `full`
+ * on the copy queue and all_gathers the rest (NCCL on the comm queue, or device-to-device copies
+ * when the ranks share a device through the local communicator), after the compute queue's last
+ * use of `full` (retire) and before the event that `ready` makes the compute queue wait for. */
+enum { ZS_GSRC_DEVICE = 0, ZS_GSRC_HOST = 1, ZS_GSRC_HOST_TRANSIENT = 2 };
+typedef struct zs_gather_dev {
+    void *ctx;
+    void *(*alloc)(void *ctx, size_t bytes);   /* NULL (message set) when out of memory */
+    void (*free)(void *ctx, void *p);          /* after its pending device work */
+    int (*upload)(void *ctx, void *dst, const void *src, size_t bytes);   /* host -> device */
+    int (*gather)(void *ctx, zs_comm *comm, const void *src, int src_kind, void *full,
+                  size_t shard_bytes);
+    void (*ready)(void *ctx, const void *full);  /* compute queue waits for the gather of full */
+    void (*retire)(void *ctx, const void *full); /* compute queue is done with full after the
+                                                    work queued so far */
+} zs_gather_dev;
+
 typedef struct {
     int tier;               /* ZS_OFFLOAD_NONE | ZS_OFFLOAD_CPU | ZS_OFFLOAD_NVME */
     size_t max_live_bytes;  /* full-bucket bytes resident at once; 0 = 4 x the largest bucket */
@@ -29,6 +50,7 @@ typedef struct {
     int queue_depth;        /* io_uring queue depth (default 32) */
     size_t block_size;      /* bytes per read request (default 1 MiB) */
     int verify;             /* check each shard's checksum on every read */
+    const zs_gather_dev *dev; /* NULL: the CPU device; else the rank's GPU (copied at new) */
 } zs_gather_opts;
 
 typedef struct {
@@ -52,8 +74,12 @@ typedef struct zs_gather zs_gather;
 
 int  zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm,
                    const zs_gather_opts *o, zs_gather **out);
-/* none/cpu tiers: where this rank's shard of bucket b is to be stored (shard_bytes long). */
+/* none/cpu tiers: where this rank's shard of bucket b is to be stored (shard_bytes long; device
+ * memory for tier none on a GPU). */
 void *zs_gather_shard_buffer(zs_gather *g, int b);
+/* Stores this rank's shard of bucket b (none/cpu tiers) from host memory: a memcpy, or an
+ * upload to the device. */
+int  zs_gather_put_shard(zs_gather *g, int b, const void *src);
 /* nvme tier: the committed shard file of this rank (ownership passes to the coordinator). */
 int  zs_gather_attach_file(zs_gather *g, void *shard_file /* zs_shard_file* */);
 /* Starts the prefetch thread (after the shards are in place). */

@@ -32,6 +32,11 @@ int zs_kv_blocks_for_bytes(int n_layers, int kv_dim, size_t bytes) {
 
 int zs_kv_init(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len,
                zs_kvcache **out) {
+    return zs_kv_init_ex(n_layers, kv_dim, n_blocks, max_seqs, max_len, 1, out);
+}
+
+int zs_kv_init_ex(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len, int host_data,
+                  zs_kvcache **out) {
     if (n_layers <= 0 || kv_dim <= 0 || n_blocks <= 0 || max_seqs <= 0 || max_len <= 0)
         return zs_err(ZS_EINVAL, "kv cache: invalid size (layers %d, kv_dim %d, blocks %d, seqs %d, len %d)",
                       n_layers, kv_dim, n_blocks, max_seqs, max_len);
@@ -48,7 +53,7 @@ int zs_kv_init(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len
     kv->seqs = calloc((size_t)max_seqs, sizeof(kv_seq));
     int ok = kv->pool && kv->free_list && kv->seqs;
     size_t per_layer = (size_t)n_blocks * 2 * ZS_KV_BLOCK * (size_t)kv_dim * sizeof(float);
-    for (int l = 0; ok && l < n_layers; l++) {
+    for (int l = 0; ok && host_data && l < n_layers; l++) {
         kv->pool[l] = zs_aligned_alloc(64, per_layer);
         ok = kv->pool[l] != NULL;
     }
@@ -122,6 +127,7 @@ int zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len) {
 }
 
 static inline float *kv_at(zs_kvcache *kv, int layer, int seq, int pos, int which) {
+    if (!kv->pool[layer]) return NULL; /* tables only (zs_kv_init_ex, host_data = 0) */
     const kv_seq *s = &kv->seqs[seq];
     int blk = s->blocks[pos / ZS_KV_BLOCK];
     size_t off = (((size_t)blk * 2 + (size_t)which) * ZS_KV_BLOCK + (size_t)(pos % ZS_KV_BLOCK)) *
@@ -131,6 +137,9 @@ static inline float *kv_at(zs_kvcache *kv, int layer, int seq, int pos, int whic
 
 float *zs_kv_k(zs_kvcache *kv, int layer, int seq, int pos) { return kv_at(kv, layer, seq, pos, 0); }
 float *zs_kv_v(zs_kvcache *kv, int layer, int seq, int pos) { return kv_at(kv, layer, seq, pos, 1); }
+
+const int *zs_kv_seq_blocks(const zs_kvcache *kv, int seq) { return kv->seqs[seq].blocks; }
+int zs_kv_max_seqs(const zs_kvcache *kv) { return kv->max_seqs; }
 
 int zs_kv_used_blocks(const zs_kvcache *kv) { return kv->n_blocks - kv->n_free; }
 int zs_kv_total_blocks(const zs_kvcache *kv) { return kv->n_blocks; }

@@ -17,6 +17,10 @@ typedef struct zs_kvcache zs_kvcache;
 
 /* kv_dim = n_kv_heads * head_dim. max_seqs sequence slots, each up to max_len positions. */
 int  zs_kv_init(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len, zs_kvcache **out);
+/* The same with host_data = 0: block tables only, no host K/V pools (the data live on a
+ * device, engine/forward-cuda.c); zs_kv_k / zs_kv_v then return NULL. */
+int  zs_kv_init_ex(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len, int host_data,
+                   zs_kvcache **out);
 void zs_kv_free(zs_kvcache *kv);
 /* Blocks needed for a given number of bytes of cache memory. */
 int  zs_kv_blocks_for_bytes(int n_layers, int kv_dim, size_t bytes);
@@ -35,6 +39,10 @@ void zs_kv_seq_truncate(zs_kvcache *kv, int seq, int len);
 /* Pointers to K (or V) of (layer, seq, pos): kv_dim floats. pos must be < seq length. */
 float *zs_kv_k(zs_kvcache *kv, int layer, int seq, int pos);
 float *zs_kv_v(zs_kvcache *kv, int layer, int seq, int pos);
+
+/* The block ids of a sequence's positions [0, len) in order (ceil(len / ZS_KV_BLOCK) of them). */
+const int *zs_kv_seq_blocks(const zs_kvcache *kv, int seq);
+int zs_kv_max_seqs(const zs_kvcache *kv);
 
 int zs_kv_used_blocks(const zs_kvcache *kv);
 int zs_kv_total_blocks(const zs_kvcache *kv);

@@ -5,7 +5,9 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "backend.h"
 #include "common.h"
+#include "device.h"
 #include "store.h"
 
 typedef struct {
@@ -15,6 +17,9 @@ typedef struct {
     zs_gather *g;
     zs_kvcache *kv;
     zs_forward *fwd;
+    zs_dev *dev;            /* CUDA device of the rank (NULL: CPU) */
+    zs_gather_dev gops;     /* its gather operations */
+    zs_forward_cuda *cfwd;  /* its forward pass */
     pthread_t th;
     int started;
     /* the current step */
@@ -46,7 +51,8 @@ static void run_rank(rank_t *r) {
     int rc = 0;
     if (r->batch && r->batch->n > 0) {
         zs_weight_source src = zs_gather_source(r->g);
-        rc = zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
+        rc = r->cfwd ? zs_forward_cuda_run(r->cfwd, &src, r->kv, r->batch, r->logits)
+                     : zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
         if (rc < 0) snprintf(r->err, sizeof r->err, "%s", zs_errmsg());
     }
     zs_gather_pass_end(r->g);
@@ -131,9 +137,11 @@ static int place_memory(zs_world *w) {
         if (!shard) continue;
         char *full;
         ZS_CHECK(pack_full(w->m, b, w->n, &full));
-        for (int r = 0; r < w->n; r++)
-            memcpy(zs_gather_shard_buffer(w->ranks[r].g, b), full + (size_t)r * shard, shard);
+        int rc = 0;
+        for (int r = 0; r < w->n && rc == 0; r++)
+            rc = zs_gather_put_shard(w->ranks[r].g, b, full + (size_t)r * shard);
         free(full);
+        ZS_CHECK(rc);
     }
     return 0;
 }
@@ -202,7 +210,36 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     zs_comm **comms = calloc((size_t)w->n, sizeof *comms);
     w->ranks = calloc((size_t)w->n, sizeof *w->ranks);
     if (!comms || !w->ranks) { free(comms); zs_world_free(w); return zs_err(ZS_ENOMEM, "out of memory"); }
-    rc = zs_comm_local_create(w->n, comms);
+    int cuda = o->device == ZS_DEVICE_CUDA, ndev = cuda ? zs_backend_cuda_devices() : 0;
+    if (cuda && ndev <= 0) {
+        free(comms);
+        zs_world_free(w);
+        return zs_err(ZS_EDEVICE, "device cuda: no CUDA device is visible");
+    }
+    rc = 0;
+    if (cuda) {
+        /* pinned pools created from now on (cpu tier, NVMe slots) are registered with CUDA */
+        zs_dev_install_pinned_hooks();
+        for (int r = 0; r < w->n && rc == 0; r++) rc = zs_dev_open(r % ndev, &w->ranks[r].dev);
+        if (rc < 0) {
+            free(comms);
+            zs_world_free(w);
+            return rc;
+        }
+    }
+    /* NCCL when every rank has a device of its own (ZS_COMM=local keeps the in-process
+     * communicator); ranks that share a device gather through the local one */
+    const char *cm = getenv("ZS_COMM");
+    int nccl = cuda && w->n > 1 && w->n <= ndev && !(cm && !strcmp(cm, "local"));
+    if (nccl) {
+        int devs[256];
+        for (int r = 0; r < w->n; r++) devs[r] = r % ndev;
+        if (zs_comm_nccl_create(w->n, devs, comms) < 0) {
+            zs_log_warn("NCCL unavailable (%s); ranks gather through the local communicator", zs_errmsg());
+            nccl = 0;
+        }
+    }
+    if (!nccl) rc = zs_comm_local_create(w->n, comms);
     for (int r = 0; r < w->n; r++) {
         w->ranks[r].w = w;
         w->ranks[r].rank = r;
@@ -214,9 +251,19 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     const zs_model_config *c = zs_model_config_get(m);
     for (int r = 0; r < w->n && rc == 0; r++) {
         rank_t *R = &w->ranks[r];
-        rc = zs_gather_new(m, r, w->n, R->comm, &o->gather, &R->g);
-        if (rc == 0) rc = zs_kv_init(c->n_layers, c->n_kv_heads * c->head_dim, o->kv_blocks, o->max_seqs, o->context, &R->kv);
-        if (rc == 0) rc = zs_forward_new(m, o->max_tokens, &R->fwd);
+        zs_gather_opts go = o->gather;
+        go.dev = NULL;
+        if (R->dev) {
+            zs_dev_gather_ops(R->dev, &R->gops);
+            go.dev = &R->gops;
+        }
+        rc = zs_gather_new(m, r, w->n, R->comm, &go, &R->g);
+        if (rc == 0)
+            rc = zs_kv_init_ex(c->n_layers, c->n_kv_heads * c->head_dim, o->kv_blocks, o->max_seqs, o->context,
+                               R->dev == NULL, &R->kv);
+        if (rc == 0)
+            rc = R->dev ? zs_forward_cuda_new(m, o->max_tokens, R->dev, R->kv, &R->cfwd)
+                        : zs_forward_new(m, o->max_tokens, &R->fwd);
     }
     if (rc < 0) goto fail;
     rc = o->gather.tier == ZS_OFFLOAD_NVME ? place_nvme(w) : place_memory(w);
@@ -251,10 +298,12 @@ void zs_world_free(zs_world *w) {
     for (int r = 0; w->ranks && r < w->n; r++) {
         zs_gather_free(w->ranks[r].g);
         zs_forward_free(w->ranks[r].fwd);
+        zs_forward_cuda_free(w->ranks[r].cfwd);
         zs_kv_free(w->ranks[r].kv);
     }
     for (int r = 0; w->ranks && r < w->n; r++)
         if (w->ranks[r].comm) zs_comm_free(w->ranks[r].comm);
+    for (int r = 0; w->ranks && r < w->n; r++) zs_dev_free(w->ranks[r].dev);
     free(w->ranks);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);

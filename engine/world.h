@@ -22,6 +22,9 @@ typedef struct {
     zs_gather_opts gather; /* tier, live budget, slots, aio, verify */
     int max_tokens;        /* tokens per forward call and rank */
     int kv_blocks, max_seqs, context; /* KV cache of each rank */
+    int device;            /* ZS_DEVICE_CUDA (device.h): rank r on CUDA device r % visible, its
+                              shards, buffers, KV cache and forward pass on the GPU; anything
+                              else: the CPU device */
 } zs_world_opts;
 
 typedef struct zs_world zs_world;

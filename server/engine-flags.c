@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "device.h"
 #include "dsconfig.h"
 
 void zs_engine_flags_init(zs_engine_flags *f) {
@@ -19,6 +20,7 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
         {"weight-dtype", ZS_OPT_STR, &f->weight_dtype, "auto (as stored) | f32 | f16 | bf16"},
         {"context", ZS_OPT_INT, &f->context, "context length (default: the model's)"},
         {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
+        {"device", ZS_OPT_STR, &f->device, "cpu | cuda (default: cuda when a device is visible)"},
         {"ranks", ZS_OPT_INT, &f->ranks, "rank threads, each with its own device (default 1)"},
         {"offload", ZS_OPT_STR, &f->offload, "where a rank's shards live: none | cpu | nvme (default none)"},
         {"nvme-path", ZS_OPT_STR, &f->nvme_path, "directory of the shard files for --offload nvme"},
@@ -55,6 +57,8 @@ int zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo) {
         return zs_err(ZS_EINVAL, "--offload nvme needs --nvme-path DIR (or offload_param.nvme_path in --config)");
 
     eo->model_dir = f->model;
+    if (f->device && zs_device_parse(f->device, &eo->device) < 0)
+        return zs_err(ZS_EINVAL, "--device: '%s' is not one of cpu, cuda, auto", f->device);
     if (f->context < 0) return zs_err(ZS_EINVAL, "--context must be >= 0");
     eo->max_context = f->context;
     if (f->ranks < 0 || f->ranks > 256) return zs_err(ZS_EINVAL, "--ranks must be between 1 and 256");

@@ -7,6 +7,9 @@ export ZS_SHARED=${ZS_SHARED:-../shared}
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:protect_shadow_gap=0:abort_on_error=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export ZS_LOG=${ZS_LOG:-warn}
+# the unit and end-to-end tests check the CPU engine bit for bit; GPU tests choose their device
+# themselves (tests/gpu/run.sh)
+export ZS_DEVICE=${ZS_DEVICE:-cpu}
 logdir=$BUILD/test-logs
 mkdir -p "$logdir"
 pass=0; fail=0; skip=0; failed=""

@@ -1,0 +1,315 @@
+/* forward-cuda.c — the forward pass on a CUDA device: the same computation as forward.c
+ * (embeddings, per layer norm -> q/k/v -> RoPE -> paged KV cache -> causal attention -> output
+ * projection -> residual -> norm -> MLP -> residual, then final norm and LM head; Llama family
+ * and GPT-2), with weights handed out as device pointers by the weight source, activations and
+ * the KV cache in device memory, matrix products in cuBLAS (tensor cores for f16/bf16 weights,
+ * fp32 accumulation) and every other op a kernel of kernels/cuda. Everything is queued on the
+ * rank's compute queue; a run ends by copying the logits rows to the host and waiting for the
+ * queue (the step inputs and logits are then free for the next run).
+ *
+ * Activations: the residual stream, q/k/v, the KV cache and matrix outputs are f32; the inputs
+ * of a matrix product (normed rows, attention output, MLP activation) are stored in the weight
+ * dtype, as cuBLAS wants both operands in one type. */
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+#include "device-impl.h"
+#include "kernels/cuda/kernels.h"
+
+struct zs_forward_cuda {
+    const zs_model *m;
+    zs_dev *dev;
+    int max_tokens, n_layers, d, qd, kvd, ff, vocab, n_blocks;
+    float *x, *q, *k, *v, *h1, *h2, *y, *logits;
+    void *xn, *att, *act;
+    void **res;          /* device copies of the buckets' resident parts */
+    float **kv;          /* [n_layers] K/V pools, host zs_kvcache layout */
+    /* step inputs: staged in pinned host memory, one copy per run */
+    char *in_h, *in_d;
+    size_t in_cap;
+};
+
+#define DCHK(call, what)                                                                    \
+    do {                                                                                    \
+        if ((call) != 0) return zs_dev_error(what);                                         \
+    } while (0)
+
+void zs_forward_cuda_free(zs_forward_cuda *f) {
+    if (!f) return;
+    zs_dev *d = f->dev;
+    zs_dev_sync(d);
+    float *bufs[] = {f->x, f->q, f->k, f->v, f->h1, f->h2, f->y, f->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) zs_dev_release(d, bufs[i]);
+    zs_dev_release(d, f->xn);
+    zs_dev_release(d, f->att);
+    zs_dev_release(d, f->act);
+    if (f->res)
+        for (int b = 0; b < zs_model_n_buckets(f->m); b++) zs_dev_release(d, f->res[b]);
+    if (f->kv)
+        for (int l = 0; l < f->n_layers; l++) zs_dev_release(d, f->kv[l]);
+    zs_dev_release(d, f->in_d);
+    if (f->in_h) cudaFreeHost(f->in_h);
+    free(f->res);
+    free(f->kv);
+    free(f);
+}
+
+int zs_forward_cuda_new(const zs_model *m, int max_tokens, zs_dev *d, const zs_kvcache *kv,
+                        zs_forward_cuda **out) {
+    const zs_model_config *c = zs_model_config_get(m);
+    if (max_tokens <= 0) return zs_err(ZS_EINVAL, "forward: max_tokens must be positive");
+    if (c->head_dim > 256 || c->head_dim % 2)
+        return zs_err(ZS_EUNSUPPORTED, "CUDA forward: head_dim %d (at most 256, even)", c->head_dim);
+    ZS_CHECK(zs_dev_set_current(d));
+    zs_forward_cuda *f = calloc(1, sizeof *f);
+    if (!f) return zs_err(ZS_ENOMEM, "out of memory");
+    f->m = m;
+    f->dev = d;
+    f->max_tokens = max_tokens;
+    f->n_layers = c->n_layers;
+    f->d = c->dim;
+    f->qd = c->n_heads * c->head_dim;
+    f->kvd = c->n_kv_heads * c->head_dim;
+    f->ff = c->ffn_dim;
+    f->vocab = c->vocab_size;
+    f->n_blocks = zs_kv_total_blocks(kv);
+    size_t n = (size_t)max_tokens, wide = (size_t)ZS_MAX(f->d, f->qd);
+    int ok = 1;
+#define A(ptr, bytes) ok = ok && ((ptr) = zs_dev_alloc(d, (bytes))) != NULL
+    A(f->x, n * f->d * 4);
+    A(f->q, n * f->qd * 4);
+    A(f->k, n * f->kvd * 4);
+    A(f->v, n * f->kvd * 4);
+    A(f->h1, n * f->ff * 4);
+    A(f->h2, n * f->ff * 4);
+    A(f->y, n * f->d * 4);
+    A(f->logits, n * f->vocab * 4);
+    A(f->xn, n * wide * 4);
+    A(f->att, n * f->qd * 4);
+    A(f->act, n * f->ff * 4);
+    int nb = zs_model_n_buckets(m);
+    f->res = calloc((size_t)nb, sizeof(void *));
+    f->kv = calloc((size_t)f->n_layers, sizeof(float *));
+    if (!f->res || !f->kv) ok = 0;
+    for (int b = 0; ok && b < nb; b++) {
+        size_t rb = zs_model_layout(m, b)->resident_bytes;
+        const void *hr = zs_model_bucket_resident(m, b);
+        if (!rb) continue;
+        A(f->res[b], rb);
+        if (ok && hr && zs_dev_upload(d, f->res[b], hr, rb) < 0) {
+            zs_forward_cuda_free(f);
+            return ZS_EDEVICE;
+        }
+    }
+    size_t per_layer = (size_t)f->n_blocks * 2 * ZS_KV_BLOCK * (size_t)f->kvd * 4;
+    for (int l = 0; ok && l < f->n_layers; l++) A(f->kv[l], per_layer);
+#undef A
+    if (!ok) {
+        int rc = zs_err_prefix(ZS_ENOMEM, "CUDA forward for %d tokens (KV cache %d blocks)", max_tokens, f->n_blocks);
+        zs_forward_cuda_free(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+/* Pointer of a role's tensor (device) given the two device base pointers. */
+static inline const void *W(const zs_bucket_layout *L, int role, const void *data, const void *res) {
+    const zs_slot *s = &L->slot[role];
+    if (!s->present) return NULL;
+    return (const char *)(s->resident ? res : data) + s->offset;
+}
+#define WF(L, role, data, res) ((const float *)W(L, role, data, res))
+
+typedef struct {
+    int32_t *tokens, *pos, *tab, *sel, *tables;
+    int64_t *off;
+} step_in;
+
+/* Lays out the step inputs in buffer base (host or device) and returns the bytes used. */
+static size_t layout_inputs(char *base, int T, int nl, int ntab, step_in *s) {
+    size_t sz[6] = {(size_t)T * 8, (size_t)T * 4, (size_t)T * 4, (size_t)T * 4, (size_t)(nl > 0 ? nl : 1) * 4,
+                    (size_t)(ntab > 0 ? ntab : 1) * 4};
+    size_t at[6], o = 0;
+    for (int i = 0; i < 6; i++) {
+        at[i] = o;
+        o += sz[i];
+    }
+    if (base) {
+        s->off = (int64_t *)(base + at[0]);
+        s->tokens = (int32_t *)(base + at[1]);
+        s->pos = (int32_t *)(base + at[2]);
+        s->tab = (int32_t *)(base + at[3]);
+        s->sel = (int32_t *)(base + at[4]);
+        s->tables = (int32_t *)(base + at[5]);
+    }
+    return ZS_ALIGN_UP(o, (size_t)256);
+}
+
+static int grow_inputs(zs_forward_cuda *f, size_t need) {
+    if (need <= f->in_cap) return 0;
+    size_t cap = ZS_MAX(need, 2 * f->in_cap);
+    if (f->in_h) cudaFreeHost(f->in_h);
+    zs_dev_release(f->dev, f->in_d);
+    f->in_h = NULL;
+    f->in_d = NULL;
+    f->in_cap = 0;
+    if (cudaMallocHost((void **)&f->in_h, cap) != cudaSuccess) {
+        f->in_h = NULL;
+        return zs_dev_error("cudaMallocHost (step inputs)");
+    }
+    if (!(f->in_d = zs_dev_alloc(f->dev, cap))) return ZS_ENOMEM;
+    f->in_cap = cap;
+    return 0;
+}
+
+static int norm(zs_forward_cuda *f, void *y, zs_dtype ydt, const float *x, const float *w, const float *b,
+                const int32_t *rows, int R, void *s) {
+    const zs_model_config *c = zs_model_config_get(f->m);
+    int r = c->arch == ZS_ARCH_GPT2 ? zs_cuda_layernorm(y, ydt, x, w, b, rows, R, c->dim, c->norm_eps, s)
+                                    : zs_cuda_rmsnorm(y, ydt, x, w, rows, R, c->dim, c->norm_eps, s);
+    return r == 0 ? 0 : zs_dev_error("norm kernel");
+}
+
+/* y = x W^T (+ bias) */
+static int linear(zs_forward_cuda *f, float *y, const void *x, int T, int in, const void *Wt, zs_dtype wdt,
+                  int out, const float *bias, void *s) {
+    ZS_CHECK(zs_dev_gemm(f->dev, y, x, T, in, Wt, wdt, out, 0.0f));
+    if (bias) DCHK(zs_cuda_add(y, NULL, bias, T, out, s), "bias kernel");
+    return 0;
+}
+
+static int layer_forward(zs_forward_cuda *f, int l, int T, const step_in *in, const void *data, const void *res) {
+    const zs_model_config *c = zs_model_config_get(f->m);
+    const zs_bucket_layout *L = zs_model_layout(f->m, zs_bucket_layer(l));
+    void *s = f->dev->q[ZS_Q_COMPUTE];
+    int d = f->d, ff = f->ff, qd = f->qd, kvd = f->kvd;
+    zs_dtype wd = L->slot[ZS_R_WQ].dtype;
+
+    ZS_CHECK(norm(f, f->xn, wd, f->x, WF(L, ZS_R_ATTN_NORM_W, data, res), WF(L, ZS_R_ATTN_NORM_B, data, res), NULL, T, s));
+    ZS_CHECK(linear(f, f->q, f->xn, T, d, W(L, ZS_R_WQ, data, res), wd, qd, WF(L, ZS_R_BQ, data, res), s));
+    ZS_CHECK(linear(f, f->k, f->xn, T, d, W(L, ZS_R_WK, data, res), wd, kvd, WF(L, ZS_R_BK, data, res), s));
+    ZS_CHECK(linear(f, f->v, f->xn, T, d, W(L, ZS_R_WV, data, res), wd, kvd, WF(L, ZS_R_BV, data, res), s));
+    if (c->arch != ZS_ARCH_GPT2) {
+        DCHK(zs_cuda_rope(f->q, T, qd, c->n_heads, c->head_dim, in->pos, c->rope_theta, s), "rope kernel");
+        DCHK(zs_cuda_rope(f->k, T, kvd, c->n_kv_heads, c->head_dim, in->pos, c->rope_theta, s), "rope kernel");
+    }
+    DCHK(zs_cuda_kv_store(f->kv[l], f->k, kvd, f->v, kvd, in->off, T, kvd, s), "kv store kernel");
+    DCHK(zs_cuda_attention(f->att, wd, f->q, qd, f->kv[l], in->tables, in->tab, in->pos, T, c->n_heads,
+                           c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), s),
+         "attention kernel");
+    ZS_CHECK(zs_dev_gemm(f->dev, f->y, f->att, T, qd, W(L, ZS_R_WO, data, res), wd, d, 0.0f));
+    DCHK(zs_cuda_add(f->y, NULL, WF(L, ZS_R_BO, data, res), T, d, s), "bias kernel");
+    DCHK(zs_cuda_add(f->x, f->y, NULL, T, d, s), "residual kernel");
+
+    ZS_CHECK(norm(f, f->xn, wd, f->x, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), NULL, T, s));
+    if (c->arch == ZS_ARCH_GPT2) {
+        ZS_CHECK(linear(f, f->h1, f->xn, T, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res), s));
+        DCHK(zs_cuda_gelu(f->act, wd, f->h1, (size_t)T * ff, s), "gelu kernel");
+    } else {
+        ZS_CHECK(linear(f, f->h1, f->xn, T, d, W(L, ZS_R_W_GATE, data, res), wd, ff, WF(L, ZS_R_B_GATE, data, res), s));
+        ZS_CHECK(linear(f, f->h2, f->xn, T, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res), s));
+        DCHK(zs_cuda_swiglu(f->act, wd, f->h1, f->h2, (size_t)T * ff, s), "swiglu kernel");
+    }
+    ZS_CHECK(zs_dev_gemm(f->dev, f->y, f->act, T, ff, W(L, ZS_R_W_DOWN, data, res), wd, d, 0.0f));
+    DCHK(zs_cuda_add(f->y, NULL, WF(L, ZS_R_B_DOWN, data, res), T, d, s), "bias kernel");
+    DCHK(zs_cuda_add(f->x, f->y, NULL, T, d, s), "residual kernel");
+    return 0;
+}
+
+int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *kv, const zs_batch *b,
+                        float *logits) {
+    const zs_model *m = f->m;
+    const zs_model_config *c = zs_model_config_get(m);
+    int T = b->n;
+    if (T <= 0 || T > f->max_tokens)
+        return zs_err(ZS_EINVAL, "forward: batch of %d tokens (limit %d)", T, f->max_tokens);
+    if (b->n_logits < 0 || b->n_logits > T) return zs_err(ZS_EINVAL, "forward: %d logits rows for %d tokens", b->n_logits, T);
+    int ntab = 0;
+    for (int i = 0; i < T; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)
+            return zs_err(ZS_ERANGE, "token id %d is out of range [0, %d)", b->tokens[i], c->vocab_size);
+        if (b->pos[i] < 0 || b->pos[i] >= zs_kv_seq_len(kv, b->seq[i]) || b->pos[i] >= c->max_seq)
+            return zs_err(ZS_ERANGE, "position %d is outside the reserved context", b->pos[i]);
+        if (b->logits_idx[i] >= b->n_logits)
+            return zs_err(ZS_EINVAL, "forward: logits row %d of %d", b->logits_idx[i], b->n_logits);
+        if (i == 0 || b->seq[i] != b->seq[i - 1])
+            ntab += (zs_kv_seq_len(kv, b->seq[i]) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+    }
+    ZS_CHECK(zs_dev_set_current(f->dev));
+    /* a run that failed part-way may have left work queued that reads the step inputs */
+    cudaError_t se = cudaStreamSynchronize(f->dev->q[ZS_Q_COMPUTE]);
+    if (se != cudaSuccess) return zs_err(ZS_EDEVICE, "CUDA device %d: %s", f->dev->id, cudaGetErrorString(se));
+    step_in h, dv;
+    size_t need = layout_inputs(NULL, T, b->n_logits, ntab, &h);
+    ZS_CHECK(grow_inputs(f, need));
+    layout_inputs(f->in_h, T, b->n_logits, ntab, &h);
+    layout_inputs(f->in_d, T, b->n_logits, ntab, &dv);
+    memset(h.sel, 0, (size_t)(b->n_logits > 0 ? b->n_logits : 1) * 4);
+    /* block tables: one copy per run of consecutive tokens of a sequence */
+    int nt = 0, cur = 0;
+    for (int i = 0; i < T; i++) {
+        int sq = b->seq[i];
+        if (i == 0 || sq != b->seq[i - 1]) {
+            int nblk = (zs_kv_seq_len(kv, sq) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+            const int *bl = zs_kv_seq_blocks(kv, sq);
+            cur = nt;
+            for (int j = 0; j < nblk; j++) h.tables[nt++] = bl[j];
+        }
+        int p = b->pos[i];
+        int blk = h.tables[cur + p / ZS_KV_BLOCK];
+        h.off[i] = (((int64_t)blk * 2) * ZS_KV_BLOCK + p % ZS_KV_BLOCK) * (int64_t)f->kvd;
+        h.tokens[i] = b->tokens[i];
+        h.pos[i] = p;
+        h.tab[i] = cur;
+        if (b->logits_idx[i] >= 0) h.sel[b->logits_idx[i]] = i;
+    }
+    void *s = f->dev->q[ZS_Q_COMPUTE];
+    if (cudaMemcpyAsync(f->in_d, f->in_h, need, cudaMemcpyHostToDevice, s) != cudaSuccess)
+        return zs_dev_error("step inputs copy");
+
+    int rc;
+    const void *data;
+    int eb = zs_bucket_embed();
+    const zs_bucket_layout *E = zs_model_layout(m, eb);
+    if ((rc = src->acquire(src->ctx, eb, &data)) < 0) return rc;
+    const void *eres = f->res[eb];
+    rc = zs_cuda_embed(f->x, W(E, ZS_R_TOK_EMB, data, eres), E->slot[ZS_R_TOK_EMB].dtype, dv.tokens,
+                       W(E, ZS_R_POS_EMB, data, eres), E->slot[ZS_R_POS_EMB].dtype, dv.pos, T, f->d, s) == 0
+             ? 0 : zs_dev_error("embedding kernel");
+    src->release(src->ctx, eb);
+    if (rc < 0) return rc;
+
+    for (int l = 0; l < c->n_layers; l++) {
+        int lb = zs_bucket_layer(l);
+        if ((rc = src->acquire(src->ctx, lb, &data)) < 0) return rc;
+        rc = layer_forward(f, l, T, &dv, data, f->res[lb]);
+        src->release(src->ctx, lb);
+        if (rc < 0) return rc;
+    }
+
+    int hb = zs_bucket_head(m), nl = b->n_logits;
+    const zs_bucket_layout *H = zs_model_layout(m, hb);
+    const void *hres = f->res[hb];
+    zs_dtype hdt = c->tied_embeddings ? E->slot[ZS_R_TOK_EMB].dtype : H->slot[ZS_R_LM_HEAD].dtype;
+    if ((rc = src->acquire(src->ctx, hb, &data)) < 0) return rc;
+    rc = norm(f, f->xn, hdt, f->x, WF(H, ZS_R_OUT_NORM_W, data, hres), WF(H, ZS_R_OUT_NORM_B, data, hres), dv.sel, nl, s);
+    if (rc == 0 && !c->tied_embeddings && nl > 0)
+        rc = zs_dev_gemm(f->dev, f->logits, f->xn, nl, f->d, W(H, ZS_R_LM_HEAD, data, hres), hdt, f->vocab, 0.0f);
+    src->release(src->ctx, hb);
+    if (rc < 0) return rc;
+    if (c->tied_embeddings) {
+        if ((rc = src->acquire(src->ctx, eb, &data)) < 0) return rc;
+        if (nl > 0) rc = zs_dev_gemm(f->dev, f->logits, f->xn, nl, f->d, W(E, ZS_R_TOK_EMB, data, eres), hdt, f->vocab, 0.0f);
+        src->release(src->ctx, eb);
+        if (rc < 0) return rc;
+    }
+    /* sampling runs on the host: the logits rows go there */
+    if (nl > 0 && logits &&
+        cudaMemcpyAsync(logits, f->logits, (size_t)nl * f->vocab * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess)
+        return zs_dev_error("logits copy");
+    cudaError_t e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) return zs_err(ZS_EDEVICE, "CUDA device %d: forward pass: %s", f->dev->id, cudaGetErrorString(e));
+    return 0;
+}

@@ -1,0 +1,71 @@
+// dtype.cuh — shared device helpers of the kernels: loads and stores of f32/f16/bf16 values
+// (dtype codes as zs_dtype: 0 f32, 1 f16, 2 bf16), block reductions, launch checks.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+enum { ZS_DT_F32 = 0, ZS_DT_F16 = 1, ZS_DT_BF16 = 2 };
+
+static __device__ __forceinline__ float zs_ld(const void *p, int dt, size_t i) {
+    if (dt == ZS_DT_F32) return ((const float *)p)[i];
+    if (dt == ZS_DT_F16) return __half2float(((const __half *)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+static __device__ __forceinline__ void zs_st(void *p, int dt, size_t i, float v) {
+    if (dt == ZS_DT_F32) ((float *)p)[i] = v;
+    else if (dt == ZS_DT_F16) ((__half *)p)[i] = __float2half_rn(v);
+    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+}
+
+static __device__ __forceinline__ float zs_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float zs_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// sh holds 33 floats.
+static __device__ __forceinline__ float zs_block_sum(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = zs_warp_sum(v);
+    __syncthreads(); // sh may still be read by an earlier reduction
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float s = lane < nw ? sh[lane] : 0.0f;
+        s = zs_warp_sum(s);
+        if (lane == 0) sh[32] = s;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+static __device__ __forceinline__ float zs_block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = zs_warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float s = lane < nw ? sh[lane] : -INFINITY;
+        s = zs_warp_max(s);
+        if (lane == 0) sh[32] = s;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+static inline int zs_launch_ok(void) { return cudaGetLastError() == cudaSuccess ? 0 : -1; }
+
+static inline unsigned zs_grid(size_t n, unsigned threads) {
+    size_t b = (n + threads - 1) / threads;
+    if (b > 65535u * 32u) b = 65535u * 32u;
+    return b ? (unsigned)b : 1u;
+}

@@ -1,0 +1,77 @@
+/* kernels.h — the CUDA kernels of the forward pass behind a C API (no CUDA types: a stream is a
+ * cudaStream_t passed as void*, NULL = the legacy default stream). Every pointer argument is
+ * device memory unless it says otherwise. Storage dtypes are ZS_F32, ZS_F16 and ZS_BF16
+ * (zs_dtype values); arithmetic is fp32. Each launcher returns 0, or -1 when the launch failed
+ * (cudaGetLastError; the caller turns it into a message). Launchers are thread-safe; the work
+ * is ordered only by the stream. One file per family: convert.cu (casts), embed.cu,
+ * norm.cu (RMSNorm, LayerNorm), rope.cu, act.cu (GELU, SwiGLU, add, bias, softmax, argmax),
+ * attention.cu (paged KV store and causal attention with GQA). */
+#ifndef ZS_CUDA_KERNELS_H
+#define ZS_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* convert.cu: dst[i] = (ddt) src[i] for n elements (any pair of f32/f16/bf16; round to nearest
+ * even). bf16_to_f32 is the original entry point kept for backend-cuda.c. */
+int zs_cuda_launch_bf16_to_f32(const unsigned short *src, float *dst, size_t n, void *stream);
+int zs_cuda_convert(void *dst, int ddt, const void *src, int sdt, size_t n, void *stream);
+/* Streams `bytes` of src (16-byte aligned, bytes a multiple of 16) through the SMs and writes
+ * one word to *sink: a read-bandwidth probe. */
+int zs_cuda_read_probe(const void *src, size_t bytes, unsigned *sink, void *stream);
+
+/* embed.cu: out[t, :] = tok[ids[t], :] (+ pos_tab[pos[t], :] when pos_tab != NULL), as f32;
+ * tables in dtype tdt / pdt, rows of d elements. */
+int zs_cuda_embed(float *out, const void *tok, int tdt, const int32_t *ids, const void *pos_tab,
+                  int pdt, const int32_t *pos, int T, int d, void *stream);
+
+/* norm.cu: y[r, :] = norm(x[rows ? rows[r] : r, :]) for r < R, y in dtype ydt, x and the
+ * weights in f32 (bias may be NULL). RMSNorm: x / sqrt(mean(x^2) + eps) * w. LayerNorm:
+ * (x - mean) / sqrt(var + eps) * w + b. */
+int zs_cuda_rmsnorm(void *y, int ydt, const float *x, const float *w, const int32_t *rows, int R,
+                    int d, float eps, void *stream);
+int zs_cuda_layernorm(void *y, int ydt, const float *x, const float *w, const float *b,
+                      const int32_t *rows, int R, int d, float eps, void *stream);
+
+/* rope.cu: rotary embedding in place, HF rotate_half convention (dims i and i + hd/2 pair),
+ * x is [T, n_heads * head_dim] f32 with row stride ld (elements), token t at position pos[t]. */
+int zs_cuda_rope(float *x, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
+                 float theta, void *stream);
+
+/* act.cu */
+/* out[i] = gelu_tanh(x[i]), out in odt, x f32 (out may alias x when odt is f32). */
+int zs_cuda_gelu(void *out, int odt, const float *x, size_t n, void *stream);
+/* out[i] = silu(gate[i]) * up[i], out in odt (may alias gate when odt is f32). */
+int zs_cuda_swiglu(void *out, int odt, const float *gate, const float *up, size_t n, void *stream);
+/* y[t, i] += x[t, i] (x may be NULL) + bias[i] (bias may be NULL), for T rows of d. */
+int zs_cuda_add(float *y, const float *x, const float *bias, int T, int d, void *stream);
+/* In-place softmax of each of R rows of n f32 values. */
+int zs_cuda_softmax(float *x, int R, int n, void *stream);
+/* idx[r] = argmax of row r of x[R, n] (f32; the first index of the maximum): greedy sampling
+ * on the device. */
+int zs_cuda_argmax(int32_t *idx, const float *x, int R, int n, void *stream);
+
+/* attention.cu — the paged KV cache of one layer: pool is f32, block b holds K of 16 positions
+ * at pool + (b*2)*16*kvd and V at pool + (b*2+1)*16*kvd (the host zs_kvcache layout).
+ * kv_store writes k[t], v[t] (rows of kvd, row strides ldk/ldv) at pool + off[t] (the K row;
+ * the V row is 16*kvd further). */
+int zs_cuda_kv_store(float *pool, const float *k, int ldk, const float *v, int ldv,
+                     const int64_t *off, int T, int kvd, void *stream);
+/* Causal attention over the cache for T query tokens: token t (query row q + t*ldq, n_heads
+ * heads of hd) attends positions 0..pos[t] of its sequence, whose block table is
+ * tables[tab[t] ...] (block ids). GQA: query head h reads kv head h / (n_heads / n_kv_heads).
+ * out[t, h*hd + i] in dtype odt, row stride n_heads*hd. scale multiplies q.k. hd <= 256 and
+ * n_heads / n_kv_heads <= 16. */
+int zs_cuda_attention(void *out, int odt, const float *q, int ldq, const float *pool,
+                      const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                      int n_heads, int n_kv_heads, int hd, float scale, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,455 @@
+/* test-backend-ops.c — every device op against the CPU op on random inputs, on every CUDA device
+ * present: dtype casts (convert.cu), embedding (embed.cu), RMSNorm and LayerNorm (norm.cu),
+ * RoPE (rope.cu), GELU, SwiGLU, residual/bias add, softmax and argmax (act.cu), the paged KV
+ * store and causal attention with GQA for prefill and decode (attention.cu, against a CPU
+ * reference of the paged layout written here), and the cuBLAS matrix product (f32, f16, bf16).
+ * Outputs in f32, f16 and bf16 are compared with the CPU result rounded to the same dtype, under
+ * a normalised error max|gpu - cpu| / max|cpu| with thresholds fit to each dtype (bf16 keeps 8
+ * bits of mantissa: 2^-8 = 3.9e-3 per rounding). Skips (77) without CUDA or without a device. */
+#include "backend.h"
+#include "common.h"
+#include "testutil.h"
+
+#ifndef ZS_CUDA
+int main(void) {
+    fprintf(stderr, "test-backend-ops: this build has no CUDA part (CUDA=0); skipping\n");
+    return 77;
+}
+#else
+
+#include "device.h"
+#include "kernels/cuda/kernels.h"
+#include "ops.h"
+#include "tensor.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (float)((rng >> 11) * 0x1.0p-52) - 1.0f;
+}
+static void fill(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
+}
+
+static const zs_dtype DTS[3] = {ZS_F32, ZS_F16, ZS_BF16};
+
+/* normalised error threshold of a result stored in dt (after fp32 arithmetic) */
+static double tol_of(zs_dtype dt) { return dt == ZS_F32 ? 2e-5 : dt == ZS_F16 ? 2e-3 : 1e-2; }
+
+static double nerr(const float *a, const float *ref, size_t n) {
+    double m = 0, e = 0;
+    for (size_t i = 0; i < n; i++) {
+        m = fmax(m, fabs(ref[i]));
+        double d = fabs((double)a[i] - ref[i]);
+        if (!(d <= e)) e = isnan(d) ? INFINITY : d;
+    }
+    return e / (m > 1e-12 ? m : 1e-12);
+}
+
+/* rounds f32 values through dt (what a dt store keeps) */
+static void round_to(float *x, size_t n, zs_dtype dt) {
+    if (dt == ZS_F32) return;
+    void *t = malloc(n * 2);
+    zs_convert(t, dt, x, ZS_F32, n);
+    zs_to_f32(x, t, dt, n);
+    free(t);
+}
+
+static zs_dev *D;
+static void *S; /* compute stream */
+
+/* device copy of host f32 values stored as dt */
+static void *up(const float *x, size_t n, zs_dtype dt) {
+    void *h = malloc(n * 4 + 4), *d = zs_dev_alloc(D, n * 4 + 4);
+    zs_convert(h, dt, x, ZS_F32, n);
+    if (d && zs_dev_upload(D, d, h, n * zs_dtype_size(dt)) < 0) d = NULL;
+    free(h);
+    ZS_ASSERT(d != NULL);
+    return d;
+}
+static void *up_raw(const void *x, size_t bytes) {
+    void *d = zs_dev_alloc(D, bytes + 4);
+    ZS_ASSERT(d != NULL && zs_dev_upload(D, d, x, bytes) == 0);
+    return d;
+}
+/* f32 host copy of n device values of dtype dt (waits for the compute stream first) */
+static float *down(const void *d, size_t n, zs_dtype dt) {
+    ZS_ASSERT(zs_dev_sync(D) == 0);
+    void *h = malloc(n * 4 + 4);
+    float *o = malloc(n * 4 + 4);
+    ZS_ASSERT(zs_dev_download(D, h, d, n * zs_dtype_size(dt)) == 0);
+    zs_to_f32(o, h, dt, n);
+    free(h);
+    return o;
+}
+static void rel(void *d) { zs_dev_release(D, d); }
+
+static void test_convert(void) {
+    size_t n = 100003;
+    float *x = malloc(n * 4);
+    fill(x, n, 300.0f);
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            float *ref = malloc(n * 4);
+            memcpy(ref, x, n * 4);
+            round_to(ref, n, DTS[a]);
+            round_to(ref, n, DTS[b]);
+            void *src = up(x, n, DTS[a]), *dst = zs_dev_alloc(D, n * 4);
+            CHECK(zs_cuda_convert(dst, DTS[b], src, DTS[a], n, S) == 0, "convert launch");
+            float *g = down(dst, n, DTS[b]);
+            /* f16 overflows at 65504: both sides give inf there, compare the finite ones */
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++)
+                if (!(g[i] == ref[i] || (isinf(g[i]) && isinf(ref[i])))) bad++;
+            CHECK(bad == 0, "convert %s -> %s: %zu of %zu values differ from the CPU conversion",
+                  zs_dtype_name(DTS[a]), zs_dtype_name(DTS[b]), bad, n);
+            free(g); free(ref); rel(src); rel(dst);
+        }
+    /* the original bf16 -> f32 entry point */
+    free(x);
+}
+
+static void test_embed(void) {
+    int rows = 300, d = 200, T = 37;
+    for (int k = 0; k < 3; k++) {
+        zs_dtype dt = DTS[k];
+        float *tab = malloc((size_t)rows * d * 4), *ptab = malloc((size_t)rows * d * 4);
+        fill(tab, (size_t)rows * d, 1.0f);
+        fill(ptab, (size_t)rows * d, 1.0f);
+        round_to(tab, (size_t)rows * d, dt);
+        round_to(ptab, (size_t)rows * d, dt);
+        int32_t ids[37], pos[37];
+        for (int t = 0; t < T; t++) { ids[t] = (t * 131 + 7) % rows; pos[t] = t * 3; }
+        float *ref = malloc((size_t)T * d * 4), *tmp = malloc((size_t)d * 4);
+        void *tb = malloc((size_t)rows * d * 4), *pb = malloc((size_t)rows * d * 4);
+        zs_convert(tb, dt, tab, ZS_F32, (size_t)rows * d);
+        zs_convert(pb, dt, ptab, ZS_F32, (size_t)rows * d);
+        for (int t = 0; t < T; t++) {
+            zs_op_embed(ref + (size_t)t * d, tb, dt, d, ids[t]);
+            zs_op_embed(tmp, pb, dt, d, pos[t]);
+            zs_op_add(ref + (size_t)t * d, tmp, (size_t)d);
+        }
+        void *dt_tab = up(tab, (size_t)rows * d, dt), *dt_pos = up(ptab, (size_t)rows * d, dt);
+        int32_t *dids = up_raw(ids, sizeof ids), *dpos = up_raw(pos, sizeof pos);
+        float *out = zs_dev_alloc(D, (size_t)T * d * 4);
+        CHECK(zs_cuda_embed(out, dt_tab, dt, dids, dt_pos, dt, dpos, T, d, S) == 0, "embed launch");
+        float *g = down(out, (size_t)T * d, ZS_F32);
+        double e = nerr(g, ref, (size_t)T * d);
+        CHECK(e <= 1e-6, "embed %s: error %.3g", zs_dtype_name(dt), e);
+        free(tab); free(ptab); free(ref); free(tmp); free(tb); free(pb); free(g);
+        rel(dt_tab); rel(dt_pos); rel(dids); rel(dpos); rel(out);
+    }
+}
+
+static void test_norms(void) {
+    int dims[3] = {64, 1000, 4096}, R = 9;
+    for (int di = 0; di < 3; di++) {
+        int d = dims[di];
+        size_t n = (size_t)R * d;
+        float *x = malloc(n * 4), *w = malloc((size_t)d * 4), *b = malloc((size_t)d * 4);
+        fill(x, n, 3.0f);
+        fill(w, (size_t)d, 1.0f);
+        fill(b, (size_t)d, 0.5f);
+        int32_t rows[9];
+        for (int r = 0; r < R; r++) rows[r] = (r * 5) % R; /* a permutation: the logits-row gather */
+        float *rms = malloc(n * 4), *ln = malloc(n * 4), *xs = malloc(n * 4);
+        for (int r = 0; r < R; r++) memcpy(xs + (size_t)r * d, x + (size_t)rows[r] * d, (size_t)d * 4);
+        zs_op_rmsnorm(rms, xs, w, R, d, 1e-5f);
+        zs_op_layernorm(ln, x, w, b, R, d, 1e-5f);
+        float *dx = up(x, n, ZS_F32), *dw = up(w, (size_t)d, ZS_F32), *db = up(b, (size_t)d, ZS_F32);
+        int32_t *drows = up_raw(rows, sizeof rows);
+        for (int k = 0; k < 3; k++) {
+            zs_dtype dt = DTS[k];
+            void *y = zs_dev_alloc(D, n * 4);
+            float *r1 = malloc(n * 4), *r2 = malloc(n * 4);
+            memcpy(r1, rms, n * 4);
+            memcpy(r2, ln, n * 4);
+            round_to(r1, n, dt);
+            round_to(r2, n, dt);
+            CHECK(zs_cuda_rmsnorm(y, dt, dx, dw, drows, R, d, 1e-5f, S) == 0, "rmsnorm launch");
+            float *g = down(y, n, dt);
+            double e = nerr(g, r1, n);
+            CHECK(e <= tol_of(dt), "rmsnorm d=%d -> %s: error %.3g", d, zs_dtype_name(dt), e);
+            free(g);
+            CHECK(zs_cuda_layernorm(y, dt, dx, dw, db, NULL, R, d, 1e-5f, S) == 0, "layernorm launch");
+            g = down(y, n, dt);
+            e = nerr(g, r2, n);
+            CHECK(e <= tol_of(dt), "layernorm d=%d -> %s: error %.3g", d, zs_dtype_name(dt), e);
+            free(g); free(r1); free(r2);
+            rel(y);
+        }
+        free(x); free(w); free(b); free(rms); free(ln); free(xs);
+        rel(dx); rel(dw); rel(db); rel(drows);
+    }
+}
+
+static void test_rope(void) {
+    int T = 23, nh = 6, hd = 128, ld = nh * hd + 32; /* a padded row stride */
+    float theta[2] = {10000.0f, 500000.0f};
+    for (int k = 0; k < 2; k++) {
+        size_t n = (size_t)T * ld;
+        float *x = malloc(n * 4), *ref = malloc(n * 4);
+        fill(x, n, 2.0f);
+        memcpy(ref, x, n * 4);
+        int32_t pos[23];
+        for (int t = 0; t < T; t++) pos[t] = t * 181; /* up to ~4000 */
+        for (int t = 0; t < T; t++) zs_op_rope(ref + (size_t)t * ld, nh, hd, pos[t], theta[k]);
+        float *dx = up(x, n, ZS_F32);
+        int32_t *dp = up_raw(pos, sizeof pos);
+        CHECK(zs_cuda_rope(dx, T, ld, nh, hd, dp, theta[k], S) == 0, "rope launch");
+        float *g = down(dx, n, ZS_F32);
+        double e = nerr(g, ref, n);
+        CHECK(e <= 2e-5, "rope theta %g: error %.3g", theta[k], e);
+        free(x); free(ref); free(g); rel(dx); rel(dp);
+    }
+}
+
+static void test_act(void) {
+    size_t n = 70001;
+    int d = 1000, T = 70; /* T * d <= n */
+    float *x = malloc(n * 4), *u = malloc(n * 4), *ref = malloc(n * 4);
+    fill(x, n, 6.0f);
+    fill(u, n, 2.0f);
+    float *dx = up(x, n, ZS_F32), *du = up(u, n, ZS_F32);
+    for (int k = 0; k < 3; k++) {
+        zs_dtype dt = DTS[k];
+        void *o = zs_dev_alloc(D, n * 4);
+        memcpy(ref, x, n * 4);
+        zs_op_gelu(ref, n);
+        round_to(ref, n, dt);
+        CHECK(zs_cuda_gelu(o, dt, dx, n, S) == 0, "gelu launch");
+        float *g = down(o, n, dt);
+        double e = nerr(g, ref, n);
+        CHECK(e <= tol_of(dt), "gelu -> %s: error %.3g", zs_dtype_name(dt), e);
+        free(g);
+        zs_op_swiglu(ref, x, u, n);
+        round_to(ref, n, dt);
+        CHECK(zs_cuda_swiglu(o, dt, dx, du, n, S) == 0, "swiglu launch");
+        g = down(o, n, dt);
+        e = nerr(g, ref, n);
+        CHECK(e <= tol_of(dt), "swiglu -> %s: error %.3g", zs_dtype_name(dt), e);
+        free(g);
+        rel(o);
+    }
+    /* y += x + bias over T rows of d */
+    size_t m = (size_t)T * d;
+    float *y = malloc(m * 4), *b = malloc((size_t)d * 4);
+    fill(y, m, 1.0f);
+    fill(b, (size_t)d, 1.0f);
+    float *dy = up(y, m, ZS_F32), *db = up(b, (size_t)d, ZS_F32);
+    memcpy(ref, y, m * 4);
+    for (int t = 0; t < T; t++) {
+        zs_op_add(ref + (size_t)t * d, x + (size_t)t * d, (size_t)d);
+        zs_op_add(ref + (size_t)t * d, b, (size_t)d);
+    }
+    CHECK(zs_cuda_add(dy, dx, db, T, d, S) == 0, "add launch");
+    float *g = down(dy, m, ZS_F32);
+    double e = nerr(g, ref, m);
+    CHECK(e <= 1e-6, "residual + bias add: error %.3g", e);
+    free(g);
+    /* softmax and argmax of rows */
+    int R = 5, V = 32003;
+    float *s = malloc((size_t)R * V * 4);
+    fill(s, (size_t)R * V, 20.0f);
+    s[3 * V + 777] = 40.0f; /* a clear maximum */
+    float *ds = up(s, (size_t)R * V, ZS_F32);
+    int32_t *di = zs_dev_alloc(D, (size_t)R * 4), idx[5];
+    CHECK(zs_cuda_argmax(di, ds, R, V, S) == 0, "argmax launch");
+    ZS_ASSERT(zs_dev_sync(D) == 0 && zs_dev_download(D, idx, di, sizeof idx) == 0);
+    for (int r = 0; r < R; r++) {
+        int best = 0;
+        for (int i = 1; i < V; i++) if (s[(size_t)r * V + i] > s[(size_t)r * V + best]) best = i;
+        CHECK(idx[r] == best, "argmax row %d: %d, CPU %d", r, idx[r], best);
+    }
+    for (int r = 0; r < R; r++) zs_op_softmax(s + (size_t)r * V, V);
+    CHECK(zs_cuda_softmax(ds, R, V, S) == 0, "softmax launch");
+    g = down(ds, (size_t)R * V, ZS_F32);
+    e = nerr(g, s, (size_t)R * V);
+    CHECK(e <= 1e-5, "softmax: error %.3g", e);
+    free(g); free(s); free(x); free(u); free(ref); free(y); free(b);
+    rel(dx); rel(du); rel(dy); rel(db); rel(ds); rel(di);
+}
+
+/* ---- paged KV store + attention: CPU reference over the same layout ---- */
+
+typedef struct {
+    int nseq, len[4], nblk[4];
+    int32_t blocks[4][64];
+} kv_layout;
+
+static float *pool_at(float *pool, int kvd, const kv_layout *L, int s, int p, int which) {
+    int blk = L->blocks[s][p / ZS_KV_BLOCK];
+    return pool + (((size_t)blk * 2 + (size_t)which) * ZS_KV_BLOCK + (size_t)(p % ZS_KV_BLOCK)) * (size_t)kvd;
+}
+
+static void attention_case(int nh, int nkv, int hd, int decode) {
+    /* 3 sequences; prefill: every position of each is in the batch; decode: the last one only */
+    kv_layout L = {3, {37, 5, 70}, {0}, {{0}}};
+    int kvd = nkv * hd, qd = nh * hd, n_blocks = 0;
+    for (int s = 0; s < L.nseq; s++) {
+        L.nblk[s] = (L.len[s] + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+        n_blocks += L.nblk[s];
+    }
+    /* scatter the blocks: block ids in a shuffled order */
+    int perm[64];
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)((frand() + 1.0f) * 0.5f * (float)(i + 1)) % (i + 1);
+        int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    }
+    for (int s = 0, k = 0; s < L.nseq; s++)
+        for (int b = 0; b < L.nblk[s]; b++) L.blocks[s][b] = perm[k++];
+    size_t pool_n = (size_t)n_blocks * 2 * ZS_KV_BLOCK * kvd;
+    float *pool = calloc(pool_n, 4);
+    /* the batch */
+    int T = 0;
+    int32_t seq[256], pos[256], tab[256], tables[256];
+    int64_t off[256];
+    int ntab = 0, tab_of[4];
+    for (int s = 0; s < L.nseq; s++) {
+        tab_of[s] = ntab;
+        for (int b = 0; b < L.nblk[s]; b++) tables[ntab++] = L.blocks[s][b];
+        for (int p = decode ? L.len[s] - 1 : 0; p < L.len[s]; p++) { seq[T] = s; pos[T] = p; T++; }
+    }
+    /* earlier positions (decode) are already in the cache */
+    for (int s = 0; s < L.nseq; s++)
+        for (int p = 0; p < L.len[s]; p++) {
+            fill(pool_at(pool, kvd, &L, s, p, 0), (size_t)kvd, 1.0f);
+            fill(pool_at(pool, kvd, &L, s, p, 1), (size_t)kvd, 1.0f);
+        }
+    float *k = malloc((size_t)T * kvd * 4), *v = malloc((size_t)T * kvd * 4), *q = malloc((size_t)T * qd * 4);
+    fill(k, (size_t)T * kvd, 1.0f);
+    fill(v, (size_t)T * kvd, 1.0f);
+    fill(q, (size_t)T * qd, 2.0f);
+    for (int t = 0; t < T; t++) {
+        tab[t] = tab_of[seq[t]];
+        off[t] = (pool_at(pool, kvd, &L, seq[t], pos[t], 0) - pool);
+    }
+    float *dpool = up(pool, pool_n, ZS_F32), *dk = up(k, (size_t)T * kvd, ZS_F32);
+    float *dv = up(v, (size_t)T * kvd, ZS_F32), *dq = up(q, (size_t)T * qd, ZS_F32);
+    int32_t *dtab = up_raw(tab, (size_t)T * 4), *dtables = up_raw(tables, (size_t)ntab * 4);
+    int32_t *dpos = up_raw(pos, (size_t)T * 4);
+    int64_t *doff = up_raw(off, (size_t)T * 8);
+    /* CPU: store, then attend (forward.c's loop) */
+    for (int t = 0; t < T; t++) {
+        memcpy(pool_at(pool, kvd, &L, seq[t], pos[t], 0), k + (size_t)t * kvd, (size_t)kvd * 4);
+        memcpy(pool_at(pool, kvd, &L, seq[t], pos[t], 1), v + (size_t)t * kvd, (size_t)kvd * 4);
+    }
+    CHECK(zs_cuda_kv_store(dpool, dk, kvd, dv, kvd, doff, T, kvd, S) == 0, "kv_store launch");
+    float *gp = down(dpool, pool_n, ZS_F32);
+    CHECK(memcmp(gp, pool, pool_n * 4) == 0, "kv_store (%d kv heads x %d): the device cache differs", nkv, hd);
+    free(gp);
+    float *ref = malloc((size_t)T * qd * 4), *sc = malloc(4096 * 4);
+    float scale = 1.0f / sqrtf((float)hd);
+    int group = nh / nkv;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            const float *qq = q + (size_t)t * qd + (size_t)h * hd;
+            int kh = h / group;
+            for (int j = 0; j <= pos[t]; j++) {
+                const float *kk = pool_at(pool, kvd, &L, seq[t], j, 0) + (size_t)kh * hd;
+                float s = 0;
+                for (int i = 0; i < hd; i++) s += qq[i] * kk[i];
+                sc[j] = s * scale;
+            }
+            zs_op_softmax(sc, pos[t] + 1);
+            float *o = ref + (size_t)t * qd + (size_t)h * hd;
+            memset(o, 0, (size_t)hd * 4);
+            for (int j = 0; j <= pos[t]; j++) {
+                const float *vv = pool_at(pool, kvd, &L, seq[t], j, 1) + (size_t)kh * hd;
+                for (int i = 0; i < hd; i++) o[i] += sc[j] * vv[i];
+            }
+        }
+    for (int kd = 0; kd < 3; kd++) {
+        zs_dtype dt = DTS[kd];
+        void *out = zs_dev_alloc(D, (size_t)T * qd * 4);
+        float *r = malloc((size_t)T * qd * 4);
+        memcpy(r, ref, (size_t)T * qd * 4);
+        round_to(r, (size_t)T * qd, dt);
+        CHECK(zs_cuda_attention(out, dt, dq, qd, dpool, dtables, dtab, dpos, T, nh, nkv, hd, scale, S) == 0,
+              "attention launch");
+        float *g = down(out, (size_t)T * qd, dt);
+        double e = nerr(g, r, (size_t)T * qd);
+        CHECK(e <= tol_of(dt) + 1e-5, "attention %s, %d heads / %d kv heads x %d -> %s: error %.3g",
+              decode ? "decode" : "prefill", nh, nkv, hd, zs_dtype_name(dt), e);
+        free(g); free(r); rel(out);
+    }
+    free(pool); free(k); free(v); free(q); free(ref); free(sc);
+    rel(dpool); rel(dk); rel(dv); rel(dq); rel(dtab); rel(dtables); rel(dpos); rel(doff);
+}
+
+static void test_attention(void) {
+    for (int decode = 0; decode < 2; decode++) {
+        attention_case(8, 4, 8, decode);    /* stories260K: GQA 2, head_dim 8 */
+        attention_case(4, 4, 16, decode);   /* gpt2-bytes: MHA, head_dim 16 */
+        attention_case(32, 8, 128, decode); /* Llama 3 8B: GQA 4 */
+        attention_case(12, 2, 64, decode);  /* GQA 6: a group split over two blocks */
+        attention_case(4, 1, 256, decode);  /* MQA, head_dim 256 */
+    }
+}
+
+static void test_gemm(void) {
+    int shapes[3][3] = {{1, 64, 172}, {37, 1000, 515}, {130, 4096, 1024}}; /* T, in, out */
+    for (int si = 0; si < 3; si++) {
+        int T = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
+        for (int k = 0; k < 3; k++) {
+            zs_dtype dt = DTS[k];
+            float *Wf = malloc((size_t)in * out * 4), *x = malloc((size_t)T * in * 4);
+            float *y = malloc((size_t)T * out * 4), *y0 = malloc((size_t)T * out * 4);
+            fill(Wf, (size_t)in * out, 1.0f);
+            fill(x, (size_t)T * in, 1.0f);
+            fill(y0, (size_t)T * out, 1.0f);
+            round_to(Wf, (size_t)in * out, dt);
+            round_to(x, (size_t)T * in, dt); /* the device multiplies x stored in dt */
+            void *W = malloc((size_t)in * out * 4);
+            zs_convert(W, dt, Wf, ZS_F32, (size_t)in * out);
+            zs_op_matmul(y, x, T, in, W, dt, out, NULL);
+            void *dW = up(Wf, (size_t)in * out, dt), *dx = up(x, (size_t)T * in, dt);
+            float *dy = up(y0, (size_t)T * out, ZS_F32);
+            CHECK(zs_dev_gemm(D, dy, dx, T, in, dW, dt, out, 0.0f) == 0, "gemm: %s", zs_errmsg());
+            float *g = down(dy, (size_t)T * out, ZS_F32);
+            double e = nerr(g, y, (size_t)T * out);
+            CHECK(e <= 1e-4, "gemm T=%d %dx%d %s: error %.3g", T, in, out, zs_dtype_name(dt), e);
+            free(g);
+            /* beta = 1: the residual accumulated in place */
+            ZS_ASSERT(zs_dev_upload(D, dy, y0, (size_t)T * out * 4) == 0);
+            CHECK(zs_dev_gemm(D, dy, dx, T, in, dW, dt, out, 1.0f) == 0, "gemm: %s", zs_errmsg());
+            g = down(dy, (size_t)T * out, ZS_F32);
+            for (size_t i = 0; i < (size_t)T * out; i++) y[i] += y0[i];
+            e = nerr(g, y, (size_t)T * out);
+            CHECK(e <= 1e-4, "gemm (beta 1) T=%d %dx%d %s: error %.3g", T, in, out, zs_dtype_name(dt), e);
+            free(g); free(Wf); free(x); free(y); free(y0); free(W);
+            rel(dW); rel(dx); rel(dy);
+        }
+    }
+}
+
+int main(void) {
+    if (zs_backend_cuda_devices() == 0) {
+        fprintf(stderr, "test-backend-ops: no CUDA device visible; skipping\n");
+        return 77;
+    }
+    int ndev = zs_backend_cuda_devices();
+    for (int dev = 0; dev < ndev; dev++) {
+        char name[256];
+        CHECK(zs_backend_cuda_describe(dev, name, sizeof name) == 0, "describe: %s", zs_errmsg());
+        fprintf(stderr, "device %d: %s\n", dev, name);
+        if (zs_dev_open(dev, &D) < 0) {
+            CHECK(0, "open device %d: %s", dev, zs_errmsg());
+            continue;
+        }
+        S = zs_dev_stream(D, ZS_Q_COMPUTE);
+        test_convert();
+        test_embed();
+        test_norms();
+        test_rope();
+        test_act();
+        test_attention();
+        test_gemm();
+        CHECK(zs_dev_sync(D) == 0, "device %d: %s", dev, zs_errmsg());
+        zs_dev_free(D);
+        D = NULL;
+    }
+    return tu_finish("test-backend-ops");
+}
+#endif
