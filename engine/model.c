@@ -22,6 +22,7 @@ struct zs_model {
     zs_st_set *st;
     int n_buckets;
     zs_bucket_layout *layout; /* [n_buckets] */
+    zs_bucket_layout *glayout; /* [n_buckets] the same slots, every tensor f32 (gradients, master weights) */
     src_ref *src;             /* [n_buckets * ZS_MAX_ROLES] */
     void **data;              /* [n_buckets] resident copies (or NULL) */
     void **res;               /* [n_buckets] */
@@ -38,6 +39,7 @@ int zs_model_n_buckets(const zs_model *m) { return m->n_buckets; }
 int zs_bucket_head(const zs_model *m) { return m->n_buckets - 1; }
 const zs_model_config *zs_model_config_get(const zs_model *m) { return &m->cfg; }
 const zs_bucket_layout *zs_model_layout(const zs_model *m, int b) { return &m->layout[b]; }
+const zs_bucket_layout *zs_model_grad_layout(const zs_model *m, int b) { return &m->glayout[b]; }
 const char *zs_model_dir(const zs_model *m) { return m->dir; }
 const char *zs_model_fingerprint(const zs_model *m) { return m->fingerprint; }
 size_t zs_model_param_count(const zs_model *m) { return m->n_params; }
@@ -129,6 +131,10 @@ static void build_layouts(zs_model *m) {
         for (int r = 0; r < m->layout[b].n_roles; r++)
             if (m->layout[b].slot[r].present)
                 m->n_params += (size_t)(m->layout[b].slot[r].shape[0] * m->layout[b].slot[r].shape[1]);
+        /* the f32 twin: same slots and areas (they depend on shapes only), f32 offsets */
+        m->glayout[b] = m->layout[b];
+        for (int r = 0; r < m->glayout[b].n_roles; r++) m->glayout[b].slot[r].dtype = ZS_F32;
+        layout_finish(&m->glayout[b], m->opts.persist_threshold);
     }
 }
 
@@ -243,8 +249,9 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
     if ((rc = zs_st_open_dir(dir, &m->st)) < 0) goto fail;
     m->n_buckets = m->cfg.n_layers + 2;
     m->layout = calloc((size_t)m->n_buckets, sizeof *m->layout);
+    m->glayout = calloc((size_t)m->n_buckets, sizeof *m->glayout);
     m->src = calloc((size_t)m->n_buckets * ZS_MAX_ROLES, sizeof *m->src);
-    if (!m->layout || !m->src) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto fail; }
+    if (!m->layout || !m->glayout || !m->src) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto fail; }
     build_layouts(m);
     rc = m->cfg.arch == ZS_ARCH_GPT2 ? map_gpt2(m) : map_llama(m);
     if (rc < 0) goto fail;
@@ -254,6 +261,7 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
         if (st_dt != m->opts.weight_dtype) {
             m->opts.weight_dtype = st_dt;
             memset(m->layout, 0, (size_t)m->n_buckets * sizeof *m->layout);
+            memset(m->glayout, 0, (size_t)m->n_buckets * sizeof *m->glayout);
             m->n_params = 0;
             build_layouts(m);
         }
@@ -356,6 +364,7 @@ void zs_model_free(zs_model *m) {
     free(m->data);
     free(m->res);
     free(m->layout);
+    free(m->glayout);
     free(m->src);
     free(m->dir);
     free(m);

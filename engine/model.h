@@ -84,6 +84,9 @@ void zs_model_free(zs_model *m);
 
 const zs_model_config *zs_model_config_get(const zs_model *m);
 const zs_bucket_layout *zs_model_layout(const zs_model *m, int bucket);
+/* The same bucket with every tensor in f32 (same slots, same resident/sharded split, f32
+ * offsets): the layout of gradients and fp32 master weights. */
+const zs_bucket_layout *zs_model_grad_layout(const zs_model *m, int bucket);
 const char *zs_model_dir(const zs_model *m);
 /* Fingerprint of the source checkpoint plus the packing options (for reusing shard files). */
 const char *zs_model_fingerprint(const zs_model *m);
