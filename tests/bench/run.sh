@@ -11,9 +11,9 @@ if [ ! -f "$M/config.json" ]; then
 fi
 ./zeroserve bench --model "$M" --runs "${RUNS:-5}" --prefill "${PREFILL:-128}" --decode "${DECODE:-32}" ${JSON:+--json "$JSON"}
 
-# ZeRO-3 weight streaming from NVMe shard files, 2 ranks, a live budget of 200 MB (a fifth of the
+# ZeRO-3 weight streaming from NVMe shard files, 2 ranks, a live budget of 300 MB (under a third of the
 # model): stream GB/s against raw io_uring O_DIRECT reads of the same files, and the overlap figure.
 NV=${NVME_PATH:-models/bench-250m-shards}
 mkdir -p "$NV"
 ./zeroserve bench --model "$M" --offload nvme --nvme-path "$NV" --ranks "${RANKS:-2}" \
-    --max-live-bytes 200000000 --runs "${RUNS:-5}" --decode "${DECODE_NVME:-8}"
+    --max-live-bytes 300000000 --runs "${RUNS:-5}" --decode "${DECODE_NVME:-8}"
