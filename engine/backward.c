@@ -1,0 +1,379 @@
+/* backward.c — training forward and backward over one micro-batch (backward.h): embeddings,
+ * transformer blocks with activation checkpointing (each layer recomputed from its stored input
+ * in the backward), final norm + LM head + masked cross-entropy, for Llama-family and GPT-2
+ * models on the CPU. The forward arithmetic is that of forward.c; the backward ops are in
+ * kernels/cpu/ops-backward.c. */
+#include "backward.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+#include "ops.h"
+#include "train-ops.h"
+
+/* pass steps, in order: 0 embed fwd, 1..L layer fwd, L+1 head, L+2..2L+1 layer bwd (L-1..0),
+ * 2L+2 embed bwd */
+struct zs_trainer {
+    const zs_model *m;
+    const zs_model_config *c;
+    int B, T, N, d, qd, kvd, ff, V, L;
+    int next;               /* the next step of the pass; -1 before the first embed fwd */
+    size_t bytes;
+    int32_t *tokens, *pos;  /* [N] */
+    float *xs;              /* [(L+1) * N * d]: input of each layer, then the head's input */
+    float *dres;            /* [N*d] gradient of the residual stream at the current point */
+    /* one layer's activations (recomputed in backward) */
+    float *xn1, *q, *k, *v, *att, *xmid, *xn2, *hg, *hu, *ha, *tmp;
+    /* their gradients */
+    float *dxn, *dq, *dk, *dv, *datt, *dhg, *dhu, *dha;
+    float *scores;          /* [2T] */
+    float *logits;          /* [chunk * V] */
+    int chunk;
+    float *wscratch;        /* [ZS_MATMUL_BWD_BLOCK * max(in)] for f16/bf16 weights */
+};
+
+static float *talloc(zs_trainer *t, size_t n) {
+    size_t b = ZS_ALIGN_UP(ZS_MAX(n, (size_t)1) * sizeof(float), 64);
+    float *p = zs_aligned_alloc(64, b);
+    if (p) t->bytes += b;
+    return p;
+}
+
+int zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out) {
+    const zs_model_config *c = zs_model_config_get(m);
+    if (B <= 0 || T <= 0) return zs_err(ZS_EINVAL, "trainer: batch %d x %d tokens must be positive", B, T);
+    if (T > c->max_seq)
+        return zs_err(ZS_ERANGE, "trainer: sequence length %d exceeds the model's context %d", T, c->max_seq);
+    if ((size_t)B * (size_t)T > (size_t)1 << 30) return zs_err(ZS_ERANGE, "trainer: batch too large");
+    zs_trainer *t = calloc(1, sizeof *t);
+    if (!t) return zs_err(ZS_ENOMEM, "out of memory");
+    t->m = m;
+    t->c = c;
+    t->B = B;
+    t->T = T;
+    t->N = B * T;
+    t->d = c->dim;
+    t->qd = c->n_heads * c->head_dim;
+    t->kvd = c->n_kv_heads * c->head_dim;
+    t->ff = c->ffn_dim;
+    t->V = c->vocab_size;
+    t->L = c->n_layers;
+    t->next = -1;
+    size_t N = (size_t)t->N, d = (size_t)t->d, qd = (size_t)t->qd, kvd = (size_t)t->kvd, ff = (size_t)t->ff;
+    t->chunk = (int)ZS_MIN(N, ZS_MAX((size_t)1, ((size_t)1 << 22) / (size_t)t->V));
+    size_t wide = ZS_MAX(d, ZS_MAX(qd, ff));
+    t->tokens = calloc(N, sizeof(int32_t));
+    t->pos = calloc(N, sizeof(int32_t));
+    t->xs = talloc(t, ((size_t)t->L + 1) * N * d);
+    t->dres = talloc(t, N * d);
+    t->xn1 = talloc(t, N * d);
+    t->q = talloc(t, N * qd);
+    t->k = talloc(t, N * kvd);
+    t->v = talloc(t, N * kvd);
+    t->att = talloc(t, N * qd);
+    t->xmid = talloc(t, N * d);
+    t->xn2 = talloc(t, N * d);
+    t->hg = talloc(t, N * ff);
+    t->hu = talloc(t, N * ff);
+    t->ha = talloc(t, N * ff);
+    t->tmp = talloc(t, N * d);
+    t->dxn = talloc(t, N * d);
+    t->dq = talloc(t, N * qd);
+    t->dk = talloc(t, N * kvd);
+    t->dv = talloc(t, N * kvd);
+    t->datt = talloc(t, N * qd);
+    t->dhg = talloc(t, N * ff);
+    t->dhu = talloc(t, N * ff);
+    t->dha = talloc(t, N * ff);
+    t->scores = talloc(t, 2 * (size_t)T);
+    t->logits = talloc(t, (size_t)t->chunk * (size_t)t->V);
+    t->wscratch = talloc(t, (size_t)ZS_MATMUL_BWD_BLOCK * wide);
+    if (!t->tokens || !t->pos || !t->xs || !t->dres || !t->xn1 || !t->q || !t->k || !t->v || !t->att ||
+        !t->xmid || !t->xn2 || !t->hg || !t->hu || !t->ha || !t->tmp || !t->dxn || !t->dq || !t->dk || !t->dv ||
+        !t->datt || !t->dhg || !t->dhu || !t->dha || !t->scores || !t->logits || !t->wscratch) {
+        zs_trainer_free(t);
+        return zs_err(ZS_ENOMEM, "trainer: cannot allocate scratch for %d x %d tokens", B, T);
+    }
+    t->bytes += 2 * N * sizeof(int32_t);
+    for (int i = 0; i < t->N; i++) t->pos[i] = i % T;
+    *out = t;
+    return 0;
+}
+
+void zs_trainer_free(zs_trainer *t) {
+    if (!t) return;
+    float *bufs[] = {t->xs, t->dres, t->xn1, t->q, t->k, t->v, t->att, t->xmid, t->xn2, t->hg, t->hu,
+                     t->ha, t->tmp, t->dxn, t->dq, t->dk, t->dv, t->datt, t->dhg, t->dhu, t->dha,
+                     t->scores, t->logits, t->wscratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(t->tokens);
+    free(t->pos);
+    free(t);
+}
+
+size_t zs_trainer_bytes(const zs_trainer *t) { return t->bytes; }
+
+/* ---- helpers ---- */
+
+static int expect(zs_trainer *t, int step, const char *what) {
+    if (t->next != step)
+        return zs_err(ZS_EINVAL, "trainer: %s called out of order (expected step %d of the pass, at %d)", what,
+                      step, t->next);
+    return 0;
+}
+
+/* Pointer of a role's weight in a bucket given the two base pointers (NULL if absent). */
+static inline const void *W(const zs_bucket_layout *L, int role, const void *data, const void *res) {
+    const zs_slot *s = &L->slot[role];
+    if (!s->present) return NULL;
+    return (const char *)(s->resident ? res : data) + s->offset;
+}
+#define WF(L, role, data, res) ((const float *)W(L, role, data, res))
+
+/* Pointer of a role's gradient (grad layout) given the two gradient base pointers. */
+static inline float *G(const zs_bucket_layout *GL, int role, float *g_data, float *g_res) {
+    const zs_slot *s = &GL->slot[role];
+    if (!s->present) return NULL;
+    return (float *)(void *)((char *)(s->resident ? (void *)g_res : (void *)g_data) + s->offset);
+}
+
+/* Every present slot of a bucket has its area: a NULL base for a used area is ZS_EINVAL. */
+static int check_areas(const zs_bucket_layout *L, const void *data, const void *res, const char *what) {
+    for (int r = 0; r < L->n_roles; r++) {
+        const zs_slot *s = &L->slot[r];
+        if (s->present && !(s->resident ? res : data))
+            return zs_err(ZS_EINVAL, "trainer: %s: the %s area is NULL", what, s->resident ? "resident" : "data");
+    }
+    return 0;
+}
+
+static void norm_fwd(const zs_model_config *c, float *y, const float *x, const float *w, const float *b, int n) {
+    if (c->arch == ZS_ARCH_GPT2) zs_op_layernorm(y, x, w, b, n, c->dim, c->norm_eps);
+    else zs_op_rmsnorm(y, x, w, n, c->dim, c->norm_eps);
+}
+
+static void norm_bwd(const zs_model_config *c, float *dx, float *dw, float *db, const float *dy, const float *x,
+                     const float *w, int n) {
+    if (c->arch == ZS_ARCH_GPT2) zs_op_layernorm_bwd(dx, dw, db, dy, x, w, n, c->dim, c->norm_eps);
+    else zs_op_rmsnorm_bwd(dx, dw, dy, x, w, n, c->dim, c->norm_eps);
+}
+
+/* The forward of layer l from x_in, keeping its activations in the workspace; writes the layer's
+ * output to x_out unless it is NULL (the backward recompute needs only the activations). */
+static void layer_compute(zs_trainer *t, int l, const void *data, const void *res, const float *x_in,
+                          float *x_out) {
+    const zs_model_config *c = t->c;
+    const zs_bucket_layout *L = zs_model_layout(t->m, zs_bucket_layer(l));
+    int n = t->N, d = t->d, qd = t->qd, kvd = t->kvd, ff = t->ff, T = t->T;
+    zs_dtype wd = L->slot[ZS_R_WQ].dtype;
+    size_t nd = (size_t)n * d;
+
+    norm_fwd(c, t->xn1, x_in, WF(L, ZS_R_ATTN_NORM_W, data, res), WF(L, ZS_R_ATTN_NORM_B, data, res), n);
+    zs_op_matmul(t->q, t->xn1, n, d, W(L, ZS_R_WQ, data, res), wd, qd, WF(L, ZS_R_BQ, data, res));
+    zs_op_matmul(t->k, t->xn1, n, d, W(L, ZS_R_WK, data, res), wd, kvd, WF(L, ZS_R_BK, data, res));
+    zs_op_matmul(t->v, t->xn1, n, d, W(L, ZS_R_WV, data, res), wd, kvd, WF(L, ZS_R_BV, data, res));
+    if (c->arch != ZS_ARCH_GPT2)
+        for (int i = 0; i < n; i++) {
+            zs_op_rope(t->q + (size_t)i * qd, c->n_heads, c->head_dim, t->pos[i], c->rope_theta);
+            zs_op_rope(t->k + (size_t)i * kvd, c->n_kv_heads, c->head_dim, t->pos[i], c->rope_theta);
+        }
+    for (int b = 0; b < t->B; b++) {
+        size_t o = (size_t)b * T;
+        zs_op_attention_fwd(t->att + o * qd, t->q + o * qd, t->k + o * kvd, t->v + o * kvd, T, c->n_heads,
+                            c->n_kv_heads, c->head_dim, t->scores);
+    }
+    zs_op_matmul(t->tmp, t->att, n, qd, W(L, ZS_R_WO, data, res), wd, d, WF(L, ZS_R_BO, data, res));
+    memcpy(t->xmid, x_in, nd * sizeof(float));
+    zs_op_add(t->xmid, t->tmp, nd);
+
+    norm_fwd(c, t->xn2, t->xmid, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), n);
+    size_t nf = (size_t)n * ff;
+    if (c->arch == ZS_ARCH_GPT2) {
+        zs_op_matmul(t->hu, t->xn2, n, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res));
+        memcpy(t->ha, t->hu, nf * sizeof(float));
+        zs_op_gelu(t->ha, nf);
+    } else {
+        zs_op_matmul(t->hg, t->xn2, n, d, W(L, ZS_R_W_GATE, data, res), wd, ff, WF(L, ZS_R_B_GATE, data, res));
+        zs_op_matmul(t->hu, t->xn2, n, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res));
+        zs_op_swiglu(t->ha, t->hg, t->hu, nf);
+    }
+    if (x_out) {
+        zs_op_matmul(t->tmp, t->ha, n, ff, W(L, ZS_R_W_DOWN, data, res), wd, d, WF(L, ZS_R_B_DOWN, data, res));
+        memcpy(x_out, t->xmid, nd * sizeof(float));
+        zs_op_add(x_out, t->tmp, nd);
+    }
+}
+
+/* ---- the pass ---- */
+
+int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const int32_t *tokens) {
+    const zs_bucket_layout *E = zs_model_layout(t->m, zs_bucket_embed());
+    ZS_CHECK(check_areas(E, data, res, "embedding forward"));
+    for (int i = 0; i < t->N; i++)
+        if (tokens[i] < 0 || tokens[i] >= t->V) {
+            t->next = -1;
+            return zs_err(ZS_ERANGE, "trainer: token id %d at %d is out of range [0, %d)", tokens[i], i, t->V);
+        }
+    memcpy(t->tokens, tokens, (size_t)t->N * sizeof(int32_t));
+    int d = t->d;
+    for (int i = 0; i < t->N; i++) {
+        float *x = t->xs + (size_t)i * d;
+        zs_op_embed(x, W(E, ZS_R_TOK_EMB, data, res), E->slot[ZS_R_TOK_EMB].dtype, d, t->tokens[i]);
+        if (E->slot[ZS_R_POS_EMB].present) {
+            zs_op_embed(t->tmp, W(E, ZS_R_POS_EMB, data, res), E->slot[ZS_R_POS_EMB].dtype, d, t->pos[i]);
+            zs_op_add(x, t->tmp, (size_t)d);
+        }
+    }
+    t->next = 1;
+    return 0;
+}
+
+int zs_train_layer_fwd(zs_trainer *t, int layer, const void *data, const void *res) {
+    if (layer < 0 || layer >= t->L) return zs_err(ZS_EINVAL, "trainer: layer %d out of range", layer);
+    ZS_CHECK(expect(t, 1 + layer, "zs_train_layer_fwd"));
+    ZS_CHECK(check_areas(zs_model_layout(t->m, zs_bucket_layer(layer)), data, res, "layer forward"));
+    size_t nd = (size_t)t->N * t->d;
+    layer_compute(t, layer, data, res, t->xs + (size_t)layer * nd, t->xs + (size_t)(layer + 1) * nd);
+    t->next++;
+    return 0;
+}
+
+int zs_train_head(zs_trainer *t, const void *head_data, const void *head_res, const void *embed_data,
+                  const void *embed_res, const int32_t *targets, float *loss, float *g_head_data,
+                  float *g_head_res, float *g_embed_data, float *g_embed_res) {
+    const zs_model_config *c = t->c;
+    ZS_CHECK(expect(t, t->L + 1, "zs_train_head"));
+    int hb = zs_bucket_head(t->m), eb = zs_bucket_embed();
+    const zs_bucket_layout *H = zs_model_layout(t->m, hb), *GH = zs_model_grad_layout(t->m, hb);
+    const zs_bucket_layout *E = zs_model_layout(t->m, eb), *GE = zs_model_grad_layout(t->m, eb);
+    int eval = !g_head_data && !g_head_res && !g_embed_data && !g_embed_res;
+    ZS_CHECK(check_areas(H, head_data, head_res, "head"));
+    if (!eval) ZS_CHECK(check_areas(GH, g_head_data, g_head_res, "head gradient"));
+    const void *Wh;
+    zs_dtype wdt;
+    float *gW;
+    if (c->tied_embeddings) {
+        ZS_CHECK(check_areas(E, embed_data, embed_res, "tied head (embedding bucket)"));
+        if (!eval) ZS_CHECK(check_areas(GE, g_embed_data, g_embed_res, "tied head (embedding gradient)"));
+        Wh = W(E, ZS_R_TOK_EMB, embed_data, embed_res);
+        wdt = E->slot[ZS_R_TOK_EMB].dtype;
+        gW = G(GE, ZS_R_TOK_EMB, g_embed_data, g_embed_res);
+    } else {
+        Wh = W(H, ZS_R_LM_HEAD, head_data, head_res);
+        wdt = H->slot[ZS_R_LM_HEAD].dtype;
+        gW = G(GH, ZS_R_LM_HEAD, g_head_data, g_head_res);
+    }
+    int n = t->N, d = t->d, V = t->V;
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        if (targets[i] >= V)
+            return zs_err(ZS_ERANGE, "trainer: target id %d at %d is out of range [0, %d)", targets[i], i, V);
+        count += targets[i] >= 0;
+    }
+    float scale = count ? 1.0f / (float)count : 0.0f;
+    const float *xL = t->xs + (size_t)t->L * n * d;
+    float *xf = t->xn1, *dxf = t->dxn;
+    const float *wn = WF(H, ZS_R_OUT_NORM_W, head_data, head_res), *bn = WF(H, ZS_R_OUT_NORM_B, head_data, head_res);
+    norm_fwd(c, xf, xL, wn, bn, n);
+    memset(dxf, 0, (size_t)n * d * sizeof(float));
+    double sum = 0.0;
+    for (int r0 = 0; r0 < n; r0 += t->chunk) {
+        int R = ZS_MIN(t->chunk, n - r0);
+        int any = 0;
+        for (int i = r0; i < r0 + R && !any; i++) any = targets[i] >= 0;
+        if (!any) continue; /* every target masked: no loss, no gradient */
+        const float *x = xf + (size_t)r0 * d;
+        zs_op_matmul(t->logits, x, R, d, Wh, wdt, V, NULL);
+        sum += zs_op_cross_entropy(eval ? NULL : t->logits, t->logits, targets + r0, R, V, scale);
+        if (!eval) zs_op_matmul_bwd(dxf + (size_t)r0 * d, gW, NULL, t->logits, x, Wh, wdt, R, d, V, t->wscratch);
+    }
+    *loss = count ? (float)(sum / count) : 0.0f;
+    if (eval) { /* loss only: the pass ends here */
+        t->next = -1;
+        return 0;
+    }
+    memset(t->dres, 0, (size_t)n * d * sizeof(float));
+    norm_bwd(c, t->dres, G(GH, ZS_R_OUT_NORM_W, g_head_data, g_head_res),
+             G(GH, ZS_R_OUT_NORM_B, g_head_data, g_head_res), dxf, xL, wn, n);
+    t->next++;
+    return 0;
+}
+
+int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *res, float *g_data,
+                       float *g_res) {
+    const zs_model_config *c = t->c;
+    if (layer < 0 || layer >= t->L) return zs_err(ZS_EINVAL, "trainer: layer %d out of range", layer);
+    ZS_CHECK(expect(t, 2 * t->L + 1 - layer, "zs_train_layer_bwd"));
+    int b = zs_bucket_layer(layer);
+    const zs_bucket_layout *L = zs_model_layout(t->m, b), *GL = zs_model_grad_layout(t->m, b);
+    ZS_CHECK(check_areas(L, data, res, "layer backward"));
+    ZS_CHECK(check_areas(GL, g_data, g_res, "layer gradient"));
+    int n = t->N, d = t->d, qd = t->qd, kvd = t->kvd, ff = t->ff, T = t->T;
+    size_t nd = (size_t)n * d, nf = (size_t)n * ff;
+    zs_dtype wd = L->slot[ZS_R_WQ].dtype;
+    float *ws = t->wscratch;
+    const float *x_in = t->xs + (size_t)layer * nd;
+#define GR(role) G(GL, role, g_data, g_res)
+
+    layer_compute(t, layer, data, res, x_in, NULL);
+
+    /* MLP: x_out = xmid + down(act(xn2)) */
+    memset(t->dha, 0, nf * sizeof(float));
+    zs_op_matmul_bwd(t->dha, GR(ZS_R_W_DOWN), GR(ZS_R_B_DOWN), t->dres, t->ha, W(L, ZS_R_W_DOWN, data, res), wd, n,
+                     ff, d, ws);
+    memset(t->dxn, 0, nd * sizeof(float));
+    if (c->arch == ZS_ARCH_GPT2) {
+        zs_op_gelu_bwd(t->dhu, t->dha, t->hu, nf);
+    } else {
+        zs_op_swiglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
+        zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_GATE), GR(ZS_R_B_GATE), t->dhg, t->xn2, W(L, ZS_R_W_GATE, data, res),
+                         wd, n, d, ff, ws);
+    }
+    zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_UP), GR(ZS_R_B_UP), t->dhu, t->xn2, W(L, ZS_R_W_UP, data, res), wd, n, d,
+                     ff, ws);
+    /* the residual passes dres through; the norm adds its branch: dres becomes d xmid */
+    norm_bwd(c, t->dres, GR(ZS_R_FFN_NORM_W), GR(ZS_R_FFN_NORM_B), t->dxn, t->xmid,
+             WF(L, ZS_R_FFN_NORM_W, data, res), n);
+
+    /* attention: xmid = x_in + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
+    memset(t->datt, 0, (size_t)n * qd * sizeof(float));
+    zs_op_matmul_bwd(t->datt, GR(ZS_R_WO), GR(ZS_R_BO), t->dres, t->att, W(L, ZS_R_WO, data, res), wd, n, qd, d,
+                     ws);
+    memset(t->dq, 0, (size_t)n * qd * sizeof(float));
+    memset(t->dk, 0, (size_t)n * kvd * sizeof(float));
+    memset(t->dv, 0, (size_t)n * kvd * sizeof(float));
+    for (int s = 0; s < t->B; s++) {
+        size_t o = (size_t)s * T;
+        zs_op_attention_bwd(t->dq + o * qd, t->dk + o * kvd, t->dv + o * kvd, t->datt + o * qd, t->q + o * qd,
+                            t->k + o * kvd, t->v + o * kvd, T, c->n_heads, c->n_kv_heads, c->head_dim, t->scores);
+    }
+    if (c->arch != ZS_ARCH_GPT2)
+        for (int i = 0; i < n; i++) {
+            zs_op_rope_bwd(t->dq + (size_t)i * qd, c->n_heads, c->head_dim, t->pos[i], c->rope_theta);
+            zs_op_rope_bwd(t->dk + (size_t)i * kvd, c->n_kv_heads, c->head_dim, t->pos[i], c->rope_theta);
+        }
+    memset(t->dxn, 0, nd * sizeof(float));
+    zs_op_matmul_bwd(t->dxn, GR(ZS_R_WQ), GR(ZS_R_BQ), t->dq, t->xn1, W(L, ZS_R_WQ, data, res), wd, n, d, qd, ws);
+    zs_op_matmul_bwd(t->dxn, GR(ZS_R_WK), GR(ZS_R_BK), t->dk, t->xn1, W(L, ZS_R_WK, data, res), wd, n, d, kvd, ws);
+    zs_op_matmul_bwd(t->dxn, GR(ZS_R_WV), GR(ZS_R_BV), t->dv, t->xn1, W(L, ZS_R_WV, data, res), wd, n, d, kvd, ws);
+    norm_bwd(c, t->dres, GR(ZS_R_ATTN_NORM_W), GR(ZS_R_ATTN_NORM_B), t->dxn, x_in,
+             WF(L, ZS_R_ATTN_NORM_W, data, res), n);
+#undef GR
+    t->next++;
+    return 0;
+}
+
+int zs_train_embed_bwd(zs_trainer *t, const void *data, const void *res, float *g_data, float *g_res) {
+    ZS_CHECK(expect(t, 2 * t->L + 2, "zs_train_embed_bwd"));
+    int eb = zs_bucket_embed();
+    const zs_bucket_layout *GE = zs_model_grad_layout(t->m, eb);
+    (void)data; /* the embedding backward reads no weights */
+    (void)res;
+    ZS_CHECK(check_areas(GE, g_data, g_res, "embedding gradient"));
+    zs_op_embed_bwd(G(GE, ZS_R_TOK_EMB, g_data, g_res), t->dres, t->tokens, t->N, t->d);
+    float *gp = G(GE, ZS_R_POS_EMB, g_data, g_res);
+    if (gp) zs_op_embed_bwd(gp, t->dres, t->pos, t->N, t->d);
+    t->next = -1;
+    return 0;
+}

@@ -1,0 +1,72 @@
+/* backward.h — the training forward and backward pass over one micro-batch of B sequences of T
+ * tokens (full causal attention inside each sequence, no KV cache), organised by BUCKET so that a
+ * ZeRO-3 step can gather each bucket, use it and release it: forward in pass order (embed,
+ * layer 0 .. L-1, head — which also reads the embedding bucket when the head is tied), then
+ * backward in reverse (head already started by zs_train_head, layer L-1 .. 0, embed).
+ *
+ * Activation checkpointing (DESIGN.md §5): the forward keeps only the input x_l of each layer
+ * ([B*T*dim] floats per layer, plus the final one); the backward of layer l recomputes that
+ * layer's activations from x_l with the same arithmetic as the inference forward (forward.c) and
+ * then backpropagates through it. Memory: (L+1)·B·T·dim checkpoints plus one layer's workspace
+ * plus a [rows, vocab] block of logits for the head.
+ *
+ * Weights: `data` is the bucket's full (gathered) data area and `res` its resident area, laid
+ * out by zs_model_layout(m, bucket), in the model's storage dtype (f32, f16 or bf16; norms and
+ * biases f32). Gradients: f32, laid out by zs_model_grad_layout(m, bucket), `g_data` the data
+ * area (data_bytes) and `g_res` the resident area (resident_bytes). Every backward call
+ * ACCUMULATES (+=) into the gradients, so calling a whole pass once per micro-batch on the same
+ * gradient buffers sums the micro-batches' gradients (each one the gradient of its own mean
+ * loss: divide by the number of micro-batches, or weight them, for a mean over the step); the
+ * caller zeroes the gradients at the start of a step.
+ *
+ * Call order for one micro-batch (anything else is ZS_EINVAL):
+ *   zs_train_embed_fwd, zs_train_layer_fwd(0 .. L-1), zs_train_head,
+ *   zs_train_layer_bwd(L-1 .. 0), zs_train_embed_bwd.
+ * A new zs_train_embed_fwd may start over at any point (the previous pass is abandoned).
+ *
+ * Ownership and threads: a trainer owns its scratch and copies tokens and targets; the model must
+ * outlive it. One trainer is used by one thread at a time; several trainers may share a model.
+ * The matrix products use the process's kernel pool (zs_op_matmul) and OpenBLAS threads. */
+#ifndef ZS_BACKWARD_H
+#define ZS_BACKWARD_H
+
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct zs_trainer zs_trainer;
+
+/* Scratch for micro-batches of B sequences of T tokens (T <= the model's max_seq). */
+int  zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out);
+void zs_trainer_free(zs_trainer *t);
+/* Bytes of scratch the trainer holds. */
+size_t zs_trainer_bytes(const zs_trainer *t);
+
+/* Embeddings of tokens[B*T] (sequence b is tokens[b*T .. b*T+T), positions 0..T-1). Checks the
+ * ids (ZS_ERANGE). */
+int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const int32_t *tokens);
+/* Layer `layer` forward from its stored input; stores the next layer's input. */
+int zs_train_layer_fwd(zs_trainer *t, int layer, const void *data, const void *res);
+/* Final norm + LM head + cross-entropy against targets[B*T] (target of token i = the token that
+ * follows it; negative = masked). *loss = mean over the unmasked targets (0 when there are none;
+ * then every gradient contribution is 0). Then starts the backward: accumulates the gradient of
+ * the final norm (g_head_res / g_head_data), of the LM head (g_head_data, untied) or of the tied
+ * embedding table (g_embed_data / g_embed_res: the grad areas of the EMBEDDING bucket, whichever
+ * holds the token-embedding slot; both may be NULL when the head is untied), and keeps the
+ * gradient of the last layer's output for zs_train_layer_bwd. head_data/head_res are the head
+ * bucket's areas, embed_data/embed_res the embedding bucket's (used only when tied).
+ * Evaluation: with all four gradient pointers NULL it computes the loss only and ends the pass
+ * (no backward follows; nothing is accumulated). */
+int zs_train_head(zs_trainer *t, const void *head_data, const void *head_res, const void *embed_data,
+                  const void *embed_res, const int32_t *targets, float *loss, float *g_head_data,
+                  float *g_head_res, float *g_embed_data, float *g_embed_res);
+/* Recomputes layer `layer` from its stored input and backpropagates through it: accumulates its
+ * parameter gradients into g_data / g_res (layout zs_model_grad_layout of the layer's bucket) and
+ * turns the kept gradient into that of the layer's input. */
+int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *res, float *g_data,
+                       float *g_res);
+/* Accumulates the gradient of the token (and, GPT-2, position) embeddings. Ends the pass. It
+ * reads no weights: data and res may be NULL (a ZeRO-3 step need not gather the bucket again). */
+int zs_train_embed_bwd(zs_trainer *t, const void *data, const void *res, float *g_data, float *g_res);
+
+#endif
