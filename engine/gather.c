@@ -41,8 +41,18 @@ struct zs_gather {
     zs_shard_reader *reader;
     int direct;               /* no pipeline: acquire returns the shard itself */
 
-    int order[1024];
+    int order[1100];          /* pass order of kind 0 (inference) */
     int n_order;
+    int torder[2200];         /* pass order of kind 1 (training: forward, then layers in reverse) */
+    int n_torder;
+    int max_len;              /* longest pass */
+    /* which bucket item k is: with speculation on (serving), every pass from spec_base on is of
+     * kind 0 and the prefetcher runs into the next pass; with it off, only the items of the
+     * current pass (begun with its kind) are known */
+    int spec;
+    long spec_base;
+    long cur_start;           /* first item of the consumer's current pass */
+    int cur_kind;
     item_t *ring;
     long ring_n;
 
@@ -109,6 +119,12 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
         total += g->shard_bytes[b];
     }
     g->n_order = zs_model_pass_order(m, g->order);
+    /* training: embeddings, layers, head (+ embeddings again for a tied head: both at once),
+     * then the layers in reverse for the backward pass (the embedding backward reads no weights) */
+    for (int i = 0; i < g->n_order; i++) g->torder[g->n_torder++] = g->order[i];
+    for (int l = zs_model_config_get(m)->n_layers - 1; l >= 0; l--) g->torder[g->n_torder++] = zs_bucket_layer(l);
+    g->max_len = ZS_MAX(g->n_order, g->n_torder);
+    g->spec = 1;
     /* on a GPU a cpu-tier shard is host memory, so it still goes through the pipeline */
     g->direct = nranks == 1 && (g->has_dev ? o->tier == ZS_OFFLOAD_NONE : o->tier != ZS_OFFLOAD_NVME);
     g->live_limit = o->max_live_bytes ? o->max_live_bytes : 4 * max_full;
@@ -137,10 +153,11 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
     } else {
         /* a read slot never runs a full pass ahead: the slot count stays below the pass length */
         int n = ZS_MIN(g->o.buffer_count, ZS_MAX(1, g->n_order - 1));
+        n = ZS_MIN(n, 64);
         int rc = zs_pinned_init(ZS_MAX(max_shard, 4096), n, &g->slots);
         if (rc < 0) { zs_gather_free(g); return rc; }
     }
-    g->ring_n = g->n_order + g->o.buffer_count + 2;
+    g->ring_n = g->max_len + g->o.buffer_count + 2;
     g->ring = calloc((size_t)g->ring_n, sizeof(item_t));
     if (!g->ring) goto nomem;
     *out = g;
@@ -219,12 +236,31 @@ static void pool_put(zs_gather *g, void *p, size_t cap) {
 
 static item_t *ring_at(zs_gather *g, long k) { return &g->ring[k % g->ring_n]; }
 
+static int pass_len(const zs_gather *g, int kind) { return kind ? g->n_torder : g->n_order; }
+
+/* The bucket of item k, or -1 while its pass has not begun (speculation off). Under g->mu. */
+static int bucket_of(const zs_gather *g, long k) {
+    if (g->spec && k >= g->spec_base) return g->order[(k - g->spec_base) % g->n_order];
+    if (k >= g->cur_start && k < g->cur_start + pass_len(g, g->cur_kind))
+        return (g->cur_kind ? g->torder : g->order)[k - g->cur_start];
+    return -1;
+}
+
+/* The end (exclusive) of the items the prefetcher may work on now. Under g->mu. */
+static long prefetch_limit(const zs_gather *g) {
+    if (g->spec) return g->consumed + g->n_order;
+    return g->cur_start + pass_len(g, g->cur_kind);
+}
+
 /* Submits NVMe reads for items [submitted, limit) while slots are free. Caller holds no lock. */
 static void submit_reads(zs_gather *g, long limit) {
     while (g->submitted < limit) {
         long j = g->submitted;
         item_t *it = ring_at(g, j);
-        int b = g->order[j % g->n_order];
+        pthread_mutex_lock(&g->mu);
+        int b = bucket_of(g, j);
+        pthread_mutex_unlock(&g->mu);
+        if (b < 0) return; /* its pass has not begun */
         memset(it, 0, sizeof *it);
         it->bucket = b;
         it->slot = -1;
@@ -315,17 +351,17 @@ static void *prefetch_main(void *arg) {
     zs_gather *g = arg;
     int nvme = g->o.tier == ZS_OFFLOAD_NVME;
     for (long k = 0;; k++) {
-        int b = g->order[k % g->n_order];
-        size_t need = g->full_bytes[b];
-        /* stay within one pass of the compute thread and within the live budget */
+        /* stay within the known passes, one pass of the compute thread, and the live budget */
         pthread_mutex_lock(&g->mu);
-        while (!g->stop && (k >= g->consumed + g->n_order ||
-                            (g->live > 0 && g->live + need > g->live_limit)))
+        int b = -1;
+        while (!g->stop && (k >= prefetch_limit(g) || (b = bucket_of(g, k)) < 0 ||
+                            (g->live > 0 && g->live + g->full_bytes[b] > g->live_limit)))
             pthread_cond_wait(&g->cv, &g->mu);
-        long window = g->consumed + g->n_order;
+        long window = prefetch_limit(g);
         int stop = g->stop;
         pthread_mutex_unlock(&g->mu);
         if (stop) break;
+        size_t need = g->full_bytes[b];
 
         item_t *it = ring_at(g, k);
         if (nvme) {
@@ -426,7 +462,7 @@ static int g_acquire(void *ctx, int bucket, const void **data) {
     }
     pthread_mutex_lock(&g->mu);
     long k = g->consumed++;
-    ZS_ASSERT(g->order[k % g->n_order] == bucket);
+    ZS_ASSERT(bucket_of(g, k) == bucket);
     pthread_cond_broadcast(&g->cv); /* the window moved */
     if (g->produced <= k) {
         double t0 = zs_now();
@@ -474,24 +510,58 @@ zs_weight_source zs_gather_source(zs_gather *g) {
     return (zs_weight_source){g_acquire, g_release, g};
 }
 
-void zs_gather_pass_begin(zs_gather *g) {
+void zs_gather_pass_begin(zs_gather *g, int kind) {
     g->pass_rc = 0;
     g->pass_remote = 0;
     g->pass_msg[0] = 0;
     if (g->direct) return;
-    ZS_ASSERT(g->consumed % g->n_order == 0 && g->released == g->consumed);
+    pthread_mutex_lock(&g->mu);
+    ZS_ASSERT(g->released == g->consumed);
+    ZS_ASSERT(!g->spec || (kind == 0 && (g->consumed - g->spec_base) % g->n_order == 0));
+    g->cur_start = g->consumed;
+    g->cur_kind = kind;
+    pthread_cond_broadcast(&g->cv); /* the prefetcher may start on this pass */
+    pthread_mutex_unlock(&g->mu);
     g->pass_start = g->consumed;
 }
 
 void zs_gather_pass_end(zs_gather *g) {
     if (g->direct) return;
     while (g->released < g->consumed) g_release(g, -1);
-    while (g->consumed < g->pass_start + g->n_order) {
+    while (g->consumed < g->pass_start + pass_len(g, g->cur_kind)) {
         const void *d;
-        int b = g->order[g->consumed % g->n_order];
+        pthread_mutex_lock(&g->mu);
+        int b = bucket_of(g, g->consumed);
+        pthread_mutex_unlock(&g->mu);
         (void)g_acquire(g, b, &d);
         g_release(g, b);
     }
+}
+
+void zs_gather_set_speculation(zs_gather *g, int on) {
+    if (g->direct) return;
+    pthread_mutex_lock(&g->mu);
+    int was = g->spec;
+    pthread_mutex_unlock(&g->mu);
+    if (was == !!on) return;
+    if (on) {
+        pthread_mutex_lock(&g->mu);
+        g->spec = 1;
+        g->spec_base = g->consumed;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        return;
+    }
+    /* the prefetcher may already be in the next (speculated, kind 0) pass: declare that pass
+     * and consume it, so that every rank stops at the same item */
+    pthread_mutex_lock(&g->mu);
+    ZS_ASSERT(g->released == g->consumed && (g->consumed - g->spec_base) % g->n_order == 0);
+    g->spec = 0;
+    g->cur_start = g->consumed;
+    g->cur_kind = 0;
+    pthread_mutex_unlock(&g->mu);
+    zs_gather_pass_begin(g, 0);
+    zs_gather_pass_end(g);
 }
 
 int zs_gather_pass_error(const zs_gather *g, int *remote, const char **msg) {

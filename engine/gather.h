@@ -92,8 +92,15 @@ zs_weight_source zs_gather_source(zs_gather *g);
  * acquires may stop early on an error), then pass_end, which releases what is still held and
  * takes part in the remaining gathers of the pass. A rank with nothing to compute calls just
  * begin and end. */
-void zs_gather_pass_begin(zs_gather *g);
+enum { ZS_PASS_INFER = 0, ZS_PASS_TRAIN = 1 };
+/* kind ZS_PASS_INFER: embeddings, layers, head (+ embeddings for a tied head);
+ * ZS_PASS_TRAIN: the same, then the layers in reverse (backward). */
+void zs_gather_pass_begin(zs_gather *g, int kind);
 void zs_gather_pass_end(zs_gather *g);
+/* Speculation (on at start): every coming pass is an inference pass, so the prefetcher runs into
+ * the next one before it begins. Turn it off before training passes and on again after; every
+ * rank must do so at the same step (turning it off takes part in one pass of gathers). */
+void zs_gather_set_speculation(zs_gather *g, int on);
 
 /* The first failure of the current pass (a failure of this rank's own read preferred over one
  * caused by another rank's): its code (0 if none), *remote and the message. */

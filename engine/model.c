@@ -45,6 +45,7 @@ const char *zs_model_fingerprint(const zs_model *m) { return m->fingerprint; }
 size_t zs_model_param_count(const zs_model *m) { return m->n_params; }
 const void *zs_model_bucket_data(const zs_model *m, int b) { return m->data ? m->data[b] : NULL; }
 const void *zs_model_bucket_resident(const zs_model *m, int b) { return m->res ? m->res[b] : NULL; }
+void *zs_model_bucket_resident_mut(zs_model *m, int b) { return m->res ? m->res[b] : NULL; }
 
 size_t zs_model_weight_bytes(const zs_model *m) {
     size_t s = 0;

@@ -95,6 +95,8 @@ size_t zs_model_weight_bytes(const zs_model *m);   /* bytes of all buckets (data
 /* Resident buffers owned by the model (after zs_model_load_resident; NULL before). */
 const void *zs_model_bucket_data(const zs_model *m, int b);
 const void *zs_model_bucket_resident(const zs_model *m, int b);
+/* The resident part, writable: training updates it in place (between steps only). */
+void *zs_model_bucket_resident_mut(zs_model *m, int b);
 /* Resident parts can be kept by the model even when data lives elsewhere. */
 int zs_model_load_resident_parts(zs_model *m);
 

@@ -20,6 +20,7 @@ typedef struct {
     zs_dev *dev;            /* CUDA device of the rank (NULL: CPU) */
     zs_gather_dev gops;     /* its gather operations */
     zs_forward_cuda *cfwd;  /* its forward pass */
+    zs_comm *gcomm;         /* second group, for gradients (used by the compute threads) */
     pthread_t th;
     int started;
     /* the current step */
@@ -40,6 +41,8 @@ struct zs_world {
     long step;     /* generation: bumped to start a step */
     int done;      /* worker ranks finished with the current step */
     int quit;
+    void (*job)(void *ud, int rank); /* a zs_world_run job instead of a forward step */
+    void *job_ud;
 };
 
 int zs_world_ranks(const zs_world *w) { return w->n; }
@@ -47,7 +50,7 @@ zs_kvcache *zs_world_kv(zs_world *w, int rank) { return w->ranks[rank].kv; }
 int zs_world_reused_shards(const zs_world *w) { return w->reused; }
 
 static void run_rank(rank_t *r) {
-    zs_gather_pass_begin(r->g);
+    zs_gather_pass_begin(r->g, ZS_PASS_INFER);
     int rc = 0;
     if (r->batch && r->batch->n > 0) {
         zs_weight_source src = zs_gather_source(r->g);
@@ -73,8 +76,11 @@ static void *rank_main(void *arg) {
         while (!w->quit && w->step == seen) pthread_cond_wait(&w->cv, &w->mu);
         if (w->quit) { pthread_mutex_unlock(&w->mu); break; }
         seen = w->step;
+        void (*job)(void *, int) = w->job;
+        void *job_ud = w->job_ud;
         pthread_mutex_unlock(&w->mu);
-        run_rank(r);
+        if (job) job(job_ud, r->rank);
+        else run_rank(r);
         pthread_mutex_lock(&w->mu);
         w->done++;
         pthread_cond_broadcast(&w->cv);
@@ -90,6 +96,7 @@ int zs_world_step(zs_world *w, const zs_batch *batches, float **logits) {
         w->ranks[i].logits = logits ? logits[i] : NULL;
     }
     pthread_mutex_lock(&w->mu);
+    w->job = NULL;
     w->done = 0;
     w->step++;
     pthread_cond_broadcast(&w->cv);
@@ -107,6 +114,26 @@ int zs_world_step(zs_world *w, const zs_batch *batches, float **logits) {
         }
     return first < 0 ? 0 : zs_err(w->ranks[first].rc, "%s", w->ranks[first].err);
 }
+
+void zs_world_run(zs_world *w, void (*fn)(void *ud, int rank), void *ud) {
+    pthread_mutex_lock(&w->mu);
+    w->job = fn;
+    w->job_ud = ud;
+    w->done = 0;
+    w->step++;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    fn(ud, 0);
+    pthread_mutex_lock(&w->mu);
+    while (w->done < w->n - 1) pthread_cond_wait(&w->cv, &w->mu);
+    w->job = NULL;
+    pthread_mutex_unlock(&w->mu);
+}
+
+zs_model *zs_world_model(zs_world *w) { return w->m; }
+zs_gather *zs_world_gather(zs_world *w, int rank) { return w->ranks[rank].g; }
+zs_comm *zs_world_grad_comm(zs_world *w, int rank) { return w->ranks[rank].gcomm; }
+int zs_world_is_cuda(const zs_world *w) { return w->n > 0 && w->ranks[0].dev != NULL; }
 
 /* ---- placement ---- */
 
@@ -245,6 +272,11 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
         w->ranks[r].rank = r;
         w->ranks[r].comm = rc == 0 ? comms[r] : NULL;
     }
+    /* the gradient group: host buffers on the CPU device (training runs on the CPU for now) */
+    if (rc == 0 && !cuda) {
+        rc = zs_comm_local_create(w->n, comms);
+        for (int r = 0; r < w->n; r++) w->ranks[r].gcomm = rc == 0 ? comms[r] : NULL;
+    }
     free(comms);
     if (rc < 0) goto fail;
     if ((rc = zs_model_load_resident_parts(m)) < 0) goto fail;
@@ -301,8 +333,10 @@ void zs_world_free(zs_world *w) {
         zs_forward_cuda_free(w->ranks[r].cfwd);
         zs_kv_free(w->ranks[r].kv);
     }
-    for (int r = 0; w->ranks && r < w->n; r++)
+    for (int r = 0; w->ranks && r < w->n; r++) {
         if (w->ranks[r].comm) zs_comm_free(w->ranks[r].comm);
+        if (w->ranks[r].gcomm) zs_comm_free(w->ranks[r].gcomm);
+    }
     for (int r = 0; w->ranks && r < w->n; r++) zs_dev_free(w->ranks[r].dev);
     free(w->ranks);
     pthread_mutex_destroy(&w->mu);

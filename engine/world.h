@@ -40,6 +40,16 @@ int  zs_world_reused_shards(const zs_world *w);
  * logits to logits[r]. Returns 0, or the first failing rank's error (message set). */
 int  zs_world_step(zs_world *w, const zs_batch *batches, float **logits);
 
+/* Runs fn(ud, r) on every rank's thread (rank 0 on the caller's), in lockstep with nothing else:
+ * the building block of training steps. */
+void zs_world_run(zs_world *w, void (*fn)(void *ud, int rank), void *ud);
+zs_model *zs_world_model(zs_world *w);
+zs_gather *zs_world_gather(zs_world *w, int rank);
+/* A second communicator group, for gradient reductions from the compute threads (the first one
+ * belongs to the prefetch threads). */
+zs_comm *zs_world_grad_comm(zs_world *w, int rank);
+int zs_world_is_cuda(const zs_world *w);
+
 /* Counters of all ranks: bytes summed, stall summed, depth and live bytes the maximum. */
 void zs_world_stats(zs_world *w, zs_gather_stats *out);
 void zs_world_reset_peaks(zs_world *w);

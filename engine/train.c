@@ -1,0 +1,401 @@
+/* train.c — ZeRO-3 training steps over the world's ranks: per-rank forward/backward through the
+ * gather coordinator (training pass order), reduce-scatter of each bucket's gradient, fp32
+ * gradient shards accumulated over micro-steps, global-norm clipping and partitioned AdamW on
+ * fp32 master shards, written back to the storage shards. See train.h. */
+#include "train.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "backward.h"
+#include "common.h"
+#include "gather.h"
+
+typedef struct {
+    zs_trainer *tr;
+    float **master, **mom, **var, **gacc;   /* [bucket] this rank's shard, storage-element order */
+    float **rmaster, **rmom, **rvar, **racc; /* [bucket] resident area (glayout order); rank 0 updates */
+    float *gl_data, *gl_res;                 /* one bucket's gradient, glayout order */
+    float *gh_data, *gh_res, *ge_data, *ge_res; /* head and embedding gradients of a micro-step */
+    float *gfull, *gshard;                   /* storage-element order, full and one shard */
+    double loss_sum;
+    int rc;
+    char err[512];
+} rank_tr;
+
+struct zs_training {
+    zs_world *w;
+    zs_model *m;
+    zs_train_opts o;
+    int n, nb, tied;
+    size_t *n_elem, *shard_elem, *res_elem; /* per bucket */
+    size_t dsize;
+    zs_dtype wdt;
+    rank_tr *r;
+    /* the current job */
+    const int32_t *const *tokens, *const *targets;
+    int micro;             /* micro-step index */
+    long total_count;      /* counted targets of the whole step */
+    long step;
+    float lr;
+    int eval;
+};
+
+/* ---- layout helpers ---- */
+
+/* glayout (f32 offsets) data area -> storage-element order (zero padding), times scale */
+static void to_storage_order(const zs_training *t, int b, const float *gl, float *se, float scale) {
+    const zs_bucket_layout *L = zs_model_layout(t->m, b), *G = zs_model_grad_layout(t->m, b);
+    memset(se, 0, t->shard_elem[b] * (size_t)t->n * sizeof(float));
+    for (int s = 0; s < L->n_roles; s++) {
+        const zs_slot *a = &L->slot[s], *g = &G->slot[s];
+        if (!a->present || a->resident) continue;
+        size_t n = (size_t)(a->shape[0] * a->shape[1]);
+        const float *src = gl + g->offset / 4;
+        float *dst = se + a->offset / t->dsize;
+        for (size_t i = 0; i < n; i++) dst[i] = src[i] * scale;
+    }
+}
+
+/* Reduces one bucket's gradient (glayout order, this rank's micro-batch) into the shards. */
+static int reduce_bucket(zs_training *t, int rank, int b, float *gdata, float *gres, float scale) {
+    rank_tr *R = &t->r[rank];
+    zs_comm *c = zs_world_grad_comm(t->w, rank);
+    int rc = 0;
+    if (t->shard_elem[b] > 0) {
+        to_storage_order(t, b, gdata, R->gfull, scale);
+        rc = zs_comm_reduce_scatter(c, R->gfull, R->gshard, t->shard_elem[b], ZS_F32, ZS_RED_SUM, NULL);
+        if (rc == 0)
+            for (size_t i = 0; i < t->shard_elem[b]; i++) R->gacc[b][i] += R->gshard[i];
+    }
+    if (rc == 0 && t->res_elem[b] > 0) {
+        for (size_t i = 0; i < t->res_elem[b]; i++) gres[i] *= scale;
+        rc = zs_comm_all_reduce(c, gres, gres, t->res_elem[b], ZS_F32, ZS_RED_SUM, NULL);
+        if (rc == 0)
+            for (size_t i = 0; i < t->res_elem[b]; i++) R->racc[b][i] += gres[i];
+    }
+    return rc;
+}
+
+static long count_targets(const int32_t *tg, size_t n) {
+    long c = 0;
+    for (size_t i = 0; i < n; i++) c += tg[i] >= 0;
+    return c;
+}
+
+/* ---- one micro-step on one rank ---- */
+
+static void micro_job(void *ud, int rank) {
+    zs_training *t = ud;
+    rank_tr *R = &t->r[rank];
+    zs_model *m = t->m;
+    zs_gather *g = zs_world_gather(t->w, rank);
+    zs_weight_source src = zs_gather_source(g);
+    const zs_model_config *c = zs_model_config_get(m);
+    int i = t->micro * t->n + rank, L = c->n_layers, eb = zs_bucket_embed(), hb = zs_bucket_head(m);
+    size_t bt = (size_t)t->o.micro_batch * (size_t)t->o.seq_len;
+    const int32_t *tok = t->tokens[i], *tg = t->targets[i];
+    long count = count_targets(tg, bt);
+    /* the trainer's gradient is of this rank's mean loss: weigh it by its share of the step */
+    float scale = t->total_count > 0 ? (float)count / (float)t->total_count / (float)t->o.grad_accum : 0.0f;
+    const void *d, *d2;
+    int rc = 0, failed = 0;
+    float loss = 0;
+
+    zs_gather_pass_begin(g, ZS_PASS_TRAIN);
+    if ((rc = src.acquire(src.ctx, eb, &d)) == 0)
+        rc = zs_train_embed_fwd(R->tr, d, zs_model_bucket_resident(m, eb), tok);
+    src.release(src.ctx, eb);
+    for (int l = 0; l < L && rc == 0; l++) {
+        if ((rc = src.acquire(src.ctx, zs_bucket_layer(l), &d)) == 0)
+            rc = zs_train_layer_fwd(R->tr, l, d, zs_model_bucket_resident(m, zs_bucket_layer(l)));
+        src.release(src.ctx, zs_bucket_layer(l));
+    }
+    if (rc == 0) {
+        memset(R->gh_data, 0, zs_model_grad_layout(m, hb)->data_bytes);
+        memset(R->gh_res, 0, t->res_elem[hb] * sizeof(float) + 4);
+        memset(R->ge_data, 0, zs_model_grad_layout(m, eb)->data_bytes);
+        memset(R->ge_res, 0, t->res_elem[eb] * sizeof(float) + 4);
+        rc = src.acquire(src.ctx, hb, &d);
+        int rc2 = t->tied ? src.acquire(src.ctx, eb, &d2) : 0;
+        if (rc == 0 && rc2 == 0)
+            rc = zs_train_head(R->tr, d, zs_model_bucket_resident(m, hb), t->tied ? d2 : NULL,
+                               t->tied ? zs_model_bucket_resident(m, eb) : NULL, tg, &loss,
+                               t->eval ? NULL : R->gh_data, t->eval ? NULL : R->gh_res,
+                               t->eval ? NULL : R->ge_data, t->eval ? NULL : R->ge_res);
+        else if (rc == 0)
+            rc = rc2;
+        src.release(src.ctx, hb);
+        if (t->tied) src.release(src.ctx, eb);
+    }
+    if (rc < 0) {
+        failed = rc;
+        snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
+    }
+    R->loss_sum += (double)loss * (double)count;
+    if (!t->eval) {
+        /* backward; after a failure every rank still takes part in every reduction (with zeros),
+         * and a forward that failed acquires nothing more (pass_end drains the pass in order) */
+        int fwd_ok = !failed;
+        for (int l = L - 1; l >= 0; l--) {
+            int b = zs_bucket_layer(l);
+            memset(R->gl_data, 0, zs_model_grad_layout(m, b)->data_bytes);
+            memset(R->gl_res, 0, t->res_elem[b] * sizeof(float) + 4);
+            if (fwd_ok) {
+                rc = src.acquire(src.ctx, b, &d);
+                if (rc == 0 && !failed)
+                    rc = zs_train_layer_bwd(R->tr, l, d, zs_model_bucket_resident(m, b), R->gl_data, R->gl_res);
+                src.release(src.ctx, b);
+                if (rc < 0 && !failed) {
+                    failed = rc;
+                    snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
+                }
+            }
+            if (failed) {
+                memset(R->gl_data, 0, zs_model_grad_layout(m, b)->data_bytes);
+                memset(R->gl_res, 0, t->res_elem[b] * sizeof(float) + 4);
+            }
+            if ((rc = reduce_bucket(t, rank, b, R->gl_data, R->gl_res, scale)) < 0 && !failed) {
+                failed = rc;
+                snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
+            }
+        }
+        if (!failed && (rc = zs_train_embed_bwd(R->tr, NULL, NULL, R->ge_data, R->ge_res)) < 0) {
+            failed = rc;
+            snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
+        }
+        if (failed) {
+            memset(R->ge_data, 0, zs_model_grad_layout(m, eb)->data_bytes);
+            memset(R->ge_res, 0, t->res_elem[eb] * sizeof(float) + 4);
+            memset(R->gh_data, 0, zs_model_grad_layout(m, hb)->data_bytes);
+            memset(R->gh_res, 0, t->res_elem[hb] * sizeof(float) + 4);
+        }
+        if ((rc = reduce_bucket(t, rank, eb, R->ge_data, R->ge_res, scale)) < 0 && !failed) failed = rc;
+        if ((rc = reduce_bucket(t, rank, hb, R->gh_data, R->gh_res, scale)) < 0 && !failed) failed = rc;
+    }
+    zs_gather_pass_end(g);
+    R->rc = failed;
+}
+
+/* ---- the optimizer step on one rank ---- */
+
+static void optim_job(void *ud, int rank) {
+    zs_training *t = ud;
+    rank_tr *R = &t->r[rank];
+    zs_comm *c = zs_world_grad_comm(t->w, rank);
+    zs_gather *g = zs_world_gather(t->w, rank);
+    double ss = 0;
+    for (int b = 0; b < t->nb; b++) {
+        ss += zs_sumsq(R->gacc[b], t->shard_elem[b]);
+        if (rank == 0) ss += zs_sumsq(R->racc[b], t->res_elem[b]); /* replicated: count once */
+    }
+    float part = (float)ss, total = 0;
+    int rc = zs_comm_all_reduce(c, &part, &total, 1, ZS_F32, ZS_RED_SUM, NULL);
+    if (rc < 0) {
+        R->rc = rc;
+        snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
+        return;
+    }
+    float coef = t->o.grad_clip > 0 ? zs_clip_coef(total, t->o.grad_clip) : 1.0f;
+    for (int b = 0; b < t->nb && rc == 0; b++) {
+        if (t->shard_elem[b] > 0) {
+            if (coef != 1.0f) zs_scale(R->gacc[b], t->shard_elem[b], coef);
+            rc = zs_adamw_update(R->master[b], R->mom[b], R->var[b], R->gacc[b], t->shard_elem[b], &t->o.adam,
+                                 t->lr, t->step, 1, zs_gather_shard_buffer(g, b), t->wdt);
+            memset(R->gacc[b], 0, t->shard_elem[b] * sizeof(float));
+        }
+        if (t->res_elem[b] > 0) {
+            if (rank == 0) {
+                if (coef != 1.0f) zs_scale(R->racc[b], t->res_elem[b], coef);
+                if (rc == 0)
+                    rc = zs_adamw_update(R->rmaster[b], R->rmom[b], R->rvar[b], R->racc[b], t->res_elem[b],
+                                         &t->o.adam, t->lr, t->step, 1, NULL, ZS_F32);
+                /* write the resident tensors back in their storage dtypes */
+                const zs_bucket_layout *L = zs_model_layout(t->m, b), *G = zs_model_grad_layout(t->m, b);
+                char *res = zs_model_bucket_resident_mut(t->m, b);
+                for (int s = 0; rc == 0 && s < L->n_roles; s++) {
+                    const zs_slot *a = &L->slot[s];
+                    if (!a->present || !a->resident) continue;
+                    zs_convert(res + a->offset, a->dtype, R->rmaster[b] + G->slot[s].offset / 4, ZS_F32,
+                               (size_t)(a->shape[0] * a->shape[1]));
+                }
+            }
+            memset(R->racc[b], 0, t->res_elem[b] * sizeof(float));
+        }
+    }
+    if (rc < 0) snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
+    R->rc = rc;
+}
+
+static void spec_job(void *ud, int rank) {
+    zs_training *t = ud;
+    zs_gather_set_speculation(zs_world_gather(t->w, rank), t->eval);
+}
+
+/* ---- set-up ---- */
+
+static float *falloc(size_t n) {
+    float *p = zs_aligned_alloc(64, (n + 16) * sizeof(float));
+    if (p) memset(p, 0, (n + 16) * sizeof(float));
+    return p;
+}
+
+int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
+    if (zs_world_is_cuda(w)) return zs_err(ZS_EUNSUPPORTED, "training runs on the CPU device for now (use --device cpu)");
+    if (o->micro_batch < 1 || o->seq_len < 2 || o->grad_accum < 1)
+        return zs_err(ZS_EINVAL, "training: batch size, sequence length (>= 2) and gradient accumulation must be positive");
+    zs_model *m = zs_world_model(w);
+    const zs_model_config *c = zs_model_config_get(m);
+    if (o->seq_len > c->max_seq)
+        return zs_err(ZS_ERANGE, "training: sequence length %d exceeds the model's context %d", o->seq_len, c->max_seq);
+    zs_training *t = calloc(1, sizeof *t);
+    if (!t) return zs_err(ZS_ENOMEM, "out of memory");
+    t->w = w;
+    t->m = m;
+    t->o = *o;
+    t->n = zs_world_ranks(w);
+    t->nb = zs_model_n_buckets(m);
+    t->tied = c->tied_embeddings;
+    t->wdt = zs_model_layout(m, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype;
+    t->dsize = zs_dtype_size(t->wdt);
+    t->n_elem = calloc((size_t)t->nb * 3, sizeof(size_t));
+    t->r = calloc((size_t)t->n, sizeof *t->r);
+    int rc = 0;
+    if (!t->n_elem || !t->r) { free(t->n_elem); free(t->r); free(t); return zs_err(ZS_ENOMEM, "out of memory"); }
+    t->shard_elem = t->n_elem + t->nb;
+    t->res_elem = t->shard_elem + t->nb;
+    size_t max_full = 0, max_gl = 0, max_res = 0;
+    for (int b = 0; b < t->nb; b++) {
+        const zs_bucket_layout *L = zs_model_layout(m, b), *G = zs_model_grad_layout(m, b);
+        for (int s = 0; s < L->n_roles; s++)
+            if (L->slot[s].present && !L->slot[s].resident && L->slot[s].dtype != t->wdt)
+                rc = zs_err(ZS_EUNSUPPORTED, "training: mixed dtypes in the sharded part of bucket %d", b);
+        t->n_elem[b] = L->data_bytes / t->dsize;
+        t->shard_elem[b] = zs_partition_shard_bytes(m, b, t->n) / t->dsize;
+        t->res_elem[b] = G->resident_bytes / 4;
+        max_full = ZS_MAX(max_full, t->shard_elem[b] * (size_t)t->n);
+        max_gl = ZS_MAX(max_gl, G->data_bytes / 4);
+        max_res = ZS_MAX(max_res, t->res_elem[b]);
+    }
+    for (int r = 0; r < t->n && rc == 0; r++) {
+        zs_gather_stats st;
+        zs_gather_stats_get(zs_world_gather(w, r), &st);
+        rank_tr *R = &t->r[r];
+        rc = zs_trainer_new(m, o->micro_batch, o->seq_len, &R->tr);
+        if (rc < 0) break;
+        R->master = calloc((size_t)t->nb * 8, sizeof(float *));
+        if (!R->master) { rc = zs_err(ZS_ENOMEM, "out of memory"); break; }
+        R->mom = R->master + t->nb; R->var = R->mom + t->nb; R->gacc = R->var + t->nb;
+        R->rmaster = R->gacc + t->nb; R->rmom = R->rmaster + t->nb; R->rvar = R->rmom + t->nb;
+        R->racc = R->rvar + t->nb;
+        R->gl_data = falloc(max_gl);
+        R->gl_res = falloc(max_res);
+        R->gh_data = falloc(zs_model_grad_layout(m, zs_bucket_head(m))->data_bytes / 4);
+        R->gh_res = falloc(t->res_elem[zs_bucket_head(m)]);
+        R->ge_data = falloc(zs_model_grad_layout(m, zs_bucket_embed())->data_bytes / 4);
+        R->ge_res = falloc(t->res_elem[zs_bucket_embed()]);
+        R->gfull = falloc(max_full);
+        R->gshard = falloc(max_full);
+        int ok = R->gl_data && R->gl_res && R->gh_data && R->gh_res && R->ge_data && R->ge_res && R->gfull && R->gshard;
+        for (int b = 0; ok && b < t->nb; b++) {
+            size_t se = t->shard_elem[b], re = t->res_elem[b];
+            R->master[b] = falloc(se); R->mom[b] = falloc(se); R->var[b] = falloc(se); R->gacc[b] = falloc(se);
+            R->racc[b] = falloc(re);
+            ok = R->master[b] && R->mom[b] && R->var[b] && R->gacc[b] && R->racc[b];
+            if (ok && r == 0) {
+                R->rmaster[b] = falloc(re); R->rmom[b] = falloc(re); R->rvar[b] = falloc(re);
+                ok = R->rmaster[b] && R->rmom[b] && R->rvar[b];
+            }
+            if (!ok) break;
+            /* fp32 masters from the storage shard and the resident tensors */
+            const void *shard = zs_gather_shard_buffer(zs_world_gather(w, r), b);
+            if (se > 0 && !shard) {
+                rc = zs_err(ZS_EUNSUPPORTED, "training with --offload nvme is not supported yet (use none or cpu)");
+                break;
+            }
+            if (se > 0) zs_to_f32(R->master[b], shard, t->wdt, se);
+            if (r == 0 && re > 0) {
+                const zs_bucket_layout *L = zs_model_layout(m, b), *G = zs_model_grad_layout(m, b);
+                const char *res = zs_model_bucket_resident(m, b);
+                for (int s = 0; s < L->n_roles; s++)
+                    if (L->slot[s].present && L->slot[s].resident)
+                        zs_to_f32(R->rmaster[b] + G->slot[s].offset / 4, res + L->slot[s].offset, L->slot[s].dtype,
+                                  (size_t)(L->slot[s].shape[0] * L->slot[s].shape[1]));
+            }
+        }
+        if (rc == 0 && !ok) rc = zs_err(ZS_ENOMEM, "training: out of memory for the optimizer state");
+    }
+    if (rc < 0) {
+        zs_training_end(t);
+        return rc;
+    }
+    /* training passes are announced: the prefetchers stop guessing inference passes */
+    t->eval = 0;
+    zs_world_run(w, spec_job, t);
+    *out = t;
+    return 0;
+}
+
+static int run_micro(zs_training *t, const int32_t *const *tokens, const int32_t *const *targets, int accum,
+                     float *loss) {
+    size_t bt = (size_t)t->o.micro_batch * (size_t)t->o.seq_len;
+    t->tokens = tokens;
+    t->targets = targets;
+    t->total_count = 0;
+    for (int i = 0; i < t->n * accum; i++) t->total_count += count_targets(targets[i], bt);
+    for (int r = 0; r < t->n; r++) t->r[r].loss_sum = 0;
+    for (t->micro = 0; t->micro < accum; t->micro++) {
+        zs_world_run(t->w, micro_job, t);
+        for (int r = 0; r < t->n; r++)
+            if (t->r[r].rc < 0) return zs_err(t->r[r].rc, "%s", t->r[r].err);
+    }
+    double sum = 0;
+    for (int r = 0; r < t->n; r++) sum += t->r[r].loss_sum;
+    *loss = t->total_count > 0 ? (float)(sum / (double)t->total_count) : 0.0f;
+    return 0;
+}
+
+int zs_training_step(zs_training *t, const int32_t *const *tokens, const int32_t *const *targets, long step,
+                     float *loss) {
+    if (step < 1) return zs_err(ZS_EINVAL, "training: steps are numbered from 1");
+    t->eval = 0;
+    float l;
+    ZS_CHECK(run_micro(t, tokens, targets, t->o.grad_accum, &l));
+    t->step = step;
+    t->lr = zs_lr_at(&t->o.lr, step);
+    zs_world_run(t->w, optim_job, t);
+    for (int r = 0; r < t->n; r++)
+        if (t->r[r].rc < 0) return zs_err(t->r[r].rc, "%s", t->r[r].err);
+    *loss = l;
+    return 0;
+}
+
+int zs_training_eval(zs_training *t, const int32_t *const *tokens, const int32_t *const *targets, float *loss) {
+    t->eval = 1;
+    int accum = t->o.grad_accum;
+    t->o.grad_accum = 1;
+    int rc = run_micro(t, tokens, targets, 1, loss);
+    t->o.grad_accum = accum;
+    t->eval = 0;
+    return rc;
+}
+
+void zs_training_end(zs_training *t) {
+    if (!t) return;
+    t->eval = 1; /* speculation back on */
+    zs_world_run(t->w, spec_job, t);
+    for (int r = 0; r < t->n; r++) {
+        rank_tr *R = &t->r[r];
+        zs_trainer_free(R->tr);
+        for (int b = 0; R->master && b < t->nb; b++) {
+            free(R->master[b]); free(R->mom[b]); free(R->var[b]); free(R->gacc[b]);
+            free(R->rmaster[b]); free(R->rmom[b]); free(R->rvar[b]); free(R->racc[b]);
+        }
+        free(R->master);
+        free(R->gl_data); free(R->gl_res); free(R->gh_data); free(R->gh_res);
+        free(R->ge_data); free(R->ge_res); free(R->gfull); free(R->gshard);
+    }
+    free(t->r);
+    free(t->n_elem);
+    free(t);
+}
