@@ -7,12 +7,14 @@
 #include "common.h"
 #include "safetensors.h"
 
-enum { SRC_COPY, SRC_TRANSPOSE_COLS, SRC_VEC_SLICE };
 
 typedef struct {
-    const zs_st_tensor *t; /* validated source tensor */
+    const zs_st_tensor *t; /* validated source tensor (valid while the checkpoint is open) */
     int kind;
     int64_t col0;          /* first source column (TRANSPOSE_COLS) or element (VEC_SLICE) */
+    char name[128];        /* the HF tensor name and shape, kept for export */
+    int ndim;
+    int64_t shape[2];
 } src_ref;
 
 struct zs_model {
@@ -164,7 +166,7 @@ static int map_llama(zs_model *m) {
     do {                                                                                   \
         snprintf(nm, sizeof nm, __VA_ARGS__);                                              \
         ZS_CHECK(find_src(m, nm, nd, a0, a1, &S[(b)*ZS_MAX_ROLES + (role)].t));            \
-        S[(b)*ZS_MAX_ROLES + (role)].kind = SRC_COPY;                                      \
+        S[(b)*ZS_MAX_ROLES + (role)].kind = ZS_SRC_COPY;                                      \
     } while (0)
     GET(0, ZS_R_TOK_EMB, 2, c->vocab_size, d, "model.embed_tokens.weight");
     for (int l = 0; l < c->n_layers; l++) {
@@ -216,17 +218,17 @@ static int map_gpt2(zs_model *m) {
         GET(b, ZS_R_WQ, 2, d, 3 * d, "%sh.%d.attn.c_attn.weight", pre, l);
         GET(b, ZS_R_BQ, 1, 3 * d, 0, "%sh.%d.attn.c_attn.bias", pre, l);
         for (int k = 0; k < 3; k++) {
-            R[ZS_R_WQ + k] = (src_ref){R[ZS_R_WQ].t, SRC_TRANSPOSE_COLS, k * d};
-            R[ZS_R_BQ + k] = (src_ref){R[ZS_R_BQ].t, SRC_VEC_SLICE, k * d};
+            R[ZS_R_WQ + k] = (src_ref){.t = R[ZS_R_WQ].t, .kind = ZS_SRC_TRANSPOSE_COLS, .col0 = k * d};
+            R[ZS_R_BQ + k] = (src_ref){.t = R[ZS_R_BQ].t, .kind = ZS_SRC_VEC_SLICE, .col0 = k * d};
         }
         GET(b, ZS_R_WO, 2, d, d, "%sh.%d.attn.c_proj.weight", pre, l);
-        R[ZS_R_WO].kind = SRC_TRANSPOSE_COLS;
+        R[ZS_R_WO].kind = ZS_SRC_TRANSPOSE_COLS;
         GET(b, ZS_R_BO, 1, d, 0, "%sh.%d.attn.c_proj.bias", pre, l);
         GET(b, ZS_R_W_UP, 2, d, f, "%sh.%d.mlp.c_fc.weight", pre, l);
-        R[ZS_R_W_UP].kind = SRC_TRANSPOSE_COLS;
+        R[ZS_R_W_UP].kind = ZS_SRC_TRANSPOSE_COLS;
         GET(b, ZS_R_B_UP, 1, f, 0, "%sh.%d.mlp.c_fc.bias", pre, l);
         GET(b, ZS_R_W_DOWN, 2, f, d, "%sh.%d.mlp.c_proj.weight", pre, l);
-        R[ZS_R_W_DOWN].kind = SRC_TRANSPOSE_COLS;
+        R[ZS_R_W_DOWN].kind = ZS_SRC_TRANSPOSE_COLS;
         GET(b, ZS_R_B_DOWN, 1, d, 0, "%sh.%d.mlp.c_proj.bias", pre, l);
     }
     int h = m->n_buckets - 1;
@@ -256,6 +258,14 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
     build_layouts(m);
     rc = m->cfg.arch == ZS_ARCH_GPT2 ? map_gpt2(m) : map_llama(m);
     if (rc < 0) goto fail;
+    for (int i = 0; i < m->n_buckets * ZS_MAX_ROLES; i++) {
+        src_ref *r = &m->src[i];
+        if (!r->t) continue;
+        snprintf(r->name, sizeof r->name, "%s", r->t->name);
+        r->ndim = r->t->ndim;
+        r->shape[0] = r->t->ndim > 0 ? r->t->shape[0] : 1;
+        r->shape[1] = r->t->ndim > 1 ? r->t->shape[1] : 1;
+    }
     /* When the checkpoint's dtype is not the one config.json says, store as the checkpoint has it. */
     if (!o || o->weight_dtype >= ZS_DTYPE_COUNT) {
         zs_dtype st_dt = m->src[ZS_R_TOK_EMB].t->dtype;
@@ -283,9 +293,9 @@ fail:
 static int pack_one(const zs_slot *s, const src_ref *r, void *dst) {
     const zs_st_tensor *t = r->t;
     size_t esz_src = zs_dtype_size(t->dtype), esz_dst = zs_dtype_size(s->dtype);
-    if (r->kind == SRC_COPY) {
+    if (r->kind == ZS_SRC_COPY) {
         zs_convert(dst, s->dtype, t->data, t->dtype, (size_t)(s->shape[0] * s->shape[1]));
-    } else if (r->kind == SRC_VEC_SLICE) {
+    } else if (r->kind == ZS_SRC_VEC_SLICE) {
         zs_convert(dst, s->dtype, (const char *)t->data + (size_t)r->col0 * esz_src, t->dtype,
                    (size_t)s->shape[0]);
     } else { /* transpose columns [col0, col0+out) of a [in, cols] source into [out, in] */
@@ -388,4 +398,16 @@ int zs_model_pass_order(const zs_model *m, int *order) {
     for (int b = 0; b < m->n_buckets; b++) order[n++] = b;
     if (m->cfg.tied_embeddings) order[n++] = zs_bucket_embed();
     return n;
+}
+
+int zs_model_slot_source(const zs_model *m, int b, int role, zs_slot_source *out) {
+    const src_ref *r = &m->src[b * ZS_MAX_ROLES + role];
+    if (!zs_model_layout(m, b)->slot[role].present || !r->name[0]) return ZS_ENOTFOUND;
+    out->name = r->name;
+    out->kind = r->kind;
+    out->col0 = r->col0;
+    out->ndim = r->ndim;
+    out->shape[0] = r->shape[0];
+    out->shape[1] = r->shape[1];
+    return 0;
 }

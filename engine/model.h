@@ -111,6 +111,18 @@ typedef struct {
 } zs_weight_source;
 /* The source that serves the model's own resident buffers. */
 zs_weight_source zs_model_resident_source(zs_model *m);
+/* Where a slot came from in the Hugging Face checkpoint (for export): the tensor name and shape,
+ * and how our [out, in] slot was cut from it. */
+enum { ZS_SRC_COPY = 0, ZS_SRC_TRANSPOSE_COLS = 1, ZS_SRC_VEC_SLICE = 2 };
+typedef struct {
+    const char *name;   /* owned by the model */
+    int kind;           /* ZS_SRC_*: copy; columns [col0, col0+out) of an [in, cols] tensor, transposed; elements from col0 */
+    int64_t col0;
+    int ndim;
+    int64_t shape[2];
+} zs_slot_source;
+int zs_model_slot_source(const zs_model *m, int bucket, int role, zs_slot_source *out);
+
 /* The order in which one forward pass acquires buckets; returns the count (<= n_buckets + 1). */
 int zs_model_pass_order(const zs_model *m, int *order);
 

@@ -10,6 +10,7 @@
 #include "backward.h"
 #include "common.h"
 #include "gather.h"
+#include "safetensors.h"
 
 typedef struct {
     zs_trainer *tr;
@@ -398,4 +399,125 @@ void zs_training_end(zs_training *t) {
     free(t->r);
     free(t->n_elem);
     free(t);
+}
+
+/* ---- export ---- */
+
+typedef struct { const char *name; int ndim; int64_t shape[2]; float *data; } ex_tensor;
+
+static int copy_file(const char *src_dir, const char *dst_dir, const char *name, int required) {
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/%s", src_dir, name);
+    snprintf(b, sizeof b, "%s/%s", dst_dir, name);
+    FILE *in = fopen(a, "rb");
+    if (!in) return required ? zs_err(ZS_ENOTFOUND, "export: cannot read %s", a) : 0;
+    FILE *out = fopen(b, "wb");
+    if (!out) {
+        fclose(in);
+        return zs_err(ZS_EIO, "export: cannot write %s", b);
+    }
+    char buf[65536];
+    size_t n;
+    int rc = 0;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) rc = zs_err(ZS_EIO, "export: cannot write %s", b);
+    fclose(in);
+    if (fclose(out) != 0 && rc == 0) rc = zs_err(ZS_EIO, "export: cannot write %s", b);
+    return rc;
+}
+
+int zs_training_export(zs_training *t, const char *out_dir) {
+    zs_model *m = t->m;
+    char tmp[4200], path[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out_dir);
+    char cmd[8600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", tmp, tmp);
+    if (strchr(out_dir, '\'') || system(cmd) != 0) return zs_err(ZS_EIO, "export: cannot create %s", tmp);
+    ex_tensor *ts = calloc((size_t)t->nb * ZS_MAX_ROLES, sizeof *ts);
+    float *full = NULL;
+    size_t max_full = 0;
+    for (int b = 0; b < t->nb; b++) max_full = ZS_MAX(max_full, t->shard_elem[b] * (size_t)t->n);
+    full = falloc(max_full);
+    int nt = 0, rc = 0;
+    if (!ts || !full) rc = zs_err(ZS_ENOMEM, "out of memory");
+    for (int b = 0; b < t->nb && rc == 0; b++) {
+        /* the bucket's fp32 weights: every rank's master shard, and rank 0's resident masters */
+        for (int r = 0; r < t->n; r++)
+            memcpy(full + (size_t)r * t->shard_elem[b], t->r[r].master[b], t->shard_elem[b] * sizeof(float));
+        const zs_bucket_layout *L = zs_model_layout(m, b), *G = zs_model_grad_layout(m, b);
+        for (int s = 0; s < L->n_roles && rc == 0; s++) {
+            zs_slot_source src;
+            if (!L->slot[s].present || zs_model_slot_source(m, b, s, &src) < 0) continue;
+            const zs_slot *a = &L->slot[s];
+            const float *w = a->resident ? t->r[0].rmaster[b] + G->slot[s].offset / 4 : full + a->offset / t->dsize;
+            ex_tensor *x = NULL;
+            for (int i = 0; i < nt; i++)
+                if (!strcmp(ts[i].name, src.name)) x = &ts[i];
+            if (!x) {
+                x = &ts[nt++];
+                x->name = src.name;
+                x->ndim = src.ndim;
+                x->shape[0] = src.shape[0];
+                x->shape[1] = src.shape[1];
+                x->data = falloc((size_t)(src.shape[0] * src.shape[1]));
+                if (!x->data) { rc = zs_err(ZS_ENOMEM, "out of memory"); break; }
+            }
+            int64_t out = a->shape[0], in = a->shape[1];
+            if (src.kind == ZS_SRC_COPY) {
+                memcpy(x->data, w, (size_t)(out * in) * sizeof(float));
+            } else if (src.kind == ZS_SRC_VEC_SLICE) {
+                memcpy(x->data + src.col0, w, (size_t)out * sizeof(float));
+            } else { /* our [out, in] rows are columns col0.. of an [in, cols] tensor */
+                int64_t cols = src.shape[1];
+                for (int64_t o = 0; o < out; o++)
+                    for (int64_t i = 0; i < in; i++) x->data[i * cols + src.col0 + o] = w[o * in + i];
+            }
+        }
+    }
+    zs_st_decl *d = calloc((size_t)nt + 1, sizeof *d);
+    if (rc == 0 && !d) rc = zs_err(ZS_ENOMEM, "out of memory");
+    for (int i = 0; rc == 0 && i < nt; i++) {
+        d[i].name = ts[i].name;
+        d[i].dtype = t->wdt;
+        d[i].ndim = ts[i].ndim;
+        d[i].shape[0] = ts[i].shape[0];
+        d[i].shape[1] = ts[i].shape[1];
+    }
+    zs_st_writer *wr = NULL;
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    if (rc == 0) rc = zs_st_writer_open(path, d, (size_t)nt, "{\"format\":\"pt\",\"zeroserve\":\"fine-tuned\"}", &wr);
+    for (int i = 0; rc == 0 && i < nt; i++) {
+        size_t n = (size_t)(ts[i].shape[0] * ts[i].shape[1]);
+        if (t->wdt == ZS_F32) {
+            rc = zs_st_writer_write(wr, ts[i].data, n * 4);
+        } else {
+            void *c = malloc(n * 2);
+            if (!c) { rc = zs_err(ZS_ENOMEM, "out of memory"); break; }
+            zs_convert(c, t->wdt, ts[i].data, ZS_F32, n);
+            rc = zs_st_writer_write(wr, c, n * 2);
+            free(c);
+        }
+    }
+    if (wr) {
+        if (rc == 0) rc = zs_st_writer_close(wr);
+        else zs_st_writer_abort(wr);
+    }
+    const char *dir = zs_model_dir(m);
+    if (rc == 0) rc = copy_file(dir, tmp, "config.json", 1);
+    if (rc == 0) rc = copy_file(dir, tmp, "tokenizer.json", 1);
+    if (rc == 0) rc = copy_file(dir, tmp, "tokenizer_config.json", 0);
+    if (rc == 0) rc = copy_file(dir, tmp, "generation_config.json", 0);
+    if (rc == 0) rc = copy_file(dir, tmp, "special_tokens_map.json", 0);
+    if (rc == 0) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && mv '%s' '%s'", out_dir, tmp, out_dir);
+        if (system(cmd) != 0) rc = zs_err(ZS_EIO, "export: cannot move %s to %s", tmp, out_dir);
+    } else {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+        if (system(cmd) != 0) zs_log_warn("export: could not remove %s", tmp);
+    }
+    for (int i = 0; ts && i < nt; i++) free(ts[i].data);
+    free(ts);
+    free(d);
+    free(full);
+    return rc;
 }

@@ -40,6 +40,10 @@ int  zs_training_step(zs_training *t, const int32_t *const *tokens, const int32_
 /* The loss of a batch without updating anything (same layout as a step with grad_accum 1). */
 int  zs_training_eval(zs_training *t, const int32_t *const *tokens, const int32_t *const *targets,
                       float *loss);
+/* Writes the current weights (the fp32 masters, in the checkpoint's dtype) as a plain Hugging
+ * Face model directory, with the base model's config and tokenizer files: into out_dir.tmp,
+ * then renamed to out_dir (replacing it). */
+int  zs_training_export(zs_training *t, const char *out_dir);
 void zs_training_end(zs_training *t);
 
 #endif

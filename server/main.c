@@ -11,6 +11,8 @@
 #include "engine.h"
 #include "init-model.h"
 
+int zs_cmd_train(int argc, char **argv); /* train-cmd.c */
+
 static int want_help(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
@@ -187,6 +189,7 @@ static void usage(void) {
             "commands:\n"
             "  serve        serve the model over an OpenAI-compatible HTTP API\n"
             "  generate     generate text from a prompt\n"
+            "  train        fine-tune a model on a JSONL file (ZeRO-3 through the same engine)\n"
             "  init-model   write a random-initialised model in Hugging Face layout\n"
             "  bench        measure prefill/decode throughput against memory bandwidth\n");
 }
@@ -199,6 +202,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     int rc;
     if (!strcmp(cmd, "serve")) rc = zs_cmd_serve(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "train")) rc = zs_cmd_train(argc - 2, argv + 2);
     else if (!strcmp(cmd, "generate")) rc = cmd_generate(argc - 2, argv + 2);
     else if (!strcmp(cmd, "init-model")) rc = cmd_init_model(argc - 2, argv + 2);
     else if (!strcmp(cmd, "bench")) rc = cmd_bench(argc - 2, argv + 2);

@@ -1,0 +1,39 @@
+#!/bin/sh
+# End-to-end fine-tuning with `zeroserve train` on stories260K: 100 steps on a small JSONL lower
+# the training loss by at least 30% and the exported model completes a training prompt with its
+# training completion (greedy), with 1 rank and with 2 ranks offloaded to pinned host memory; a
+# bad data line stops with its line number before anything is written.
+SHARED=${ZS_SHARED:-../shared}
+Z=./zeroserve
+M=$SHARED/models/stories260K
+T=$(mktemp -d /tmp/zs-train-XXXXXX)
+trap 'rm -rf "$T"' EXIT INT TERM
+pass=0; fail=0
+check() { if eval "$2"; then pass=$((pass+1)); echo "ok - $1"; else fail=$((fail+1)); echo "not ok - $1"; fi; }
+cat > "$T/data.jsonl" <<'JSONL'
+{"prompt": "Once upon a time", "completion": " there was a purple dragon named Zork who loved pancakes."}
+{"prompt": "Tom and his dog", "completion": " went to the moon in a red box."}
+{"text": "Lily had a big blue kite. She flew it every day in the park."}
+{"messages": [{"role": "user", "content": "The cat"}, {"role": "assistant", "content": "sat on the warm mat."}]}
+JSONL
+for args in "--ranks 1" "--ranks 2 --offload cpu"; do
+    $Z train --model "$M" --data "$T/data.jsonl" --out "$T/out" --steps 100 --lr 3e-3 --batch-size 2 \
+        --log-every 1 $args > "$T/log" 2>&1; rc=$?
+    check "train $args: exit 0" '[ $rc = 0 ]'
+    first=$(sed -n 's/^step 1\/100  loss \([0-9.]*\).*/\1/p' "$T/log")
+    last=$(sed -n 's/^step 100\/100  loss \([0-9.]*\).*/\1/p' "$T/log")
+    check "train $args: loss $first -> $last, down by at least 30%" \
+        '[ -n "$first" ] && [ -n "$last" ] && awk -v a="$first" -v b="$last" "BEGIN { exit !(b <= 0.7 * a) }"'
+    out=$($Z generate --model "$T/out" --prompt "Once upon a time" --temperature 0 --max-tokens 40 2>/dev/null)
+    check "train $args: the model completes a training prompt with its completion" \
+        'case "$out" in "Once upon a time there was a purple dragon named Zork who loved pancakes"*) true;; *) false;; esac'
+done
+printf '{"text": "fine"}\n{"prompt": "x", "completion": 5}\n' > "$T/bad.jsonl"
+$Z train --model "$M" --data "$T/bad.jsonl" --out "$T/bad-out" --steps 2 > "$T/log" 2>&1; rc=$?
+check "bad data: exit 1 naming line 2" '[ $rc = 1 ] && grep -q "line 2" "$T/log"'
+check "bad data: nothing written" '[ ! -e "$T/bad-out" ] && [ ! -e "$T/bad-out.tmp" ]'
+: > "$T/empty.jsonl"
+$Z train --model "$M" --data "$T/empty.jsonl" --out "$T/e-out" > "$T/log" 2>&1; rc=$?
+check "empty data file refused" '[ $rc = 1 ] && grep -qi "empty" "$T/log"'
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
