@@ -6,11 +6,13 @@
  * Determinism: every function here gives bit-identical results whatever the thread count
  * (ZS_THREADS) and whichever SIMD width the CPU has: the update is element-wise with a fixed
  * operation order and no FMA contraction, and zs_sumsq sums fixed chunks (a function of n only)
- * in a fixed order.
+ * in a fixed order. (Env ZS_OPTIM_SCALAR=1 forces the scalar update loop, for tests. x86-64
+ * only is covered by this guarantee: elsewhere the compiler may contract a*b+c into an FMA.)
  *
  * Ownership: callers own every array; nothing is retained after a call returns.
  * Thread safety: all functions are reentrant. Calls from several rank threads at once are fine
- * (the pool runs their jobs in turn); the arrays of concurrent calls must not overlap. */
+ * (the pool runs their jobs in turn); the arrays of concurrent calls must not overlap. They use
+ * the kernel pool (zs_pool_run), so they must not be called from inside a pool task. */
 #ifndef ZS_OPTIM_H
 #define ZS_OPTIM_H
 

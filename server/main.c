@@ -13,6 +13,28 @@
 
 int zs_cmd_train(int argc, char **argv); /* train-cmd.c */
 
+#include "corpus.h"
+
+static int cmd_make_corpus(int argc, char **argv) {
+    const char *out = NULL;
+    int n = 2000;
+    uint64_t seed = 1;
+    zs_opt opts[] = {
+        {"out", ZS_OPT_STR, &out, "output JSONL file  [required]"},
+        {"stories", ZS_OPT_INT, &n, "number of stories (default 2000)"},
+        {"seed", ZS_OPT_U64, &seed, "random seed (default 1)"},
+    };
+    int n_opts = sizeof opts / sizeof opts[0];
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help")) {
+            zs_cli_usage("make-corpus", "Writes simple generated stories as JSONL training data.", opts, n_opts);
+            return 0;
+        }
+    ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
+    if (!out) return zs_err(ZS_EINVAL, "--out is required");
+    return zs_corpus_write(out, n, seed);
+}
+
 static int want_help(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
@@ -190,6 +212,7 @@ static void usage(void) {
             "  serve        serve the model over an OpenAI-compatible HTTP API\n"
             "  generate     generate text from a prompt\n"
             "  train        fine-tune a model on a JSONL file (ZeRO-3 through the same engine)\n"
+            "  make-corpus  write simple generated stories as JSONL (the demo model's data)\n"
             "  init-model   write a random-initialised model in Hugging Face layout\n"
             "  bench        measure prefill/decode throughput against memory bandwidth\n");
 }
@@ -203,6 +226,7 @@ int main(int argc, char **argv) {
     int rc;
     if (!strcmp(cmd, "serve")) rc = zs_cmd_serve(argc - 2, argv + 2);
     else if (!strcmp(cmd, "train")) rc = zs_cmd_train(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "make-corpus")) rc = cmd_make_corpus(argc - 2, argv + 2);
     else if (!strcmp(cmd, "generate")) rc = cmd_generate(argc - 2, argv + 2);
     else if (!strcmp(cmd, "init-model")) rc = cmd_init_model(argc - 2, argv + 2);
     else if (!strcmp(cmd, "bench")) rc = cmd_bench(argc - 2, argv + 2);

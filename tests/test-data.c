@@ -255,9 +255,9 @@ static void test_chat_llama2(void) {
     char *many = malloc(cap);
     if (many) {
         k += (size_t)sprintf(many + k, "{\"text\": \"a\"}\n{\"messages\": [");
-        for (int i = 0; i < 1000; i++)
+        for (int q = 0; q < 1000; q++)
             k += (size_t)sprintf(many + k, "%s{\"role\": \"%s\", \"content\": \"the dog and the cat ran %d\"}",
-                                 i ? ", " : "", i % 2 ? "assistant" : "user", i);
+                                 q ? ", " : "", q % 2 ? "assistant" : "user", q);
         k += (size_t)sprintf(many + k, "]}\n");
         int rc = zs_data_load(put("many.jsonl", many, k), g_tok, NULL, &d);
         CHECK_ERR(rc, "line 2: conversation too long", "split");
