@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backward.h"
+#include "ckpt.h"
 #include "common.h"
 #include "gather.h"
 #include "safetensors.h"
@@ -519,5 +520,104 @@ int zs_training_export(zs_training *t, const char *out_dir) {
     free(ts);
     free(d);
     free(full);
+    return rc;
+}
+
+/* ---- checkpoints ---- */
+
+/* Checkpoint buckets: 0..nb-1 are the sharded data areas (storage-element order, the ranks'
+ * master shards), nb..2nb-1 the resident areas (replicated: rank 0's copy). */
+static int ckpt_get(void *ud, int rank, int bucket, const float **master, const float **m, const float **v,
+                    size_t *n) {
+    zs_training *t = ud;
+    const rank_tr *R = &t->r[rank];
+    if (bucket < t->nb) {
+        size_t start = (size_t)rank * t->shard_elem[bucket];
+        size_t len = start >= t->n_elem[bucket] ? 0 : ZS_MIN(t->shard_elem[bucket], t->n_elem[bucket] - start);
+        *master = R->master[bucket];
+        *m = R->mom[bucket];
+        *v = R->var[bucket];
+        *n = len;
+    } else {
+        int b = bucket - t->nb;
+        *master = t->r[0].rmaster[b];
+        *m = t->r[0].rmom[b];
+        *v = t->r[0].rvar[b];
+        *n = t->res_elem[b];
+    }
+    return 0;
+}
+
+static void ckpt_layout(zs_training *t, size_t *elems, size_t *shards, unsigned char *repl, zs_ckpt_layout *L) {
+    for (int b = 0; b < t->nb; b++) {
+        elems[b] = t->n_elem[b];
+        shards[b] = ZS_MAX(t->shard_elem[b], (size_t)1);
+        repl[b] = 0;
+        elems[t->nb + b] = t->res_elem[b];
+        shards[t->nb + b] = ZS_MAX(t->res_elem[b], (size_t)1);
+        repl[t->nb + b] = 1;
+    }
+    *L = (zs_ckpt_layout){2 * t->nb, elems, shards, repl, t->n};
+}
+
+int zs_training_save(zs_training *t, const char *dir, long step, const char *meta_json, int keep) {
+    size_t *elems = calloc((size_t)t->nb * 4, sizeof(size_t));
+    unsigned char *repl = calloc((size_t)t->nb * 2, 1);
+    if (!elems || !repl) {
+        free(elems);
+        free(repl);
+        return zs_err(ZS_ENOMEM, "out of memory");
+    }
+    zs_ckpt_layout L;
+    ckpt_layout(t, elems, elems + 2 * t->nb, repl, &L);
+    zs_ckpt_save_opts so = {zs_model_dir(t->m), zs_model_fingerprint(t->m), meta_json, keep};
+    int rc = zs_ckpt_save(dir, step, &L, ckpt_get, t, &so);
+    free(elems);
+    free(repl);
+    return rc;
+}
+
+int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_json) {
+    zs_ckpt *c;
+    ZS_CHECK(zs_ckpt_open(dir, &c));
+    int rc = 0;
+    if (zs_ckpt_n_buckets(c) != 2 * t->nb)
+        rc = zs_err(ZS_EFORMAT, "%s: the checkpoint has %d buckets, this model %d", zs_ckpt_path(c),
+                    zs_ckpt_n_buckets(c) / 2, t->nb);
+    for (int b = 0; b < t->nb && rc == 0; b++)
+        if (zs_ckpt_bucket_elems(c, b) != t->n_elem[b] || zs_ckpt_bucket_elems(c, t->nb + b) != t->res_elem[b])
+            rc = zs_err(ZS_EFORMAT, "%s: bucket %d has another size than this model's (a different model or dtype?)",
+                        zs_ckpt_path(c), b);
+    /* each rank reads its own slice of the new partition, whatever the saved one was */
+    for (int r = 0; r < t->n && rc == 0; r++)
+        for (int b = 0; b < t->nb && rc == 0; b++) {
+            rank_tr *R = &t->r[r];
+            size_t start = (size_t)r * t->shard_elem[b];
+            size_t len = start >= t->n_elem[b] ? 0 : ZS_MIN(t->shard_elem[b], t->n_elem[b] - start);
+            memset(R->master[b], 0, t->shard_elem[b] * sizeof(float));
+            memset(R->mom[b], 0, t->shard_elem[b] * sizeof(float));
+            memset(R->var[b], 0, t->shard_elem[b] * sizeof(float));
+            if (len) rc = zs_ckpt_read(c, b, start, len, R->master[b], R->mom[b], R->var[b]);
+            if (rc == 0 && t->shard_elem[b])
+                zs_convert(zs_gather_shard_buffer(zs_world_gather(t->w, r), b), t->wdt, R->master[b], ZS_F32,
+                           t->shard_elem[b]);
+            if (rc == 0 && r == 0 && t->res_elem[b]) {
+                rc = zs_ckpt_read(c, t->nb + b, 0, t->res_elem[b], R->rmaster[b], R->rmom[b], R->rvar[b]);
+                const zs_bucket_layout *Ly = zs_model_layout(t->m, b), *G = zs_model_grad_layout(t->m, b);
+                char *res = zs_model_bucket_resident_mut(t->m, b);
+                for (int s = 0; rc == 0 && s < Ly->n_roles; s++)
+                    if (Ly->slot[s].present && Ly->slot[s].resident)
+                        zs_convert(res + Ly->slot[s].offset, Ly->slot[s].dtype, R->rmaster[b] + G->slot[s].offset / 4,
+                                   ZS_F32, (size_t)(Ly->slot[s].shape[0] * Ly->slot[s].shape[1]));
+            }
+        }
+    if (rc == 0) {
+        *step = zs_ckpt_step(c);
+        if (meta_json) {
+            *meta_json = strdup(zs_ckpt_meta(c));
+            if (!*meta_json) rc = zs_err(ZS_ENOMEM, "out of memory");
+        }
+    }
+    zs_ckpt_close(c);
     return rc;
 }

@@ -44,6 +44,12 @@ int  zs_training_eval(zs_training *t, const int32_t *const *tokens, const int32_
  * Face model directory, with the base model's config and tokenizer files: into out_dir.tmp,
  * then renamed to out_dir (replacing it). */
 int  zs_training_export(zs_training *t, const char *out_dir);
+/* Checkpoints (engine/ckpt.c): every rank's fp32 master shard and AdamW moments, the resident
+ * tensors, the step and the caller's meta JSON (data position, config). A checkpoint saved with N
+ * ranks loads with any rank count; loading also rewrites the storage shards from the masters.
+ * *meta_json is malloc'd (may be NULL). */
+int  zs_training_save(zs_training *t, const char *dir, long step, const char *meta_json, int keep);
+int  zs_training_load(zs_training *t, const char *dir, long *step, char **meta_json);
 void zs_training_end(zs_training *t);
 
 #endif

@@ -84,6 +84,85 @@ static int run(int ranks, int tier, int accum, const char *nvme, double *losses)
     return rc;
 }
 
+/* an engine + training session on the recorded batch with `ranks` ranks (B=1, 2 sequences) */
+typedef struct { zs_engine *e; zs_training *t; const int32_t *T[4], *G[4]; } sess;
+
+static int sess_open(sess *x, int ranks) {
+    static int32_t pad_t[32], pad_g[32];
+    for (int i = 0; i < 32; i++) { pad_t[i] = 1; pad_g[i] = -1; }
+    char dir[4096];
+    tu_model_dir(dir, sizeof dir, "stories260K");
+    zs_engine_opts eo;
+    zs_engine_opts_default(&eo);
+    eo.model_dir = dir;
+    eo.max_seqs = 1;
+    eo.ranks = ranks;
+    memset(x, 0, sizeof *x);
+    int rc = zs_engine_open(&eo, &x->e);
+    if (rc < 0) return rc;
+    int B = ranks == 1 ? 2 : 1;
+    static int32_t both_t[64], both_g[64];
+    memcpy(both_t, tok, sizeof tok);
+    memcpy(both_g, tgt, sizeof tgt);
+    for (int i = 0; i < ranks; i++) {
+        x->T[i] = ranks == 1 ? both_t : i < 2 ? tok[i] : pad_t;
+        x->G[i] = ranks == 1 ? both_g : i < 2 ? tgt[i] : pad_g;
+    }
+    zs_train_opts to = {B, 32, 1, 0.0f, adam, {0}};
+    to.lr.type = ZS_LR_CONSTANT;
+    to.lr.lr = adam.lr;
+    to.lr.warmup_min_ratio = 1.0f;
+    return zs_training_begin(zs_engine_world(x->e), &to, &x->t);
+}
+
+static void sess_close(sess *x) {
+    if (x->t) zs_training_end(x->t);
+    zs_engine_free(x->e);
+}
+
+static void check_resume(const char *tmp) {
+    sess a, b;
+    float u[6], r[6];
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/ckpt", tmp);
+    /* uninterrupted, 2 ranks */
+    CHECK(sess_open(&a, 2) == 0, "open: %s", zs_errmsg());
+    for (int s = 1; s <= 5; s++) CHECK(zs_training_step(a.t, a.T, a.G, s, &u[s]) == 0, "step");
+    sess_close(&a);
+    /* 2 steps, a checkpoint, and the end of the process's training */
+    CHECK(sess_open(&a, 2) == 0, "open: %s", zs_errmsg());
+    for (int s = 1; s <= 2; s++) CHECK(zs_training_step(a.t, a.T, a.G, s, &r[s]) == 0, "step");
+    CHECK(zs_training_save(a.t, ck, 2, "{\"data\":{\"epoch\":0,\"index\":4}}", 2) == 0, "save: %s", zs_errmsg());
+    sess_close(&a);
+    for (int ranks = 2; ranks >= 1; ranks--) {
+        CHECK(sess_open(&b, ranks) == 0, "open: %s", zs_errmsg());
+        long step = 0;
+        char *meta = NULL;
+        int rc = zs_training_load(b.t, ck, &step, &meta);
+        CHECK(rc == 0 && step == 2 && meta && strstr(meta, "\"index\":4"), "resume: step %ld meta %s (%s)", step,
+              meta ? meta : "-", zs_errmsg());
+        free(meta);
+        for (int s = 3; rc == 0 && s <= 5; s++) CHECK(zs_training_step(b.t, b.T, b.G, s, &r[s]) == 0, "step");
+        if (ranks == 2)
+            CHECK(r[3] == u[3] && r[4] == u[4] && r[5] == u[5],
+                  "resumed with 2 ranks: losses bitwise equal the uninterrupted run (%.9g %.9g %.9g vs %.9g %.9g %.9g)",
+                  r[3], r[4], r[5], u[3], u[4], u[5]);
+        else
+            for (int s = 3; s <= 5; s++)
+                CHECK(fabs(r[s] - u[s]) <= 1e-6 * fabs(u[s]), "resumed with 1 rank: step %d loss %.9g vs %.9g", s, r[s], u[s]);
+        sess_close(&b);
+    }
+    /* a checkpoint that is damaged is refused with the file named */
+    CHECK(sess_open(&b, 2) == 0, "open");
+    char bin[4300], cmd[8800];
+    snprintf(cmd, sizeof cmd, "f=$(ls -d '%s'/step-*/rank1.bin | tail -1) && printf 'X' | dd of=\"$f\" bs=1 seek=300 conv=notrunc status=none", ck);
+    CHECK(system(cmd) == 0, "corrupt");
+    long st;
+    snprintf(bin, sizeof bin, "rank1.bin");
+    CHECK_ERR(zs_training_load(b.t, ck, &st, NULL), bin);
+    sess_close(&b);
+}
+
 int main(void) {
     if (load_ref() < 0) return 1;
     char tmp[4096];
@@ -111,6 +190,7 @@ int main(void) {
     }
     double l[6];
     CHECK_ERR(run(2, ZS_OFFLOAD_NVME, 1, tmp, l), "nvme", "not supported");
+    check_resume(tmp);
     tu_rmdir(tmp);
     return tu_finish("test-train");
 }
