@@ -17,20 +17,34 @@
 #define MAX_CHOICES 128     /* prompts x n per request */
 #define MAX_LOGPROBS_CMPL 5 /* completions: logprobs 0..5 */
 
-struct zs_api {
-    zs_http *http;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+/* One served model: its name, engine, scheduler and what requests need of its tokenizer. The
+ * base model is embedded in zs_api; models added later (fine-tuned ones) form a list and are
+ * never removed before zs_api_free, so a pointer to one stays valid while requests use it. */
+typedef struct zs_api_model {
+    char *model_name;
     zs_engine *engine;
     zs_sched *sched;
     const zs_tokenizer *tok;
     int context, vocab, tmpl;
-    char *model_name, *bos, *eos, *ref_text;
+    char *bos, *eos, *ref_text;
     int ref_tok;
-    long live;
     long created;
+    struct zs_api_model *next;
+} zs_api_model;
+
+struct zs_api {
+    zs_http *http;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    zs_api_model base;   /* the model of zs_api_new / zs_api_attach */
+    zs_api_model *extra; /* zs_api_add_model, newest first (guarded by mu) */
+    long live;
     int draining;
 };
+
+/* The served model called name (NULL: the base model), or NULL when there is none (the base
+ * model counts only once attached). Thread-safe. */
+const zs_api_model *zs_api_model_find(zs_api *a, const char *name);
 
 /* A growable byte string (oom set on allocation failure; later appends are dropped). */
 typedef struct {
@@ -72,6 +86,7 @@ int zs_api_fail(api_err *e, int status, const char *param, const char *code, con
  * tokenized prompts (one per prompt; chat has one). */
 typedef struct {
     int chat;
+    const zs_api_model *model; /* the model the request names (set by zs_api_parse_request) */
     json_t *root;
     int max_tokens, max_tokens_given;
     int n, stream, include_usage;

@@ -44,7 +44,7 @@ static void random_hex(char *out, int nbytes) {
 
 /* The text of one token as it appears inside a text: decoding [ref, id] minus the decoded ref,
  * so the leading space SentencePiece decoders strip at the start of a text is kept. */
-static char *token_text(const zs_api *a, int32_t id) {
+static char *token_text(const zs_api_model *a, int32_t id) {
     char *s = NULL;
     if (a->ref_tok >= 0) {
         int32_t two[2] = {a->ref_tok, id};
@@ -103,6 +103,7 @@ typedef struct {
 
 struct job {
     zs_api *api;
+    const zs_api_model *m; /* the model answering */
     zs_sched *sched;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -141,7 +142,7 @@ static void job_free(job *j) {
 static json_t *chunk_base(job *j) {
     json_t *c = json_pack("{s:s,s:s,s:I,s:s}", "id", j->id, "object",
                           j->chat ? "chat.completion.chunk" : "text_completion", "created",
-                          (json_int_t)j->created, "model", j->api->model_name);
+                          (json_int_t)j->created, "model", j->m->model_name);
     return c;
 }
 
@@ -204,7 +205,7 @@ static void emit_choice_locked(job *j, json_t *choice_obj) {
 
 /* Logprobs of a list of entries, in the shape of the endpoint. */
 static json_t *logprobs_json(job *j, const lp_entry *e, int n) {
-    const zs_api *a = j->api;
+    const zs_api_model *a = j->m;
     if (j->chat) {
         json_t *content = json_array();
         for (int i = 0; i < n; i++) {
@@ -397,7 +398,7 @@ static void job_finish(job *j) {
             }
             json_t *resp = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", j->id, "object",
                                      j->chat ? "chat.completion" : "text_completion", "created",
-                                     (json_int_t)j->created, "model", j->api->model_name, "choices", choices,
+                                     (json_int_t)j->created, "model", j->m->model_name, "choices", choices,
                                      "usage", usage_json(j));
             char ms[32];
             snprintf(ms, sizeof ms, "%.3f", (j->t_done - j->t_submit) * 1e3);
@@ -418,7 +419,7 @@ static void job_release(job *j) {
 static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
     api_err e = {0};
     pthread_mutex_lock(&a->mu);
-    zs_sched *s = a->sched;
+    zs_sched *s = a->base.sched;
     int draining = a->draining;
     pthread_mutex_unlock(&a->mu);
     if (draining) {
@@ -437,6 +438,7 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
         respond_err(r, &e);
         return;
     }
+    s = q.model->sched;
     int n = q.n_prompts * q.n;
     job *j = calloc(1, sizeof *j);
     choice *ch = j ? calloc((size_t)n, sizeof *ch) : NULL;
@@ -449,6 +451,7 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     j->api = a;
+    j->m = q.model;
     j->sched = s;
     j->req = r;
     j->chat = chat;
@@ -559,31 +562,54 @@ static void h_health(void *ud, zs_http_req *r) {
     zs_http_respond(r, ok ? 200 : 503, "application/json", b, strlen(b));
 }
 
-static json_t *model_json(zs_api *a) {
-    return json_pack("{s:s,s:s,s:I,s:s}", "id", a->model_name, "object", "model", "created", (json_int_t)a->created,
+static json_t *model_json(const zs_api_model *m) {
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", m->model_name, "object", "model", "created", (json_int_t)m->created,
                      "owned_by", "zeroserve");
+}
+
+const zs_api_model *zs_api_model_find(zs_api *a, const char *name) {
+    const zs_api_model *m = NULL;
+    pthread_mutex_lock(&a->mu);
+    if (!name || !strcmp(name, a->base.model_name)) {
+        m = &a->base; /* listed before it is loaded; requests check base.sched */
+    } else {
+        for (const zs_api_model *x = a->extra; x; x = x->next)
+            if (!strcmp(name, x->model_name)) m = x;
+    }
+    pthread_mutex_unlock(&a->mu);
+    return m;
 }
 
 static void h_models(void *ud, zs_http_req *r) {
     zs_api *a = ud;
-    zs_http_respond_json(r, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(a)));
+    json_t *data = json_array();
+    json_array_append_new(data, model_json(&a->base));
+    pthread_mutex_lock(&a->mu);
+    const zs_api_model *x = a->extra;
+    pthread_mutex_unlock(&a->mu);
+    json_t *ft = json_array(); /* the list is newest first: list the oldest first */
+    for (; x; x = x->next) json_array_insert_new(ft, 0, model_json(x));
+    json_array_extend(data, ft);
+    json_decref(ft);
+    zs_http_respond_json(r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
 }
 
 static void h_model(void *ud, zs_http_req *r) {
     zs_api *a = ud;
     const char *id = zs_http_req_param(r);
-    if (!id || strcmp(id, a->model_name)) {
+    const zs_api_model *m = id ? zs_api_model_find(a, id) : NULL;
+    if (!m) {
         zs_http_respond_error(r, 404, "invalid_request_error", "model", "model_not_found",
                               "The model '%s' does not exist.", id ? id : "");
         return;
     }
-    zs_http_respond_json(r, 200, model_json(a));
+    zs_http_respond_json(r, 200, model_json(m));
 }
 
 static void h_metrics(void *ud, zs_http_req *r) {
     zs_api *a = ud;
     pthread_mutex_lock(&a->mu);
-    zs_sched *s = a->sched;
+    zs_sched *s = a->base.sched;
     pthread_mutex_unlock(&a->mu);
     char *text = NULL;
     size_t len = 0;
@@ -607,13 +633,13 @@ int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
     zs_api *a = calloc(1, sizeof *a);
     if (!a) return zs_err(ZS_ENOMEM, "api: out of memory");
     a->http = h;
-    a->model_name = strdup(o->model_name);
-    a->tmpl = o->chat_template >= 0 ? o->chat_template : zs_chat_template_detect(o->model_dir);
-    a->ref_tok = -1;
-    a->created = (long)time(NULL);
+    a->base.model_name = strdup(o->model_name);
+    a->base.tmpl = o->chat_template >= 0 ? o->chat_template : zs_chat_template_detect(o->model_dir);
+    a->base.ref_tok = -1;
+    a->base.created = (long)time(NULL);
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
-    int rc = a->model_name ? 0 : zs_err(ZS_ENOMEM, "api: out of memory");
+    int rc = a->base.model_name ? 0 : zs_err(ZS_ENOMEM, "api: out of memory");
     if (!rc) rc = zs_http_route(h, "GET", "/health", 0, h_health, a);
     if (!rc) rc = zs_http_route(h, "GET", "/", 0, h_playground, a);
     if (!rc) rc = zs_http_route(h, "GET", "/metrics", 1, h_metrics, a);
@@ -629,12 +655,12 @@ int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
     return 0;
 }
 
-void zs_api_attach(zs_api *a, zs_engine *e, zs_sched *s) {
+/* Fills m's engine-derived fields (m->mu-free: called before m is visible to requests). */
+static void model_fill(zs_api_model *m, zs_engine *e, zs_sched *s) {
     zs_tokenizer *t = zs_engine_tokenizer(e);
     int bos = zs_tokenizer_bos(t), eos = zs_tokenizer_eos(t);
     const char *bp = bos >= 0 ? zs_tokenizer_piece(t, bos) : NULL;
     const char *ep = eos >= 0 ? zs_tokenizer_piece(t, eos) : NULL;
-    char *bs = bp ? strdup(bp) : NULL, *es = ep ? strdup(ep) : NULL;
     /* the reference token for token_text: a plain letter */
     int32_t *ids = NULL;
     size_t n = 0;
@@ -648,19 +674,45 @@ void zs_api_attach(zs_api *a, zs_engine *e, zs_sched *s) {
         free(ref_text);
         ref_text = NULL;
     }
+    m->tok = t;
+    m->context = zs_engine_context(e);
+    m->vocab = zs_tokenizer_vocab_size(t);
+    m->bos = bp ? strdup(bp) : NULL;
+    m->eos = ep ? strdup(ep) : NULL;
+    m->ref_tok = ref;
+    m->ref_text = ref_text;
+    m->engine = e;
+    m->sched = s;
+}
+
+void zs_api_attach(zs_api *a, zs_engine *e, zs_sched *s) {
+    zs_api_model m = a->base;
+    model_fill(&m, e, s);
     pthread_mutex_lock(&a->mu);
-    a->tok = t;
-    a->context = zs_engine_context(e);
-    a->vocab = zs_tokenizer_vocab_size(t);
-    a->bos = bs;
-    a->eos = es;
-    a->ref_tok = ref;
-    a->ref_text = ref_text;
-    a->engine = e;
-    a->sched = s;
+    a->base = m;
     pthread_mutex_unlock(&a->mu);
-    zs_log_info("api: serving '%s' (context %d, chat template %s)", a->model_name, a->context,
-                zs_chat_template_name(a->tmpl));
+    zs_log_info("api: serving '%s' (context %d, chat template %s)", m.model_name, m.context,
+                zs_chat_template_name(m.tmpl));
+}
+
+int zs_api_add_model(zs_api *a, const char *name, const char *model_dir, zs_engine *e, zs_sched *s) {
+    if (!a || !name || !e || !s) return zs_err(ZS_EINVAL, "api: bad arguments");
+    if (zs_api_model_find(a, name)) return zs_err(ZS_EINVAL, "api: the model '%s' is already served", name);
+    zs_api_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->model_name = strdup(name))) {
+        free(m);
+        return zs_err(ZS_ENOMEM, "api: out of memory");
+    }
+    m->tmpl = zs_chat_template_detect(model_dir);
+    m->created = (long)time(NULL);
+    model_fill(m, e, s);
+    pthread_mutex_lock(&a->mu);
+    m->next = a->extra;
+    a->extra = m;
+    pthread_mutex_unlock(&a->mu);
+    zs_log_info("api: serving '%s' (context %d, chat template %s)", m->model_name, m->context,
+                zs_chat_template_name(m->tmpl));
+    return 0;
 }
 
 void zs_api_drain(zs_api *a) {
@@ -671,7 +723,7 @@ void zs_api_drain(zs_api *a) {
 
 int zs_api_loaded(zs_api *a) {
     pthread_mutex_lock(&a->mu);
-    int ok = a->sched != NULL;
+    int ok = a->base.sched != NULL;
     pthread_mutex_unlock(&a->mu);
     return ok;
 }
@@ -710,10 +762,14 @@ void zs_api_free(zs_api *a) {
     }
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
-    free(a->model_name);
-    free(a->bos);
-    free(a->eos);
-    free(a->ref_text);
+    for (zs_api_model *m = &a->base, *next; m; m = next) {
+        next = m == &a->base ? a->extra : m->next;
+        free(m->model_name);
+        free(m->bos);
+        free(m->eos);
+        free(m->ref_text);
+        if (m != &a->base) free(m);
+    }
     free(a);
 }
 

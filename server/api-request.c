@@ -165,7 +165,7 @@ static int add_prompt(req_t *q, int32_t *ids, int n, api_err *e) {
     return 0;
 }
 
-static int encode_text(const zs_api *a, req_t *q, const char *text, size_t len, int add_special,
+static int encode_text(const zs_api_model *a, req_t *q, const char *text, size_t len, int add_special,
                        const char *param, api_err *e) {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -184,7 +184,7 @@ static int encode_text(const zs_api *a, req_t *q, const char *text, size_t len, 
     return add_prompt(q, ids, (int)n, e);
 }
 
-static int token_ids(const zs_api *a, req_t *q, json_t *arr, const char *param, api_err *e) {
+static int token_ids(const zs_api_model *a, req_t *q, json_t *arr, const char *param, api_err *e) {
     size_t n = json_array_size(arr);
     if (n == 0) return zs_api_fail(e, 400, param, "invalid_value", "'%s' must not be empty.", param);
     if (n > (size_t)a->context)
@@ -206,7 +206,7 @@ static int token_ids(const zs_api *a, req_t *q, json_t *arr, const char *param, 
     return add_prompt(q, ids, (int)n, e);
 }
 
-static int parse_prompt(const zs_api *a, req_t *q, api_err *e) {
+static int parse_prompt(const zs_api_model *a, req_t *q, api_err *e) {
     json_t *p = json_object_get(q->root, "prompt");
     q->prompt_param = "prompt";
     if (!p || json_is_null(p)) return zs_api_fail(e, 400, "prompt", "missing_required_parameter", "Missing required parameter: 'prompt'.");
@@ -233,7 +233,7 @@ static int parse_prompt(const zs_api *a, req_t *q, api_err *e) {
     return 0;
 }
 
-static int parse_messages(const zs_api *a, req_t *q, api_err *e) {
+static int parse_messages(const zs_api_model *a, req_t *q, api_err *e) {
     json_t *m = json_object_get(q->root, "messages");
     q->prompt_param = "messages";
     if (!m || json_is_null(m)) return zs_api_fail(e, 400, "messages", "missing_required_parameter", "Missing required parameter: 'messages'.");
@@ -348,12 +348,16 @@ int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err 
     if (check_fields(root, chat ? k_chat_fields : k_cmpl_fields, e) < 0) return -1;
 
     json_t *model = json_object_get(root, "model");
+    const zs_api_model *m = zs_api_model_find(a, NULL);
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) return bad_type(e, "model", "a string", model);
-        if (strcmp(json_string_value(model), a->model_name))
+        m = zs_api_model_find(a, json_string_value(model));
+        if (!m)
             return zs_api_fail(e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s').",
-                        json_string_value(model), a->model_name);
+                        json_string_value(model), a->base.model_name);
     }
+    if (!m) return zs_api_fail(e, 503, NULL, "model_loading", "The model is still loading; try again shortly.");
+    q->model = m;
 
     double x;
     long long ll;
@@ -512,26 +516,26 @@ int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err 
     q->max_tokens_given = given;
 
     /* the prompt(s) */
-    if ((chat ? parse_messages(a, q, e) : parse_prompt(a, q, e)) < 0) return -1;
+    if ((chat ? parse_messages(m, q, e) : parse_prompt(m, q, e)) < 0) return -1;
     if ((long)q->n_prompts * q->n > MAX_CHOICES)
         return zs_api_fail(e, 400, "n", "invalid_value", "Too many choices: %d prompts x n=%d is more than %d.", q->n_prompts,
                     q->n, MAX_CHOICES);
     int longest = 0;
     for (int i = 0; i < q->n_prompts; i++) longest = ZS_MAX(longest, q->n_prompt[i]);
     if (given) {
-        if ((long long)longest + ll > a->context)
+        if ((long long)longest + ll > m->context)
             return zs_api_fail(e, 400, mt_name, "context_length_exceeded",
                         "This model's maximum context length is %d tokens. However, you requested %lld tokens "
                         "(%d in the %s, %lld for the completion). Please reduce the length of the %s or %s.",
-                        a->context, longest + ll, longest, chat ? "messages" : "prompt", ll,
+                        m->context, longest + ll, longest, chat ? "messages" : "prompt", ll,
                         chat ? "messages" : "prompt", mt_name);
         q->max_tokens = (int)ll;
     } else {
-        int room = a->context - longest;
+        int room = m->context - longest;
         if (room < 1)
             return zs_api_fail(e, 400, q->prompt_param, "context_length_exceeded",
                         "This model's maximum context length is %d tokens, and the %s already has %d tokens.",
-                        a->context, chat ? "conversation" : "prompt", longest);
+                        m->context, chat ? "conversation" : "prompt", longest);
         q->max_tokens = chat ? room : ZS_MIN(16, room);
     }
     return 0;

@@ -35,6 +35,10 @@ int  zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out);
  * every request: free the scheduler only after zs_http_stop, then zs_api_free). */
 void zs_api_attach(zs_api *a, zs_engine *e, zs_sched *s);
 int  zs_api_loaded(zs_api *a);
+/* Serves one more model under name (a fine-tuned one) from now on: /v1/models lists it and
+ * requests naming it go to s. e and s are borrowed like zs_api_attach's; model_dir is for the
+ * chat template. ZS_EEXIST when the name is taken. Thread-safe. */
+int  zs_api_add_model(zs_api *a, const char *name, const char *model_dir, zs_engine *e, zs_sched *s);
 /* Shutting down: new generation requests get 503 (call before zs_sched_drain). */
 void zs_api_drain(zs_api *a);
 /* Requests of the api still holding state (submitted to the scheduler or being answered). */
@@ -58,6 +62,8 @@ typedef struct {
     const char *model_name; /* NULL: the basename of engine.model_dir */
     int chat_template;      /* ZS_CHAT_* or -1 (auto) */
     int quiet;              /* no "listening"/"ready" lines on stderr */
+    const char *data_dir;   /* fine-tuning API (files, jobs, fine-tuned models) under it; NULL: off */
+    size_t max_file_bytes;  /* largest uploaded training file (0: 100 MiB; the body limit applies too) */
 } zs_server_opts;
 
 typedef struct zs_server zs_server;

@@ -1,7 +1,8 @@
 /* serve.c — `zeroserve serve`: starts the HTTP server first (so /health answers 503 while the
  * model loads), loads the engine and the scheduler in a background thread, then serves the
  * OpenAI API until SIGTERM/SIGINT, when it stops accepting, drains in-flight requests (bounded)
- * and frees everything. Signals are taken with sigwait in the main thread; no handler runs. */
+ * and frees everything. With a data directory it also serves the fine-tuning API
+ * (finetune-api.h): uploaded files, jobs trained beside serving, and their models. Signals are taken with sigwait in the main thread; no handler runs. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -16,10 +17,13 @@
 #include "cli.h"
 #include "common.h"
 #include "engine-flags.h"
+#include "finetune-api.h"
 
 struct zs_server {
     zs_server_opts o;
-    char *model_dir, *nvme_path, *name;
+    char *model_dir, *nvme_path, *name, *data_dir;
+    zs_files *files;
+    zs_ftjobs *ftjobs;
     zs_http *http;
     zs_api *api;
     pthread_t loader;
@@ -49,6 +53,8 @@ static void *loader_main(void *arg) {
         }
     }
     if (rc == 0) zs_api_attach(s->api, e, sc);
+    if (rc == 0 && s->ftjobs && zs_ftjobs_start(s->ftjobs, sc) < 0)
+        zs_log_error("fine-tuning: %s", zs_errmsg()); /* serving goes on without the runner */
     pthread_mutex_lock(&s->mu);
     s->engine = e;
     s->sched = sc;
@@ -73,6 +79,7 @@ static void server_free(zs_server *s) {
     free(s->model_dir);
     free(s->nvme_path);
     free(s->name);
+    free(s->data_dir);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -98,6 +105,8 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
     s->o.engine.model_dir = s->model_dir;
     s->o.engine.nvme_path = s->nvme_path;
     s->o.model_name = s->name;
+    s->data_dir = o->data_dir ? strdup(o->data_dir) : NULL;
+    s->o.data_dir = s->data_dir;
     s->o.http.api_key = NULL; /* not kept: the HTTP layer copies it */
 
     int rc = zs_http_start(&o->http, &s->http);
@@ -112,6 +121,19 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
         server_free(s);
         return rc;
     }
+    if (s->data_dir) {
+        zs_ftjobs_opts fo = {s->data_dir, s->name, s->model_dir, &s->o.engine, &s->o.sched, s->api, NULL};
+        rc = zs_files_open(s->http, s->data_dir, o->max_file_bytes, &s->files);
+        fo.files = s->files;
+        if (rc == 0) rc = zs_ftjobs_open(s->http, &fo, &s->ftjobs);
+        if (rc < 0) {
+            zs_http_stop(s->http, 0);
+            zs_files_free(s->files);
+            zs_api_free(s->api);
+            server_free(s);
+            return rc;
+        }
+    }
     if (!o->quiet) {
         const char *host = o->http.host ? o->http.host : "127.0.0.1";
         int v6 = strchr(host, ':') != NULL;
@@ -120,6 +142,8 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
     }
     if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
         zs_http_stop(s->http, 0);
+        zs_ftjobs_free(s->ftjobs);
+        zs_files_free(s->files);
         zs_api_free(s->api);
         server_free(s);
         return zs_err(ZS_ENOMEM, "serve: cannot start the loader thread");
@@ -155,11 +179,15 @@ void zs_server_stop(zs_server *s, double drain_s) {
     pthread_mutex_unlock(&s->mu);
     /* stop admitting, let running and queued requests finish (bounded), cancel the rest */
     zs_api_drain(s->api);
+    if (s->loader_started) pthread_join(s->loader, NULL); /* the job runner starts from there */
+    s->loader_started = 0;
+    zs_ftjobs_stop(s->ftjobs, drain_s); /* a running job stops before its next step */
     if (sc) zs_sched_drain(sc, drain_s);
     /* stop accepting; what is left of the responses gets a moment to flush */
     zs_http_stop(s->http, sc ? 2.0 : 0.5);
-    if (s->loader_started) pthread_join(s->loader, NULL);
     if (s->sched) zs_sched_free(s->sched); /* the last callbacks run here */
+    zs_ftjobs_free(s->ftjobs);
+    zs_files_free(s->files);
     zs_api_free(s->api);
     if (s->engine) zs_engine_free(s->engine);
     server_free(s);
@@ -181,10 +209,11 @@ static int want_help(int argc, char **argv) {
 int zs_cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *api_key = NULL, *tmpl_name = "auto", *name = NULL;
     int port = 8080, max_seqs = 32, max_batch = 256, max_queue = 256, threads = 4;
-    int64_t max_body = 8388608;
+    int64_t max_body = 8388608, max_file = 0;
+    const char *data_dir = "./zeroserve-data";
     zs_engine_flags ef;
     zs_engine_flags_init(&ef);
-    zs_opt opts[16 + ZS_ENGINE_FLAG_COUNT] = {
+    zs_opt opts[18 + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
         {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\" (default: $ZS_API_KEY, else none)"},
@@ -195,8 +224,10 @@ int zs_cmd_serve(int argc, char **argv) {
         {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | plain (default auto)"},
         {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name)"},
         {"threads", ZS_OPT_INT, &threads, "HTTP threads (default 4)"},
+        {"data-dir", ZS_OPT_STR, &data_dir, "uploaded files, fine-tuning jobs and fine-tuned models (default ./zeroserve-data)"},
+        {"max-file-bytes", ZS_OPT_I64, &max_file, "largest uploaded training file (default: --max-body-bytes)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 10);
+    int n_opts = zs_engine_flags_table(&ef, opts, 12);
     if (want_help(argc, argv)) {
         zs_cli_usage("serve", "Serves the model over an OpenAI-compatible HTTP API until SIGTERM/SIGINT.", opts,
                      n_opts);
@@ -208,6 +239,8 @@ int zs_cmd_serve(int argc, char **argv) {
     if (max_seqs < 1 || max_batch < 1 || max_queue < 1)
         return zs_err(ZS_EINVAL, "--max-seqs, --max-batch-tokens and --max-queue must be >= 1");
     if (max_body < 1) return zs_err(ZS_EINVAL, "--max-body-bytes must be >= 1");
+    if (max_file < 0) return zs_err(ZS_EINVAL, "--max-file-bytes must be >= 0");
+    if (!*data_dir) return zs_err(ZS_EINVAL, "--data-dir must not be empty");
     if (threads < 1 || threads > 256) return zs_err(ZS_EINVAL, "--threads must be between 1 and 256");
     int tmpl;
     ZS_CHECK(zs_chat_template_parse(tmpl_name, &tmpl));
@@ -229,6 +262,8 @@ int zs_cmd_serve(int argc, char **argv) {
     so.sched.max_queue = max_queue;
     so.model_name = name;
     so.chat_template = tmpl;
+    so.data_dir = data_dir;
+    so.max_file_bytes = (size_t)(max_file ? max_file : max_body);
 
     /* every thread started from here inherits the blocked set; only sigwait takes them */
     sigset_t set;

@@ -1,6 +1,7 @@
 /* train-cmd.c — `zeroserve train`: fine-tunes a model on a JSONL file through the engine's ranks
  * (ZeRO-3, optimizer state in host memory), prints progress, and writes the result as a plain
- * Hugging Face model directory that `generate` and `serve` load. */
+ * Hugging Face model directory that `generate` and `serve` load. The run itself is
+ * engine/finetune.c (shared with the server's fine-tuning jobs). */
 #include <stdio.h>
 #include <string.h>
 
@@ -9,13 +10,41 @@
 #include "common.h"
 #include "data.h"
 #include "engine-flags.h"
-#include "train.h"
+#include "finetune.h"
 
 int zs_cmd_train(int argc, char **argv);
 
 static void fmt_time(double s, char *buf, size_t cap) {
     long t = (long)(s + 0.5);
     snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+}
+
+typedef struct {
+    int every;
+    double t0;
+    size_t step_tokens; /* tokens per step, padding included */
+    const char *schedule;
+    float lr;
+    int batch, accum;
+} progress;
+
+static void on_plan(void *ud, const zs_finetune_plan *p) {
+    progress *g = ud;
+    g->step_tokens = (size_t)p->ranks * (size_t)g->accum * (size_t)g->batch * (size_t)p->seq_len;
+    fprintf(stderr, "train: %d examples (%zu tokens), %ld step(s) of %d rank(s), %d tokens per sequence, lr %g (%s)\n",
+            p->examples, p->tokens, p->steps, p->ranks, p->seq_len, (double)g->lr, g->schedule);
+    g->t0 = zs_now();
+}
+
+static void on_step(void *ud, long s, long steps, float loss, float lr, size_t tokens) {
+    progress *g = ud;
+    (void)tokens;
+    if (s % g->every && s != steps) return;
+    double el = zs_now() - g->t0, tps = (double)s * (double)g->step_tokens / el;
+    char eta[32];
+    fmt_time(el / (double)s * (double)(steps - s), eta, sizeof eta);
+    printf("step %ld/%ld  loss %.4f  lr %.3g  %.0f tokens/s  ETA %s\n", s, steps, loss, (double)lr, tps, eta);
+    fflush(stdout);
 }
 
 int zs_cmd_train(int argc, char **argv) {
@@ -54,10 +83,11 @@ int zs_cmd_train(int argc, char **argv) {
     if (epochs < 1 || steps < 0 || batch < 1 || accum < 1 || seq_len < 0 || warmup < 0 || every < 1)
         return zs_err(ZS_EINVAL, "--epochs, --batch-size, --grad-accum and --log-every must be >= 1; --steps, --seq-len, --warmup >= 0");
     if (!(lr > 0) || clip < 0 || wd < 0) return zs_err(ZS_EINVAL, "--lr must be > 0; --clip and --weight-decay >= 0");
-    int sched;
-    if (!strcmp(schedule, "constant")) sched = ZS_LR_CONSTANT;
-    else if (!strcmp(schedule, "linear")) sched = ZS_LR_WARMUP_LINEAR;
-    else if (!strcmp(schedule, "cosine")) sched = ZS_LR_WARMUP_COSINE;
+    zs_finetune_opts fo;
+    zs_finetune_opts_default(&fo);
+    if (!strcmp(schedule, "constant")) fo.schedule = ZS_LR_CONSTANT;
+    else if (!strcmp(schedule, "linear")) fo.schedule = ZS_LR_WARMUP_LINEAR;
+    else if (!strcmp(schedule, "cosine")) fo.schedule = ZS_LR_WARMUP_COSINE;
     else return zs_err(ZS_EINVAL, "--schedule: '%s' is not one of constant, linear, cosine", schedule);
 
     /* validate the data first: a bad line stops here, before anything is loaded or written */
@@ -69,78 +99,24 @@ int zs_cmd_train(int argc, char **argv) {
     ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
-    zs_dataset *d = NULL;
-    zs_training *t = NULL;
-    int32_t *buf = NULL;
-    int rc;
-    zs_data_opts dopt = {zs_chat_template_detect(ef.model), 0, 0};
-    if ((rc = zs_data_load(data_path, zs_engine_tokenizer(e), &dopt, &d)) < 0) goto done;
-    int ranks = zs_world_ranks(zs_engine_world(e));
-    int ctx = zs_engine_context(e);
-    if (seq_len == 0) seq_len = (int)ZS_MIN((size_t)ctx, ZS_MAX((size_t)2, zs_data_max_len(d)));
-    if (seq_len > ctx) {
-        rc = zs_err(ZS_ERANGE, "--seq-len %d exceeds the model's context %d", seq_len, ctx);
-        goto done;
-    }
-    long per_epoch = (zs_data_batches_per_epoch(d, batch) + (long)ranks * accum - 1) / ((long)ranks * accum);
-    if (steps == 0) steps = (int)ZS_MAX(1, per_epoch * epochs);
-    zs_train_opts to;
-    memset(&to, 0, sizeof to);
-    to.micro_batch = batch;
-    to.seq_len = seq_len;
-    to.grad_accum = accum;
-    to.grad_clip = clip;
-    zs_adamw_params_default(&to.adam);
-    to.adam.lr = lr;
-    to.adam.weight_decay = wd;
-    to.lr.type = sched;
-    to.lr.warmup_type = ZS_WARMUP_LINEAR;
-    to.lr.lr = lr;
-    to.lr.warmup_min_ratio = 0.0f;
-    to.lr.min_lr_ratio = 0.0f;
-    to.lr.warmup_steps = warmup;
-    to.lr.total_steps = steps;
-    if ((rc = zs_training_begin(zs_engine_world(e), &to, &t)) < 0) goto done;
-    int slots = ranks * accum;
-    size_t bt = (size_t)batch * (size_t)seq_len;
-    buf = malloc(sizeof(int32_t) * bt * 2 * (size_t)slots);
-    const int32_t *T[512], *G[512];
-    if (!buf || slots > 512) {
-        rc = zs_err(ZS_ENOMEM, "out of memory (or more than 512 ranks x micro-steps)");
-        goto done;
-    }
-    for (int i = 0; i < slots; i++) {
-        T[i] = buf + (size_t)i * 2 * bt;
-        G[i] = T[i] + bt;
-    }
-    fprintf(stderr, "train: %d examples (%zu tokens), %d step(s) of %d rank(s) x %d micro-step(s) x %d x %d tokens, lr %g (%s)\n",
-            zs_data_count(d), zs_data_tokens(d), steps, ranks, accum, batch, seq_len, (double)lr, schedule);
-    zs_data_pos pos = {seed, 0, 0};
-    double t0 = zs_now(), first = -1, loss_avg = 0;
-    for (int s = 1; s <= steps; s++) {
-        for (int i = 0; i < slots; i++) {
-            int filled;
-            if ((rc = zs_data_next_batch(d, &pos, batch, seq_len, (int32_t *)T[i], (int32_t *)G[i], &filled)) < 0) goto done;
-        }
-        float loss;
-        if ((rc = zs_training_step(t, T, G, s, &loss)) < 0) goto done;
-        if (first < 0) first = loss;
-        loss_avg = loss;
-        if (s % every == 0 || s == steps) {
-            double el = zs_now() - t0, tps = (double)s * (double)slots * (double)bt / el;
-            char eta[32];
-            fmt_time(el / s * (steps - s), eta, sizeof eta);
-            printf("step %d/%d  loss %.4f  lr %.3g  %.0f tokens/s  ETA %s\n", s, steps, loss,
-                   (double)zs_lr_at(&to.lr, s), tps, eta);
-            fflush(stdout);
-        }
-    }
-    if ((rc = zs_training_export(t, out)) < 0) goto done;
-    fprintf(stderr, "train: loss %.4f -> %.4f; wrote %s\n", first, loss_avg, out);
-done:
-    free(buf);
-    if (t) zs_training_end(t);
-    zs_data_free(d);
+    fo.data_path = data_path;
+    fo.out_dir = out;
+    fo.chat_template = zs_chat_template_detect(ef.model);
+    fo.epochs = epochs;
+    fo.steps = steps;
+    fo.batch = batch;
+    fo.grad_accum = accum;
+    fo.seq_len = seq_len;
+    fo.warmup = warmup;
+    fo.lr = lr;
+    fo.clip = clip;
+    fo.weight_decay = wd;
+    fo.seed = seed;
+    progress g = {every, zs_now(), 0, schedule, lr, batch, accum};
+    zs_finetune_hooks h = {on_plan, NULL, on_step, &g};
+    zs_finetune_result res;
+    int rc = zs_finetune_run(e, &fo, &h, &res);
+    if (rc == 0) fprintf(stderr, "train: loss %.4f -> %.4f; wrote %s\n", res.first_loss, res.last_loss, out);
     zs_engine_free(e);
     return rc;
 }

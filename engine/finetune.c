@@ -1,0 +1,149 @@
+/* finetune.c — one fine-tuning run (finetune.h): data validation and loading, the step loop of
+ * train.h with the hooks between steps, an optional validation loss, and the export. */
+#include "finetune.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "data.h"
+#include "train.h"
+
+void zs_finetune_opts_default(zs_finetune_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->epochs = 1;
+    o->batch = 4;
+    o->grad_accum = 1;
+    o->schedule = ZS_LR_CONSTANT;
+    o->lr = 1e-4f;
+    o->clip = 1.0f;
+}
+
+/* Counted targets of one [B*T] batch. */
+static size_t counted(const int32_t *g, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += g[i] >= 0;
+    return c;
+}
+
+/* The loss of the first batch of each rank of the validation set. */
+static int valid_loss(zs_training *t, const char *path, const zs_tokenizer *tok, const zs_finetune_opts *o,
+                      int ranks, int seq_len, int32_t *buf, const int32_t **T, const int32_t **G,
+                      float *loss) {
+    zs_data_opts dopt = {o->chat_template, 0, 0};
+    zs_dataset *d = NULL;
+    ZS_CHECK(zs_data_load(path, tok, &dopt, &d));
+    zs_data_pos pos = {o->seed, 0, 0};
+    size_t bt = (size_t)o->batch * (size_t)seq_len;
+    int rc = 0;
+    for (int i = 0; i < ranks && rc == 0; i++) {
+        T[i] = buf + (size_t)i * 2 * bt;
+        G[i] = T[i] + bt;
+        int filled;
+        rc = zs_data_next_batch(d, &pos, o->batch, seq_len, (int32_t *)T[i], (int32_t *)G[i], &filled);
+    }
+    if (rc == 0) rc = zs_training_eval(t, T, G, loss);
+    zs_data_free(d);
+    return rc;
+}
+
+int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_hooks *h,
+                    zs_finetune_result *res) {
+    if (!e || !o || !o->data_path) return zs_err(ZS_EINVAL, "finetune: the training data is required");
+    if (o->epochs < 1 || o->steps < 0 || o->batch < 1 || o->grad_accum < 1 || o->seq_len < 0 || o->warmup < 0)
+        return zs_err(ZS_EINVAL, "finetune: epochs, batch size and gradient accumulation must be >= 1; steps, "
+                                 "sequence length and warm-up >= 0");
+    if (!(o->lr > 0) || o->clip < 0 || o->weight_decay < 0)
+        return zs_err(ZS_EINVAL, "finetune: the learning rate must be > 0; clipping and weight decay >= 0");
+    int n_examples;
+    ZS_CHECK(zs_data_validate(o->data_path, 0, &n_examples));
+    int vrc = o->valid_path ? zs_data_validate(o->valid_path, 0, &n_examples) : 0;
+    if (vrc < 0) return zs_err_prefix(vrc, "validation data");
+    zs_finetune_result r = {0, 0, 0, -1, 0};
+    zs_dataset *d = NULL;
+    zs_training *t = NULL;
+    int32_t *buf = NULL;
+    int rc;
+    zs_data_opts dopt = {o->chat_template, 0, 0};
+    if ((rc = zs_data_load(o->data_path, zs_engine_tokenizer(e), &dopt, &d)) < 0) goto done;
+    int ranks = zs_world_ranks(zs_engine_world(e));
+    int ctx = zs_engine_context(e);
+    int seq_len = o->seq_len;
+    if (seq_len == 0) seq_len = (int)ZS_MIN((size_t)ctx, ZS_MAX((size_t)2, zs_data_max_len(d)));
+    if (seq_len > ctx) {
+        rc = zs_err(ZS_ERANGE, "finetune: the sequence length %d exceeds the model's context %d", seq_len, ctx);
+        goto done;
+    }
+    long per_epoch = (zs_data_batches_per_epoch(d, o->batch) + (long)ranks * o->grad_accum - 1) /
+                     ((long)ranks * o->grad_accum);
+    long steps = o->steps ? o->steps : ZS_MAX(1, per_epoch * o->epochs);
+    zs_train_opts to;
+    memset(&to, 0, sizeof to);
+    to.micro_batch = o->batch;
+    to.seq_len = seq_len;
+    to.grad_accum = o->grad_accum;
+    to.grad_clip = o->clip;
+    zs_adamw_params_default(&to.adam);
+    to.adam.lr = o->lr;
+    to.adam.weight_decay = o->weight_decay;
+    to.lr.type = o->schedule;
+    to.lr.warmup_type = ZS_WARMUP_LINEAR;
+    to.lr.lr = o->lr;
+    to.lr.warmup_min_ratio = 0.0f;
+    to.lr.min_lr_ratio = 0.0f;
+    to.lr.warmup_steps = o->warmup;
+    to.lr.total_steps = steps;
+    if ((rc = zs_training_begin(zs_engine_world(e), &to, &t)) < 0) goto done;
+    int slots = ranks * o->grad_accum;
+    size_t bt = (size_t)o->batch * (size_t)seq_len;
+    buf = malloc(sizeof(int32_t) * bt * 2 * (size_t)slots);
+    const int32_t *T[512], *G[512];
+    if (!buf || slots > 512) {
+        rc = zs_err(ZS_ENOMEM, "finetune: out of memory (or more than 512 ranks x micro-steps)");
+        goto done;
+    }
+    for (int i = 0; i < slots; i++) {
+        T[i] = buf + (size_t)i * 2 * bt;
+        G[i] = T[i] + bt;
+    }
+    if (h && h->on_plan) {
+        zs_finetune_plan p = {zs_data_count(d), zs_data_tokens(d), steps, ranks, seq_len};
+        h->on_plan(h->ud, &p);
+    }
+    zs_data_pos pos = {o->seed, 0, 0};
+    for (long s = 1; s <= steps; s++) {
+        if (h && h->before_step && h->before_step(h->ud, s)) {
+            rc = zs_err(ZS_ECANCELLED, "finetune: stopped before step %ld", s);
+            goto done;
+        }
+        for (int i = 0; i < slots; i++) {
+            int filled;
+            if ((rc = zs_data_next_batch(d, &pos, o->batch, seq_len, (int32_t *)T[i], (int32_t *)G[i], &filled)) < 0)
+                goto done;
+            r.trained_tokens += counted(G[i], bt);
+        }
+        float loss;
+        if ((rc = zs_training_step(t, T, G, s, &loss)) < 0) goto done;
+        if (s == 1) r.first_loss = loss;
+        r.last_loss = loss;
+        r.steps = s;
+        if (h && h->on_step) h->on_step(h->ud, s, steps, loss, zs_lr_at(&to.lr, s), r.trained_tokens);
+    }
+    if (o->valid_path) {
+        int32_t *vb = malloc(sizeof(int32_t) * bt * 2 * (size_t)ranks);
+        if (!vb) {
+            rc = zs_err(ZS_ENOMEM, "finetune: out of memory");
+            goto done;
+        }
+        rc = valid_loss(t, o->valid_path, zs_engine_tokenizer(e), o, ranks, seq_len, vb, T, G, &r.valid_loss);
+        free(vb);
+        if (rc < 0) goto done;
+    }
+    if (o->out_dir && (rc = zs_training_export(t, o->out_dir)) < 0) goto done;
+done:
+    free(buf);
+    if (t) zs_training_end(t);
+    zs_data_free(d);
+    if (res && (rc == 0 || rc == ZS_ECANCELLED)) *res = r;
+    return rc;
+}

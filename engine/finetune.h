@@ -1,0 +1,66 @@
+/* finetune.h — one fine-tuning run end to end over an open engine: validate and load the JSONL
+ * data, cut it into batches, run the ZeRO-3 training steps (train.h), report each step, and
+ * export the result as a plain Hugging Face model directory. `zeroserve train` and the server's
+ * fine-tuning jobs both run through it.
+ *
+ * Ownership: the engine is borrowed (its world is used for training: no inference step may run
+ * on it meanwhile); the run owns its dataset, optimizer state and buffers and frees them before
+ * returning. Thread-safety: one thread per run; the hooks are called on that thread. */
+#ifndef ZS_FINETUNE_H
+#define ZS_FINETUNE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+typedef struct {
+    const char *data_path;   /* training JSONL (required) */
+    const char *valid_path;  /* validation JSONL: its loss is measured once at the end (or NULL) */
+    const char *out_dir;     /* export directory (NULL: nothing is written) */
+    int chat_template;       /* ZS_CHAT_* for {messages} examples */
+    int epochs;              /* passes over the data (>= 1) */
+    int steps;               /* optimizer steps; 0 = as many as the epochs take */
+    int batch;               /* sequences per rank and micro-step */
+    int grad_accum;          /* micro-steps per optimizer step */
+    int seq_len;             /* 0 = the longest example, up to the context */
+    int warmup;              /* linear warm-up steps */
+    int schedule;            /* ZS_LR_CONSTANT | ZS_LR_WARMUP_LINEAR | ZS_LR_WARMUP_COSINE */
+    float lr, clip, weight_decay;
+    uint64_t seed;           /* data shuffling */
+} zs_finetune_opts;
+
+/* Defaults of `zeroserve train`: 1 epoch, batch 4, lr 1e-4 constant, clip 1.0. */
+void zs_finetune_opts_default(zs_finetune_opts *o);
+
+typedef struct {
+    int examples;
+    size_t tokens;        /* tokens of the training set */
+    long steps;           /* planned optimizer steps */
+    int ranks, seq_len;
+} zs_finetune_plan;
+
+typedef struct {
+    /* Once, after the data is loaded and before the first step. */
+    void (*on_plan)(void *ud, const zs_finetune_plan *p);
+    /* Before each step (1-based): return non-zero to stop the run (it then returns ZS_ECANCELLED).
+     * A server uses it to yield the machine to serving. */
+    int (*before_step)(void *ud, long step);
+    /* After each step: its loss, the LR it used, the tokens processed so far. */
+    void (*on_step)(void *ud, long step, long steps, float loss, float lr, size_t tokens);
+    void *ud;
+} zs_finetune_hooks;
+
+typedef struct {
+    long steps;            /* steps done */
+    float first_loss, last_loss;
+    float valid_loss;      /* -1 without validation data */
+    size_t trained_tokens; /* tokens of the batches trained on (padding excluded) */
+} zs_finetune_result;
+
+/* Runs o on e's world. h may be NULL. res (may be NULL) is filled on success and, as far as the
+ * run went, on ZS_ECANCELLED. Data errors name the line ("line 3: ..."). */
+int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_hooks *h,
+                    zs_finetune_result *res);
+
+#endif

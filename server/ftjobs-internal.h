@@ -1,0 +1,62 @@
+/* ftjobs-internal.h — what the fine-tuning job routes (ftjobs.c) and the job runner (ftrun.c)
+ * share: the job table and its records. Not a public interface.
+ *
+ * Locking: zs_ftjobs.mu guards the job table, every job's json object and events, the served
+ * fine-tuned models list and the runner's flags. Engine/scheduler/training calls and file
+ * writes of the runner are made without it, except the record writes (small, atomic). */
+#ifndef ZS_FTJOBS_INTERNAL_H
+#define ZS_FTJOBS_INTERNAL_H
+
+#include <pthread.h>
+
+#include "finetune-api.h"
+
+#define FT_BASE_LR 1e-3 /* lr = FT_BASE_LR x learning_rate_multiplier */
+
+typedef struct ftjob {
+    char id[64];
+    json_t *obj;    /* the OpenAI job object (status, hyperparameters, ...) */
+    json_t *events; /* event objects, oldest first */
+    long n_events;  /* event ids */
+    int cancel;     /* cancel requested (status already "cancelled") */
+    struct ftjob *next;
+} ftjob;
+
+typedef struct ftmodel { /* a served fine-tuned model */
+    zs_engine *engine;
+    zs_sched *sched;
+    struct ftmodel *next;
+} ftmodel;
+
+struct zs_ftjobs {
+    char *data_dir, *jobs_dir, *models_dir, *base_name, *base_dir, *nvme_path;
+    zs_engine_opts engine;
+    zs_sched_opts sched;
+    zs_api *api;
+    zs_files *files;
+    zs_sched *base_sched;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ftjob *jobs; /* newest first */
+    ftmodel *models;
+    pthread_t runner;
+    int runner_started, stopping;
+};
+
+/* (mu held) */
+ftjob *zs_ftjobs_find_locked(zs_ftjobs *J, const char *id);
+/* Sets status (and finished_at for a final one), appends a status event and writes the record
+ * (mu held). */
+void zs_ftjobs_set_status_locked(zs_ftjobs *J, ftjob *j, const char *status, const char *msg);
+/* Appends an event (data may be NULL; its reference is stolen) and to the events file (mu held). */
+void zs_ftjobs_event_locked(zs_ftjobs *J, ftjob *j, const char *level, const char *msg, json_t *data);
+/* Writes the job's record (mu held). */
+void zs_ftjobs_save_locked(zs_ftjobs *J, ftjob *j);
+/* The directory of a fine-tuned model. */
+void zs_ftjobs_model_dir(zs_ftjobs *J, const char *name, char *out, size_t cap);
+/* Loads a model directory and serves it under name (ftrun.c). */
+int  zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir);
+/* The runner thread (ftrun.c). */
+void *zs_ftjobs_runner_main(void *arg);
+
+#endif

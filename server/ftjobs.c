@@ -1,0 +1,503 @@
+/* ftjobs.c — fine-tuning jobs in the OpenAI shape (POST/GET /v1/fine_tuning/jobs, GET
+ * /v1/fine_tuning/jobs/{id}, POST .../{id}/cancel, GET .../{id}/events, GET
+ * .../{id}/checkpoints): validation of the request, the job table, its persistence
+ * (jobs/<id>.json written atomically on every status change, jobs/<id>.events.jsonl appended)
+ * and reloading at start-up. The runner that trains is ftrun.c.
+ *
+ * Hyperparameters: n_epochs (1..10000, "auto" = 3), batch_size (sequences per rank and step,
+ * 1..256, "auto" = 2), learning_rate_multiplier (> 0 and <= 100, "auto" = 1): the LR is
+ * FT_BASE_LR (1e-3) x the multiplier, constant, AdamW, clip 1.0. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common.h"
+#include "ftjobs-internal.h"
+
+ftjob *zs_ftjobs_find_locked(zs_ftjobs *J, const char *id) {
+    for (ftjob *j = J->jobs; j; j = j->next)
+        if (id && !strcmp(j->id, id)) return j;
+    return NULL;
+}
+
+void zs_ftjobs_save_locked(zs_ftjobs *J, ftjob *j) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.json", J->jobs_dir, j->id);
+    if (zs_persist_mkdirs(J->jobs_dir) < 0) zs_log_error("fine-tuning: %s", zs_errmsg());
+    json_t *rec = json_deep_copy(j->obj);
+    json_object_set_new(rec, "_n_events", json_integer(j->n_events));
+    if (zs_persist_write_json(path, rec) < 0) zs_log_error("fine-tuning: cannot save %s: %s", j->id, zs_errmsg());
+    json_decref(rec);
+}
+
+void zs_ftjobs_event_locked(zs_ftjobs *J, ftjob *j, const char *level, const char *msg, json_t *data) {
+    char id[96];
+    snprintf(id, sizeof id, "ftevent-%s-%ld", j->id + 6, ++j->n_events);
+    json_t *ev = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:s}", "object", "fine_tuning.job.event", "id", id, "created_at",
+                           (json_int_t)time(NULL), "level", level, "message", msg, "data",
+                           data ? data : json_object(), "type", data ? "metrics" : "message");
+    if (!ev) return;
+    json_array_append(j->events, ev);
+    zs_persist_mkdirs(J->jobs_dir);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.events.jsonl", J->jobs_dir, j->id);
+    FILE *f = fopen(path, "a");
+    if (f) {
+        char *s = json_dumps(ev, JSON_COMPACT);
+        if (s) fprintf(f, "%s\n", s);
+        free(s);
+        fclose(f);
+    }
+    json_decref(ev);
+}
+
+void zs_ftjobs_set_status_locked(zs_ftjobs *J, ftjob *j, const char *status, const char *msg) {
+    json_object_set_new(j->obj, "status", json_string(status));
+    if (!strcmp(status, "succeeded") || !strcmp(status, "failed") || !strcmp(status, "cancelled"))
+        json_object_set_new(j->obj, "finished_at", json_integer((json_int_t)time(NULL)));
+    zs_ftjobs_event_locked(J, j, !strcmp(status, "failed") ? "error" : "info", msg, NULL);
+    zs_ftjobs_save_locked(J, j);
+    pthread_cond_broadcast(&J->cv);
+}
+
+void zs_ftjobs_model_dir(zs_ftjobs *J, const char *name, char *out, size_t cap) {
+    char s[256];
+    size_t n = 0;
+    for (const char *p = name; *p && n + 1 < sizeof s; p++) {
+        int ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-' ||
+                 *p == '_' || (*p == '.' && n > 0);
+        s[n] = ok ? *p : '_';
+        n++;
+    }
+    s[n] = '\0';
+    snprintf(out, cap, "%s/%s", J->models_dir, s);
+}
+
+static const char *status_of(const ftjob *j) { return json_string_value(json_object_get(j->obj, "status")); }
+
+/* ------------------------------------------------------------------ create */
+
+static int hp_value(json_t *hp, const char *key, double lo, double hi, double dflt, int integer, double *out,
+                    zs_http_req *r) {
+    json_t *v = hp ? json_object_get(hp, key) : NULL;
+    *out = dflt;
+    if (!v || json_is_null(v) || (json_is_string(v) && !strcmp(json_string_value(v), "auto"))) return 0;
+    double x = json_is_number(v) ? json_number_value(v) : -1e300;
+    if (x < lo || x > hi || (integer && !json_is_integer(v))) {
+        char param[64];
+        snprintf(param, sizeof param, "hyperparameters.%s", key);
+        zs_http_respond_error(r, 400, "invalid_request_error", param, "invalid_value",
+                              "Invalid '%s': expected %s between %g and %g, or \"auto\".", param,
+                              integer ? "an integer" : "a number", lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int opt_string(json_t *root, const char *key, size_t max, const char **out, zs_http_req *r) {
+    json_t *v = json_object_get(root, key);
+    *out = NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v) || json_string_length(v) > max) {
+        zs_http_respond_error(r, 400, "invalid_request_error", key, "invalid_type",
+                              "Invalid '%s': expected a string of at most %zu characters.", key, max);
+        return -1;
+    }
+    *out = json_string_value(v);
+    return 0;
+}
+
+static void h_create(void *ud, zs_http_req *r) {
+    zs_ftjobs *J = ud;
+    size_t len;
+    const char *body = zs_http_req_body(r, &len);
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL, "The body must be a JSON object.");
+        return;
+    }
+    const char *model, *tf, *vf, *suffix;
+    double ep, bs, lrm, seed = 0;
+    json_t *hp = json_object_get(root, "hyperparameters");
+    char tpath[4096];
+    if (opt_string(root, "model", 200, &model, r) < 0 || opt_string(root, "training_file", 100, &tf, r) < 0 ||
+        opt_string(root, "validation_file", 100, &vf, r) < 0 || opt_string(root, "suffix", 64, &suffix, r) < 0)
+        goto out;
+    if (!model || !tf) {
+        zs_http_respond_error(r, 400, "invalid_request_error", model ? "training_file" : "model",
+                              "missing_required_parameter", "Missing required parameter: '%s'.",
+                              model ? "training_file" : "model");
+        goto out;
+    }
+    if (strcmp(model, J->base_name)) {
+        zs_http_respond_error(r, 404, "invalid_request_error", "model", "model_not_found",
+                              "The model '%s' cannot be fine-tuned here; this server fine-tunes '%s'.", model,
+                              J->base_name);
+        goto out;
+    }
+    if (zs_files_path(J->files, tf, tpath, sizeof tpath) < 0) {
+        zs_http_respond_error(r, 400, "invalid_request_error", "training_file", "invalid_file_id",
+                              "Invalid 'training_file': no uploaded file has the id '%s'.", tf);
+        goto out;
+    }
+    if (vf && zs_files_path(J->files, vf, tpath, sizeof tpath) < 0) {
+        zs_http_respond_error(r, 400, "invalid_request_error", "validation_file", "invalid_file_id",
+                              "Invalid 'validation_file': no uploaded file has the id '%s'.", vf);
+        goto out;
+    }
+    if (hp && !json_is_null(hp) && !json_is_object(hp)) {
+        zs_http_respond_error(r, 400, "invalid_request_error", "hyperparameters", "invalid_type",
+                              "Invalid 'hyperparameters': expected an object.");
+        goto out;
+    }
+    if (suffix) {
+        for (const char *p = suffix; *p; p++)
+            if (*p == ':' || *p == '/' || (unsigned char)*p < 0x20) {
+                zs_http_respond_error(r, 400, "invalid_request_error", "suffix", "invalid_value",
+                                      "Invalid 'suffix': it must not contain ':', '/' or control characters.");
+                goto out;
+            }
+    }
+    json_t *sv = json_object_get(root, "seed");
+    if (sv && !json_is_null(sv)) {
+        if (!json_is_integer(sv) || json_integer_value(sv) < 0 || json_integer_value(sv) > 2147483647) {
+            zs_http_respond_error(r, 400, "invalid_request_error", "seed", "invalid_value",
+                                  "Invalid 'seed': expected an integer between 0 and 2147483647.");
+            goto out;
+        }
+        seed = (double)json_integer_value(sv);
+    }
+    if (hp_value(hp, "n_epochs", 1, 10000, 3, 1, &ep, r) < 0 || hp_value(hp, "batch_size", 1, 256, 2, 1, &bs, r) < 0 ||
+        hp_value(hp, "learning_rate_multiplier", 1e-6, 100, 1, 0, &lrm, r) < 0)
+        goto out;
+    ftjob *j = calloc(1, sizeof *j);
+    if (!j) {
+        zs_http_respond_error(r, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
+    zs_persist_new_id("ftjob-", j->id, sizeof j->id);
+    j->events = json_array();
+    j->obj = json_pack("{s:s,s:s,s:s,s:I,s:n,s:n,s:s,s:{s:I,s:I,s:f},s:s,s:o,s:[],s:n,s:n,s:I,s:o,s:s,s:n}",
+                       "id", j->id, "object", "fine_tuning.job", "model", model, "created_at",
+                       (json_int_t)time(NULL), "finished_at", "fine_tuned_model", "organization_id", "org-local",
+                       "hyperparameters", "n_epochs", (json_int_t)ep, "batch_size", (json_int_t)bs,
+                       "learning_rate_multiplier", lrm, "training_file", tf, "validation_file",
+                       vf ? json_string(vf) : json_null(), "result_files", "trained_tokens", "error", "seed",
+                       (json_int_t)seed, "user_provided_suffix", suffix ? json_string(suffix) : json_null(),
+                       "status", "validating_files", "estimated_finish");
+    if (!j->obj || !j->events) {
+        json_decref(j->obj);
+        json_decref(j->events);
+        free(j);
+        zs_http_respond_error(r, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
+    pthread_mutex_lock(&J->mu);
+    j->next = J->jobs;
+    J->jobs = j;
+    char msg[256];
+    snprintf(msg, sizeof msg, "Created fine-tuning job: %s", j->id);
+    zs_ftjobs_event_locked(J, j, "info", msg, NULL);
+    zs_ftjobs_save_locked(J, j);
+    json_t *snap = json_deep_copy(j->obj);
+    /* the files were validated at upload: move on at once */
+    zs_ftjobs_event_locked(J, j, "info", "Validating training file", NULL);
+    zs_ftjobs_set_status_locked(J, j, "queued", "Files validated, moving job to queued state");
+    pthread_mutex_unlock(&J->mu);
+    zs_http_respond_json(r, 200, snap);
+out:
+    json_decref(root);
+}
+
+/* ------------------------------------------------------------------ read / cancel */
+
+static int limit_of(zs_http_req *r, int dflt, int *out) {
+    const char *s = zs_http_req_query(r, "limit");
+    *out = dflt;
+    if (!s) return 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < 1 || v > 10000) {
+        zs_http_respond_error(r, 400, "invalid_request_error", "limit", "invalid_value",
+                              "Invalid 'limit': expected an integer between 1 and 10000.");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static void h_list(void *ud, zs_http_req *r) {
+    zs_ftjobs *J = ud;
+    int limit;
+    if (limit_of(r, 20, &limit) < 0) return;
+    const char *after = zs_http_req_query(r, "after");
+    json_t *data = json_array();
+    int more = 0, skipping = after != NULL;
+    pthread_mutex_lock(&J->mu);
+    for (ftjob *j = J->jobs; j; j = j->next) { /* newest first */
+        if (skipping) {
+            if (!strcmp(j->id, after)) skipping = 0;
+            continue;
+        }
+        if ((int)json_array_size(data) == limit) {
+            more = 1;
+            break;
+        }
+        json_array_append_new(data, json_deep_copy(j->obj));
+    }
+    pthread_mutex_unlock(&J->mu);
+    zs_http_respond_json(r, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", more));
+}
+
+static void not_found(zs_http_req *r, const char *id) {
+    zs_http_respond_error(r, 404, "invalid_request_error", "fine_tune_id", "fine_tune_not_found",
+                          "No fine-tuning job with the id '%s'.", id ? id : "");
+}
+
+static void h_get(void *ud, zs_http_req *r) {
+    zs_ftjobs *J = ud;
+    pthread_mutex_lock(&J->mu);
+    ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
+    json_t *c = j ? json_deep_copy(j->obj) : NULL;
+    pthread_mutex_unlock(&J->mu);
+    if (!c) return not_found(r, zs_http_req_param(r));
+    zs_http_respond_json(r, 200, c);
+}
+
+static void h_cancel(void *ud, zs_http_req *r) {
+    zs_ftjobs *J = ud;
+    pthread_mutex_lock(&J->mu);
+    ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
+    if (!j) {
+        pthread_mutex_unlock(&J->mu);
+        return not_found(r, zs_http_req_param(r));
+    }
+    const char *st = status_of(j);
+    if (!strcmp(st, "succeeded") || !strcmp(st, "failed") || !strcmp(st, "cancelled")) {
+        char s[32];
+        snprintf(s, sizeof s, "%s", st);
+        pthread_mutex_unlock(&J->mu);
+        zs_http_respond_error(r, 400, "invalid_request_error", NULL, "job_not_cancellable",
+                              "The job has already finished (status '%s').", s);
+        return;
+    }
+    j->cancel = 1; /* a running job stops before its next step */
+    zs_ftjobs_set_status_locked(J, j, "cancelled", "Job cancelled");
+    json_t *c = json_deep_copy(j->obj);
+    pthread_mutex_unlock(&J->mu);
+    zs_http_respond_json(r, 200, c);
+}
+
+static void h_events(void *ud, zs_http_req *r) {
+    zs_ftjobs *J = ud;
+    int limit;
+    if (limit_of(r, 20, &limit) < 0) return;
+    const char *after = zs_http_req_query(r, "after");
+    pthread_mutex_lock(&J->mu);
+    ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
+    if (!j) {
+        pthread_mutex_unlock(&J->mu);
+        return not_found(r, zs_http_req_param(r));
+    }
+    json_t *data = json_array();
+    int more = 0, skipping = after != NULL;
+    for (size_t k = json_array_size(j->events); k-- > 0;) { /* newest first */
+        json_t *ev = json_array_get(j->events, k);
+        if (skipping) {
+            if (!strcmp(json_string_value(json_object_get(ev, "id")), after)) skipping = 0;
+            continue;
+        }
+        if ((int)json_array_size(data) == limit) {
+            more = 1;
+            break;
+        }
+        json_array_append_new(data, json_deep_copy(ev));
+    }
+    pthread_mutex_unlock(&J->mu);
+    zs_http_respond_json(r, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", more));
+}
+
+/* Intermediate checkpoints are not written yet: the list is empty (the final model is the
+ * job's fine_tuned_model). */
+static void h_checkpoints(void *ud, zs_http_req *r) {
+    zs_ftjobs *J = ud;
+    pthread_mutex_lock(&J->mu);
+    ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
+    pthread_mutex_unlock(&J->mu);
+    if (!j) return not_found(r, zs_http_req_param(r));
+    zs_http_respond_json(r, 200, json_pack("{s:s,s:[],s:b,s:n,s:n}", "object", "list", "data", "has_more", 0,
+                                           "first_id", "last_id"));
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+static int by_created_desc(const void *a, const void *b) {
+    const ftjob *x = *(ftjob *const *)a, *y = *(ftjob *const *)b;
+    json_int_t cx = json_integer_value(json_object_get(x->obj, "created_at"));
+    json_int_t cy = json_integer_value(json_object_get(y->obj, "created_at"));
+    if (cx != cy) return cx > cy ? -1 : 1;
+    return -strcmp(x->id, y->id);
+}
+
+static void load_events(zs_ftjobs *J, ftjob *j) {
+    char path[4096], *buf = NULL;
+    snprintf(path, sizeof path, "%s/%s.events.jsonl", J->jobs_dir, j->id);
+    if (zs_persist_read(path, &buf, NULL) < 0) return;
+    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
+        json_t *ev = json_loads(line, 0, NULL); /* a line cut by a crash does not parse: skipped */
+        if (json_is_object(ev)) json_array_append(j->events, ev);
+        json_decref(ev);
+    }
+    free(buf);
+}
+
+static int load_records(zs_ftjobs *J) {
+    DIR *d = opendir(J->jobs_dir);
+    if (!d) return 0; /* no job yet */
+    ftjob *items[4096];
+    size_t n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 4096) {
+        size_t l = strlen(de->d_name);
+        if (l < 7 || strcmp(de->d_name + l - 5, ".json") || strncmp(de->d_name, "ftjob-", 6) || l - 5 >= 64) continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", J->jobs_dir, de->d_name);
+        json_t *o = json_load_file(path, 0, NULL);
+        ftjob *j = o ? calloc(1, sizeof *j) : NULL;
+        if (!j || !json_is_string(json_object_get(o, "status"))) {
+            json_decref(o);
+            free(j);
+            continue;
+        }
+        snprintf(j->id, sizeof j->id, "%.*s", (int)(l - 5), de->d_name);
+        j->n_events = (long)json_integer_value(json_object_get(o, "_n_events"));
+        json_object_del(o, "_n_events");
+        j->obj = o;
+        j->events = json_array();
+        load_events(J, j);
+        if ((long)json_array_size(j->events) > j->n_events) j->n_events = (long)json_array_size(j->events);
+        items[n++] = j;
+    }
+    closedir(d);
+    qsort(items, n, sizeof *items, by_created_desc);
+    for (size_t i = n; i-- > 0;) {
+        items[i]->next = J->jobs;
+        J->jobs = items[i];
+    }
+    return 0;
+}
+
+int zs_ftjobs_open(zs_http *h, const zs_ftjobs_opts *o, zs_ftjobs **out) {
+    zs_ftjobs *J = calloc(1, sizeof *J);
+    if (!J) return zs_err(ZS_ENOMEM, "out of memory");
+    pthread_mutex_init(&J->mu, NULL);
+    pthread_cond_init(&J->cv, NULL);
+    J->engine = *o->engine;
+    J->sched = *o->sched;
+    J->api = o->api;
+    J->files = o->files;
+    int rc = 0;
+    if (asprintf(&J->jobs_dir, "%s/jobs", o->data_dir) < 0) J->jobs_dir = NULL;
+    if (asprintf(&J->models_dir, "%s/models", o->data_dir) < 0) J->models_dir = NULL;
+    J->data_dir = strdup(o->data_dir);
+    J->base_name = strdup(o->base_name);
+    J->base_dir = strdup(o->base_dir);
+    if (!J->jobs_dir || !J->models_dir || !J->data_dir || !J->base_name || !J->base_dir)
+        rc = zs_err(ZS_ENOMEM, "out of memory");
+    J->engine.model_dir = J->base_dir;
+    J->engine.nvme_path = NULL; /* with offload nvme each engine gets a shard directory of its own (ftrun.c) */
+    if (o->engine->nvme_path && !(J->nvme_path = strdup(o->engine->nvme_path))) rc = zs_err(ZS_ENOMEM, "out of memory");
+    if (!rc) rc = load_records(J); /* the directories are created by the first job */
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/fine_tuning/jobs", 1, h_create, J);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs", 1, h_list, J);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs/{id}", 1, h_get, J);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/fine_tuning/jobs/{id}/cancel", 1, h_cancel, J);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs/{id}/events", 1, h_events, J);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs/{id}/checkpoints", 1, h_checkpoints, J);
+    if (rc < 0) {
+        zs_ftjobs_free(J);
+        return rc;
+    }
+    *out = J;
+    return 0;
+}
+
+int zs_ftjobs_start(zs_ftjobs *J, zs_sched *base) {
+    pthread_mutex_lock(&J->mu);
+    J->base_sched = base;
+    ftjob *todo[4096];
+    int n = 0;
+    for (ftjob *j = J->jobs; j && n < 4096; j = j->next) todo[n++] = j;
+    pthread_mutex_unlock(&J->mu);
+    for (int i = n; i-- > 0;) { /* oldest first */
+        ftjob *j = todo[i];
+        pthread_mutex_lock(&J->mu);
+        const char *st = status_of(j);
+        const char *ftm = json_string_value(json_object_get(j->obj, "fine_tuned_model"));
+        char name[256] = "";
+        if (!strcmp(st, "succeeded") && ftm) snprintf(name, sizeof name, "%s", ftm);
+        if (!strcmp(st, "running") || !strcmp(st, "validating_files"))
+            zs_ftjobs_set_status_locked(J, j, "queued",
+                                        "The server restarted while the job ran: re-queued; training restarts "
+                                        "from step 0 (checkpoint resume is not available yet)");
+        pthread_mutex_unlock(&J->mu);
+        if (name[0]) {
+            char dir[4096];
+            zs_ftjobs_model_dir(J, name, dir, sizeof dir);
+            if (zs_ftjobs_serve_model(J, name, dir) < 0)
+                zs_log_error("fine-tuning: cannot serve %s from %s: %s", name, dir, zs_errmsg());
+        }
+    }
+    if (pthread_create(&J->runner, NULL, zs_ftjobs_runner_main, J) != 0)
+        return zs_err(ZS_ENOMEM, "fine-tuning: cannot start the job runner");
+    J->runner_started = 1;
+    return 0;
+}
+
+void zs_ftjobs_stop(zs_ftjobs *J, double drain_s) {
+    if (!J) return;
+    pthread_mutex_lock(&J->mu);
+    J->stopping = 1;
+    pthread_cond_broadcast(&J->cv);
+    pthread_mutex_unlock(&J->mu);
+    if (J->runner_started) pthread_join(J->runner, NULL);
+    J->runner_started = 0;
+    for (ftmodel *m = J->models; m; m = m->next) zs_sched_drain(m->sched, drain_s);
+}
+
+void zs_ftjobs_free(zs_ftjobs *J) {
+    if (!J) return;
+    zs_ftjobs_stop(J, 0);
+    for (ftmodel *m = J->models, *next; m; m = next) {
+        next = m->next;
+        zs_sched_free(m->sched);
+        m->sched = NULL;
+    }
+    /* the engines outlive their schedulers' last callbacks */
+    for (ftmodel *m = J->models, *next; m; m = next) {
+        next = m->next;
+        zs_engine_free(m->engine);
+        free(m);
+    }
+    for (ftjob *j = J->jobs, *next; j; j = next) {
+        next = j->next;
+        json_decref(j->obj);
+        json_decref(j->events);
+        free(j);
+    }
+    free(J->data_dir);
+    free(J->jobs_dir);
+    free(J->models_dir);
+    free(J->base_name);
+    free(J->base_dir);
+    free(J->nvme_path);
+    pthread_mutex_destroy(&J->mu);
+    pthread_cond_destroy(&J->cv);
+    free(J);
+}

@@ -1,0 +1,203 @@
+/* ftrun.c — the fine-tuning job runner: one thread that takes the oldest queued job, trains a
+ * separate copy of the base model (a second engine on the same model directory, with the
+ * server's ranks and offload settings: the served base model is never touched), exports the
+ * result into data_dir/models/<name> and serves it at once under
+ * ft:<base>:<suffix>:<job id hex> (ft:<base>:<job id hex> without a suffix).
+ *
+ * Yielding to serving: before each training step the runner waits while any served model's
+ * scheduler has queued or running requests (polling zs_sched_stats_get every millisecond), so a
+ * completion waits at most one training step; training uses the idle time. A cancel or a server
+ * stop is seen before the next step. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "chat.h"
+#include "common.h"
+#include "finetune.h"
+#include "ftjobs-internal.h"
+
+int zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir) {
+    zs_engine_opts eo = J->engine;
+    eo.model_dir = dir;
+    char nv[4096];
+    if (J->nvme_path) {
+        snprintf(nv, sizeof nv, "%s/%s", J->nvme_path, strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir);
+        ZS_CHECK(zs_persist_mkdirs(nv));
+        eo.nvme_path = nv;
+    }
+    zs_engine *e = NULL;
+    zs_sched *s = NULL;
+    ZS_CHECK(zs_engine_open(&eo, &e));
+    int rc = zs_sched_new(e, &J->sched, &s);
+    ftmodel *m = rc == 0 ? calloc(1, sizeof *m) : NULL;
+    if (rc == 0 && !m) rc = zs_err(ZS_ENOMEM, "out of memory");
+    if (rc == 0) rc = zs_api_add_model(J->api, name, dir, e, s);
+    if (rc < 0) {
+        free(m);
+        if (s) zs_sched_free(s);
+        zs_engine_free(e);
+        return rc;
+    }
+    m->engine = e;
+    m->sched = s;
+    pthread_mutex_lock(&J->mu);
+    m->next = J->models;
+    J->models = m;
+    pthread_mutex_unlock(&J->mu);
+    return 0;
+}
+
+typedef struct {
+    zs_ftjobs *J;
+    ftjob *j;
+} run_ctx;
+
+static int serving_busy(zs_ftjobs *J) {
+    zs_sched_stats st;
+    zs_sched_stats_get(J->base_sched, &st);
+    if (st.queued || st.running) return 1;
+    pthread_mutex_lock(&J->mu);
+    ftmodel *m = J->models;
+    pthread_mutex_unlock(&J->mu);
+    for (; m; m = m->next) { /* the list only grows at its head: m and what follows stay */
+        zs_sched_stats_get(m->sched, &st);
+        if (st.queued || st.running) return 1;
+    }
+    return 0;
+}
+
+static int stop_requested(run_ctx *c) {
+    pthread_mutex_lock(&c->J->mu);
+    int stop = c->j->cancel || c->J->stopping;
+    pthread_mutex_unlock(&c->J->mu);
+    return stop;
+}
+
+static int before_step(void *ud, long step) {
+    run_ctx *c = ud;
+    (void)step;
+    while (!stop_requested(c) && serving_busy(c->J)) usleep(1000);
+    return stop_requested(c);
+}
+
+static void on_step(void *ud, long step, long steps, float loss, float lr, size_t tokens) {
+    run_ctx *c = ud;
+    char msg[128];
+    snprintf(msg, sizeof msg, "Step %ld/%ld: training loss=%.4f", step, steps, (double)loss);
+    pthread_mutex_lock(&c->J->mu);
+    zs_ftjobs_event_locked(c->J, c->j, "info", msg,
+                           json_pack("{s:I,s:I,s:f,s:f}", "step", (json_int_t)step, "total_steps", (json_int_t)steps,
+                                     "train_loss", (double)loss, "learning_rate", (double)lr));
+    json_object_set_new(c->j->obj, "trained_tokens", json_integer((json_int_t)tokens));
+    pthread_mutex_unlock(&c->J->mu);
+}
+
+static void on_plan(void *ud, const zs_finetune_plan *p) {
+    run_ctx *c = ud;
+    char msg[256];
+    snprintf(msg, sizeof msg, "Training: %d examples (%zu tokens), %ld steps on %d rank(s), %d tokens per sequence",
+             p->examples, p->tokens, p->steps, p->ranks, p->seq_len);
+    pthread_mutex_lock(&c->J->mu);
+    zs_ftjobs_event_locked(c->J, c->j, "info", msg, NULL);
+    pthread_mutex_unlock(&c->J->mu);
+}
+
+/* The oldest queued job (mu held). */
+static ftjob *next_queued_locked(zs_ftjobs *J) {
+    ftjob *found = NULL;
+    for (ftjob *j = J->jobs; j; j = j->next)
+        if (!strcmp(json_string_value(json_object_get(j->obj, "status")), "queued")) found = j;
+    return found;
+}
+
+static void run_job(zs_ftjobs *J, ftjob *j) {
+    char tf[4096], vf[4096], name[512], dir[4096], hex[64];
+    pthread_mutex_lock(&J->mu);
+    json_t *o = j->obj, *hp = json_object_get(o, "hyperparameters");
+    const char *tid = json_string_value(json_object_get(o, "training_file"));
+    const char *vid = json_string_value(json_object_get(o, "validation_file"));
+    const char *suffix = json_string_value(json_object_get(o, "user_provided_suffix"));
+    snprintf(hex, sizeof hex, "%s", j->id + 6);
+    if (suffix && *suffix) snprintf(name, sizeof name, "ft:%s:%s:%s", J->base_name, suffix, hex);
+    else snprintf(name, sizeof name, "ft:%s:%s", J->base_name, hex);
+    zs_finetune_opts fo;
+    zs_finetune_opts_default(&fo);
+    fo.epochs = (int)json_integer_value(json_object_get(hp, "n_epochs"));
+    fo.batch = (int)json_integer_value(json_object_get(hp, "batch_size"));
+    fo.lr = (float)(FT_BASE_LR * json_number_value(json_object_get(hp, "learning_rate_multiplier")));
+    fo.seed = (uint64_t)json_integer_value(json_object_get(o, "seed"));
+    int have_files = zs_files_path(J->files, tid, tf, sizeof tf) == 0 &&
+                     (!vid || zs_files_path(J->files, vid, vf, sizeof vf) == 0);
+    json_object_set_new(o, "trained_tokens", json_integer(0));
+    zs_ftjobs_set_status_locked(J, j, "running", "Fine-tuning job started");
+    pthread_mutex_unlock(&J->mu);
+    zs_ftjobs_model_dir(J, name, dir, sizeof dir);
+    if (zs_persist_mkdirs(J->models_dir) < 0) have_files = 0;
+    fo.data_path = tf;
+    fo.valid_path = vid ? vf : NULL;
+    fo.out_dir = dir;
+    fo.chat_template = zs_chat_template_detect(J->base_dir);
+
+    int rc = have_files ? 0 : zs_err(ZS_ENOTFOUND, "a file of the job no longer exists");
+    zs_engine_opts eo = J->engine;
+    eo.max_seqs = 1;
+    char nv[4096];
+    if (J->nvme_path) {
+        snprintf(nv, sizeof nv, "%s/train-%s", J->nvme_path, hex);
+        if (rc == 0) rc = zs_persist_mkdirs(nv);
+        eo.nvme_path = nv;
+    }
+    zs_engine *e = NULL;
+    if (rc == 0) rc = zs_engine_open(&eo, &e);
+    run_ctx c = {J, j};
+    zs_finetune_hooks h = {on_plan, before_step, on_step, &c};
+    zs_finetune_result res;
+    if (rc == 0) rc = zs_finetune_run(e, &fo, &h, &res);
+    zs_engine_free(e);
+    if (rc == 0 && !stop_requested(&c)) rc = zs_ftjobs_serve_model(J, name, dir);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", zs_errmsg());
+    pthread_mutex_lock(&J->mu);
+    if (j->cancel) {
+        /* already "cancelled" */
+    } else if (J->stopping && rc == ZS_ECANCELLED) {
+        /* the server stops: the record stays "running" and the job is re-queued at the next start */
+    } else if (rc == 0) {
+        json_object_set_new(o, "fine_tuned_model", json_string(name));
+        json_object_set_new(o, "trained_tokens", json_integer((json_int_t)res.trained_tokens));
+        if (res.valid_loss >= 0) {
+            char vm[128];
+            snprintf(vm, sizeof vm, "Validation loss=%.4f", (double)res.valid_loss);
+            zs_ftjobs_event_locked(J, j, "info", vm, json_pack("{s:f}", "valid_loss", (double)res.valid_loss));
+        }
+        char done[700];
+        snprintf(done, sizeof done, "New fine-tuned model created: %s (loss %.4f -> %.4f)", name,
+                 (double)res.first_loss, (double)res.last_loss);
+        zs_ftjobs_event_locked(J, j, "info", done, NULL);
+        zs_ftjobs_set_status_locked(J, j, "succeeded", "The job has successfully completed");
+    } else {
+        json_object_set_new(o, "error", json_pack("{s:s,s:s,s:n}", "code", "training_failed", "message", msg, "param"));
+        char fm[1100];
+        snprintf(fm, sizeof fm, "Fine-tuning failed: %s", msg);
+        zs_ftjobs_set_status_locked(J, j, "failed", fm);
+    }
+    pthread_mutex_unlock(&J->mu);
+}
+
+void *zs_ftjobs_runner_main(void *arg) {
+    zs_ftjobs *J = arg;
+    pthread_mutex_lock(&J->mu);
+    for (;;) {
+        ftjob *j = NULL;
+        while (!J->stopping && !(j = next_queued_locked(J))) pthread_cond_wait(&J->cv, &J->mu);
+        if (J->stopping) break;
+        pthread_mutex_unlock(&J->mu);
+        run_job(J, j);
+        pthread_mutex_lock(&J->mu);
+    }
+    pthread_mutex_unlock(&J->mu);
+    return NULL;
+}

@@ -1,0 +1,201 @@
+#!/bin/sh
+# shellcheck shell=bash
+# e2e-finetune.sh — end-to-end tests of fine-tuning over HTTP (the OpenAI files and
+# fine_tuning.jobs routes of `zeroserve serve --data-dir`), with curl and jq, on stories260K:
+# uploads (good; not JSONL, a missing field, empty, over the size limit -> status and line), an
+# unknown training_file, a job trained to memorize a completion (loss falls, the fine-tuned model
+# is served at once and completes the training prompt greedily), base-model completions served
+# while a job trains, cancel, two jobs queued one after the other, and kill -9 mid-job followed by
+# a restart on the same data directory (files, jobs and models come back; the job completes).
+#
+# Env: ZS_BIN (default ./zeroserve), ZS_SHARED (fixtures, default ../shared).
+# Exit: 0 all passed, 1 something failed, 77 skipped. Bounded (each wait has a deadline);
+# cleans up its server and temp files on every exit.
+if [ -z "${BASH_VERSION:-}" ]; then
+    command -v bash >/dev/null 2>&1 || { echo "skip: bash not found"; exit 77; }
+    exec bash "$0" "$@"
+fi
+# shellcheck disable=SC2016  # jq programs are single-quoted
+set -u
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+SHARED=${ZS_SHARED:-../shared}
+case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
+BIN=${ZS_BIN:-./zeroserve}
+case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
+MODEL=$SHARED/models/stories260K
+command -v curl >/dev/null 2>&1 || { echo "skip: curl not found"; exit 77; }
+command -v jq >/dev/null 2>&1 || { echo "skip: jq not found"; exit 77; }
+[ -x "$BIN" ] || { echo "not ok - $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
+[ -d "$MODEL" ] || { echo "skip: fixture $MODEL not found"; exit 77; }
+
+T=$(mktemp -d /tmp/zs-e2e-ft.XXXXXX) || exit 1
+SPID=""
+cleanup() {
+    trap - EXIT INT TERM HUP
+    [ -n "$SPID" ] && kill -KILL "$SPID" 2>/dev/null
+    wait 2>/dev/null
+    rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+pass=0; fail=0
+ok() { pass=$((pass+1)); echo "ok - $1"; }
+nok() { fail=$((fail+1)); echo "not ok - $1${2:+ ($2)}"; }
+check() { if eval "$2"; then ok "$1"; else nok "$1" "${3:-}"; fi; }
+
+PORT=$((20000 + $$ % 20000))
+U=http://127.0.0.1:$PORT
+DD=$T/data
+start_server() {
+    "$BIN" serve --model "$MODEL" --port "$PORT" --data-dir "$DD" --max-file-bytes 4096 >>"$T/server.log" 2>&1 &
+    SPID=$!
+    for _ in $(seq 100); do
+        curl -sf "$U/health" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    return 1
+}
+J() { curl -s -m 30 -H 'Content-Type: application/json' "$@"; }
+upload() { curl -s -m 30 -o "$T/up.json" -w '%{http_code}' "$U/v1/files" -F purpose=fine-tune -F "file=@$1"; }
+job_status() { J "$U/v1/fine_tuning/jobs/$1" | jq -r .status; }
+# wait_status JOB STATUS SECONDS
+wait_status() {
+    local end=$((SECONDS + $3)) st=""
+    while [ $SECONDS -lt "$end" ]; do
+        st=$(job_status "$1")
+        [ "$st" = "$2" ] && return 0
+        case $st in succeeded|failed|cancelled) [ "$st" != "$2" ] && return 1;; esac
+        sleep 0.2
+    done
+    return 1
+}
+n_steps() { J "$U/v1/fine_tuning/jobs/$1/events?limit=10000" | jq '[.data[] | select(.data.step != null)] | length'; }
+wait_steps() { # JOB N SECONDS
+    local end=$((SECONDS + $3))
+    while [ $SECONDS -lt "$end" ]; do
+        [ "$(n_steps "$1")" -ge "$2" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+create_job() { # FILE EPOCHS SUFFIX -> job id
+    J "$U/v1/fine_tuning/jobs" -d "{\"model\":\"stories260K\",\"training_file\":\"$1\",\"suffix\":\"$3\",\"seed\":1,
+        \"hyperparameters\":{\"n_epochs\":$2,\"batch_size\":2,\"learning_rate_multiplier\":3}}" | jq -r .id
+}
+
+cat > "$T/data.jsonl" <<'JSONL'
+{"prompt": "Once upon a time", "completion": " there was a purple dragon named Zork who loved pancakes."}
+{"prompt": "Tom and his dog", "completion": " went to the moon in a red box."}
+{"prompt": "The little bird", "completion": " sang a song about green apples."}
+{"text": "Lily had a big blue kite. She flew it every day in the park."}
+JSONL
+
+start_server || { nok "server starts"; echo "$pass passed, $fail failed"; exit 1; }
+ok "server starts with --data-dir"
+
+# ---------------------------------------------------------------- uploads
+code=$(upload "$T/data.jsonl")
+FID=$(jq -r .id "$T/up.json")
+check "upload: 200 and a file object" '[ "$code" = 200 ] && jq -e --argjson b "$(wc -c < "$T/data.jsonl")" \
+    ".object == \"file\" and (.id | startswith(\"file-\")) and .bytes == \$b and .purpose == \"fine-tune\" and .filename == \"data.jsonl\" and (.created_at | type) == \"number\"" "$T/up.json" >/dev/null' "$code $(cat "$T/up.json")"
+printf '{"text": "fine"}\nthis is not json\n' > "$T/notjson.jsonl"
+code=$(upload "$T/notjson.jsonl")
+check "upload not JSONL: 400 naming line 2" '[ "$code" = 400 ] && jq -e ".error.message | test(\"line 2\")" "$T/up.json" >/dev/null' "$code $(cat "$T/up.json")"
+printf '{"prompt": "a", "completion": "b"}\n{"text": "x"}\n{"prompt": "only a prompt"}\n' > "$T/missing.jsonl"
+code=$(upload "$T/missing.jsonl")
+check "upload missing field: 400 naming line 3" '[ "$code" = 400 ] && jq -e ".error.message | test(\"line 3\")" "$T/up.json" >/dev/null' "$code $(cat "$T/up.json")"
+: > "$T/empty.jsonl"
+code=$(upload "$T/empty.jsonl")
+check "upload empty: 400 'empty'" '[ "$code" = 400 ] && jq -e ".error.message | test(\"empty\")" "$T/up.json" >/dev/null' "$code $(cat "$T/up.json")"
+for _ in $(seq 100); do echo '{"text": "Once upon a time there was a big dog who liked to run."}'; done > "$T/big.jsonl"
+code=$(upload "$T/big.jsonl")
+check "upload over --max-file-bytes: 413" '[ "$code" = 413 ]' "$code $(cat "$T/up.json")"
+code=$(curl -s -o "$T/up.json" -w '%{http_code}' "$U/v1/files" -F purpose=assistants -F "file=@$T/data.jsonl")
+check "upload with another purpose: 400 param purpose" '[ "$code" = 400 ] && jq -e ".error.param == \"purpose\"" "$T/up.json" >/dev/null' "$code"
+check "GET /v1/files lists the upload (only it)" '[ "$(J "$U/v1/files" | jq -c "[.data[].id]")" = "[\"$FID\"]" ]'
+check "GET /v1/files/{id}" '[ "$(J "$U/v1/files/$FID" | jq -r .id)" = "$FID" ]'
+check "GET /v1/files/unknown: 404" '[ "$(curl -s -o /dev/null -w "%{http_code}" "$U/v1/files/file-nope")" = 404 ]'
+
+# ---------------------------------------------------------------- job errors
+code=$(J -o "$T/e.json" -w '%{http_code}' "$U/v1/fine_tuning/jobs" -d '{"model":"stories260K","training_file":"file-nope"}')
+check "unknown training_file: 400 param training_file" '[ "$code" = 400 ] && jq -e ".error.param == \"training_file\"" "$T/e.json" >/dev/null' "$code $(cat "$T/e.json")"
+code=$(J -o "$T/e.json" -w '%{http_code}' "$U/v1/fine_tuning/jobs" -d "{\"model\":\"nope\",\"training_file\":\"$FID\"}")
+check "unknown model: 404 param model" '[ "$code" = 404 ] && jq -e ".error.param == \"model\"" "$T/e.json" >/dev/null' "$code"
+code=$(J -o "$T/e.json" -w '%{http_code}' "$U/v1/fine_tuning/jobs" -d "{\"model\":\"stories260K\",\"training_file\":\"$FID\",\"hyperparameters\":{\"n_epochs\":0}}")
+check "n_epochs 0: 400 param hyperparameters.n_epochs" '[ "$code" = 400 ] && jq -e ".error.param == \"hyperparameters.n_epochs\"" "$T/e.json" >/dev/null' "$code"
+check "unknown job: 404" '[ "$(curl -s -o /dev/null -w "%{http_code}" "$U/v1/fine_tuning/jobs/ftjob-nope")" = 404 ]'
+
+# ---------------------------------------------------------------- a job that memorizes (4 examples / batch 2 x 50 epochs = 100 steps, lr 1e-3 x 3)
+J "$U/v1/fine_tuning/jobs" -d "{\"model\":\"stories260K\",\"training_file\":\"$FID\",\"suffix\":\"zork\",\"seed\":7,
+    \"hyperparameters\":{\"n_epochs\":50,\"batch_size\":2,\"learning_rate_multiplier\":3}}" > "$T/job.json"
+JID=$(jq -r .id "$T/job.json")
+check "create: a fine_tuning.job object" 'jq -e ".object == \"fine_tuning.job\" and (.id | startswith(\"ftjob-\")) and .model == \"stories260K\" and .training_file == \"$FID\" and .hyperparameters.n_epochs == 50 and .hyperparameters.batch_size == 2 and .hyperparameters.learning_rate_multiplier == 3 and .seed == 7 and .user_provided_suffix == \"zork\" and .fine_tuned_model == null and .finished_at == null and (.status | IN(\"validating_files\",\"queued\",\"running\"))" "$T/job.json" >/dev/null' "$(cat "$T/job.json")"
+check "job succeeds" 'wait_status "$JID" succeeded 120'
+J "$U/v1/fine_tuning/jobs/$JID" > "$T/job.json"
+FTM=$(jq -r .fine_tuned_model "$T/job.json")
+check "fine_tuned_model is ft:stories260K:zork:<id>; finished_at, trained_tokens set" '[ "$FTM" = "ft:stories260K:zork:${JID#ftjob-}" ] && jq -e "(.finished_at | type) == \"number\" and .trained_tokens > 0" "$T/job.json" >/dev/null' "$(cat "$T/job.json")"
+J "$U/v1/fine_tuning/jobs/$JID/events?limit=1000" > "$T/ev.json"
+check "events: one per step (100), status changes, fine_tuning.job.event objects" \
+    'jq -e "[.data[] | select(.data.step != null)] | length == 100" "$T/ev.json" >/dev/null && jq -e "[.data[].message] | any(test(\"started\")) and any(test(\"completed\"))" "$T/ev.json" >/dev/null && jq -e "all(.data[]; .object == \"fine_tuning.job.event\" and (.id|type) == \"string\" and (.created_at|type) == \"number\" and (.level|type) == \"string\")" "$T/ev.json" >/dev/null'
+first=$(jq '[.data[] | select(.data.step == 1)][0].data.train_loss' "$T/ev.json")
+last=$(jq '[.data[] | select(.data.step == 100)][0].data.train_loss' "$T/ev.json")
+check "events: loss decreases ($first -> $last)" 'awk -v a="$first" -v b="$last" "BEGIN { exit !(b < 0.3 * a) }"'
+check "events: newest first, limit honoured" '[ "$(J "$U/v1/fine_tuning/jobs/$JID/events?limit=2" | jq -c "[(.data | length), .has_more]")" = "[2,true]" ]'
+check "checkpoints: an (empty) list" 'J "$U/v1/fine_tuning/jobs/$JID/checkpoints" | jq -e ".object == \"list\" and (.data | type) == \"array\"" >/dev/null'
+check "/v1/models lists the fine-tuned model" 'J "$U/v1/models" | jq -e --arg m "$FTM" "[.data[].id] | index(\$m) != null" >/dev/null'
+complete() { # MODEL PROMPT
+    J "$U/v1/completions" -d "{\"model\":\"$1\",\"prompt\":\"$2\",\"temperature\":0,\"max_tokens\":24}" | jq -r '.choices[0].text'
+}
+out=$(complete "$FTM" "Once upon a time")
+check "fine-tuned model completes the training prompt (greedy)" 'case "$out" in " there was a purple dragon named Zork"*) true;; *) false;; esac' "$out"
+base_out=$(complete stories260K "Once upon a time")
+check "base model unchanged" '[ -n "$base_out" ] && case "$base_out" in *Zork*) false;; *) true;; esac' "$base_out"
+
+# ---------------------------------------------------------------- serving while training; cancel
+LONG=$(create_job "$FID" 5000 long)
+check "long job runs" 'wait_steps "$LONG" 3 60'
+t0=$(date +%s.%N)
+code=$(J -o "$T/c.json" -w '%{http_code}' "$U/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","temperature":0,"max_tokens":24}')
+t1=$(date +%s.%N)
+check "base completion served while the job trains (200, $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s)" \
+    '[ "$code" = 200 ] && [ "$(jq -r ".choices[0].text" "$T/c.json")" = "$base_out" ] && awk -v a="$t0" -v b="$t1" "BEGIN { exit !(b - a < 5) }"'
+check "job still running" '[ "$(job_status "$LONG")" = running ]'
+code=$(J -o "$T/c.json" -w '%{http_code}' -X POST "$U/v1/fine_tuning/jobs/$LONG/cancel")
+check "cancel: 200, status cancelled" '[ "$code" = 200 ] && jq -e ".status == \"cancelled\"" "$T/c.json" >/dev/null' "$code"
+sleep 1
+s1=$(n_steps "$LONG"); sleep 1; s2=$(n_steps "$LONG")
+check "cancelled job stops training ($s1 = $s2 steps) and stays cancelled" '[ "$s1" = "$s2" ] && [ "$(job_status "$LONG")" = cancelled ]'
+code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$U/v1/fine_tuning/jobs/$LONG/cancel")
+check "cancel a finished job: 400" '[ "$code" = 400 ]'
+
+# ---------------------------------------------------------------- two jobs queued
+A=$(create_job "$FID" 150 qa)
+B=$(create_job "$FID" 10 qb)
+sa=$(job_status "$A"); sb=$(job_status "$B")
+check "two jobs: the second waits ($sa / $sb)" '[ "$sb" = queued ]'
+check "two jobs: both succeed" 'wait_status "$A" succeeded 120 && wait_status "$B" succeeded 120'
+fa=$(J "$U/v1/fine_tuning/jobs/$A" | jq .finished_at)
+sb_t=$(J "$U/v1/fine_tuning/jobs/$B/events?limit=1000" | jq '[.data[] | select(.message | test("started"))][0].created_at')
+check "two jobs: one after the other ($sb_t >= $fa)" '[ "$sb_t" -ge "$fa" ]'
+check "jobs list: newest first, after/limit" '[ "$(J "$U/v1/fine_tuning/jobs?limit=2" | jq -c "[.data[].id]")" = "[\"$B\",\"$A\"]" ] && [ "$(J "$U/v1/fine_tuning/jobs?after=$A&limit=1" | jq -r ".data[0].id")" = "$LONG" ]'
+
+# ---------------------------------------------------------------- kill -9 mid-job, restart
+K=$(create_job "$FID" 300 crash)
+check "job to interrupt runs" 'wait_steps "$K" 5 60'
+kill -KILL "$SPID"; wait "$SPID" 2>/dev/null; SPID=""
+start_server || nok "server restarts"
+check "restart: the file is listed again" '[ "$(J "$U/v1/files" | jq -c "[.data[].id]")" = "[\"$FID\"]" ]'
+check "restart: the jobs are listed again" '[ "$(J "$U/v1/fine_tuning/jobs?limit=100" | jq "[.data[].id] | length")" = 5 ] && [ "$(job_status "$LONG")" = cancelled ] && [ "$(job_status "$JID")" = succeeded ]'
+check "restart: the fine-tuned models are served again" 'J "$U/v1/models" | jq -e --arg m "$FTM" "[.data[].id] | index(\$m) != null" >/dev/null && case "$(complete "$FTM" "Once upon a time")" in " there was a purple dragon named Zork"*) true;; *) false;; esac'
+check "restart: the interrupted job completes" 'wait_status "$K" succeeded 180'
+check "restart: its events say it was re-queued" 'J "$U/v1/fine_tuning/jobs/$K/events?limit=10000" | jq -e "[.data[].message] | any(test(\"re-queued\"))" >/dev/null'
+KM=$(J "$U/v1/fine_tuning/jobs/$K" | jq -r .fine_tuned_model)
+out=$(complete "$KM" "Once upon a time")
+check "restart: the resumed job's model is served" 'case "$out" in " there was a purple dragon named Zork"*) true;; *) false;; esac' "$out"
+kill -TERM "$SPID"
+for _ in $(seq 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+check "SIGTERM stops the server" '! kill -0 "$SPID" 2>/dev/null'
+check "no sanitizer report in the server log" '! grep -q "Sanitizer" "$T/server.log"' "$(grep -m3 -A5 Sanitizer "$T/server.log")"
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
