@@ -2,6 +2,10 @@
  * train.h with the hooks between steps, an optional validation loss, and the export. */
 #include "finetune.h"
 
+#include <jansson.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,7 +115,31 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
         h->on_plan(h->ud, &p);
     }
     zs_data_pos pos = {o->seed, 0, 0};
-    for (long s = 1; s <= steps; s++) {
+    long s0 = 0;
+    if (o->ckpt_dir && o->resume) {
+        struct stat sb;
+        if (stat(o->ckpt_dir, &sb) == 0) {
+            char *meta = NULL;
+            if ((rc = zs_training_load(t, o->ckpt_dir, &s0, &meta)) < 0) goto done;
+            json_t *j = meta ? json_loads(meta, 0, NULL) : NULL;
+            json_t *dp = json_object_get(j, "data");
+            if (!json_is_object(dp)) {
+                json_decref(j);
+                free(meta);
+                rc = zs_err(ZS_EFORMAT, "%s: the checkpoint has no data position", o->ckpt_dir);
+                goto done;
+            }
+            pos.epoch = (int)json_integer_value(json_object_get(dp, "epoch"));
+            pos.index = (long)json_integer_value(json_object_get(dp, "index"));
+            pos.seed = strtoull(json_string_value(json_object_get(dp, "seed")) ? json_string_value(json_object_get(dp, "seed")) : "0", NULL, 10);
+            r.first_loss = (float)json_real_value(json_object_get(j, "first_loss"));
+            r.trained_tokens = (size_t)json_integer_value(json_object_get(j, "trained_tokens"));
+            json_decref(j);
+            free(meta);
+            zs_log_info("finetune: resuming from step %ld of %s", s0, o->ckpt_dir);
+        }
+    }
+    for (long s = s0 + 1; s <= steps; s++) {
         if (h && h->before_step && h->before_step(h->ud, s)) {
             rc = zs_err(ZS_ECANCELLED, "finetune: stopped before step %ld", s);
             goto done;
@@ -128,6 +156,13 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
         r.last_loss = loss;
         r.steps = s;
         if (h && h->on_step) h->on_step(h->ud, s, steps, loss, zs_lr_at(&to.lr, s), r.trained_tokens);
+        if (o->ckpt_dir && ((o->save_every > 0 && s % o->save_every == 0) || s == steps)) {
+            char meta[512];
+            snprintf(meta, sizeof meta,
+                     "{\"data\":{\"epoch\":%d,\"index\":%ld,\"seed\":\"%llu\"},\"first_loss\":%.9g,\"trained_tokens\":%zu}",
+                     pos.epoch, pos.index, (unsigned long long)pos.seed, (double)r.first_loss, r.trained_tokens);
+            if ((rc = zs_training_save(t, o->ckpt_dir, s, meta, 2)) < 0) goto done;
+        }
     }
     if (o->valid_path) {
         int32_t *vb = malloc(sizeof(int32_t) * bt * 2 * (size_t)ranks);

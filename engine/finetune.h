@@ -28,6 +28,10 @@ typedef struct {
     int schedule;            /* ZS_LR_CONSTANT | ZS_LR_WARMUP_LINEAR | ZS_LR_WARMUP_COSINE */
     float lr, clip, weight_decay;
     uint64_t seed;           /* data shuffling */
+    const char *ckpt_dir;    /* checkpoints (engine/ckpt.c) go here (NULL: none) */
+    int save_every;          /* save every N steps (0: only after the last step) */
+    int resume;              /* continue from the latest checkpoint in ckpt_dir, if there is one:
+                                weights, optimizer state, step and data position */
 } zs_finetune_opts;
 
 /* Defaults of `zeroserve train`: 1 epoch, batch 4, lr 1e-4 constant, clip 1.0. */

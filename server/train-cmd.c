@@ -4,6 +4,7 @@
  * engine/finetune.c (shared with the server's fine-tuning jobs). */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "chat.h"
 #include "cli.h"
@@ -26,6 +27,8 @@ typedef struct {
     const char *schedule;
     float lr;
     int batch, accum;
+    int bar;          /* draw a progress bar instead of lines */
+    long first_step;
 } progress;
 
 static void on_plan(void *ud, const zs_finetune_plan *p) {
@@ -39,17 +42,27 @@ static void on_plan(void *ud, const zs_finetune_plan *p) {
 static void on_step(void *ud, long s, long steps, float loss, float lr, size_t tokens) {
     progress *g = ud;
     (void)tokens;
-    if (s % g->every && s != steps) return;
-    double el = zs_now() - g->t0, tps = (double)s * (double)g->step_tokens / el;
+    if (g->first_step == 0) g->first_step = s; /* a resumed run starts later */
+    long done = s - g->first_step + 1;
+    double el = zs_now() - g->t0, tps = (double)done * (double)g->step_tokens / el;
     char eta[32];
-    fmt_time(el / (double)s * (double)(steps - s), eta, sizeof eta);
+    fmt_time(el / (double)done * (double)(steps - s), eta, sizeof eta);
+    if (g->bar) {
+        int w = 30, k = (int)((long)w * s / steps);
+        fprintf(stderr, "\r[%.*s%*s] %3d%%  step %ld/%ld  loss %.3f  ETA %s ", k, "##############################",
+                w - k, "", (int)(100 * s / steps), s, steps, loss, eta);
+        if (s == steps) fputc('\n', stderr);
+        return;
+    }
+    if (s % g->every && s != steps) return;
     printf("step %ld/%ld  loss %.4f  lr %.3g  %.0f tokens/s  ETA %s\n", s, steps, loss, (double)lr, tps, eta);
     fflush(stdout);
 }
 
 int zs_cmd_train(int argc, char **argv) {
     const char *data_path = NULL, *out = NULL, *schedule = "constant";
-    int epochs = 1, steps = 0, batch = 4, accum = 1, seq_len = 0, warmup = 0, every = 1;
+    int epochs = 1, steps = 0, batch = 4, accum = 1, seq_len = 0, warmup = 0, every = 1, bar = 0, save_every = 0;
+    const char *ckpt_dir = NULL, *resume = NULL;
     float lr = 1e-4f, clip = 1.0f, wd = 0.0f;
     uint64_t seed = 0;
     zs_engine_flags ef;
@@ -69,8 +82,12 @@ int zs_cmd_train(int argc, char **argv) {
         {"weight-decay", ZS_OPT_FLOAT, &wd, "AdamW weight decay (default 0)"},
         {"seed", ZS_OPT_U64, &seed, "data shuffling seed (default 0)"},
         {"log-every", ZS_OPT_INT, &every, "print progress every N steps (default 1)"},
+        {"progress-bar", ZS_OPT_FLAG, &bar, "draw a progress bar on stderr instead of one line per step"},
+        {"checkpoint-dir", ZS_OPT_STR, &ckpt_dir, "write checkpoints here (default: OUT.checkpoints)"},
+        {"save-every", ZS_OPT_INT, &save_every, "checkpoint every N steps (default 0: after the last step)"},
+        {"resume", ZS_OPT_STR, &resume, "continue from the latest checkpoint in this directory (any rank count)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 14);
+    int n_opts = zs_engine_flags_table(&ef, opts, 18);
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             zs_cli_usage("train", "Fine-tunes a model on a JSONL file and writes the result as a model directory.", opts, n_opts);
@@ -112,7 +129,21 @@ int zs_cmd_train(int argc, char **argv) {
     fo.clip = clip;
     fo.weight_decay = wd;
     fo.seed = seed;
-    progress g = {every, zs_now(), 0, schedule, lr, batch, accum};
+    if (save_every < 0) return zs_err(ZS_EINVAL, "--save-every must be >= 0");
+    static char ckbuf[4200];
+    if (!ckpt_dir && !resume) {
+        snprintf(ckbuf, sizeof ckbuf, "%s.checkpoints", out);
+        ckpt_dir = ckbuf;
+    }
+    fo.ckpt_dir = resume ? resume : ckpt_dir;
+    fo.save_every = save_every;
+    fo.resume = resume != NULL;
+    if (resume) {
+        struct stat sb;
+        if (stat(resume, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return zs_err(ZS_ENOTFOUND, "--resume %s: no such checkpoint directory", resume);
+    }
+    progress g = {every, zs_now(), 0, schedule, lr, batch, accum, bar, 0};
     zs_finetune_hooks h = {on_plan, NULL, on_step, &g};
     zs_finetune_result res;
     int rc = zs_finetune_run(e, &fo, &h, &res);

@@ -28,6 +28,23 @@ for args in "--ranks 1" "--ranks 2 --offload cpu"; do
     check "train $args: the model completes a training prompt with its completion" \
         'case "$out" in "Once upon a time there was a purple dragon named Zork who loved pancakes"*) true;; *) false;; esac'
 done
+# kill -9 during training, then --resume: the losses from the checkpoint on equal an
+# uninterrupted run's (printed to 4 decimals; tests/test-train checks the bits)
+$Z train --model "$M" --data "$T/data.jsonl" --out "$T/u" --steps 300 --lr 1e-3 --batch-size 2 --ranks 2 \
+    --checkpoint-dir "$T/uck" > "$T/u.log" 2>/dev/null
+$Z train --model "$M" --data "$T/data.jsonl" --out "$T/k" --steps 300 --lr 1e-3 --batch-size 2 --ranks 2 \
+    --save-every 10 --checkpoint-dir "$T/ck" > "$T/k1.log" 2>/dev/null &
+kpid=$!
+i=0; while [ ! -f "$T/ck/latest" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+kill -9 $kpid 2>/dev/null; wait $kpid 2>/dev/null
+ck=$(cat "$T/ck/latest" 2>/dev/null | sed 's/.*step-0*//')
+check "kill -9 left a checkpoint (step ${ck:-none})" '[ -n "$ck" ] && [ "$ck" -lt 300 ]'
+$Z train --model "$M" --data "$T/data.jsonl" --out "$T/k" --steps 300 --lr 1e-3 --batch-size 2 --ranks 1 \
+    --resume "$T/ck" --batch-size 4 > "$T/k2.log" 2>/dev/null; rc=$?
+check "resume (with 1 rank and the same global batch): exit 0" '[ $rc = 0 ]'
+grep '^step' "$T/u.log" | awk -v c="${ck:-0}" '{ split($2, a, "/"); if (a[1] > c) print $2, $4 }' > "$T/u.tail"
+grep '^step' "$T/k2.log" | awk '{ print $2, $4 }' > "$T/k.tail"
+check "resumed losses equal the uninterrupted run from the checkpoint on" '[ -s "$T/k.tail" ] && cmp -s "$T/u.tail" "$T/k.tail"'
 printf '{"text": "fine"}\n{"prompt": "x", "completion": 5}\n' > "$T/bad.jsonl"
 $Z train --model "$M" --data "$T/bad.jsonl" --out "$T/bad-out" --steps 2 > "$T/log" 2>&1; rc=$?
 check "bad data: exit 1 naming line 2" '[ $rc = 1 ] && grep -q "line 2" "$T/log"'
