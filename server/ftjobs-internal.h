@@ -54,6 +54,8 @@ void zs_ftjobs_event_locked(zs_ftjobs *J, ftjob *j, const char *level, const cha
 void zs_ftjobs_save_locked(zs_ftjobs *J, ftjob *j);
 /* The directory of a fine-tuned model. */
 void zs_ftjobs_model_dir(zs_ftjobs *J, const char *name, char *out, size_t cap);
+/* The job's checkpoint directory: <jobs dir>/<id>.checkpoints. */
+void zs_ftjobs_ckpt_dir(zs_ftjobs *J, const ftjob *j, char *out, size_t cap);
 /* Loads a model directory and serves it under name (ftrun.c). */
 int  zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir);
 /* The runner thread (ftrun.c). */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "common.h"
@@ -323,16 +324,54 @@ static void h_events(void *ud, zs_http_req *r) {
     zs_http_respond_json(r, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", more));
 }
 
-/* Intermediate checkpoints are not written yet: the list is empty (the final model is the
- * job's fine_tuned_model). */
+void zs_ftjobs_ckpt_dir(zs_ftjobs *J, const ftjob *j, char *out, size_t cap) {
+    snprintf(out, cap, "%s/%s.checkpoints", J->jobs_dir, j->id);
+}
+
+/* The job's checkpoints (written every 10 steps and after the last; the two newest are kept),
+ * newest first. */
 static void h_checkpoints(void *ud, zs_http_req *r) {
     zs_ftjobs *J = ud;
+    char dir[4200], ftm[512] = "";
     pthread_mutex_lock(&J->mu);
     ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
+    if (j) {
+        zs_ftjobs_ckpt_dir(J, j, dir, sizeof dir);
+        const char *m = json_string_value(json_object_get(j->obj, "fine_tuned_model"));
+        snprintf(ftm, sizeof ftm, "%s", m ? m : json_string_value(json_object_get(j->obj, "model")));
+    }
+    char id[128];
+    snprintf(id, sizeof id, "%s", j ? j->id : "");
     pthread_mutex_unlock(&J->mu);
     if (!j) return not_found(r, zs_http_req_param(r));
-    zs_http_respond_json(r, 200, json_pack("{s:s,s:[],s:b,s:n,s:n}", "object", "list", "data", "has_more", 0,
-                                           "first_id", "last_id"));
+    json_t *data = json_array();
+    DIR *d = opendir(dir);
+    long steps[64];
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) && n < 64;) {
+        long st;
+        char tail;
+        if (sscanf(e->d_name, "step-%ld%c", &st, &tail) == 1) steps[n++] = st;
+    }
+    if (d) closedir(d);
+    for (int a = 0; a < n; a++) /* newest first */
+        for (int b = a + 1; b < n; b++)
+            if (steps[b] > steps[a]) { long x = steps[a]; steps[a] = steps[b]; steps[b] = x; }
+    for (int i = 0; i < n; i++) {
+        char cid[192], cm[640], p[4300];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/step-%06ld", dir, steps[i]);
+        snprintf(cid, sizeof cid, "ftckpt-%s-%ld", id + 6, steps[i]);
+        snprintf(cm, sizeof cm, "%s:ckpt-step-%ld", ftm, steps[i]);
+        json_array_append_new(data, json_pack("{s:s,s:s,s:I,s:s,s:I,s:{},s:s}", "object", "fine_tuning.job.checkpoint",
+                                              "id", cid, "created_at", (json_int_t)(stat(p, &sb) == 0 ? sb.st_mtime : 0),
+                                              "fine_tuned_model_checkpoint", cm, "step_number", (json_int_t)steps[i],
+                                              "metrics", "fine_tuning_job_id", id));
+    }
+    json_t *first = n ? json_string(json_string_value(json_object_get(json_array_get(data, 0), "id"))) : json_null();
+    json_t *last = n ? json_string(json_string_value(json_object_get(json_array_get(data, n - 1), "id"))) : json_null();
+    zs_http_respond_json(r, 200, json_pack("{s:s,s:o,s:b,s:o,s:o}", "object", "list", "data", data, "has_more", 0,
+                                           "first_id", first, "last_id", last));
 }
 
 /* ------------------------------------------------------------------ lifecycle */
@@ -444,8 +483,8 @@ int zs_ftjobs_start(zs_ftjobs *J, zs_sched *base) {
         if (!strcmp(st, "succeeded") && ftm) snprintf(name, sizeof name, "%s", ftm);
         if (!strcmp(st, "running") || !strcmp(st, "validating_files"))
             zs_ftjobs_set_status_locked(J, j, "queued",
-                                        "The server restarted while the job ran: re-queued; training restarts "
-                                        "from step 0 (checkpoint resume is not available yet)");
+                                        "The server restarted while the job ran: re-queued; training continues "
+                                        "from its latest checkpoint");
         pthread_mutex_unlock(&J->mu);
         if (name[0]) {
             char dir[4096];

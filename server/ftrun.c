@@ -140,6 +140,12 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     fo.valid_path = vid ? vf : NULL;
     fo.out_dir = dir;
     fo.chat_template = zs_chat_template_detect(J->base_dir);
+    /* checkpoints every 10 steps; a job interrupted by a restart continues from the latest */
+    char ck[4200];
+    zs_ftjobs_ckpt_dir(J, j, ck, sizeof ck);
+    fo.ckpt_dir = ck;
+    fo.save_every = 10;
+    fo.resume = 1;
 
     int rc = have_files ? 0 : zs_err(ZS_ENOTFOUND, "a file of the job no longer exists");
     zs_engine_opts eo = J->engine;

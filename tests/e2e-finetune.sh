@@ -142,7 +142,7 @@ first=$(jq '[.data[] | select(.data.step == 1)][0].data.train_loss' "$T/ev.json"
 last=$(jq '[.data[] | select(.data.step == 100)][0].data.train_loss' "$T/ev.json")
 check "events: loss decreases ($first -> $last)" 'awk -v a="$first" -v b="$last" "BEGIN { exit !(b < 0.3 * a) }"'
 check "events: newest first, limit honoured" '[ "$(J "$U/v1/fine_tuning/jobs/$JID/events?limit=2" | jq -c "[(.data | length), .has_more]")" = "[2,true]" ]'
-check "checkpoints: an (empty) list" 'J "$U/v1/fine_tuning/jobs/$JID/checkpoints" | jq -e ".object == \"list\" and (.data | type) == \"array\"" >/dev/null'
+check "checkpoints: steps 100 and 90, newest first" 'J "$U/v1/fine_tuning/jobs/$JID/checkpoints" | jq -e ".object == \"list\" and ([.data[].step_number] == [100, 90]) and all(.data[]; .object == \"fine_tuning.job.checkpoint\")" >/dev/null'
 check "/v1/models lists the fine-tuned model" 'J "$U/v1/models" | jq -e --arg m "$FTM" "[.data[].id] | index(\$m) != null" >/dev/null'
 complete() { # MODEL PROMPT
     J "$U/v1/completions" -d "{\"model\":\"$1\",\"prompt\":\"$2\",\"temperature\":0,\"max_tokens\":24}" | jq -r '.choices[0].text'
