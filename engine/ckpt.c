@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "fileio.h"
 #include "pool.h"
 #include "store.h"
 
@@ -53,61 +54,9 @@ static const char *const region_names[3] = {"master", "m", "v"};
 
 /* ---------- small helpers ---------- */
 
-static int errno_code(int e) {
-    switch (e) {
-    case ENOENT:
-    case ENOTDIR: return ZS_ENOTFOUND;
-    case EACCES:
-    case EPERM:
-    case EROFS: return ZS_EPERM;
-    case ENOSPC:
-    case EDQUOT: return ZS_ENOSPC;
-    case ENOMEM: return ZS_ENOMEM;
-    default: return ZS_EIO;
-    }
-}
 
-static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *str_printf(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char *s = NULL;
-    int n = vasprintf(&s, fmt, ap);
-    va_end(ap);
-    return n < 0 ? NULL : s;
-}
 
-static int fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return zs_err(errno_code(e), "%s: cannot open directory to fsync: %s", dir, strerror(e));
-    }
-    int rc = 0;
-    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) {
-        int e = errno;
-        rc = zs_err(ZS_EIO, "%s: fsync of directory failed: %s", dir, strerror(e));
-    }
-    close(fd);
-    return rc;
-}
 
-/* Full write at offset; 0 or -errno. */
-static int pwrite_all(int fd, const void *buf, size_t n, off_t off) {
-    const unsigned char *p = buf;
-    while (n > 0) {
-        ssize_t w = pwrite(fd, p, ZS_MIN(n, (size_t)1 << 30), off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        if (w == 0) return -EIO;
-        p += w;
-        n -= (size_t)w;
-        off += w;
-    }
-    return 0;
-}
 
 /* rm -rf of path (a file or a directory tree); 0 when gone (or never there), else -errno. */
 static int rm_tree_at(int at, const char *name) {
@@ -285,19 +234,19 @@ static int save_rank(const char *tmpdir, int r, long step, const zs_ckpt_layout 
                      uint64_t *fsum) {
     size_t bytes;
     int n = plan_rank(L, r, regs, &bytes);
-    char *path = str_printf("%s/rank%d.bin", tmpdir, r);
+    char *path = zs_str_printf("%s/rank%d.bin", tmpdir, r);
     if (!path) return zs_err(ZS_ENOMEM, "checkpoint: out of memory");
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
-        int rc = zs_err(errno_code(e), "%s: cannot create: %s", path, strerror(e));
+        int rc = zs_err(zs_errno_code(e), "%s: cannot create: %s", path, strerror(e));
         free(path);
         return rc;
     }
     int rc = 0, e = 0;
     ckpt_header h;
     header_fill(&h, r, L->ranks, L->n_buckets, step, bytes, n);
-    if ((e = -pwrite_all(fd, &h, sizeof h, 0)) != 0) goto io_fail;
+    if ((e = -zs_pwrite_all(fd, &h, sizeof h, 0)) != 0) goto io_fail;
     for (int i = 0; i < n && rc == 0; i++) {
         region *g = &regs[i];
         const float *a[3] = {NULL, NULL, NULL};
@@ -316,7 +265,7 @@ static int save_rank(const char *tmpdir, int r, long step, const zs_ckpt_layout 
         size_t offs[3] = {g->off, g->off_m, g->off_v};
         for (int k = 0; k < 3; k++) {
             g->sum[k] = zs_checksum64(a[k], g->elems * 4);
-            if ((e = -pwrite_all(fd, a[k], g->elems * 4, (off_t)offs[k])) != 0) goto io_fail;
+            if ((e = -zs_pwrite_all(fd, a[k], g->elems * 4, (off_t)offs[k])) != 0) goto io_fail;
         }
     }
     if (rc == 0) {
@@ -332,7 +281,7 @@ static int save_rank(const char *tmpdir, int r, long step, const zs_ckpt_layout 
     free(path);
     return rc;
 io_fail:
-    rc = zs_err(errno_code(e), "%s: write failed: %s", path, strerror(e));
+    rc = zs_err(zs_errno_code(e), "%s: write failed: %s", path, strerror(e));
     close(fd);
     free(path);
     return rc;
@@ -399,12 +348,12 @@ static int write_text(const char *path, const char *text) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
-        return zs_err(errno_code(e), "%s: cannot create: %s", path, strerror(e));
+        return zs_err(zs_errno_code(e), "%s: cannot create: %s", path, strerror(e));
     }
-    int e = -pwrite_all(fd, text, strlen(text), 0);
+    int e = -zs_pwrite_all(fd, text, strlen(text), 0);
     if (e == 0 && fsync(fd) != 0) e = errno;
     close(fd);
-    if (e) return zs_err(errno_code(e), "%s: write failed: %s", path, strerror(e));
+    if (e) return zs_err(zs_errno_code(e), "%s: write failed: %s", path, strerror(e));
     return 0;
 }
 
@@ -425,7 +374,7 @@ static int list_steps(const char *dir, step_ent **out, int *count) {
     DIR *d = opendir(dir);
     if (!d) {
         int e = errno;
-        return zs_err(errno_code(e), "%s: cannot list: %s", dir, strerror(e));
+        return zs_err(zs_errno_code(e), "%s: cannot list: %s", dir, strerror(e));
     }
     step_ent *v = NULL;
     int n = 0, cap = 0, rc = 0;
@@ -433,7 +382,7 @@ static int list_steps(const char *dir, step_ent **out, int *count) {
     while ((de = readdir(d))) {
         long s = parse_step_name(de->d_name);
         if (s < 0 || strlen(de->d_name) >= sizeof v->name) continue;
-        char *mp = str_printf("%s/%s/manifest.json", dir, de->d_name);
+        char *mp = zs_str_printf("%s/%s/manifest.json", dir, de->d_name);
         int ok = mp && file_exists(mp);
         free(mp);
         if (!ok) continue;
@@ -482,10 +431,10 @@ static void prune(const char *dir, int keep, const char *just_saved) {
     for (int i = 0; i < n; i++) {
         if (!strcmp(v[i].name, just_saved)) continue;
         if (kept < keep) { kept++; continue; }
-        char *p = str_printf("%s/%s", dir, v[i].name);
+        char *p = zs_str_printf("%s/%s", dir, v[i].name);
         if (!p) break;
         /* manifest first: a half-deleted directory is never taken for a checkpoint */
-        char *mp = str_printf("%s/manifest.json", p);
+        char *mp = zs_str_printf("%s/manifest.json", p);
         if (mp) unlink(mp);
         free(mp);
         int r = rm_tree(p);
@@ -494,7 +443,7 @@ static void prune(const char *dir, int keep, const char *just_saved) {
         free(p);
     }
     free(v);
-    fsync_dir(dir);
+    zs_fsync_dir(dir);
 }
 
 int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_get_fn get, void *ud,
@@ -528,12 +477,12 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     json_t *j = NULL;
     char base[64];
     snprintf(base, sizeof base, "step-%06ld", step);
-    final = str_printf("%s/%s", dir, base);
-    tmp = str_printf("%s/%s.tmp", dir, base);
-    old = str_printf("%s/%s.old.tmp", dir, base);
-    man = str_printf("%s/%s.tmp/manifest.json", dir, base);
-    latest_tmp = str_printf("%s/latest.tmp", dir);
-    latest = str_printf("%s/latest", dir);
+    final = zs_str_printf("%s/%s", dir, base);
+    tmp = zs_str_printf("%s/%s.tmp", dir, base);
+    old = zs_str_printf("%s/%s.old.tmp", dir, base);
+    man = zs_str_printf("%s/%s.tmp/manifest.json", dir, base);
+    latest_tmp = zs_str_printf("%s/latest.tmp", dir);
+    latest = zs_str_printf("%s/latest", dir);
     int made_tmp = 0, moved_old = 0;
     if (!regs || !nreg || !bytes || !fsum || !final || !tmp || !old || !man || !latest_tmp || !latest) {
         rc = zs_err(ZS_ENOMEM, "checkpoint: out of memory");
@@ -547,7 +496,7 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
 
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: cannot create checkpoint directory: %s", dir, strerror(e));
+        rc = zs_err(zs_errno_code(e), "%s: cannot create checkpoint directory: %s", dir, strerror(e));
         goto done;
     }
     if (!is_dir(dir)) {
@@ -557,7 +506,7 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     clean_leftovers(dir);
     if (mkdir(tmp, 0755) != 0) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: cannot create: %s", tmp, strerror(e));
+        rc = zs_err(zs_errno_code(e), "%s: cannot create: %s", tmp, strerror(e));
         goto done;
     }
     made_tmp = 1;
@@ -583,12 +532,12 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     text = t2;
     memcpy(text + tl, "\n", 2);
     if ((rc = write_text(man, text)) < 0) goto done;
-    if ((rc = fsync_dir(tmp)) < 0) goto done;
+    if ((rc = zs_fsync_dir(tmp)) < 0) goto done;
     /* the step may exist already (saved again after a resume): move it aside first */
     if (is_dir(final)) {
         if (rename(final, old) != 0) {
             int e = errno;
-            rc = zs_err(errno_code(e), "%s: cannot move aside the previous copy: %s", final,
+            rc = zs_err(zs_errno_code(e), "%s: cannot move aside the previous copy: %s", final,
                         strerror(e));
             goto done;
         }
@@ -596,11 +545,11 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     }
     if (rename(tmp, final) != 0) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: cannot rename to %s: %s", tmp, final, strerror(e));
+        rc = zs_err(zs_errno_code(e), "%s: cannot rename to %s: %s", tmp, final, strerror(e));
         goto done;
     }
     made_tmp = 0;
-    if ((rc = fsync_dir(dir)) < 0) goto done;
+    if ((rc = zs_fsync_dir(dir)) < 0) goto done;
     if (moved_old) {
         int r = rm_tree(old);
         if (r < 0) zs_log_warn("%s: cannot delete: %s", old, strerror(-r));
@@ -612,11 +561,11 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     if ((rc = write_text(latest_tmp, line)) < 0) goto done;
     if (rename(latest_tmp, latest) != 0) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: cannot rename to %s: %s", latest_tmp, latest, strerror(e));
+        rc = zs_err(zs_errno_code(e), "%s: cannot rename to %s: %s", latest_tmp, latest, strerror(e));
         unlink(latest_tmp);
         goto done;
     }
-    if ((rc = fsync_dir(dir)) < 0) goto done;
+    if ((rc = zs_fsync_dir(dir)) < 0) goto done;
     zs_log_info("%s: checkpoint of step %ld saved (%d ranks, %.1f MiB, %.2f s)", final, step,
                 L->ranks, (double)total / (1 << 20), zs_now() - t0);
     prune(dir, keep, base);
@@ -704,10 +653,10 @@ static int resolve_dir(const char *dir, char **out) {
     struct stat st;
     if (stat(dir, &st) != 0) {
         int e = errno;
-        return zs_err(errno_code(e), "%s: cannot open checkpoint: %s", dir, strerror(e));
+        return zs_err(zs_errno_code(e), "%s: cannot open checkpoint: %s", dir, strerror(e));
     }
     if (!S_ISDIR(st.st_mode)) return zs_err(ZS_EINVAL, "%s: not a directory", dir);
-    char *mp = str_printf("%s/manifest.json", dir);
+    char *mp = zs_str_printf("%s/manifest.json", dir);
     if (!mp) return zs_err(ZS_ENOMEM, "checkpoint: out of memory");
     int has_manifest = file_exists(mp);
     free(mp);
@@ -722,7 +671,7 @@ static int resolve_dir(const char *dir, char **out) {
         *out = strdup(dir);
         return *out ? 0 : zs_err(ZS_ENOMEM, "checkpoint: out of memory");
     }
-    char *lp = str_printf("%s/latest", dir);
+    char *lp = zs_str_printf("%s/latest", dir);
     if (!lp) return zs_err(ZS_ENOMEM, "checkpoint: out of memory");
     FILE *f = fopen(lp, "r");
     char name[256] = "";
@@ -735,7 +684,7 @@ static int resolve_dir(const char *dir, char **out) {
             free(lp);
             return rc;
         }
-        char *sd = str_printf("%s/%s", dir, name);
+        char *sd = zs_str_printf("%s/%s", dir, name);
         if (sd && is_dir(sd)) {
             free(lp);
             *out = sd;
@@ -754,7 +703,7 @@ static int resolve_dir(const char *dir, char **out) {
                       "complete step-* directory)", dir);
     }
     if (f) zs_log_warn("%s: using %s", dir, v[0].name);
-    *out = str_printf("%s/%s", dir, v[0].name);
+    *out = zs_str_printf("%s/%s", dir, v[0].name);
     free(v);
     return *out ? 0 : zs_err(ZS_ENOMEM, "checkpoint: out of memory");
 }
@@ -763,7 +712,7 @@ static json_t *load_manifest(const char *mpath, int *rc) {
     struct stat st;
     if (stat(mpath, &st) != 0) {
         int e = errno;
-        *rc = zs_err(errno_code(e), "%s: %s (incomplete checkpoint?)", mpath,
+        *rc = zs_err(zs_errno_code(e), "%s: %s (incomplete checkpoint?)", mpath,
                      e == ENOENT ? "missing" : strerror(e));
         return NULL;
     }
@@ -843,19 +792,19 @@ static int open_rank(zs_ckpt *c, const zs_ckpt_layout *L, int r, json_t *f, cons
         return zs_err(ZS_EFORMAT, "%s: %sbytes: %zu, but the partition needs %zu", mpath, ctx, bytes,
                       plan_bytes);
 
-    char *path = str_printf("%s/%s", c->path, name);
+    char *path = zs_str_printf("%s/%s", c->path, name);
     if (!path) return zs_err(ZS_ENOMEM, "checkpoint: out of memory");
     int rc = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: %s", path, e == ENOENT ? "missing" : strerror(e));
+        rc = zs_err(zs_errno_code(e), "%s: %s", path, e == ENOENT ? "missing" : strerror(e));
         goto out;
     }
     if (fstat(fd, &st) != 0) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: %s", path, strerror(e));
+        rc = zs_err(zs_errno_code(e), "%s: %s", path, strerror(e));
         goto out;
     }
     if ((size_t)st.st_size != bytes) {
@@ -867,7 +816,7 @@ static int open_rank(zs_ckpt *c, const zs_ckpt_layout *L, int r, json_t *f, cons
     void *a = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
     if (a == MAP_FAILED) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: cannot map: %s", path, strerror(e));
+        rc = zs_err(zs_errno_code(e), "%s: cannot map: %s", path, strerror(e));
         goto out;
     }
     c->maps[r].addr = a;
@@ -934,7 +883,7 @@ int zs_ckpt_open(const char *dir, zs_ckpt **out) {
     unsigned char *repl = NULL;
     region *regs = NULL;
     if (rc < 0) goto fail;
-    mpath = str_printf("%s/manifest.json", c->path);
+    mpath = zs_str_printf("%s/manifest.json", c->path);
     if (!mpath) { rc = zs_err(ZS_ENOMEM, "checkpoint: out of memory"); goto fail; }
     if (!(j = load_manifest(mpath, &rc))) goto fail;
 

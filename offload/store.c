@@ -6,6 +6,7 @@
 #include "store.h"
 
 #include "common.h"
+#include "fileio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -105,66 +106,11 @@ uint64_t zs_checksum64(const void *data, size_t n) {
 
 /* ---------------------------------------------------------------- helpers ---- */
 
-static int errno_code(int e) {
-    switch (e) {
-    case ENOENT:
-    case ENOTDIR: return ZS_ENOTFOUND;
-    case EACCES:
-    case EPERM:
-    case EROFS: return ZS_EPERM;
-    case ENOSPC:
-    case EDQUOT: return ZS_ENOSPC;
-    case ENOMEM: return ZS_ENOMEM;
-    default: return ZS_EIO;
-    }
-}
 
-static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static char *str_printf(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    char *s = NULL;
-    int n = vasprintf(&s, fmt, ap);
-    va_end(ap);
-    return n < 0 ? NULL : s;
-}
 
 static double gib(unsigned long long b) { return (double)b / (double)(1ULL << 30); }
 
-/* fsync a directory so that renames/unlinks in it are durable. Filesystems that do not support
- * fsync on directories (EINVAL) are tolerated. */
-static int fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return zs_err(errno_code(e), "%s: cannot open directory to fsync: %s", dir, strerror(e));
-    }
-    int rc = 0;
-    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) {
-        int e = errno;
-        rc = zs_err(ZS_EIO, "%s: fsync of directory failed: %s", dir, strerror(e));
-    }
-    close(fd);
-    return rc;
-}
 
-/* Full write at offset, retrying short writes and EINTR. Returns 0 or -errno. */
-static int pwrite_all(int fd, const void *buf, size_t n, off_t off) {
-    const unsigned char *p = buf;
-    while (n > 0) {
-        size_t chunk = ZS_MIN(n, (size_t)1 << 30);
-        ssize_t w = pwrite(fd, p, chunk, off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        if (w == 0) return -EIO;
-        p += w;
-        n -= (size_t)w;
-        off += w;
-    }
-    return 0;
-}
 
 /* ---------------------------------------------------------------- dir check ---- */
 
@@ -178,7 +124,7 @@ int zs_shard_dir_check(const char *dir, size_t total_bytes) {
         if (e == ENOTDIR)
             return zs_err(ZS_ENOTFOUND,
                           "shard directory %s: a component of the path is not a directory", dir);
-        return zs_err(errno_code(e), "shard directory %s: cannot stat: %s", dir, strerror(e));
+        return zs_err(zs_errno_code(e), "shard directory %s: cannot stat: %s", dir, strerror(e));
     }
     if (!S_ISDIR(st.st_mode))
         return zs_err(ZS_ENOTFOUND, "shard directory %s is not a directory", dir);
@@ -190,12 +136,12 @@ int zs_shard_dir_check(const char *dir, size_t total_bytes) {
     }
     /* access() says yes for root even on chmod 0555 dirs and knows nothing of some read-only
      * mounts or LSMs: really create a file. */
-    char *probe = str_printf("%s/.zs-probe-XXXXXX", dir);
+    char *probe = zs_str_printf("%s/.zs-probe-XXXXXX", dir);
     if (!probe) return zs_err(ZS_ENOMEM, "out of memory");
     int fd = mkstemp(probe);
     if (fd < 0) {
         int e = errno;
-        int code = errno_code(e);
+        int code = zs_errno_code(e);
         if (code == ZS_ENOTFOUND) code = ZS_EPERM;
         zs_err(code, "shard directory %s is not writable: cannot create a file in it: %s", dir,
                strerror(e));
@@ -392,22 +338,22 @@ static int sf_create_tmp(zs_shard_file *f) {
     if (stat(f->path, &st) == 0 || stat(f->man_path, &st) == 0) {
         if (unlink(f->man_path) != 0 && errno != ENOENT) {
             int e = errno;
-            return zs_err(errno_code(e), "%s: cannot remove stale manifest: %s", f->man_path,
+            return zs_err(zs_errno_code(e), "%s: cannot remove stale manifest: %s", f->man_path,
                           strerror(e));
         }
         if (unlink(f->path) != 0 && errno != ENOENT) {
             int e = errno;
-            return zs_err(errno_code(e), "%s: cannot remove stale shard file: %s", f->path,
+            return zs_err(zs_errno_code(e), "%s: cannot remove stale shard file: %s", f->path,
                           strerror(e));
         }
-        int rc = fsync_dir(f->dir);
+        int rc = zs_fsync_dir(f->dir);
         if (rc < 0) return rc;
         zs_log_info("%s: removed the stale shard file and manifest", f->path);
     }
     int fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;
-        return zs_err(errno_code(e), "%s: cannot create shard file: %s", f->tmp_path,
+        return zs_err(zs_errno_code(e), "%s: cannot create shard file: %s", f->tmp_path,
                       strerror(e));
     }
     if (f->total > 0) {
@@ -431,7 +377,7 @@ static int sf_create_tmp(zs_shard_file *f) {
             int e = errno;
             close(fd);
             unlink(f->tmp_path);
-            return zs_err(errno_code(e), "%s: cannot size shard file to %zu bytes: %s",
+            return zs_err(zs_errno_code(e), "%s: cannot size shard file to %zu bytes: %s",
                           f->tmp_path, f->total, strerror(e));
         }
     }
@@ -455,10 +401,10 @@ int zs_shard_file_open(const char *dir, int rank, const char *fingerprint, int n
     f->rank = rank;
     f->dir = strdup(dir);
     f->fingerprint = strdup(fingerprint);
-    f->path = str_printf("%s/rank%d.shards", dir, rank);
-    f->tmp_path = str_printf("%s/rank%d.shards.tmp", dir, rank);
-    f->man_path = str_printf("%s/rank%d.json", dir, rank);
-    f->man_tmp_path = str_printf("%s/rank%d.json.tmp", dir, rank);
+    f->path = zs_str_printf("%s/rank%d.shards", dir, rank);
+    f->tmp_path = zs_str_printf("%s/rank%d.shards.tmp", dir, rank);
+    f->man_path = zs_str_printf("%s/rank%d.json", dir, rank);
+    f->man_tmp_path = zs_str_printf("%s/rank%d.json.tmp", dir, rank);
     f->bytes = calloc((size_t)n, sizeof *f->bytes);
     f->offs = calloc((size_t)n, sizeof *f->offs);
     f->sums = calloc((size_t)n, sizeof *f->sums);
@@ -519,9 +465,9 @@ int zs_shard_file_write(zs_shard_file *f, int shard, const void *data) {
                       f->n - 1);
     if (f->bytes[shard] == 0) return 0;
     if (!data) return zs_err(ZS_EINVAL, "%s: shard %d: NULL data", f->tmp_path, shard);
-    int e = pwrite_all(f->fd, data, f->bytes[shard], (off_t)f->offs[shard]);
+    int e = zs_pwrite_all(f->fd, data, f->bytes[shard], (off_t)f->offs[shard]);
     if (e < 0)
-        return zs_err(errno_code(-e), "%s: shard %d: write of %zu bytes at offset %zu failed: %s",
+        return zs_err(zs_errno_code(-e), "%s: shard %d: write of %zu bytes at offset %zu failed: %s",
                       f->tmp_path, shard, f->bytes[shard], f->offs[shard], strerror(-e));
     /* Start writeback now (asynchronously) so that commit's fsync has little left to do and
      * dirty pages do not pile up while a large model is written. */
@@ -543,12 +489,12 @@ int zs_shard_file_repair(zs_shard_file *f, int shard, const void *data) {
         return zs_err(ZS_ECHECKSUM, "%s: shard %d: repair data does not match the recorded checksum",
                       f->path, shard);
     int fd = open(f->path, O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return zs_err(errno_code(errno), "%s: cannot open for repair: %s", f->path, strerror(errno));
-    int e = pwrite_all(fd, data, f->bytes[shard], (off_t)f->offs[shard]);
+    if (fd < 0) return zs_err(zs_errno_code(errno), "%s: cannot open for repair: %s", f->path, strerror(errno));
+    int e = zs_pwrite_all(fd, data, f->bytes[shard], (off_t)f->offs[shard]);
     if (e == 0 && fsync(fd) != 0) e = -errno;
     close(fd);
     if (e < 0)
-        return zs_err(errno_code(-e), "%s: shard %d: repair write failed: %s", f->path, shard, strerror(-e));
+        return zs_err(zs_errno_code(-e), "%s: shard %d: repair write failed: %s", f->path, shard, strerror(-e));
     return 0;
 }
 
@@ -595,16 +541,16 @@ static int sf_write_manifest(zs_shard_file *f) {
     if (fd < 0) {
         int e = errno;
         free(text);
-        return zs_err(errno_code(e), "%s: cannot create manifest: %s", f->man_tmp_path,
+        return zs_err(zs_errno_code(e), "%s: cannot create manifest: %s", f->man_tmp_path,
                       strerror(e));
     }
-    int e = pwrite_all(fd, text, len, 0);
-    if (e == 0) e = pwrite_all(fd, "\n", 1, (off_t)len);
+    int e = zs_pwrite_all(fd, text, len, 0);
+    if (e == 0) e = zs_pwrite_all(fd, "\n", 1, (off_t)len);
     if (e == 0 && fsync(fd) != 0) e = -errno;
     if (close(fd) != 0 && e == 0) e = -errno;
     free(text);
     if (e < 0)
-        return zs_err(errno_code(-e), "%s: writing manifest failed: %s", f->man_tmp_path,
+        return zs_err(zs_errno_code(-e), "%s: writing manifest failed: %s", f->man_tmp_path,
                       strerror(-e));
     return 0;
 }
@@ -622,7 +568,7 @@ int zs_shard_file_commit(zs_shard_file *f) {
     int rc = 0;
     if (fdatasync(f->fd) != 0) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: fsync failed: %s", f->tmp_path, strerror(e));
+        rc = zs_err(zs_errno_code(e), "%s: fsync failed: %s", f->tmp_path, strerror(e));
         goto fail;
     }
     /* The data is on disk; readers use O_DIRECT, so do not keep it in the page cache. */
@@ -639,25 +585,25 @@ int zs_shard_file_commit(zs_shard_file *f) {
      * crash leaves nothing that would be reused. */
     if (unlink(f->man_path) != 0 && errno != ENOENT) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: cannot remove old manifest: %s", f->man_path,
+        rc = zs_err(zs_errno_code(e), "%s: cannot remove old manifest: %s", f->man_path,
                     strerror(e));
         goto fail;
     }
-    if ((rc = fsync_dir(f->dir)) < 0) goto fail;
+    if ((rc = zs_fsync_dir(f->dir)) < 0) goto fail;
     if (rename(f->tmp_path, f->path) != 0) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: cannot rename to %s: %s", f->tmp_path, f->path,
+        rc = zs_err(zs_errno_code(e), "%s: cannot rename to %s: %s", f->tmp_path, f->path,
                     strerror(e));
         goto fail;
     }
-    if ((rc = fsync_dir(f->dir)) < 0) goto fail;
+    if ((rc = zs_fsync_dir(f->dir)) < 0) goto fail;
     if (rename(f->man_tmp_path, f->man_path) != 0) {
         int e = errno;
-        rc = zs_err(errno_code(e), "%s: cannot rename to %s: %s", f->man_tmp_path, f->man_path,
+        rc = zs_err(zs_errno_code(e), "%s: cannot rename to %s: %s", f->man_tmp_path, f->man_path,
                     strerror(e));
         goto fail;
     }
-    if ((rc = fsync_dir(f->dir)) < 0) goto fail;
+    if ((rc = zs_fsync_dir(f->dir)) < 0) goto fail;
     f->state = SF_READABLE;
     return 0;
 fail:

@@ -1,0 +1,66 @@
+/* fileio.c — file-system helpers shared by the shard store and the checkpoints. */
+#define _GNU_SOURCE
+#include "fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+
+int zs_errno_code(int e) {
+    switch (e) {
+    case ENOENT:
+    case ENOTDIR: return ZS_ENOTFOUND;
+    case EACCES:
+    case EPERM:
+    case EROFS: return ZS_EPERM;
+    case ENOSPC:
+    case EDQUOT: return ZS_ENOSPC;
+    case ENOMEM: return ZS_ENOMEM;
+    default: return ZS_EIO;
+    }
+}
+
+char *zs_str_printf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    return n < 0 ? NULL : s;
+}
+
+int zs_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return zs_err(zs_errno_code(e), "%s: cannot open directory to fsync: %s", dir, strerror(e));
+    }
+    int rc = 0;
+    if (fsync(fd) != 0 && errno != EINVAL && errno != EROFS) {
+        int e = errno;
+        rc = zs_err(ZS_EIO, "%s: fsync of directory failed: %s", dir, strerror(e));
+    }
+    close(fd);
+    return rc;
+}
+
+int zs_pwrite_all(int fd, const void *buf, size_t n, off_t off) {
+    const unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, ZS_MIN(n, (size_t)1 << 30), off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (w == 0) return -EIO;
+        p += w;
+        n -= (size_t)w;
+        off += w;
+    }
+    return 0;
+}
