@@ -1,6 +1,7 @@
 /* gather.c — the ZeRO-3 gather coordinator of one rank: shard storage per tier, the prefetch
  * thread (read -> agree -> all_gather -> publish, in pass order, within the live budget), the
- * acquire/release weight source, counters, and the repair of truncated or corrupt shards. */
+ * acquire/release weight source, counters, the repair of truncated or corrupt shards, and
+ * reading / writing back one shard of any tier between passes (training). */
 #include "gather.h"
 
 #include <pthread.h>
@@ -175,6 +176,35 @@ int zs_gather_put_shard(zs_gather *g, int b, const void *src) {
         return g->dv.upload(g->dv.ctx, g->shards[b], src, g->shard_bytes[b]);
     memcpy(g->shards[b], src, g->shard_bytes[b]);
     return 0;
+}
+
+int zs_gather_read_shard(zs_gather *g, int b, void *dst) {
+    if (!g->shard_bytes[b]) return 0;
+    if (g->o.tier == ZS_OFFLOAD_NVME) {
+        if (!g->file) return zs_err(ZS_EINVAL, "rank %d: no shard file attached", g->rank);
+        return zs_shard_file_read(g->file, b, dst);
+    }
+    if (g->has_dev && g->o.tier == ZS_OFFLOAD_NONE)
+        return zs_err(ZS_EUNSUPPORTED, "rank %d: reading a device-resident shard back is not supported",
+                      g->rank);
+    memcpy(dst, g->shards[b], g->shard_bytes[b]);
+    return 0;
+}
+
+int zs_gather_write_shard(zs_gather *g, int b, const void *src) {
+    if (!g->shard_bytes[b]) return 0;
+    if (g->o.tier != ZS_OFFLOAD_NVME) return zs_gather_put_shard(g, b, src);
+    if (!g->file || !g->reader) return zs_err(ZS_EINVAL, "rank %d: no shard file attached", g->rank);
+    /* between passes with speculation off: every item of the last pass was produced and
+     * consumed, and the prefetcher reads nothing before the next pass_begin */
+    pthread_mutex_lock(&g->mu);
+    ZS_ASSERT(!g->spec);
+    ZS_ASSERT(g->released == g->consumed && g->produced == g->consumed);
+    ZS_ASSERT(g->submitted <= g->produced && zs_shard_reader_inflight(g->reader) == 0);
+    pthread_mutex_unlock(&g->mu);
+    int rc = zs_shard_file_update(g->file, b, src);
+    if (rc == 0) rc = zs_shard_reader_set_checksum(g->reader, b, zs_shard_file_checksum(g->file, b));
+    return rc;
 }
 
 int zs_gather_attach_file(zs_gather *g, void *shard_file) {

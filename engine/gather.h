@@ -5,6 +5,9 @@
  * the compute thread, in pass order, bounded by max_live_bytes (full buffers resident at once)
  * and by the free pinned slots; acquire() only waits for work already in flight.
  *
+ * Training writes updated shards back between passes (zs_gather_write_shard): into the shard
+ * buffer, or in place into the NVMe shard file with its new checksum.
+ *
  * A read that fails on any rank fails that bucket on every rank (the ranks agree on a status
  * before the all_gather), so the pass fails everywhere together; a shard found truncated or
  * corrupt is rewritten from the checkpoint before it is read again.
@@ -80,6 +83,17 @@ void *zs_gather_shard_buffer(zs_gather *g, int b);
 /* Stores this rank's shard of bucket b (none/cpu tiers) from host memory: a memcpy, or an
  * upload to the device. */
 int  zs_gather_put_shard(zs_gather *g, int b, const void *src);
+/* Reads this rank's shard of bucket b (shard_bytes long) into host memory dst: a memcpy (none/cpu
+ * tiers on the CPU device), or a pread of the shard file with checksum verification (nvme).
+ * Safe while the prefetcher runs (it only reads the file too). */
+int  zs_gather_read_shard(zs_gather *g, int b, void *dst);
+/* Writes new content for this rank's shard of bucket b from host memory (shard_bytes long; the
+ * optimizer's write-back): none/cpu tiers as zs_gather_put_shard; nvme: zs_shard_file_update
+ * (pwrite + fsync + manifest with the new checksum and the "-trained" fingerprint) and the new
+ * checksum handed to the reader. Precondition (nvme, asserted): speculation is off and the
+ * caller is between passes (after pass_end, before the next pass_begin), so no read of any
+ * shard is in flight; call it from the thread that drives the passes (or while none runs). */
+int  zs_gather_write_shard(zs_gather *g, int b, const void *src);
 /* nvme tier: the committed shard file of this rank (ownership passes to the coordinator). */
 int  zs_gather_attach_file(zs_gather *g, void *shard_file /* zs_shard_file* */);
 /* Starts the prefetch thread (after the shards are in place). */

@@ -1,7 +1,8 @@
 /* train.c — ZeRO-3 training steps over the world's ranks: per-rank forward/backward through the
  * gather coordinator (training pass order), reduce-scatter of each bucket's gradient, fp32
  * gradient shards accumulated over micro-steps, global-norm clipping and partitioned AdamW on
- * fp32 master shards, written back to the storage shards. See train.h. */
+ * fp32 master shards, written back to the storage shards (shard buffers, or in place into the
+ * NVMe shard files through the gather coordinator). See train.h. */
 #include "train.h"
 
 #include <math.h>
@@ -20,6 +21,7 @@ typedef struct {
     float *gl_data, *gl_res;                 /* one bucket's gradient, glayout order */
     float *gh_data, *gh_res, *ge_data, *ge_res; /* head and embedding gradients of a micro-step */
     float *gfull, *gshard;                   /* storage-element order, full and one shard */
+    void *wbuf;                              /* one shard in the storage dtype (nvme write-back) */
     double loss_sum;
     int rc;
     char err[512];
@@ -202,8 +204,12 @@ static void optim_job(void *ud, int rank) {
     for (int b = 0; b < t->nb && rc == 0; b++) {
         if (t->shard_elem[b] > 0) {
             if (coef != 1.0f) zs_scale(R->gacc[b], t->shard_elem[b], coef);
+            /* none/cpu: straight into the shard buffer; nvme: into the scratch shard, then written
+             * in place into the shard file (between passes: no read is in flight) */
+            void *out = zs_gather_shard_buffer(g, b);
             rc = zs_adamw_update(R->master[b], R->mom[b], R->var[b], R->gacc[b], t->shard_elem[b], &t->o.adam,
-                                 t->lr, t->step, 1, zs_gather_shard_buffer(g, b), t->wdt);
+                                 t->lr, t->step, 1, out ? out : R->wbuf, t->wdt);
+            if (rc == 0 && !out) rc = zs_gather_write_shard(g, b, R->wbuf);
             memset(R->gacc[b], 0, t->shard_elem[b] * sizeof(float));
         }
         if (t->res_elem[b] > 0) {
@@ -266,7 +272,7 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
     if (!t->n_elem || !t->r) { free(t->n_elem); free(t->r); free(t); return zs_err(ZS_ENOMEM, "out of memory"); }
     t->shard_elem = t->n_elem + t->nb;
     t->res_elem = t->shard_elem + t->nb;
-    size_t max_full = 0, max_gl = 0, max_res = 0;
+    size_t max_full = 0, max_gl = 0, max_res = 0, max_se = 0;
     for (int b = 0; b < t->nb; b++) {
         const zs_bucket_layout *L = zs_model_layout(m, b), *G = zs_model_grad_layout(m, b);
         for (int s = 0; s < L->n_roles; s++)
@@ -276,6 +282,7 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
         t->shard_elem[b] = zs_partition_shard_bytes(m, b, t->n) / t->dsize;
         t->res_elem[b] = G->resident_bytes / 4;
         max_full = ZS_MAX(max_full, t->shard_elem[b] * (size_t)t->n);
+        max_se = ZS_MAX(max_se, t->shard_elem[b]);
         max_gl = ZS_MAX(max_gl, G->data_bytes / 4);
         max_res = ZS_MAX(max_res, t->res_elem[b]);
     }
@@ -298,7 +305,9 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
         R->ge_res = falloc(t->res_elem[zs_bucket_embed()]);
         R->gfull = falloc(max_full);
         R->gshard = falloc(max_full);
-        int ok = R->gl_data && R->gl_res && R->gh_data && R->gh_res && R->ge_data && R->ge_res && R->gfull && R->gshard;
+        R->wbuf = falloc(max_se); /* f32-sized: room for a shard in any storage dtype */
+        int ok = R->gl_data && R->gl_res && R->gh_data && R->gh_res && R->ge_data && R->ge_res && R->gfull &&
+                 R->gshard && R->wbuf;
         for (int b = 0; ok && b < t->nb; b++) {
             size_t se = t->shard_elem[b], re = t->res_elem[b];
             R->master[b] = falloc(se); R->mom[b] = falloc(se); R->var[b] = falloc(se); R->gacc[b] = falloc(se);
@@ -309,11 +318,13 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
                 ok = R->rmaster[b] && R->rmom[b] && R->rvar[b];
             }
             if (!ok) break;
-            /* fp32 masters from the storage shard and the resident tensors */
-            const void *shard = zs_gather_shard_buffer(zs_world_gather(w, r), b);
+            /* fp32 masters from the storage shard (nvme: read from the shard file, verified) and
+             * the resident tensors */
+            zs_gather *g = zs_world_gather(w, r);
+            const void *shard = zs_gather_shard_buffer(g, b);
             if (se > 0 && !shard) {
-                rc = zs_err(ZS_EUNSUPPORTED, "training with --offload nvme is not supported yet (use none or cpu)");
-                break;
+                if ((rc = zs_gather_read_shard(g, b, R->wbuf)) < 0) break;
+                shard = R->wbuf;
             }
             if (se > 0) zs_to_f32(R->master[b], shard, t->wdt, se);
             if (r == 0 && re > 0) {
@@ -395,7 +406,7 @@ void zs_training_end(zs_training *t) {
         }
         free(R->master);
         free(R->gl_data); free(R->gl_res); free(R->gh_data); free(R->gh_res);
-        free(R->ge_data); free(R->ge_res); free(R->gfull); free(R->gshard);
+        free(R->ge_data); free(R->ge_res); free(R->gfull); free(R->gshard); free(R->wbuf);
     }
     free(t->r);
     free(t->n_elem);
@@ -598,9 +609,12 @@ int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_js
             memset(R->mom[b], 0, t->shard_elem[b] * sizeof(float));
             memset(R->var[b], 0, t->shard_elem[b] * sizeof(float));
             if (len) rc = zs_ckpt_read(c, b, start, len, R->master[b], R->mom[b], R->var[b]);
-            if (rc == 0 && t->shard_elem[b])
-                zs_convert(zs_gather_shard_buffer(zs_world_gather(t->w, r), b), t->wdt, R->master[b], ZS_F32,
-                           t->shard_elem[b]);
+            if (rc == 0 && t->shard_elem[b]) {
+                zs_gather *g = zs_world_gather(t->w, r);
+                void *out = zs_gather_shard_buffer(g, b);
+                zs_convert(out ? out : R->wbuf, t->wdt, R->master[b], ZS_F32, t->shard_elem[b]);
+                if (!out) rc = zs_gather_write_shard(g, b, R->wbuf);
+            }
             if (rc == 0 && r == 0 && t->res_elem[b]) {
                 rc = zs_ckpt_read(c, t->nb + b, 0, t->res_elem[b], R->rmaster[b], R->rmom[b], R->rvar[b]);
                 const zs_bucket_layout *Ly = zs_model_layout(t->m, b), *G = zs_model_grad_layout(t->m, b);

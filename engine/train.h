@@ -6,9 +6,11 @@
  * gradient of its own shard, accumulated in fp32 over the micro-steps; resident tensors (norms,
  * biases) are all-reduced. The optimizer step clips by the global norm and runs AdamW on the fp32
  * master shards held in host memory (ZeRO-Offload), then writes the updated shard back to the
- * rank's tier in the storage dtype.
+ * rank's tier in the storage dtype: its shard buffer (none, cpu), or in place into its NVMe shard
+ * file (nvme: new checksum in the manifest, fingerprint marked "-trained" so that a later start
+ * from the base checkpoint rewrites the file). With nvme the masters start from the shard file.
  *
- * Scope now: CPU devices, tiers none and cpu, ZeRO stage 3. Ownership: a zs_training borrows the
+ * Scope now: CPU devices, tiers none, cpu and nvme, ZeRO stage 3. Ownership: a zs_training borrows the
  * world (which must outlive it) and owns the optimizer state. Thread-safety: one thread drives it,
  * and no inference step may run between zs_training_begin and zs_training_end. */
 #ifndef ZS_TRAIN_H

@@ -643,6 +643,14 @@ int zs_shard_reader_poll(zs_shard_reader *r, int wait, uint64_t *tag, int *statu
 
 int zs_shard_reader_inflight(const zs_shard_reader *r) { return r ? r->inflight : 0; }
 
+int zs_shard_reader_set_checksum(zs_shard_reader *r, int shard, uint64_t sum) {
+    if (!r) return zs_err(ZS_EINVAL, "zs_shard_reader_set_checksum: NULL reader");
+    if (shard < 0 || shard >= r->n)
+        return zs_err(ZS_ERANGE, "%s: shard %d out of range (0..%d)", r->path, shard, r->n - 1);
+    r->sums[shard] = sum;
+    return 0;
+}
+
 int zs_shard_reader_mode(const zs_shard_reader *r, int *direct) {
     if (!r) return 0;
     if (direct) *direct = r->direct && !r->direct_broken;

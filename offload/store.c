@@ -1,6 +1,8 @@
 /* store.c — per-rank shard files of the NVMe offload tier: directory checks (existence,
  * writability, free space), layout, reuse by checkpoint fingerprint, writing with checksums,
- * the JSON manifest, and the atomic commit (tmp + fsync + rename + dir fsync).
+ * the JSON manifest, the atomic commit (tmp + fsync + rename + dir fsync), in-place repair,
+ * training's in-place update of a shard (new checksum, manifest replaced atomically, fingerprint
+ * marked "-trained"), and a verified synchronous read of one shard.
  * The asynchronous reader lives in store-uring.c. */
 #define _GNU_SOURCE
 #include "store.h"
@@ -475,6 +477,113 @@ int zs_shard_file_write(zs_shard_file *f, int shard, const void *data) {
                           SYNC_FILE_RANGE_WRITE);
     f->sums[shard] = zs_checksum64(data, f->bytes[shard]);
     f->written[shard] = 1;
+    return 0;
+}
+
+static int sf_write_manifest(zs_shard_file *f);
+
+/* Writes the manifest to its tmp name, renames it over the manifest and fsyncs the dir: the
+ * manifest on disk is always either the old or the new one. */
+static int sf_replace_manifest(zs_shard_file *f) {
+    int rc = sf_write_manifest(f);
+    if (rc < 0) {
+        unlink(f->man_tmp_path);
+        return rc;
+    }
+    if (rename(f->man_tmp_path, f->man_path) != 0) {
+        int e = errno;
+        unlink(f->man_tmp_path);
+        return zs_err(zs_errno_code(e), "%s: cannot rename to %s: %s", f->man_tmp_path,
+                      f->man_path, strerror(e));
+    }
+    return zs_fsync_dir(f->dir);
+}
+
+#define ZS_TRAINED_SUFFIX "-trained"
+
+int zs_shard_file_update(zs_shard_file *f, int shard, const void *data) {
+    if (!f || !data) return zs_err(ZS_EINVAL, "zs_shard_file_update: NULL argument");
+    if (f->state != SF_READABLE)
+        return zs_err(ZS_EINVAL, "%s: shard %d: only a committed file can be updated", f->path,
+                      shard);
+    if (shard < 0 || shard >= f->n)
+        return zs_err(ZS_ERANGE, "%s: shard %d out of range (0..%d)", f->path, shard, f->n - 1);
+    if (f->bytes[shard] == 0) return 0;
+    /* First update: mark the manifest before any shard byte changes, so that from here on (even
+     * after a crash half-way through a write) the file is never reused for the base checkpoint. */
+    size_t fl = strlen(f->fingerprint), sl = strlen(ZS_TRAINED_SUFFIX);
+    if (fl < sl || strcmp(f->fingerprint + fl - sl, ZS_TRAINED_SUFFIX) != 0) {
+        char *fp = zs_str_printf("%s%s", f->fingerprint, ZS_TRAINED_SUFFIX);
+        if (!fp) return zs_err(ZS_ENOMEM, "out of memory");
+        char *old = f->fingerprint;
+        f->fingerprint = fp;
+        int rc = sf_replace_manifest(f);
+        if (rc < 0) {
+            f->fingerprint = old;
+            free(fp);
+            return rc;
+        }
+        free(old);
+    }
+    int fd = open(f->path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return zs_err(zs_errno_code(e), "%s: cannot open for update: %s", f->path, strerror(e));
+    }
+    int e = zs_pwrite_all(fd, data, f->bytes[shard], (off_t)f->offs[shard]);
+    if (e == 0 && fdatasync(fd) != 0) e = -errno;
+    /* readers use O_DIRECT: do not keep the new data in the page cache */
+    if (e == 0) (void)posix_fadvise(fd, (off_t)f->offs[shard], (off_t)f->bytes[shard],
+                                    POSIX_FADV_DONTNEED);
+    close(fd);
+    if (e < 0)
+        return zs_err(zs_errno_code(-e), "%s: shard %d: update write of %zu bytes at offset %zu "
+                      "failed: %s", f->path, shard, f->bytes[shard], f->offs[shard], strerror(-e));
+    uint64_t old_sum = f->sums[shard];
+    f->sums[shard] = zs_checksum64(data, f->bytes[shard]);
+    int rc = sf_replace_manifest(f);
+    if (rc < 0) f->sums[shard] = old_sum; /* the manifest on disk still has the old checksum */
+    return rc;
+}
+
+int zs_shard_file_read(const zs_shard_file *f, int shard, void *buf) {
+    if (!f || !buf) return zs_err(ZS_EINVAL, "zs_shard_file_read: NULL argument");
+    if (f->state != SF_READABLE)
+        return zs_err(ZS_EINVAL, "%s: shard %d: file is not readable (not committed)", f->tmp_path,
+                      shard);
+    if (shard < 0 || shard >= f->n)
+        return zs_err(ZS_ERANGE, "%s: shard %d out of range (0..%d)", f->path, shard, f->n - 1);
+    size_t n = f->bytes[shard], done = 0;
+    if (n == 0) return 0;
+    const char *lb = f->labels[shard];
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return zs_err(zs_errno_code(e), "%s: cannot open: %s", f->path, strerror(e));
+    }
+    while (done < n) {
+        ssize_t k = pread(fd, (char *)buf + done, n - done, (off_t)(f->offs[shard] + done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            int e = k < 0 ? errno : 0;
+            close(fd);
+            if (k == 0)
+                return zs_err(ZS_EFORMAT, "%s: shard %d%s%s%s: unexpected end of file at offset "
+                              "%zu (truncated?)", f->path, shard, lb ? " (" : "", lb ? lb : "",
+                              lb ? ")" : "", f->offs[shard] + done);
+            return zs_err(zs_errno_code(e), "%s: shard %d%s%s%s: read failed at offset %zu: %s",
+                          f->path, shard, lb ? " (" : "", lb ? lb : "", lb ? ")" : "",
+                          f->offs[shard] + done, strerror(e));
+        }
+        done += (size_t)k;
+    }
+    close(fd);
+    uint64_t got = zs_checksum64(buf, n);
+    if (got != f->sums[shard])
+        return zs_err(ZS_ECHECKSUM, "%s: shard %d%s%s%s: checksum mismatch (manifest %016llx, "
+                      "read %016llx; %zu bytes at offset %zu)", f->path, shard, lb ? " (" : "",
+                      lb ? lb : "", lb ? ")" : "", (unsigned long long)f->sums[shard],
+                      (unsigned long long)got, n, f->offs[shard]);
     return 0;
 }
 

@@ -13,9 +13,14 @@
  * Checksum: zs_checksum64 is XXH64 (seed 0), implemented in store.c (no external library):
  * several GB/s per core, fast enough to verify shards as they stream in.
  *
+ * Training updates shards of a committed file in place (zs_shard_file_update); the manifest then
+ * carries the fingerprint "<fingerprint>-trained" and the new checksums, so the base checkpoint
+ * never reuses it.
+ *
  * Ownership: a zs_shard_file owns its paths, sizes and labels; a zs_shard_reader copies what it
  * needs at open (paths, offsets, sizes, checksums, labels), so labels must be set before the
- * reader is opened, and the shard file may be closed while the reader lives. The reader does not
+ * reader is opened (checksums changed later are passed with zs_shard_reader_set_checksum), and
+ * the shard file may be closed while the reader lives. The reader does not
  * own the buffers it registers; they must outlive it.
  *
  * Thread safety: a zs_shard_file and a zs_shard_reader are each used by one thread at a time
@@ -65,10 +70,23 @@ int zs_shard_file_commit(zs_shard_file *f);
 /* Frees f; if it was being written and not committed, removes the tmp files. NULL is a no-op. */
 void zs_shard_file_close(zs_shard_file *f);
 
-/* Data file path: the final name once reused/committed, the .tmp name while being written. */
 /* Rewrites one shard of a committed file in place (pwrite + fsync), e.g. after a read found it
  * truncated or corrupt; data must match the shard's recorded checksum. */
 int zs_shard_file_repair(zs_shard_file *f, int shard, const void *data);
+/* Gives one shard of a committed file new content (training's write-back): data is
+ * shard_bytes[shard] long. The first update of a file first rewrites the manifest with the
+ * fingerprint "<fingerprint>-trained", so that from then on (crash included) a later
+ * zs_shard_file_open with the base checkpoint's fingerprint does not reuse the file but rewrites
+ * it. Then pwrite + fdatasync of the shard, the in-memory checksum updated, and the manifest
+ * replaced atomically with the new checksum (tmp + fsync + rename + dir fsync). A crash between
+ * the data write and the manifest leaves a checksum mismatch that readers report. A reader
+ * opened earlier keeps the old checksum: pass the new one with zs_shard_reader_set_checksum.
+ * The caller ensures that no read of this shard is in flight. */
+int zs_shard_file_update(zs_shard_file *f, int shard, const void *data);
+/* Reads one shard of a committed file into buf (shard_bytes[shard] long, any alignment) with
+ * pread and verifies its checksum (ZS_ECHECKSUM; ZS_EFORMAT if the file ends early). */
+int zs_shard_file_read(const zs_shard_file *f, int shard, void *buf);
+/* Data file path: the final name once reused/committed, the .tmp name while being written. */
 const char *zs_shard_file_path(const zs_shard_file *f);
 int zs_shard_file_count(const zs_shard_file *f);
 size_t zs_shard_file_bytes(const zs_shard_file *f, int shard);  /* 0 if out of range */
@@ -122,6 +140,9 @@ int zs_shard_reader_submit(zs_shard_reader *r, int shard, int buf, uint64_t tag)
 int zs_shard_reader_poll(zs_shard_reader *r, int wait, uint64_t *tag, int *status);
 /* Shard reads submitted and not yet returned by poll. */
 int zs_shard_reader_inflight(const zs_shard_reader *r);
+/* Sets the checksum that reads of shard `shard` are verified against (after
+ * zs_shard_file_update; no read of that shard may be in flight). */
+int zs_shard_reader_set_checksum(zs_shard_reader *r, int shard, uint64_t sum);
 /* 1 if this reader uses io_uring, 0 if pread; *direct: 1 if O_DIRECT is in use. */
 int zs_shard_reader_mode(const zs_shard_reader *r, int *direct);
 

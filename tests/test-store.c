@@ -1,7 +1,8 @@
 /* test-store.c — tests of the offload storage tier: pinned slot pool, shard files (layout,
  * checksums, manifest, reuse by fingerprint, atomic commit, stale/truncated detection),
  * directory checks, and the io_uring / pread shard reader (verify, injected errors, truncation
- * under a reader) plus the raw bandwidth probe. Scratch files go under $TMPDIR or /tmp. */
+ * under a reader), training's in-place shard update (new checksum for readers, manifest across
+ * reopen, stale for the base fingerprint) plus the raw bandwidth probe. Scratch files go under $TMPDIR or /tmp. */
 #define _GNU_SOURCE
 #include "common.h"
 #include "pinned.h"
@@ -668,6 +669,102 @@ static void test_layout_and_reader(const char *base) {
     for (int r = 0; r < 3; r++) layout_free(&L[r]);
 }
 
+/* Training's write-back: zs_shard_file_update of a committed file, a reader picking up the new
+ * checksum, zs_shard_file_read, the manifest across reopen, and stale detection afterwards. */
+static void test_update(const char *base) {
+    char dir[4200], man[4300];
+    snprintf(dir, sizeof dir, "%s/upd", base);
+    mkdir(dir, 0755);
+    snprintf(man, sizeof man, "%s/rank0.json", dir);
+    layout L;
+    layout_make(&L, 4, 0);
+    int reused = -1;
+    zs_shard_file *f = NULL;
+    int rc = zs_shard_file_open(dir, 0, "fpU", L.n, L.bytes, &reused, &f);
+    CHECK(rc == 0 && reused == 0, "open: %s", zs_errmsg());
+    if (rc < 0) { layout_free(&L); return; }
+    set_labels(f, L.n);
+    CHECK_ERR(zs_shard_file_update(f, 1, L.data[1]), "only a committed file");
+    CHECK(write_all(f, &L) == 0, "write+commit: %s", zs_errmsg());
+    CHECK_ERR(zs_shard_file_update(f, 9, L.data[1]), "shard 9", "out of range");
+
+    /* a reader opened before the update */
+    zs_pinned *pool = NULL;
+    CHECK(zs_pinned_init(layout_max(&L), 1, &pool) == 0, "pinned: %s", zs_errmsg());
+    void *b0 = zs_pinned_slot(pool, 0);
+    size_t b0s = zs_pinned_slot_bytes(pool);
+    zs_reader_opts o = {.queue_depth = 4, .block_size = 64 << 10, .verify = 1};
+    zs_shard_reader *r = NULL;
+    CHECK(zs_shard_reader_open(f, &o, &b0, &b0s, 1, &r) == 0, "reader: %s", zs_errmsg());
+    CHECK(r && read_one(r, 1) == 0, "read before update: %s", zs_errmsg());
+
+    /* update shard 1 (twice: the fingerprint is marked once) and shard 2 */
+    unsigned char *nd = malloc(L.bytes[1]), *buf = malloc(layout_max(&L));
+    fill_random(nd, L.bytes[1]);
+    CHECK(zs_shard_file_update(f, 1, nd) == 0, "update: %s", zs_errmsg());
+    fill_random(nd, L.bytes[1]);
+    CHECK(zs_shard_file_update(f, 1, nd) == 0, "update again: %s", zs_errmsg());
+    memcpy(L.data[1], nd, L.bytes[1]);
+    fill_random(L.data[2], L.bytes[2]);
+    CHECK(zs_shard_file_update(f, 2, L.data[2]) == 0, "update shard 2: %s", zs_errmsg());
+    CHECK(zs_shard_file_checksum(f, 1) == zs_checksum64(nd, L.bytes[1]), "new checksum in memory");
+    CHECK(count_entries(dir) == 2, "no tmp files left (%d entries)", count_entries(dir));
+    char *text = NULL;
+    size_t tl = 0;
+    FILE *mf = fopen(man, "r");
+    if (mf) {
+        text = calloc(1, 1 << 16);
+        tl = text ? fread(text, 1, (1 << 16) - 1, mf) : 0;
+        fclose(mf);
+    }
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)zs_checksum64(nd, L.bytes[1]));
+    CHECK(tl > 0 && strstr(text, "\"fpU-trained\"") && !strstr(text, "-trained-trained") && strstr(text, hex),
+          "manifest has the trained fingerprint and the new checksum");
+    free(text);
+
+    /* the old reader: the stale checksum fails verification until it is updated */
+    if (r) {
+        CHECK_ERR(read_one(r, 1), "shard 1", "layer 1", "checksum mismatch");
+        CHECK(zs_shard_reader_set_checksum(r, 1, zs_shard_file_checksum(f, 1)) == 0, "set_checksum");
+        CHECK_ERR(zs_shard_reader_set_checksum(r, 7, 0), "out of range");
+        CHECK(read_one(r, 1) == 0 && memcmp(b0, nd, L.bytes[1]) == 0, "read after update: %s", zs_errmsg());
+    }
+    zs_shard_reader_close(r);
+    zs_pinned_free(pool);
+
+    /* the synchronous read, verified */
+    CHECK(zs_shard_file_read(f, 1, buf) == 0 && memcmp(buf, nd, L.bytes[1]) == 0, "file read: %s", zs_errmsg());
+    CHECK(zs_shard_file_read(f, 0, buf) == 0 && memcmp(buf, L.data[0], L.bytes[0]) == 0, "file read 0");
+    zs_shard_file_close(f);
+
+    /* reopen with the trained fingerprint: reused, every shard verifies with the new data */
+    f = NULL;
+    rc = zs_shard_file_open(dir, 0, "fpU-trained", L.n, L.bytes, &reused, &f);
+    CHECK(rc == 0 && reused == 1, "reopen trained: rc %d reused %d %s", rc, reused, zs_errmsg());
+    if (rc == 0) {
+        CHECK(zs_shard_file_checksum(f, 1) == zs_checksum64(nd, L.bytes[1]), "checksum survives reopen");
+        CHECK(read_back(f, &L, 1, NULL) == 0, "read back after reopen");
+        /* corrupt a byte: the synchronous read names the shard */
+        int fd = open(zs_shard_file_path(f), O_WRONLY);
+        unsigned char x = (unsigned char)(nd[5] ^ 0xff);
+        CHECK(fd >= 0 && pwrite(fd, &x, 1, (off_t)zs_shard_file_offset(f, 1) + 5) == 1, "corrupt");
+        if (fd >= 0) close(fd);
+        CHECK_ERR(zs_shard_file_read(f, 1, buf), "shard 1", "checksum mismatch");
+        CHECK(zs_shard_file_update(f, 1, nd) == 0, "update heals: %s", zs_errmsg());
+        CHECK(zs_shard_file_read(f, 1, buf) == 0, "read after heal: %s", zs_errmsg());
+        zs_shard_file_close(f);
+    }
+    /* the base checkpoint's fingerprint: stale, rewritten */
+    f = NULL;
+    rc = zs_shard_file_open(dir, 0, "fpU", L.n, L.bytes, &reused, &f);
+    CHECK(rc == 0 && reused == 0, "base fingerprint after training is stale: rc %d reused %d", rc, reused);
+    zs_shard_file_close(f);
+    free(nd);
+    free(buf);
+    layout_free(&L);
+}
+
 static void test_raw_bandwidth(const char *base) {
     char p[4300];
     snprintf(p, sizeof p, "%s/raw.bin", base);
@@ -712,6 +809,7 @@ int main(void) {
     test_pinned();
     test_dir_check(base);
     test_layout_and_reader(base);
+    test_update(base);
     test_raw_bandwidth(base);
     tu_rmdir(base);
     return tu_finish("test-store");
