@@ -33,6 +33,7 @@ zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
 zs_world *zs_engine_world(zs_engine *e) { return e->world; }
 int zs_engine_device(const zs_engine *e) { return e->device; }
 int zs_engine_context(const zs_engine *e) { return e->context; }
+int zs_engine_zero_stage(const zs_engine *e) { return e->opts.zero_stage ? e->opts.zero_stage : 3; }
 int zs_engine_max_seqs(const zs_engine *e) { return e->opts.max_seqs; }
 int zs_engine_max_batch_tokens(const zs_engine *e) { return e->opts.max_batch_tokens; }
 
@@ -65,6 +66,11 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     if (n_blocks < 1) n_blocks = 1;
     zs_world_opts wo = {o->ranks, o->nvme_path, o->gather, o->max_batch_tokens, n_blocks, o->max_seqs, e->context,
                         e->device};
+    if (o->zero_stage < 0 || o->zero_stage > 3) {
+        rc = zs_err(ZS_EINVAL, "zero_optimization.stage must be 1, 2 or 3 (got %d)", o->zero_stage);
+        goto fail;
+    }
+    wo.gather.replicate = o->zero_stage == 1 || o->zero_stage == 2;
     if (!wo.gather.max_live_bytes && o->max_live_params > 0) {
         size_t dsize = zs_dtype_size(zs_model_layout(e->model, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype);
         size_t largest = 0;

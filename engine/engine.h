@@ -24,6 +24,7 @@ typedef struct {
     int ranks;             /* rank threads (default 1) */
     const char *nvme_path; /* shard directory for offload nvme */
     zs_gather_opts gather; /* tier (offload), live budget, slots, aio, verify */
+    int zero_stage;        /* 1, 2: parameters replicated on every rank; 3 (default, 0): sharded */
     int64_t max_live_params; /* live budget in parameters (DeepSpeed's stage3_max_live_parameters),
                                 used when gather.max_live_bytes is 0 */
     int device;            /* ZS_DEVICE_AUTO (default: CUDA when a device is visible; the
@@ -41,7 +42,8 @@ zs_kvcache *zs_engine_kv(zs_engine *e);   /* rank 0's cache */
 zs_world *zs_engine_world(zs_engine *e);
 int  zs_engine_device(const zs_engine *e);            /* ZS_DEVICE_CPU or ZS_DEVICE_CUDA */
 int  zs_engine_context(const zs_engine *e);
-int  zs_engine_max_seqs(const zs_engine *e);          /* KV sequence slots of each rank */
+int  zs_engine_max_seqs(const zs_engine *e);
+int  zs_engine_zero_stage(const zs_engine *e);        /* 1, 2 or 3 */          /* KV sequence slots of each rank */
 int  zs_engine_max_batch_tokens(const zs_engine *e);  /* tokens per forward call and rank */
 
 /* A streaming decoder for the continuation of prompt: primed with the prompt's last ordinary

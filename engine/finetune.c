@@ -97,6 +97,7 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     to.lr.min_lr_ratio = 0.0f;
     to.lr.warmup_steps = o->warmup;
     to.lr.total_steps = steps;
+    to.stage = zs_engine_zero_stage(e);
     if ((rc = zs_training_begin(zs_engine_world(e), &to, &t)) < 0) goto done;
     int slots = ranks * o->grad_accum;
     size_t bt = (size_t)o->batch * (size_t)seq_len;

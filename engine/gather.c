@@ -112,9 +112,13 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
     g->shards = calloc((size_t)g->n_buckets, sizeof(void *));
     if (!g->shard_bytes || !g->full_bytes || !g->shards) goto nomem;
     size_t max_full = 0, total = 0, max_shard = 0;
+    if (o->replicate && (o->tier == ZS_OFFLOAD_NVME || o->dev)) {
+        zs_gather_free(g);
+        return zs_err(ZS_EUNSUPPORTED, "ZeRO stages 1 and 2 (replicated parameters) need --offload none or cpu on the CPU device");
+    }
     for (int b = 0; b < g->n_buckets; b++) {
-        g->shard_bytes[b] = zs_partition_shard_bytes(m, b, nranks);
-        g->full_bytes[b] = g->shard_bytes[b] * (size_t)nranks;
+        g->shard_bytes[b] = zs_partition_shard_bytes(m, b, nranks) * (o->replicate ? (size_t)nranks : 1);
+        g->full_bytes[b] = g->shard_bytes[b] * (o->replicate ? 1 : (size_t)nranks);
         max_full = ZS_MAX(max_full, g->full_bytes[b]);
         max_shard = ZS_MAX(max_shard, g->shard_bytes[b]);
         total += g->shard_bytes[b];
@@ -127,7 +131,8 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
     g->max_len = ZS_MAX(g->n_order, g->n_torder);
     g->spec = 1;
     /* on a GPU a cpu-tier shard is host memory, so it still goes through the pipeline */
-    g->direct = nranks == 1 && (g->has_dev ? o->tier == ZS_OFFLOAD_NONE : o->tier != ZS_OFFLOAD_NVME);
+    g->direct = (nranks == 1 || o->replicate) &&
+                (g->has_dev ? o->tier == ZS_OFFLOAD_NONE : o->tier != ZS_OFFLOAD_NVME);
     g->live_limit = o->max_live_bytes ? o->max_live_bytes : 4 * max_full;
     if (!g->direct && g->live_limit < max_full) {
         int rc = zs_err(ZS_EINVAL, "max_live_bytes (%zu) is smaller than the largest bucket (%zu bytes)",

@@ -54,6 +54,9 @@ typedef struct {
     size_t block_size;      /* bytes per read request (default 1 MiB) */
     int verify;             /* check each shard's checksum on every read */
     const zs_gather_dev *dev; /* NULL: the CPU device; else the rank's GPU (copied at new) */
+    int replicate;          /* ZeRO stages 1 and 2: every rank holds every bucket whole (no
+                               gathers); the "shard" of a bucket is then the whole bucket, padded to
+                               nranks partitions (tiers none and cpu, CPU device) */
 } zs_gather_opts;
 
 typedef struct {

@@ -32,6 +32,8 @@ struct zs_training {
     zs_model *m;
     zs_train_opts o;
     int n, nb, tied;
+    int stage;             /* ZeRO stage: 3 sharded parameters; 2 and 1 replicated parameters,
+                              with gradients reduce-scattered (2) or all-reduced (1) */
     size_t *n_elem, *shard_elem, *res_elem; /* per bucket */
     size_t dsize;
     zs_dtype wdt;
@@ -66,7 +68,14 @@ static int reduce_bucket(zs_training *t, int rank, int b, float *gdata, float *g
     rank_tr *R = &t->r[rank];
     zs_comm *c = zs_world_grad_comm(t->w, rank);
     int rc = 0;
-    if (t->shard_elem[b] > 0) {
+    if (t->shard_elem[b] > 0 && t->stage == 1) {
+        /* stage 1: every rank keeps the whole gradient */
+        size_t full = t->shard_elem[b] * (size_t)t->n;
+        to_storage_order(t, b, gdata, R->gfull, scale);
+        rc = zs_comm_all_reduce(c, R->gfull, R->gfull, full, ZS_F32, ZS_RED_SUM, NULL);
+        if (rc == 0)
+            for (size_t i = 0; i < full; i++) R->gacc[b][i] += R->gfull[i];
+    } else if (t->shard_elem[b] > 0) {
         to_storage_order(t, b, gdata, R->gfull, scale);
         rc = zs_comm_reduce_scatter(c, R->gfull, R->gshard, t->shard_elem[b], ZS_F32, ZS_RED_SUM, NULL);
         if (rc == 0)
@@ -183,6 +192,11 @@ static void micro_job(void *ud, int rank) {
 
 /* ---- the optimizer step on one rank ---- */
 
+/* The gradient of this rank's optimizer partition of bucket b. */
+static float *grad_slice(const zs_training *t, int rank, int b) {
+    return t->stage == 1 ? t->r[rank].gacc[b] + (size_t)rank * t->shard_elem[b] : t->r[rank].gacc[b];
+}
+
 static void optim_job(void *ud, int rank) {
     zs_training *t = ud;
     rank_tr *R = &t->r[rank];
@@ -190,7 +204,7 @@ static void optim_job(void *ud, int rank) {
     zs_gather *g = zs_world_gather(t->w, rank);
     double ss = 0;
     for (int b = 0; b < t->nb; b++) {
-        ss += zs_sumsq(R->gacc[b], t->shard_elem[b]);
+        ss += zs_sumsq(grad_slice(t, rank, b), t->shard_elem[b]);
         if (rank == 0) ss += zs_sumsq(R->racc[b], t->res_elem[b]); /* replicated: count once */
     }
     float part = (float)ss, total = 0;
@@ -203,14 +217,24 @@ static void optim_job(void *ud, int rank) {
     float coef = t->o.grad_clip > 0 ? zs_clip_coef(total, t->o.grad_clip) : 1.0f;
     for (int b = 0; b < t->nb && rc == 0; b++) {
         if (t->shard_elem[b] > 0) {
-            if (coef != 1.0f) zs_scale(R->gacc[b], t->shard_elem[b], coef);
-            /* none/cpu: straight into the shard buffer; nvme: into the scratch shard, then written
-             * in place into the shard file (between passes: no read is in flight) */
-            void *out = zs_gather_shard_buffer(g, b);
-            rc = zs_adamw_update(R->master[b], R->mom[b], R->var[b], R->gacc[b], t->shard_elem[b], &t->o.adam,
-                                 t->lr, t->step, 1, out ? out : R->wbuf, t->wdt);
-            if (rc == 0 && !out) rc = zs_gather_write_shard(g, b, R->wbuf);
-            memset(R->gacc[b], 0, t->shard_elem[b] * sizeof(float));
+            float *gs = grad_slice(t, rank, b);
+            if (coef != 1.0f) zs_scale(gs, t->shard_elem[b], coef);
+            if (t->stage < 3) {
+                /* replicated parameters: update this rank's partition, then every rank gathers the
+                 * updated partitions into its whole copy */
+                rc = zs_adamw_update(R->master[b], R->mom[b], R->var[b], gs, t->shard_elem[b], &t->o.adam, t->lr,
+                                     t->step, 1, R->wbuf, t->wdt);
+                if (rc == 0)
+                    rc = zs_comm_all_gather(c, R->wbuf, zs_gather_shard_buffer(g, b), t->shard_elem[b] * t->dsize, NULL);
+            } else {
+                /* none/cpu: straight into the shard buffer; nvme: into the scratch shard, then
+                 * written in place into the shard file (between passes: no read is in flight) */
+                void *out = zs_gather_shard_buffer(g, b);
+                rc = zs_adamw_update(R->master[b], R->mom[b], R->var[b], gs, t->shard_elem[b], &t->o.adam, t->lr,
+                                     t->step, 1, out ? out : R->wbuf, t->wdt);
+                if (rc == 0 && !out) rc = zs_gather_write_shard(g, b, R->wbuf);
+            }
+            memset(R->gacc[b], 0, t->shard_elem[b] * (t->stage == 1 ? (size_t)t->n : 1) * sizeof(float));
         }
         if (t->res_elem[b] > 0) {
             if (rank == 0) {
@@ -262,6 +286,14 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
     t->m = m;
     t->o = *o;
     t->n = zs_world_ranks(w);
+    int repl = zs_world_replicated(w);
+    t->stage = o->stage ? o->stage : repl ? 2 : 3;
+    if (t->stage < 1 || t->stage > 3 || (t->stage < 3) != repl) {
+        int st = t->stage;
+        free(t);
+        return zs_err(ZS_EINVAL, "training: ZeRO stage %d does not fit this engine (parameters %s); open it with the same zero_optimization.stage",
+                      st, repl ? "replicated: stage 1 or 2" : "sharded: stage 3");
+    }
     t->nb = zs_model_n_buckets(m);
     t->tied = c->tied_embeddings;
     t->wdt = zs_model_layout(m, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype;
@@ -310,7 +342,8 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
                  R->gshard && R->wbuf;
         for (int b = 0; ok && b < t->nb; b++) {
             size_t se = t->shard_elem[b], re = t->res_elem[b];
-            R->master[b] = falloc(se); R->mom[b] = falloc(se); R->var[b] = falloc(se); R->gacc[b] = falloc(se);
+            R->master[b] = falloc(se); R->mom[b] = falloc(se); R->var[b] = falloc(se);
+            R->gacc[b] = falloc(t->stage == 1 ? se * (size_t)t->n : se);
             R->racc[b] = falloc(re);
             ok = R->master[b] && R->mom[b] && R->var[b] && R->gacc[b] && R->racc[b];
             if (ok && r == 0) {
@@ -326,6 +359,7 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
                 if ((rc = zs_gather_read_shard(g, b, R->wbuf)) < 0) break;
                 shard = R->wbuf;
             }
+            if (se > 0 && t->stage < 3) shard = (const char *)shard + (size_t)r * se * t->dsize; /* its partition */
             if (se > 0) zs_to_f32(R->master[b], shard, t->wdt, se);
             if (r == 0 && re > 0) {
                 const zs_bucket_layout *L = zs_model_layout(m, b), *G = zs_model_grad_layout(m, b);
@@ -612,8 +646,14 @@ int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_js
             if (rc == 0 && t->shard_elem[b]) {
                 zs_gather *g = zs_world_gather(t->w, r);
                 void *out = zs_gather_shard_buffer(g, b);
-                zs_convert(out ? out : R->wbuf, t->wdt, R->master[b], ZS_F32, t->shard_elem[b]);
-                if (!out) rc = zs_gather_write_shard(g, b, R->wbuf);
+                if (t->stage < 3) /* replicated: this partition goes into every rank's whole copy */
+                    for (int r2 = 0; r2 < t->n; r2++)
+                        zs_convert((char *)zs_gather_shard_buffer(zs_world_gather(t->w, r2), b) +
+                                       (size_t)r * t->shard_elem[b] * t->dsize,
+                                   t->wdt, R->master[b], ZS_F32, t->shard_elem[b]);
+                else
+                    zs_convert(out ? out : R->wbuf, t->wdt, R->master[b], ZS_F32, t->shard_elem[b]);
+                if (t->stage == 3 && !out) rc = zs_gather_write_shard(g, b, R->wbuf);
             }
             if (rc == 0 && r == 0 && t->res_elem[b]) {
                 rc = zs_ckpt_read(c, t->nb + b, 0, t->res_elem[b], R->rmaster[b], R->rmom[b], R->rvar[b]);
@@ -634,4 +674,14 @@ int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_js
     }
     zs_ckpt_close(c);
     return rc;
+}
+
+void zs_training_memory(const zs_training *t, zs_train_memory *out) {
+    memset(out, 0, sizeof *out);
+    for (int b = 0; b < t->nb; b++) {
+        size_t se = t->shard_elem[b];
+        out->params += se * t->dsize * (t->stage < 3 ? (size_t)t->n : 1); /* a shard, or the whole bucket */
+        out->grads += se * sizeof(float) * (t->stage == 1 ? (size_t)t->n : 1);
+        out->optimizer += 3 * se * sizeof(float);                       /* master, m, v */
+    }
 }

@@ -28,6 +28,9 @@ typedef struct {
     float grad_clip;          /* global-norm clipping; 0 = off */
     zs_adamw_params adam;
     zs_lr_schedule lr;        /* the LR of each optimizer step */
+    int stage;                /* ZeRO stage 1, 2 or 3; 0: 3, or 2 when the world replicates the
+                                 parameters (stages 1 and 2 need a world opened with replicated
+                                 parameters: zs_engine_opts.zero_stage) */
 } zs_train_opts;
 
 typedef struct zs_training zs_training;
@@ -52,6 +55,11 @@ int  zs_training_export(zs_training *t, const char *out_dir);
  * *meta_json is malloc'd (may be NULL). */
 int  zs_training_save(zs_training *t, const char *dir, long step, const char *meta_json, int keep);
 int  zs_training_load(zs_training *t, const char *dir, long *step, char **meta_json);
+/* Bytes one rank holds for the sharded part of the model (norms and biases, replicated in every
+ * stage, are left out): parameters in their storage dtype, fp32 gradient accumulators, fp32
+ * optimizer state (master, m, v). */
+typedef struct { size_t params, grads, optimizer; } zs_train_memory;
+void zs_training_memory(const zs_training *t, zs_train_memory *out);
 void zs_training_end(zs_training *t);
 
 #endif

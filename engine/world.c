@@ -133,6 +133,7 @@ void zs_world_run(zs_world *w, void (*fn)(void *ud, int rank), void *ud) {
 zs_model *zs_world_model(zs_world *w) { return w->m; }
 zs_gather *zs_world_gather(zs_world *w, int rank) { return w->ranks[rank].g; }
 zs_comm *zs_world_grad_comm(zs_world *w, int rank) { return w->ranks[rank].gcomm; }
+int zs_world_replicated(const zs_world *w) { return w->o.gather.replicate; }
 int zs_world_is_cuda(const zs_world *w) { return w->n > 0 && w->ranks[0].dev != NULL; }
 
 /* ---- placement ---- */
@@ -157,6 +158,8 @@ static int pack_full(zs_model *m, int b, int n, char **out) {
     return 0;
 }
 
+static int o_replicate(const zs_world *w) { return w->o.gather.replicate; }
+
 static int place_memory(zs_world *w) {
     int nb = zs_model_n_buckets(w->m);
     for (int b = 0; b < nb; b++) {
@@ -166,7 +169,7 @@ static int place_memory(zs_world *w) {
         ZS_CHECK(pack_full(w->m, b, w->n, &full));
         int rc = 0;
         for (int r = 0; r < w->n && rc == 0; r++)
-            rc = zs_gather_put_shard(w->ranks[r].g, b, full + (size_t)r * shard);
+            rc = zs_gather_put_shard(w->ranks[r].g, b, o_replicate(w) ? full : full + (size_t)r * shard);
         free(full);
         ZS_CHECK(rc);
     }

@@ -49,6 +49,8 @@ zs_gather *zs_world_gather(zs_world *w, int rank);
  * belongs to the prefetch threads). */
 zs_comm *zs_world_grad_comm(zs_world *w, int rank);
 int zs_world_is_cuda(const zs_world *w);
+/* 1 when every rank holds every bucket whole (ZeRO stages 1 and 2). */
+int zs_world_replicated(const zs_world *w);
 
 /* Counters of all ranks: bytes summed, stall summed, depth and live bytes the maximum. */
 void zs_world_stats(zs_world *w, zs_gather_stats *out);

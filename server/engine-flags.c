@@ -22,6 +22,7 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
         {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
         {"device", ZS_OPT_STR, &f->device, "cpu | cuda (default: cuda when a device is visible)"},
         {"ranks", ZS_OPT_INT, &f->ranks, "rank threads, each with its own device (default 1)"},
+        {"zero-stage", ZS_OPT_INT, &f->zero_stage, "ZeRO stage: 3 shards the parameters (default); 1 and 2 replicate them (training: 2 shards gradients, 1 does not)"},
         {"offload", ZS_OPT_STR, &f->offload, "where a rank's shards live: none | cpu | nvme (default none)"},
         {"nvme-path", ZS_OPT_STR, &f->nvme_path, "directory of the shard files for --offload nvme"},
         {"max-live-bytes", ZS_OPT_I64, &f->max_live_bytes, "full-layer bytes resident at once (default 4 layers)"},
@@ -63,6 +64,10 @@ int zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo) {
     eo->max_context = f->context;
     if (f->ranks < 0 || f->ranks > 256) return zs_err(ZS_EINVAL, "--ranks must be between 1 and 256");
     eo->ranks = f->ranks > 0 ? f->ranks : 1;
+    if (f->zero_stage < 0 || f->zero_stage > 3) return zs_err(ZS_EINVAL, "--zero-stage must be 1, 2 or 3");
+    if (f->zero_stage) eo->zero_stage = f->zero_stage;
+    else if (z.zero_stage == 0) return zs_err(ZS_EUNSUPPORTED, "zero_optimization.stage 0 is not supported (use 1, 2 or 3)");
+    else if (z.zero_stage > 0) eo->zero_stage = z.zero_stage;
     eo->gather.tier = z.offload_param >= 0 ? z.offload_param : ZS_OFFLOAD_NONE;
     static char nvme[1024];
     snprintf(nvme, sizeof nvme, "%s", z.nvme_path);

@@ -11,13 +11,13 @@
 
 typedef struct {
     const char *model, *weight_dtype, *offload, *nvme_path, *config, *device;
-    int ranks, verify, buffer_count, aio_queue_depth, context;
+    int ranks, verify, buffer_count, aio_queue_depth, context, zero_stage;
     int64_t max_live_bytes, persist_threshold, aio_block_size;
 } zs_engine_flags;
 
 void zs_engine_flags_init(zs_engine_flags *f);
 /* Appends the flag descriptors to opts (room for ZS_ENGINE_FLAG_COUNT); returns the new count. */
-#define ZS_ENGINE_FLAG_COUNT 14
+#define ZS_ENGINE_FLAG_COUNT 15
 int  zs_engine_flags_table(zs_engine_flags *f, zs_opt *opts, int n);
 /* Fills eo (already defaulted) from the config file and the flags. */
 int  zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo);

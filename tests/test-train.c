@@ -67,7 +67,7 @@ static int run(int ranks, int tier, int accum, const char *nvme, double *losses)
             G[i] = i < 2 ? tgt[i] : pad_g;
         }
     }
-    zs_train_opts to = {B, 32, accum, 0.0f, adam, {0}};
+    zs_train_opts to = {B, 32, accum, 0.0f, adam, {0}, 0};
     to.lr.type = ZS_LR_CONSTANT;
     to.lr.lr = adam.lr;
     to.lr.warmup_min_ratio = 1.0f;
@@ -118,7 +118,7 @@ static int sess_open(sess *x, int ranks, const char *nvme) {
         x->T[i] = ranks == 1 ? both_t : i < 2 ? tok[i] : pad_t;
         x->G[i] = ranks == 1 ? both_g : i < 2 ? tgt[i] : pad_g;
     }
-    zs_train_opts to = {B, 32, 1, 0.0f, adam, {0}};
+    zs_train_opts to = {B, 32, 1, 0.0f, adam, {0}, 0};
     to.lr.type = ZS_LR_CONSTANT;
     to.lr.lr = adam.lr;
     to.lr.warmup_min_ratio = 1.0f;
@@ -179,6 +179,62 @@ static void check_resume(const char *tmp) {
     sess_close(&b);
 }
 
+/* ZeRO stages 1, 2 and 3 over 2 ranks: the same losses, and less memory per rank as the stage rises */
+static void check_stages(void) {
+    char dir[4096];
+    tu_model_dir(dir, sizeof dir, "stories260K");
+    float l[4][6];
+    zs_train_memory mem[4];
+    for (int st = 1; st <= 3; st++) {
+        zs_engine_opts eo;
+        zs_engine_opts_default(&eo);
+        eo.model_dir = dir;
+        eo.max_seqs = 1;
+        eo.ranks = 2;
+        eo.zero_stage = st;
+        zs_engine *e;
+        int rc = zs_engine_open(&eo, &e);
+        CHECK(rc == 0, "stage %d: open: %s", st, zs_errmsg());
+        if (rc < 0) return;
+        zs_train_opts to = {1, 32, 1, 1.0f, adam, {0}, st};
+        to.lr.type = ZS_LR_CONSTANT;
+        to.lr.lr = adam.lr;
+        to.lr.warmup_min_ratio = 1.0f;
+        zs_training *t = NULL;
+        const int32_t *T[2] = {tok[0], tok[1]}, *G[2] = {tgt[0], tgt[1]};
+        rc = zs_training_begin(zs_engine_world(e), &to, &t);
+        CHECK(rc == 0, "stage %d: begin: %s", st, zs_errmsg());
+        for (int s = 1; rc == 0 && s <= 5; s++) rc = zs_training_step(t, T, G, s, &l[st][s]);
+        CHECK(rc == 0, "stage %d: steps: %s", st, zs_errmsg());
+        if (t) {
+            zs_training_memory(t, &mem[st]);
+            zs_training_end(t);
+        }
+        fprintf(stderr, "stage %d: losses %.7f %.7f %.7f %.7f %.7f; per rank: params %zu, grads %zu, optimizer %zu bytes\n",
+                st, l[st][1], l[st][2], l[st][3], l[st][4], l[st][5], mem[st].params, mem[st].grads, mem[st].optimizer);
+        zs_engine_free(e);
+    }
+    for (int st = 1; st <= 2; st++)
+        for (int s = 1; s <= 5; s++)
+            CHECK(fabs(l[st][s] - l[3][s]) <= 1e-6 * fabs(l[3][s]), "stage %d step %d: loss %.9g equals stage 3's %.9g", st, s,
+                  l[st][s], l[3][s]);
+    CHECK(mem[1].params + mem[1].grads + mem[1].optimizer > mem[2].params + mem[2].grads + mem[2].optimizer &&
+          mem[2].params + mem[2].grads + mem[2].optimizer > mem[3].params + mem[3].grads + mem[3].optimizer,
+          "memory per rank falls as the stage rises");
+    /* a stage that does not fit the engine is refused */
+    zs_engine_opts eo;
+    zs_engine_opts_default(&eo);
+    eo.model_dir = dir;
+    eo.ranks = 2;
+    zs_engine *e;
+    if (zs_engine_open(&eo, &e) == 0) {
+        zs_train_opts to = {1, 32, 1, 1.0f, adam, {0}, 1};
+        zs_training *t = NULL;
+        CHECK_ERR(zs_training_begin(zs_engine_world(e), &to, &t), "stage 1");
+        zs_engine_free(e);
+    }
+}
+
 int main(void) {
     if (load_ref() < 0) return 1;
     char tmp[4096];
@@ -215,6 +271,7 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "grep -q -- '-trained\"' '%s/rank0.json' && grep -q -- '-trained\"' '%s/rank1.json'", nv, nv);
     CHECK(system(cmd) == 0, "nvme manifests marked as trained");
     check_resume(tmp);
+    check_stages();
     tu_rmdir(tmp);
     return tu_finish("test-train");
 }
