@@ -5,7 +5,10 @@
  * reference of the paged layout written here), and the cuBLAS matrix product (f32, f16, bf16).
  * Outputs in f32, f16 and bf16 are compared with the CPU result rounded to the same dtype, under
  * a normalised error max|gpu - cpu| / max|cpu| with thresholds fit to each dtype (bf16 keeps 8
- * bits of mantissa: 2^-8 = 3.9e-3 per rounding). Skips (77) without CUDA or without a device. */
+ * bits of mantissa: 2^-8 = 3.9e-3 per rounding). The backward kernels of backward.cu (norms,
+ * RoPE, activations, add, embedding, cross-entropy, attention, the cuBLAS matmul backward) are
+ * compared in f32 with the CPU ops of ops-backward.c (train-ops.h) under a relative L2 error
+ * ||gpu - cpu|| / ||cpu||. Skips (77) without CUDA or without a device. */
 #include "backend.h"
 #include "common.h"
 #include "testutil.h"
@@ -17,10 +20,13 @@ int main(void) {
 }
 #else
 
+#include <cublas_v2.h>
+
 #include "device.h"
 #include "kernels/cuda/kernels.h"
 #include "ops.h"
 #include "tensor.h"
+#include "train-ops.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -424,6 +430,243 @@ static void test_gemm(void) {
     }
 }
 
+/* ---- backward kernels (backward.cu) against the CPU ops of ops-backward.c, f32 ---- */
+
+static double rel_l2(const float *a, const float *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    if (isnan(num)) return INFINITY;
+    return sqrt(num) / (den > 1e-24 ? sqrt(den) : 1e-12);
+}
+
+/* downloads n f32 values and compares them with ref under a relative L2 threshold */
+static void cmp_dev(const float *d, const float *ref, size_t n, double tol, const char *what) {
+    float *g = down(d, n, ZS_F32);
+    double e = rel_l2(g, ref, n);
+    CHECK(e <= tol, "%s: relative L2 error %.3g (threshold %.1g)", what, e, tol);
+    free(g);
+}
+
+static float *frnd(size_t n, float scale) {
+    float *x = malloc(n * 4 + 4);
+    fill(x, n, scale);
+    return x;
+}
+
+static void test_norms_bwd(void) {
+    int dims[3] = {64, 1000, 4096}, T = 67;
+    char what[128];
+    for (int di = 0; di < 3; di++) {
+        int d = dims[di];
+        size_t n = (size_t)T * d;
+        float *x = frnd(n, 3.0f), *gy = frnd(n, 1.0f), *w = frnd((size_t)d, 1.0f);
+        float *dx0 = frnd(n, 1.0f), *dw0 = frnd((size_t)d, 1.0f), *db0 = frnd((size_t)d, 1.0f);
+        float *rdx = malloc(n * 4), *rdw = malloc((size_t)d * 4), *rdb = malloc((size_t)d * 4);
+        float *gx = up(x, n, ZS_F32), *ggy = up(gy, n, ZS_F32), *gw = up(w, (size_t)d, ZS_F32);
+        float *st = zs_dev_alloc(D, (size_t)T * 2 * 4);
+        for (int ln = 0; ln < 2; ln++) {
+            memcpy(rdx, dx0, n * 4);
+            memcpy(rdw, dw0, (size_t)d * 4);
+            memcpy(rdb, db0, (size_t)d * 4);
+            float *gdx = up(dx0, n, ZS_F32), *gdw = up(dw0, (size_t)d, ZS_F32), *gdb = up(db0, (size_t)d, ZS_F32);
+            if (ln) {
+                zs_op_layernorm_bwd(rdx, rdw, rdb, gy, x, w, T, d, 1e-5f);
+                CHECK(zs_cuda_layernorm_bwd(gdx, gdw, gdb, ggy, gx, gw, T, d, 1e-5f, st, S) == 0,
+                      "layernorm_bwd launch");
+            } else {
+                zs_op_rmsnorm_bwd(rdx, rdw, gy, x, w, T, d, 1e-5f);
+                CHECK(zs_cuda_rmsnorm_bwd(gdx, gdw, ggy, gx, gw, T, d, 1e-5f, st, S) == 0, "rmsnorm_bwd launch");
+            }
+            const char *nm = ln ? "layernorm_bwd" : "rmsnorm_bwd";
+            snprintf(what, sizeof what, "%s d=%d dx", nm, d);
+            cmp_dev(gdx, rdx, n, 1e-5, what);
+            snprintf(what, sizeof what, "%s d=%d dw", nm, d);
+            cmp_dev(gdw, rdw, (size_t)d, 1e-5, what);
+            if (ln) {
+                snprintf(what, sizeof what, "%s d=%d db", nm, d);
+                cmp_dev(gdb, rdb, (size_t)d, 1e-5, what);
+            }
+            /* dw (and db) NULL: dx only, no scratch */
+            ZS_ASSERT(zs_dev_upload(D, gdx, dx0, n * 4) == 0);
+            CHECK((ln ? zs_cuda_layernorm_bwd(gdx, NULL, NULL, ggy, gx, gw, T, d, 1e-5f, NULL, S)
+                      : zs_cuda_rmsnorm_bwd(gdx, NULL, ggy, gx, gw, T, d, 1e-5f, NULL, S)) == 0,
+                  "%s launch (dx only)", nm);
+            snprintf(what, sizeof what, "%s d=%d dx (no dw)", nm, d);
+            cmp_dev(gdx, rdx, n, 1e-5, what);
+            rel(gdx); rel(gdw); rel(gdb);
+        }
+        free(x); free(gy); free(w); free(dx0); free(dw0); free(db0); free(rdx); free(rdw); free(rdb);
+        rel(gx); rel(ggy); rel(gw); rel(st);
+    }
+}
+
+static void test_rope_bwd(void) {
+    int T = 23, nh = 6, hd = 128, ld = nh * hd + 32;
+    size_t n = (size_t)T * ld;
+    float *x = frnd(n, 2.0f), *ref = malloc(n * 4);
+    memcpy(ref, x, n * 4);
+    int32_t pos[23];
+    for (int t = 0; t < T; t++) pos[t] = t * 181;
+    for (int t = 0; t < T; t++) zs_op_rope_bwd(ref + (size_t)t * ld, nh, hd, pos[t], 500000.0f);
+    float *dx = up(x, n, ZS_F32);
+    int32_t *dp = up_raw(pos, sizeof pos);
+    CHECK(zs_cuda_rope_bwd(dx, T, ld, nh, hd, dp, 500000.0f, S) == 0, "rope_bwd launch");
+    cmp_dev(dx, ref, n, 1e-5, "rope_bwd");
+    free(x); free(ref); rel(dx); rel(dp);
+}
+
+static void test_act_bwd(void) {
+    size_t n = 70001;
+    float *x = frnd(n, 6.0f), *u = frnd(n, 2.0f), *gy = frnd(n, 1.0f), *acc = frnd(n, 1.0f);
+    float *r1 = malloc(n * 4), *r2 = malloc(n * 4);
+    float *gx = up(x, n, ZS_F32), *gu = up(u, n, ZS_F32), *ggy = up(gy, n, ZS_F32);
+    float *o1 = zs_dev_alloc(D, n * 4), *o2 = zs_dev_alloc(D, n * 4);
+    zs_op_swiglu_bwd(r1, r2, gy, x, u, n);
+    CHECK(zs_cuda_swiglu_bwd(o1, o2, ggy, gx, gu, n, S) == 0, "swiglu_bwd launch");
+    cmp_dev(o1, r1, n, 1e-5, "swiglu_bwd dgate");
+    cmp_dev(o2, r2, n, 1e-5, "swiglu_bwd dup");
+    /* dgate aliasing dy */
+    ZS_ASSERT(zs_dev_upload(D, o1, gy, n * 4) == 0);
+    CHECK(zs_cuda_swiglu_bwd(o1, o2, o1, gx, gu, n, S) == 0, "swiglu_bwd launch");
+    cmp_dev(o1, r1, n, 1e-5, "swiglu_bwd dgate (aliasing dy)");
+    cmp_dev(o2, r2, n, 1e-5, "swiglu_bwd dup (dgate aliasing dy)");
+    zs_op_gelu_bwd(r1, gy, x, n);
+    CHECK(zs_cuda_gelu_bwd(o1, ggy, gx, n, S) == 0, "gelu_bwd launch");
+    cmp_dev(o1, r1, n, 1e-5, "gelu_bwd");
+    ZS_ASSERT(zs_dev_upload(D, o1, gy, n * 4) == 0);
+    CHECK(zs_cuda_gelu_bwd(o1, o1, gx, n, S) == 0, "gelu_bwd launch");
+    cmp_dev(o1, r1, n, 1e-5, "gelu_bwd (in place)");
+    memcpy(r1, acc, n * 4);
+    zs_op_add_bwd(r1, gy, n);
+    ZS_ASSERT(zs_dev_upload(D, o1, acc, n * 4) == 0);
+    CHECK(zs_cuda_add_bwd(o1, ggy, n, S) == 0, "add_bwd launch");
+    cmp_dev(o1, r1, n, 1e-7, "add_bwd");
+    free(x); free(u); free(gy); free(acc); free(r1); free(r2);
+    rel(gx); rel(gu); rel(ggy); rel(o1); rel(o2);
+}
+
+static void test_embed_bwd(void) {
+    int rows = 300, d = 200, T = 517; /* T > rows: ids repeat */
+    size_t tn = (size_t)rows * d, n = (size_t)T * d;
+    float *tab = frnd(tn, 1.0f), *gy = frnd(n, 1.0f);
+    int32_t *ids = malloc((size_t)T * 4);
+    for (int t = 0; t < T; t++) ids[t] = (int32_t)((unsigned)(t * 131 + 7) * 2654435761u % 97u) * 3;
+    float *gt = up(tab, tn, ZS_F32), *ggy = up(gy, n, ZS_F32);
+    int32_t *gids = up_raw(ids, (size_t)T * 4);
+    zs_op_embed_bwd(tab, gy, ids, T, d);
+    CHECK(zs_cuda_embed_bwd(gt, ggy, gids, T, d, S) == 0, "embed_bwd launch");
+    float *g = down(gt, tn, ZS_F32);
+    /* the same float additions in the same order: equal bit for bit */
+    CHECK(memcmp(g, tab, tn * 4) == 0, "embed_bwd: differs from the CPU scatter-add (relative L2 %.3g)",
+          rel_l2(g, tab, tn));
+    free(g); free(tab); free(gy); free(ids); rel(gt); rel(ggy); rel(gids);
+}
+
+static void test_xent(void) {
+    int T = 7, V = 32003;
+    size_t n = (size_t)T * V;
+    float *lg = frnd(n, 8.0f), *ref = malloc(n * 4);
+    int32_t tg[7] = {5, -1, 32002, 0, 1234, -1, 777};
+    float scale = 1.0f / 5.0f;
+    double rl = zs_op_cross_entropy(ref, lg, tg, T, V, scale);
+    float *glg = up(lg, n, ZS_F32), *gd = zs_dev_alloc(D, n * 4), *grow = zs_dev_alloc(D, (size_t)T * 4);
+    int32_t *gtg = up_raw(tg, sizeof tg);
+    double *gl = zs_dev_alloc(D, sizeof(double)), loss = 0;
+    CHECK(zs_cuda_cross_entropy(gd, grow, gl, glg, gtg, T, V, scale, S) == 0, "cross_entropy launch");
+    cmp_dev(gd, ref, n, 1e-5, "cross_entropy dlogits");
+    ZS_ASSERT(zs_dev_sync(D) == 0 && zs_dev_download(D, &loss, gl, sizeof loss) == 0);
+    CHECK(fabs(loss - rl) <= 1e-5 * fabs(rl), "cross_entropy loss %.9g, CPU %.9g", loss, rl);
+    float *rows = down(grow, (size_t)T, ZS_F32);
+    CHECK(rows[1] == 0.0f && rows[5] == 0.0f, "cross_entropy: masked rows have loss %g, %g", rows[1], rows[5]);
+    free(rows);
+    /* in place (dlogits aliasing logits), no loss sum */
+    CHECK(zs_cuda_cross_entropy(glg, grow, NULL, glg, gtg, T, V, scale, S) == 0, "cross_entropy launch");
+    cmp_dev(glg, ref, n, 1e-5, "cross_entropy dlogits (in place)");
+    free(lg); free(ref); rel(glg); rel(gd); rel(grow); rel(gtg); rel(gl);
+}
+
+static void attention_bwd_case(int T, int nh, int nkv, int hd) {
+    size_t qn = (size_t)T * nh * hd, kn = (size_t)T * nkv * hd;
+    float *q = frnd(qn, 2.0f), *k = frnd(kn, 1.0f), *v = frnd(kn, 1.0f), *go = frnd(qn, 1.0f);
+    float *dq = frnd(qn, 0.1f), *dk = frnd(kn, 0.1f), *dv = frnd(kn, 0.1f);
+    float *gq = up(q, qn, ZS_F32), *gk = up(k, kn, ZS_F32), *gv = up(v, kn, ZS_F32), *ggo = up(go, qn, ZS_F32);
+    float *gdq = up(dq, qn, ZS_F32), *gdk = up(dk, kn, ZS_F32), *gdv = up(dv, kn, ZS_F32);
+    float *st = zs_dev_alloc(D, (size_t)T * nh * 3 * 4), *sc = malloc((size_t)T * 2 * 4);
+    zs_op_attention_bwd(dq, dk, dv, go, q, k, v, T, nh, nkv, hd, sc);
+    CHECK(zs_cuda_attention_bwd(gdq, gdk, gdv, ggo, gq, gk, gv, T, nh, nkv, hd, st, S) == 0,
+          "attention_bwd launch");
+    char what[128];
+    snprintf(what, sizeof what, "attention_bwd T=%d %d/%d heads x %d: dq", T, nh, nkv, hd);
+    cmp_dev(gdq, dq, qn, 1e-4, what);
+    snprintf(what, sizeof what, "attention_bwd T=%d %d/%d heads x %d: dk", T, nh, nkv, hd);
+    cmp_dev(gdk, dk, kn, 1e-4, what);
+    snprintf(what, sizeof what, "attention_bwd T=%d %d/%d heads x %d: dv", T, nh, nkv, hd);
+    cmp_dev(gdv, dv, kn, 1e-4, what);
+    free(q); free(k); free(v); free(go); free(dq); free(dk); free(dv); free(sc);
+    rel(gq); rel(gk); rel(gv); rel(ggo); rel(gdq); rel(gdk); rel(gdv); rel(st);
+}
+
+static void test_attention_bwd(void) {
+    attention_bwd_case(37, 8, 4, 8);
+    attention_bwd_case(70, 4, 4, 16);
+    attention_bwd_case(50, 32, 8, 128);
+    attention_bwd_case(33, 12, 2, 64);
+    attention_bwd_case(21, 4, 1, 256);
+    attention_bwd_case(1, 2, 1, 40); /* one token; hd not a multiple of 32 */
+}
+
+static void test_matmul_bwd(void) {
+    cublasHandle_t h = NULL;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, S) != CUBLAS_STATUS_SUCCESS) {
+        CHECK(0, "cublasCreate / cublasSetStream failed");
+        return;
+    }
+    int shapes[3][3] = {{1, 64, 172}, {37, 1000, 515}, {130, 300, 2500}}; /* T, in, out; 2500 > one block */
+    char what[128];
+    for (int si = 0; si < 3; si++) {
+        int T = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
+        size_t wn = (size_t)in * out, xn = (size_t)T * in, yn = (size_t)T * out;
+        for (int kd = 0; kd < 3; kd++) {
+            zs_dtype dt = DTS[kd];
+            float *Wf = frnd(wn, 1.0f), *x = frnd(xn, 1.0f), *gy = frnd(yn, 1.0f);
+            float *dx = frnd(xn, 1.0f), *dW = frnd(wn, 1.0f), *db = frnd((size_t)out, 1.0f);
+            round_to(Wf, wn, dt);
+            void *W = malloc(wn * 4);
+            zs_convert(W, dt, Wf, ZS_F32, wn);
+            void *gW = up(Wf, wn, dt);
+            float *gx = up(x, xn, ZS_F32), *ggy = up(gy, yn, ZS_F32);
+            float *gdx = up(dx, xn, ZS_F32), *gdW = up(dW, wn, ZS_F32), *gdb = up(db, (size_t)out, ZS_F32);
+            float *ws = zs_dev_alloc(D, (size_t)ZS_CUDA_MATMUL_BWD_ROWS * in * 4);
+            float *cws = malloc((size_t)ZS_MATMUL_BWD_BLOCK * in * 4);
+            zs_op_matmul_bwd(dx, dW, db, gy, x, W, dt, T, in, out, cws);
+            CHECK(zs_cuda_matmul_bwd(h, gdx, gdW, gdb, ggy, gx, gW, dt, T, in, out, ws, S) == 0,
+                  "matmul_bwd launch");
+            snprintf(what, sizeof what, "matmul_bwd T=%d %dx%d %s: dx", T, in, out, zs_dtype_name(dt));
+            cmp_dev(gdx, dx, xn, 5e-5, what);
+            snprintf(what, sizeof what, "matmul_bwd T=%d %dx%d %s: dW", T, in, out, zs_dtype_name(dt));
+            cmp_dev(gdW, dW, wn, 5e-5, what);
+            snprintf(what, sizeof what, "matmul_bwd T=%d %dx%d %s: db", T, in, out, zs_dtype_name(dt));
+            cmp_dev(gdb, db, (size_t)out, 1e-5, what);
+            free(Wf); free(x); free(gy); free(dx); free(dW); free(db); free(W); free(cws);
+            rel(gW); rel(gx); rel(ggy); rel(gdx); rel(gdW); rel(gdb); rel(ws);
+        }
+    }
+    /* a handle bound to another stream is refused */
+    CHECK(cublasSetStream(h, NULL) == CUBLAS_STATUS_SUCCESS, "cublasSetStream");
+    if (S != NULL) {
+        float *buf = zs_dev_alloc(D, 64 * 4);
+        CHECK(zs_cuda_matmul_bwd(h, buf, NULL, NULL, buf, buf, buf, ZS_F32, 1, 8, 8, NULL, S) < 0,
+              "matmul_bwd accepted a handle bound to another stream");
+        rel(buf);
+    }
+    ZS_ASSERT(zs_dev_sync(D) == 0);
+    cublasDestroy(h);
+}
+
 int main(void) {
     if (zs_backend_cuda_devices() == 0) {
         fprintf(stderr, "test-backend-ops: no CUDA device visible; skipping\n");
@@ -446,6 +689,13 @@ int main(void) {
         test_act();
         test_attention();
         test_gemm();
+        test_norms_bwd();
+        test_rope_bwd();
+        test_act_bwd();
+        test_embed_bwd();
+        test_xent();
+        test_attention_bwd();
+        test_matmul_bwd();
         CHECK(zs_dev_sync(D) == 0, "device %d: %s", dev, zs_errmsg());
         zs_dev_free(D);
         D = NULL;

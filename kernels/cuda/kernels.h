@@ -5,7 +5,8 @@
  * (cudaGetLastError; the caller turns it into a message). Launchers are thread-safe; the work
  * is ordered only by the stream. One file per family: convert.cu (casts), embed.cu,
  * norm.cu (RMSNorm, LayerNorm), rope.cu, act.cu (GELU, SwiGLU, add, bias, softmax, argmax),
- * attention.cu (paged KV store and causal attention with GQA). */
+ * attention.cu (paged KV store and causal attention with GQA), backward.cu (the backward of all
+ * of these for training). */
 #ifndef ZS_CUDA_KERNELS_H
 #define ZS_CUDA_KERNELS_H
 
@@ -69,6 +70,58 @@ int zs_cuda_kv_store(float *pool, const float *k, int ldk, const float *v, int l
 int zs_cuda_attention(void *out, int odt, const float *q, int ldq, const float *pool,
                       const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
                       int n_heads, int n_kv_heads, int hd, float scale, void *stream);
+
+/* backward.cu — the backward of the forward ops for training, matching the CPU ops of
+ * engine/train-ops.h (the reference: same formulas, same conventions). All f32. Gradients of
+ * inputs and parameters ACCUMULATE (+=) unless a function says it WRITES (=). Every kernel is
+ * deterministic (no atomics: each output has one writer, reductions run in a fixed order). */
+
+/* RMSNorm backward over T contiguous rows of d, recomputing the statistics from x:
+ * dx += dL/dx; dw += sum_t dy*x*rstd (dw may be NULL). stats: 2*T floats of device scratch,
+ * needed only when dw is not NULL (else it may be NULL). */
+int zs_cuda_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, int T,
+                        int d, float eps, float *stats, void *stream);
+/* LayerNorm backward: dx += dL/dx; dw += sum_t dy*xhat, db += sum_t dy (dw, db may be NULL;
+ * stats as for RMSNorm, needed when dw is not NULL). */
+int zs_cuda_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
+                          const float *w, int T, int d, float eps, float *stats, void *stream);
+/* RoPE backward in place (the rotation by -angle), the layout of zs_cuda_rope. */
+int zs_cuda_rope_bwd(float *dx, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
+                     float theta, void *stream);
+/* SwiGLU backward: WRITES dgate = dy*up*silu'(gate), dup = dy*silu(gate) (either may alias dy,
+ * not each other). */
+int zs_cuda_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up,
+                       size_t n, void *stream);
+/* GELU (tanh) backward, x the pre-activation: WRITES dx = dy*gelu'(x) (dx may alias dy). */
+int zs_cuda_gelu_bwd(float *dx, const float *dy, const float *x, size_t n, void *stream);
+/* Residual add backward: dx[i] += dy[i]. */
+int zs_cuda_add_bwd(float *dx, const float *dy, size_t n, void *stream);
+/* Embedding backward: dtable[ids[t], :] += dy[t, :] for t < T (ids in range, may repeat), in
+ * token order per row (deterministic; O(T^2) id comparisons, one block per token). */
+int zs_cuda_embed_bwd(float *dtable, const float *dy, const int32_t *ids, int T, int d, void *stream);
+/* Next-token cross-entropy of logits[T, V] against targets[T] (negative = masked row).
+ * WRITES row_loss[t] = logsumexp(row) - row[target] (0 for masked rows; T floats, required),
+ * *loss = sum of row_loss in double when loss is not NULL (device memory), and, when dlogits is
+ * not NULL, dlogits = scale*(softmax(row) - onehot(target)), 0 on masked rows (may alias
+ * logits). Targets must be < V. */
+int zs_cuda_cross_entropy(float *dlogits, float *row_loss, double *loss, const float *logits,
+                          const int32_t *targets, int T, int V, float scale, void *stream);
+/* Causal self-attention backward over ONE sequence of T tokens (zs_op_attention_bwd): q, dout
+ * [T, n_heads*hd], k, v [T, n_kv_heads*hd], scale 1/sqrt(hd); dq, dk, dv += (same shapes). The
+ * probabilities are recomputed from q and k. stats: 3*T*n_heads floats of device scratch.
+ * hd <= 256, n_heads a multiple of n_kv_heads (else -1). */
+int zs_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                          const float *k, const float *v, int T, int n_heads, int n_kv_heads, int hd,
+                          float *stats, void *stream);
+/* Matrix product backward of y[T,out] = x[T,in]*W[out,in]^T + b through cuBLAS (fp32 compute,
+ * no TF32): dx += dy*W (skipped when dx is NULL), dW += dy^T*x (f32; skipped when NULL),
+ * db += column sums of dy (skipped when NULL). W in wdt; when wdt is f16/bf16 and dx is wanted,
+ * W is converted ZS_CUDA_MATMUL_BWD_ROWS rows at a time into wscratch
+ * (ZS_CUDA_MATMUL_BWD_ROWS * in floats; unused for f32). cublas is a cublasHandle_t that must
+ * already be bound to stream (cublasSetStream; -1 otherwise). */
+#define ZS_CUDA_MATMUL_BWD_ROWS 2048
+int zs_cuda_matmul_bwd(void *cublas, float *dx, float *dW, float *db, const float *dy, const float *x,
+                       const void *W, int wdt, int T, int in, int out, float *wscratch, void *stream);
 
 #ifdef __cplusplus
 }
