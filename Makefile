@@ -3,6 +3,8 @@
 #   make test       build and run every test (also under ASan+UBSan); ends with "N passed, N failed"
 #   make serve      build and start the server on the default model
 #   make bench      run the benchmarks
+#   make test-deploy  build deploy/Dockerfile with podman and smoke-test the container (root; downloads)
+#   make lint-deploy  check deploy/ (k8s, compose, systemd, Dockerfiles); also part of `make test`
 # Missing Debian packages are installed when run as root; otherwise the apt-get line is printed.
 
 CC      ?= gcc
@@ -49,7 +51,7 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LIB_OBJ  += $(BUILD)/gen/playground.o
 ASAN_OBJ += $(BUILD)/asan/gen/playground.o
 
-.PHONY: all deps test test-unit serve bench clean
+.PHONY: all deps test test-unit serve bench clean test-deploy lint-deploy
 all: deps zeroserve
 
 deps:
@@ -116,6 +118,12 @@ serve: all
 
 bench: all
 	sh tests/bench/run.sh
+
+test-deploy:
+	ZS_SHARED=$${ZS_SHARED:-../shared} sh tests/deploy-container.sh
+
+lint-deploy:
+	sh tests/e2e-deploy-lint.sh
 
 clean:
 	rm -rf $(BUILD) zeroserve
