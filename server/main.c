@@ -11,7 +11,8 @@
 #include "engine.h"
 #include "init-model.h"
 
-int zs_cmd_train(int argc, char **argv); /* train-cmd.c */
+int zs_cmd_train(int argc, char **argv);  /* train-cmd.c */
+int zs_cmd_export(int argc, char **argv); /* train-cmd.c */
 
 #include "corpus.h"
 
@@ -213,6 +214,7 @@ static void usage(void) {
             "  generate     generate text from a prompt\n"
             "  train        fine-tune a model on a JSONL file (ZeRO-3 through the same engine)\n"
             "  make-corpus  write simple generated stories as JSONL (the demo model's data)\n"
+            "  export       write a training checkpoint as a Hugging Face model directory\n"
             "  init-model   write a random-initialised model in Hugging Face layout\n"
             "  bench        measure prefill/decode throughput against memory bandwidth\n");
 }
@@ -227,6 +229,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) rc = zs_cmd_serve(argc - 2, argv + 2);
     else if (!strcmp(cmd, "train")) rc = zs_cmd_train(argc - 2, argv + 2);
     else if (!strcmp(cmd, "make-corpus")) rc = cmd_make_corpus(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "export")) rc = zs_cmd_export(argc - 2, argv + 2);
     else if (!strcmp(cmd, "generate")) rc = cmd_generate(argc - 2, argv + 2);
     else if (!strcmp(cmd, "init-model")) rc = cmd_init_model(argc - 2, argv + 2);
     else if (!strcmp(cmd, "bench")) rc = cmd_bench(argc - 2, argv + 2);

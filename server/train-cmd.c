@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 
 #include "chat.h"
+#include "ckpt.h"
+#include "train.h"
 #include "cli.h"
 #include "common.h"
 #include "data.h"
@@ -148,6 +150,54 @@ int zs_cmd_train(int argc, char **argv) {
     zs_finetune_result res;
     int rc = zs_finetune_run(e, &fo, &h, &res);
     if (rc == 0) fprintf(stderr, "train: loss %.4f -> %.4f; wrote %s\n", res.first_loss, res.last_loss, out);
+    zs_engine_free(e);
+    return rc;
+}
+
+/* `zeroserve export --checkpoint DIR --out HF_DIR [--model BASE]`: consolidates the ranks'
+ * shards of a training checkpoint into a plain Hugging Face model directory. */
+int zs_cmd_export(int argc, char **argv);
+int zs_cmd_export(int argc, char **argv) {
+    const char *ckpt = NULL, *out = NULL, *model = NULL;
+    zs_opt opts[] = {
+        {"checkpoint", ZS_OPT_STR, &ckpt, "checkpoint directory (a run's, following `latest`, or one step's)  [required]"},
+        {"out", ZS_OPT_STR, &out, "output model directory  [required]"},
+        {"model", ZS_OPT_STR, &model, "the base model directory (default: the one the checkpoint records)"},
+    };
+    int n_opts = sizeof opts / sizeof opts[0];
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            zs_cli_usage("export", "Writes a training checkpoint as a Hugging Face model directory.", opts, n_opts);
+            return 0;
+        }
+    ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
+    if (!ckpt || !out) return zs_err(ZS_EINVAL, "--checkpoint and --out are required");
+    zs_ckpt *c;
+    ZS_CHECK(zs_ckpt_open(ckpt, &c));
+    char base[4096];
+    snprintf(base, sizeof base, "%s", model ? model : zs_ckpt_model_dir(c) ? zs_ckpt_model_dir(c) : "");
+    zs_ckpt_close(c);
+    if (!base[0]) return zs_err(ZS_EINVAL, "%s records no model directory: give --model", ckpt);
+    zs_engine_opts eo;
+    zs_engine_opts_default(&eo);
+    eo.model_dir = base;
+    eo.max_seqs = 1;
+    zs_engine *e;
+    ZS_CHECK(zs_engine_open(&eo, &e));
+    zs_train_opts to;
+    memset(&to, 0, sizeof to);
+    to.micro_batch = 1;
+    to.seq_len = 2;
+    to.grad_accum = 1;
+    zs_adamw_params_default(&to.adam);
+    to.lr.lr = to.adam.lr;
+    zs_training *t = NULL;
+    long step = 0;
+    int rc = zs_training_begin(zs_engine_world(e), &to, &t);
+    if (rc == 0) rc = zs_training_load(t, ckpt, &step, NULL);
+    if (rc == 0) rc = zs_training_export(t, out);
+    if (rc == 0) fprintf(stderr, "export: step %ld of %s -> %s\n", step, ckpt, out);
+    if (t) zs_training_end(t);
     zs_engine_free(e);
     return rc;
 }

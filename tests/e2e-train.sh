@@ -45,6 +45,18 @@ check "resume (with 1 rank and the same global batch): exit 0" '[ $rc = 0 ]'
 grep '^step' "$T/u.log" | awk -v c="${ck:-0}" '{ split($2, a, "/"); if (a[1] > c) print $2, $4 }' > "$T/u.tail"
 grep '^step' "$T/k2.log" | awk '{ print $2, $4 }' > "$T/k.tail"
 check "resumed losses equal the uninterrupted run from the checkpoint on" '[ -s "$T/k.tail" ] && cmp -s "$T/u.tail" "$T/k.tail"'
+# export a checkpoint, serve it: the same greedy text as the model the run wrote itself
+$Z export --checkpoint "$T/uck" --out "$T/exported" > /dev/null 2>&1; rc=$?
+check "export --checkpoint: exit 0, the same weights as the run's own output" '[ $rc = 0 ] && cmp -s "$T/u/model.safetensors" "$T/exported/model.safetensors"'
+want=$($Z generate --model "$T/u" --prompt "Tom and his dog" --temperature 0 --max-tokens 30 2>/dev/null)
+port=$(( 20000 + $$ % 20000 ))
+$Z serve --model "$T/exported" --port $port > "$T/serve.log" 2>&1 &
+spid=$!
+i=0; while ! curl -s "http://127.0.0.1:$port/health" 2>/dev/null | grep -q ok && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+got=$(curl -s --max-time 30 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt":"Tom and his dog","max_tokens":30,"temperature":0}' | sed -n 's/.*"text":"\([^"]*\)".*/\1/p')
+kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+check "serving the export gives the same greedy text" '[ -n "$got" ] && [ "Tom and his dog$got" = "$want" ]'
 printf '{"text": "fine"}\n{"prompt": "x", "completion": 5}\n' > "$T/bad.jsonl"
 $Z train --model "$M" --data "$T/bad.jsonl" --out "$T/bad-out" --steps 2 > "$T/log" 2>&1; rc=$?
 check "bad data: exit 1 naming line 2" '[ $rc = 1 ] && grep -q "line 2" "$T/log"'
