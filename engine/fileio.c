@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -61,6 +62,23 @@ int zs_pwrite_all(int fd, const void *buf, size_t n, off_t off) {
         p += w;
         n -= (size_t)w;
         off += w;
+    }
+    return 0;
+}
+
+int zs_mkdir_p(const char *path) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p) return zs_err(ZS_EINVAL, "%s: path too long", path);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s != 0) continue;
+        char c = *s;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            int e = errno;
+            return zs_err(zs_errno_code(e), "cannot create %s: %s", p, strerror(e));
+        }
+        *s = c;
+        if (!c) break;
     }
     return 0;
 }

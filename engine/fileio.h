@@ -17,4 +17,7 @@ int zs_fsync_dir(const char *dir);
 /* Writes n bytes at off, retrying short writes and EINTR. 0 or -errno (not a ZS_E* code). */
 int zs_pwrite_all(int fd, const void *buf, size_t n, off_t off);
 
+/* mkdir -p (0755). 0 or ZS_E* with a message naming the directory. */
+int zs_mkdir_p(const char *path);
+
 #endif

@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt.h"
 #include "common.h"
+#include "fileio.h"
 #include "data.h"
 #include "train.h"
 
@@ -117,9 +119,17 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     }
     zs_data_pos pos = {o->seed, 0, 0};
     long s0 = 0;
+    /* a checkpoint directory that cannot be made stops the run now, not after the training */
+    if (o->ckpt_dir && (rc = zs_mkdir_p(o->ckpt_dir)) < 0) goto done;
     if (o->ckpt_dir && o->resume) {
-        struct stat sb;
-        if (stat(o->ckpt_dir, &sb) == 0) {
+        zs_ckpt *probe;
+        int orc = zs_ckpt_open(o->ckpt_dir, &probe); /* an empty directory: a fresh start */
+        if (orc == 0) zs_ckpt_close(probe);
+        else if (orc != ZS_ENOTFOUND) {
+            rc = orc;
+            goto done;
+        }
+        if (orc == 0) {
             char *meta = NULL;
             if ((rc = zs_training_load(t, o->ckpt_dir, &s0, &meta)) < 0) goto done;
             json_t *j = meta ? json_loads(meta, 0, NULL) : NULL;
@@ -158,10 +168,17 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
         r.steps = s;
         if (h && h->on_step) h->on_step(h->ud, s, steps, loss, zs_lr_at(&to.lr, s), r.trained_tokens);
         if (o->ckpt_dir && ((o->save_every > 0 && s % o->save_every == 0) || s == steps)) {
-            char meta[512];
+            /* the data position (and the seed of its shuffle: the run's only RNG), the loss so far,
+             * and the training configuration */
+            char meta[1024];
             snprintf(meta, sizeof meta,
-                     "{\"data\":{\"epoch\":%d,\"index\":%ld,\"seed\":\"%llu\"},\"first_loss\":%.9g,\"trained_tokens\":%zu}",
-                     pos.epoch, pos.index, (unsigned long long)pos.seed, (double)r.first_loss, r.trained_tokens);
+                     "{\"data\":{\"epoch\":%d,\"index\":%ld,\"seed\":\"%llu\"},\"first_loss\":%.9g,"
+                     "\"trained_tokens\":%zu,\"config\":{\"steps\":%ld,\"batch_size\":%d,\"grad_accum\":%d,"
+                     "\"seq_len\":%d,\"ranks\":%d,\"zero_stage\":%d,\"lr\":%.9g,\"schedule\":%d,\"warmup\":%d,"
+                     "\"clip\":%.9g,\"weight_decay\":%.9g}}",
+                     pos.epoch, pos.index, (unsigned long long)pos.seed, (double)r.first_loss, r.trained_tokens,
+                     steps, o->batch, o->grad_accum, seq_len, ranks, to.stage, (double)o->lr, o->schedule, o->warmup,
+                     (double)o->clip, (double)o->weight_decay);
             if ((rc = zs_training_save(t, o->ckpt_dir, s, meta, 2)) < 0) goto done;
         }
     }
