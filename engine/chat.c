@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "strbuf.h"
 
 static const char *k_names[ZS_CHAT_COUNT] = {"plain", "llama-2", "llama-3", "chatml"};
 
@@ -106,30 +107,6 @@ int zs_chat_template_detect(const char *model_dir) {
 int zs_chat_has_bos(int tmpl) { return tmpl == ZS_CHAT_LLAMA2 || tmpl == ZS_CHAT_LLAMA3; }
 
 /* ------------------------------------------------------------------ rendering */
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_addn(sbuf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->len + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
 
 static void sb_add(sbuf *b, const char *s) { sb_addn(b, s, strlen(s)); }
 
@@ -255,7 +232,7 @@ int zs_chat_render(int tmpl, const zs_chat_msg *msgs, int n, int add_generation_
     (void)eos;
     free(roles);
     if (rc == 0 && b.oom) rc = zs_err(ZS_ENOMEM, "chat template: out of memory");
-    if (rc == 0 && !b.p) sb_add(&b, ""); /* empty output still a string */
+    if (rc == 0 && !b.p && !(b.p = calloc(1, 1))) b.oom = 1; /* empty output still a string */
     if (rc == 0 && b.oom) rc = zs_err(ZS_ENOMEM, "chat template: out of memory");
     if (rc < 0) {
         free(b.p);

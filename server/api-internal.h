@@ -12,6 +12,7 @@
 
 #include "api.h"
 #include "stop.h"
+#include "strbuf.h"
 
 #define MAX_N 16            /* choices per prompt */
 #define MAX_CHOICES 128     /* prompts x n per request */
@@ -45,31 +46,6 @@ struct zs_api {
 /* The served model called name (NULL: the base model), or NULL when there is none (the base
  * model counts only once attached). Thread-safe. */
 const zs_api_model *zs_api_model_find(zs_api *a, const char *name);
-
-/* A growable byte string (oom set on allocation failure; later appends are dropped). */
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static inline void sb_addn(sbuf *b, const char *s, size_t n) {
-    if (b->oom || !n) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->len + n + 1) nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
 
 /* An error to answer with: status, OpenAI type and code, the field at fault, a message. */
 typedef struct {
