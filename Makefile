@@ -11,8 +11,8 @@ CC      ?= gcc
 BUILD   ?= build
 CFLAGS  ?= -O2 -g
 ZS_CFLAGS = $(CFLAGS) -std=gnu11 -Wall -Wextra -pthread -MMD -MP -iquote . -iquote engine -iquote kernels/cpu -iquote offload -iquote server \
-           -I/usr/include/x86_64-linux-gnu/openblas-pthread
-LDLIBS  += -lopenblas -ljansson -lmicrohttpd -luring -lm -lpthread
+           -I/usr/include/x86_64-linux-gnu/openblas-pthread -I/usr/lib/x86_64-linux-gnu/openmpi/include
+LDLIBS  += -lopenblas -ljansson -lmicrohttpd -luring -lmpi -lm -lpthread
 
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 CUDA    ?= $(if $(NVCC),1,0)
@@ -20,9 +20,10 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -Xcompiler -Wall,-Wextra -I. -Iengine -Ikernels
 
-DEB_PKGS = libjansson-dev libmicrohttpd-dev liburing-dev libopenblas-dev curl jq
+DEB_PKGS = libjansson-dev libmicrohttpd-dev liburing-dev libopenblas-dev libopenmpi-dev openmpi-bin curl jq
 DEP_HDRS = /usr/include/jansson.h /usr/include/microhttpd.h /usr/include/liburing.h \
-           /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/bin/curl /usr/bin/jq
+           /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h \
+           /usr/bin/mpirun /usr/bin/curl /usr/bin/jq
 
 LIB_SRC  := $(wildcard engine/*.c kernels/cpu/*.c offload/*.c) $(filter-out server/main.c,$(wildcard server/*.c))
 CUDA_C   := $(filter %-cuda.c %-nccl.c,$(LIB_SRC))

@@ -1,5 +1,7 @@
 /* comm-nccl.c — the NCCL communicator: n ranks in this process, one CUDA device each, created
- * with a single ncclCommInitAll call. Collectives are enqueued on the caller's stream (device
+ * with a single ncclCommInitAll call; or, across the processes of a cluster (cluster.h), one
+ * NCCL world whose unique id process 0 broadcasts over MPI, joined with ncclCommInitRank for
+ * each local device inside one NCCL group call (the nccl-tests pattern). Collectives are enqueued on the caller's stream (device
  * buffers); zs_comm_agree and zs_comm_barrier run on a small internal stream per rank and wait
  * for it by polling, so zs_comm_abort can release them. Built only with -DZS_CUDA=1; the
  * CUDA/NCCL headers stay inside this file.
@@ -21,6 +23,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "cluster.h"
 #include "comm-impl.h"
 #include "common.h"
 
@@ -240,7 +243,9 @@ static int setup_rank(nccl_comm *c) {
     return 0;
 }
 
-int zs_comm_nccl_create(int n, const int *devs, zs_comm **comms) {
+/* uid NULL: ncclCommInitAll over this process's devices; else world ranks first..first+n-1 of
+ * a world of `world` ranks through ncclCommInitRank. */
+static int create_group(int n, const int *devs, zs_comm **comms, int world, int first, const ncclUniqueId *uid) {
     if (n < 1) return zs_err(ZS_EINVAL, "comm nccl: group size %d must be at least 1", n);
     if (!devs || !comms) return zs_err(ZS_EINVAL, "comm nccl: NULL device list or output array");
     int ndev = 0;
@@ -279,9 +284,22 @@ int zs_comm_nccl_create(int n, const int *devs, zs_comm **comms) {
     }
 
     /* one call, from this thread, for all ranks of the process */
-    ncclResult_t r = ncclCommInitAll(ncs, n, devs);
+    ncclResult_t r;
+    if (!uid) {
+        r = ncclCommInitAll(ncs, n, devs);
+    } else {
+        r = ncclGroupStart();
+        for (int i = 0; r == ncclSuccess && i < n; i++) {
+            cudaSetDevice(devs[i]);
+            r = ncclCommInitRank(&ncs[i], world, *uid, first + i);
+        }
+        ncclResult_t r2 = ncclGroupEnd();
+        if (r == ncclSuccess) r = r2;
+    }
     if (r != ncclSuccess) {
-        rc = nccl_fail(r, "ncclCommInitAll", NULL);
+        rc = nccl_fail(r, uid ? "ncclCommInitRank" : "ncclCommInitAll", NULL);
+        for (int i = 0; uid && i < n; i++)
+            if (ncs[i]) ncclCommAbort(ncs[i]);
         memset(ncs, 0, (size_t)n * sizeof *ncs);
     }
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -291,8 +309,8 @@ int zs_comm_nccl_create(int n, const int *devs, zs_comm **comms) {
             break;
         }
         cs[i]->base.ops = &nccl_ops;
-        cs[i]->base.rank = i;
-        cs[i]->base.size = n;
+        cs[i]->base.rank = first + i;
+        cs[i]->base.size = world;
         cs[i]->g = g;
         cs[i]->nc = ncs[i];
         cs[i]->dev = devs[i];
@@ -319,6 +337,28 @@ int zs_comm_nccl_create(int n, const int *devs, zs_comm **comms) {
     cudaSetDevice(prev);
     int ver = 0;
     ncclGetVersion(&ver);
-    zs_log_debug("comm nccl: %d ranks, NCCL %d", n, ver);
+    zs_log_debug("comm nccl: %d of %d ranks, NCCL %d", n, world, ver);
     return 0;
+}
+
+int zs_comm_nccl_create(int n, const int *devs, zs_comm **comms) {
+    return create_group(n, devs, comms, n, 0, NULL);
+}
+
+int zs_comm_nccl_create_cluster(int n, const int *devs, zs_comm **comms) {
+    int P = zs_cluster_size(), me = zs_cluster_rank();
+    if (P == 1) return zs_comm_nccl_create(n, devs, comms);
+    /* process 0 makes the id; a failure there still sends (zeros) so that nobody waits, and the
+     * status travels with it */
+    struct { ncclUniqueId id; int32_t status; } u;
+    memset(&u, 0, sizeof u);
+    if (me == 0) {
+        ncclResult_t r = ncclGetUniqueId(&u.id);
+        u.status = r == ncclSuccess ? 0 : ZS_EDEVICE;
+        if (r != ncclSuccess) nccl_fail(r, "ncclGetUniqueId", NULL);
+    }
+    ZS_CHECK(zs_cluster_bcast(&u, sizeof u, 0));
+    if (u.status < 0)
+        return me == 0 ? u.status : zs_err(u.status, "comm nccl: process 0 could not create the NCCL unique id");
+    return create_group(n, devs, comms, n * P, me * n, &u.id);
 }

@@ -160,4 +160,8 @@ int zs_comm_nccl_create(int n, const int *devs, zs_comm **comms) {
     (void)n, (void)devs, (void)comms;
     return zs_err(ZS_EUNSUPPORTED, "comm nccl: zeroserve was built without CUDA/NCCL");
 }
+
+int zs_comm_nccl_create_cluster(int n, const int *devs, zs_comm **comms) {
+    return zs_comm_nccl_create(n, devs, comms);
+}
 #endif

@@ -3,7 +3,11 @@
  * implementations behind a vtable (comm-impl.h):
  *   "local"  ranks are threads of this process, buffers are host memory (comm-local.c);
  *   "nccl"   ranks are threads of this process, one CUDA device each, buffers are device
- *            memory and collectives are enqueued on a CUDA stream (comm-nccl.c).
+ *            memory and collectives are enqueued on a CUDA stream (comm-nccl.c); with several
+ *            processes (cluster.h) one NCCL world across them, bootstrapped over MPI;
+ *   "mpi"    ranks are threads of several processes (cluster.h), buffers are host memory:
+ *            threads of one process exchange through shared memory, processes through MPI
+ *            (comm-mpi.c). Results are bitwise those of "local" with as many ranks.
  *
  * Ownership: a create call returns one handle per rank. Each rank frees its own handle with
  * zs_comm_free; the state shared by the group is freed with the last handle.
@@ -47,6 +51,19 @@ int zs_comm_local_create(int n, zs_comm **comms);
  * Returns ZS_EUNSUPPORTED when built without CUDA, ZS_EDEVICE when CUDA/NCCL fail (no GPU). */
 int zs_comm_nccl_create(int n, const int *devs, zs_comm **comms);
 
+/* Multi-process group over host buffers: this process's n ranks (threads) join those of every
+ * process of the cluster (cluster.h), each with n ranks too. comms[i] gets world rank
+ * zs_cluster_rank()*n + i; the group has n*zs_cluster_size() ranks. Collective over the
+ * processes: each calls it with the same n, in the same order as its other create calls.
+ * Reductions combine the ranks in the order 0..size-1 as "local" does, so the results are
+ * bitwise equal to one process with as many ranks. A lost cluster cancels the group. */
+int zs_comm_mpi_create(int n, zs_comm **comms);
+
+/* NCCL across the processes of the cluster: process 0 makes the NCCL unique id and broadcasts
+ * it over MPI (the nccl-tests pattern); each process then joins its n devices devs[0..n-1] with
+ * ncclCommInitRank as world ranks zs_cluster_rank()*n + i. Otherwise as zs_comm_nccl_create. */
+int zs_comm_nccl_create_cluster(int n, const int *devs, zs_comm **comms);
+
 /* Frees one rank's handle (NULL is ignored); the shared group goes with the last one. A handle
  * may be freed once no call on it is running; the group stays valid for the other ranks until
  * their handles are freed too (so after an abort each rank may free its handle as soon as its
@@ -55,7 +72,7 @@ void zs_comm_free(zs_comm *c);
 
 int zs_comm_rank(const zs_comm *c);
 int zs_comm_size(const zs_comm *c);
-const char *zs_comm_name(const zs_comm *c); /* "local", "nccl" */
+const char *zs_comm_name(const zs_comm *c); /* "local", "nccl", "mpi" */
 
 /* Collectives. `stream` is the comm queue of the calling rank's backend (NULL on CPU): for the
  * local comm the call completes before returning (stream is ignored); for NCCL it is enqueued
