@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "cluster.h"
 #include "common.h"
 #include "device.h"
 #include "stop.h"
@@ -65,7 +66,8 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     }
     if (n_blocks < 1) n_blocks = 1;
     zs_world_opts wo = {o->ranks, o->nvme_path, o->gather, o->max_batch_tokens, n_blocks, o->max_seqs, e->context,
-                        e->device};
+                        e->device, o->spmd};
+    int world_ranks = o->ranks * zs_cluster_size();
     if (o->zero_stage < 0 || o->zero_stage > 3) {
         rc = zs_err(ZS_EINVAL, "zero_optimization.stage must be 1, 2 or 3 (got %d)", o->zero_stage);
         goto fail;
@@ -75,7 +77,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
         size_t dsize = zs_dtype_size(zs_model_layout(e->model, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype);
         size_t largest = 0;
         for (int b = 0; b < zs_model_n_buckets(e->model); b++)
-            largest = ZS_MAX(largest, zs_partition_shard_bytes(e->model, b, o->ranks) * (size_t)o->ranks);
+            largest = ZS_MAX(largest, zs_partition_shard_bytes(e->model, b, world_ranks) * (size_t)world_ranks);
         wo.gather.max_live_bytes = (size_t)o->max_live_params * dsize;
         if (wo.gather.max_live_bytes < largest) {
             rc = zs_err(ZS_EINVAL, "zero_optimization.stage3_max_live_parameters: %lld parameters (%zu bytes) "
@@ -118,6 +120,8 @@ int zs_engine_detok_for(zs_engine *e, const int32_t *prompt, int n_prompt, zs_de
     *out = d;
     return 0;
 }
+
+int zs_engine_follow(zs_engine *e) { return zs_world_follow(e->world); }
 
 int zs_engine_forward(zs_engine *e, const zs_batch *b, float *logits) {
     int n = zs_world_ranks(e->world);
@@ -205,6 +209,7 @@ int zs_engine_generate(zs_engine *e, const int32_t *prompt, int n_prompt, const 
     for (int i = 0; i < p->max_tokens; i++) {
         int tok;
         float lp;
+        if (p->on_logits) p->on_logits(p->logits_ud, logits, vocab);
         if ((rc = zs_sampler_sample(smp, logits, &tok, &lp)) < 0) goto done;
         if (!p->ignore_eos && zs_tokenizer_is_eos(e->tok, tok)) {
             res->finish = ZS_FINISH_STOP;

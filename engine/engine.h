@@ -29,6 +29,8 @@ typedef struct {
                                 used when gather.max_live_bytes is 0 */
     int device;            /* ZS_DEVICE_AUTO (default: CUDA when a device is visible; the
                               ZS_DEVICE environment variable overrides auto) | _CPU | _CUDA */
+    int spmd;              /* several processes (cluster.h): every process drives the engine
+                              (training); 0: process 0 drives, the others zs_engine_follow */
 } zs_engine_opts;
 
 void zs_engine_opts_default(zs_engine_opts *o);
@@ -51,6 +53,10 @@ int  zs_engine_max_batch_tokens(const zs_engine *e);  /* tokens per forward call
  * the very start of a text, not where a continuation starts). */
 int  zs_engine_detok_for(zs_engine *e, const int32_t *prompt, int n_prompt, zs_detok **out);
 
+/* A follower process of a multi-process world: runs process 0's step plans until it stops
+ * (zs_world_follow). */
+int  zs_engine_follow(zs_engine *e);
+
 /* Runs one forward call (any mix of sequences of rank 0) as one step of all ranks. */
 int  zs_engine_forward(zs_engine *e, const zs_batch *b, float *logits);
 
@@ -60,6 +66,9 @@ typedef struct {
     const char *const *stop;    /* stop strings */
     int n_stop;
     int ignore_eos;
+    /* called with the logits of every sampled position (vocab floats), or NULL */
+    void (*on_logits)(void *ud, const float *logits, int vocab);
+    void *logits_ud;
 } zs_gen_params;
 
 enum { ZS_FINISH_STOP = 0, ZS_FINISH_LENGTH = 1 };

@@ -1,11 +1,13 @@
 /* world.c — rank threads of one process, parameter placement into each rank's tier, and
- * lockstep execution of step plans. */
+ * lockstep execution of step plans; across processes (cluster.h), the step-plan broadcast from
+ * process 0 and the followers' loop. */
 #include "world.h"
 
 #include <pthread.h>
 #include <string.h>
 
 #include "backend.h"
+#include "cluster.h"
 #include "common.h"
 #include "device.h"
 #include "store.h"
@@ -30,10 +32,18 @@ typedef struct {
     char err[1024];
 } rank_t;
 
+/* step plans process 0 broadcasts to the followers of a led world */
+enum { PLAN_STEP = 1, PLAN_QUIT = 2 };
+
 struct zs_world {
     zs_model *m;
     zs_world_opts o;
-    int n;
+    int n;         /* ranks of this process */
+    int size;      /* ranks of the world */
+    int first;     /* world rank of this process's rank 0 */
+    int led;       /* several processes, led by process 0 */
+    int quit_sent;
+    int running;   /* opened completely: the prefetch threads run */
     rank_t *ranks;
     int reused;
     pthread_mutex_t mu;
@@ -46,6 +56,9 @@ struct zs_world {
 };
 
 int zs_world_ranks(const zs_world *w) { return w->n; }
+int zs_world_size(const zs_world *w) { return w->size; }
+int zs_world_first_rank(const zs_world *w) { return w->first; }
+int zs_world_led(const zs_world *w) { return w->led; }
 zs_kvcache *zs_world_kv(zs_world *w, int rank) { return w->ranks[rank].kv; }
 int zs_world_reused_shards(const zs_world *w) { return w->reused; }
 
@@ -89,7 +102,32 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
+/* Process 0 of a led world: tells the followers what comes next. */
+static int send_plan(zs_world *w, int32_t plan) {
+    if (!w->led || zs_cluster_follower()) return 0;
+    return zs_cluster_bcast(&plan, sizeof plan, 0);
+}
+
+static int local_step(zs_world *w, const zs_batch *batches, float **logits);
+
 int zs_world_step(zs_world *w, const zs_batch *batches, float **logits) {
+    ZS_CHECK(send_plan(w, PLAN_STEP));
+    return local_step(w, batches, logits);
+}
+
+int zs_world_follow(zs_world *w) {
+    if (!w->led || !zs_cluster_follower()) return zs_err(ZS_EINVAL, "zs_world_follow: not a follower of a led world");
+    for (;;) {
+        int32_t plan = 0;
+        ZS_CHECK(zs_cluster_bcast(&plan, sizeof plan, 0));
+        if (plan == PLAN_QUIT) return 0;
+        if (plan != PLAN_STEP) return zs_err(ZS_EFORMAT, "follower: unknown step plan %d from process 0", (int)plan);
+        /* a failed step is reported by process 0 (its ranks saw the same gather errors) */
+        if (local_step(w, NULL, NULL) < 0 && zs_cluster_lost(NULL, 0)) return zs_err(ZS_ECANCELLED, "%s", zs_errmsg());
+    }
+}
+
+static int local_step(zs_world *w, const zs_batch *batches, float **logits) {
     static const zs_batch empty = {0, NULL, NULL, NULL, NULL, 0};
     for (int i = 0; i < w->n; i++) {
         w->ranks[i].batch = batches ? &batches[i] : &empty;
@@ -130,6 +168,11 @@ void zs_world_run(zs_world *w, void (*fn)(void *ud, int rank), void *ud) {
     pthread_mutex_unlock(&w->mu);
 }
 
+static void spec_off_job(void *ud, int rank) {
+    zs_world *w = ud;
+    zs_gather_set_speculation(w->ranks[rank].g, 0);
+}
+
 zs_model *zs_world_model(zs_world *w) { return w->m; }
 zs_gather *zs_world_gather(zs_world *w, int rank) { return w->ranks[rank].g; }
 zs_comm *zs_world_grad_comm(zs_world *w, int rank) { return w->ranks[rank].gcomm; }
@@ -163,13 +206,14 @@ static int o_replicate(const zs_world *w) { return w->o.gather.replicate; }
 static int place_memory(zs_world *w) {
     int nb = zs_model_n_buckets(w->m);
     for (int b = 0; b < nb; b++) {
-        size_t shard = zs_partition_shard_bytes(w->m, b, w->n);
+        size_t shard = zs_partition_shard_bytes(w->m, b, w->size);
         if (!shard) continue;
         char *full;
-        ZS_CHECK(pack_full(w->m, b, w->n, &full));
+        ZS_CHECK(pack_full(w->m, b, w->size, &full));
         int rc = 0;
         for (int r = 0; r < w->n && rc == 0; r++)
-            rc = zs_gather_put_shard(w->ranks[r].g, b, o_replicate(w) ? full : full + (size_t)r * shard);
+            rc = zs_gather_put_shard(w->ranks[r].g, b,
+                                     o_replicate(w) ? full : full + (size_t)(w->first + r) * shard);
         free(full);
         ZS_CHECK(rc);
     }
@@ -185,13 +229,13 @@ static int place_nvme(zs_world *w) {
     int *reused = calloc((size_t)w->n, sizeof(int));
     if (!sizes || !files || !reused) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto done; }
     size_t per_rank = 0;
-    for (int b = 0; b < nb; b++) per_rank += sizes[b] = zs_partition_shard_bytes(w->m, b, w->n);
+    for (int b = 0; b < nb; b++) per_rank += sizes[b] = zs_partition_shard_bytes(w->m, b, w->size);
     if ((rc = zs_shard_dir_check(dir, 0)) < 0) goto done;
     char fp[256];
-    snprintf(fp, sizeof fp, "%s-ranks%d", zs_model_fingerprint(w->m), w->n);
+    snprintf(fp, sizeof fp, "%s-ranks%d", zs_model_fingerprint(w->m), w->size);
     int to_write = 0;
     for (int r = 0; r < w->n && rc == 0; r++) {
-        rc = zs_shard_file_open(dir, r, fp, nb, sizes, &reused[r], &files[r]);
+        rc = zs_shard_file_open(dir, w->first + r, fp, nb, sizes, &reused[r], &files[r]);
         if (rc == 0 && !reused[r]) to_write++;
     }
     if (rc == 0 && to_write > 0) rc = zs_shard_dir_check(dir, per_rank * (size_t)to_write);
@@ -200,9 +244,9 @@ static int place_nvme(zs_world *w) {
         for (int b = 0; b < nb && rc == 0; b++) {
             if (!sizes[b]) continue;
             char *full;
-            if ((rc = pack_full(w->m, b, w->n, &full)) < 0) break;
+            if ((rc = pack_full(w->m, b, w->size, &full)) < 0) break;
             for (int r = 0; r < w->n && rc == 0; r++)
-                if (!reused[r]) rc = zs_shard_file_write(files[r], b, full + (size_t)r * sizes[b]);
+                if (!reused[r]) rc = zs_shard_file_write(files[r], b, full + (size_t)(w->first + r) * sizes[b]);
             free(full);
         }
         for (int r = 0; r < w->n && rc == 0; r++)
@@ -227,6 +271,46 @@ done:
     return rc;
 }
 
+/* Several processes: every step of the start-up that can fail on one process alone ends in an
+ * agreement, so that all of them fail together instead of waiting in a collective. */
+static int agree_start(const zs_world *w, int rc, const char *what) {
+    if (w->size == w->n) return rc;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", rc < 0 ? zs_errmsg() : "");
+    int all = 0, arc = zs_cluster_min_int(rc, &all);
+    if (rc < 0) return zs_err(rc, "%s", msg);
+    if (arc < 0) return arc;
+    if (all < 0) return zs_err(all, "another process failed while %s (see its log)", what);
+    return 0;
+}
+
+/* Every process must run the same model with the same ranks and tier. */
+static int check_peers(const zs_world *w) {
+    struct { int32_t ranks, tier, replicate, spmd; char fp[96]; } me, *all;
+    memset(&me, 0, sizeof me);
+    me.ranks = w->n;
+    me.tier = (int32_t)w->o.gather.tier;
+    me.replicate = w->o.gather.replicate;
+    me.spmd = w->o.spmd;
+    snprintf(me.fp, sizeof me.fp, "%s", zs_model_fingerprint(w->m));
+    int P = zs_cluster_size();
+    all = calloc((size_t)P, sizeof *all);
+    if (!all) return zs_err(ZS_ENOMEM, "out of memory");
+    int rc = zs_cluster_all_gather(&me, all, sizeof me);
+    for (int p = 1; p < P && rc == 0; p++) {
+        if (all[p].ranks != all[0].ranks)
+            rc = zs_err(ZS_EINVAL, "process %d runs --ranks %d but process 0 runs %d: every process needs the same --ranks",
+                        p, all[p].ranks, all[0].ranks);
+        else if (strcmp(all[p].fp, all[0].fp))
+            rc = zs_err(ZS_EINVAL, "process %d loaded another model than process 0 (%s vs %s): give every process the same --model",
+                        p, all[p].fp, all[0].fp);
+        else if (all[p].tier != all[0].tier || all[p].replicate != all[0].replicate || all[p].spmd != all[0].spmd)
+            rc = zs_err(ZS_EINVAL, "process %d has another --offload, ZeRO stage or command than process 0", p);
+    }
+    free(all);
+    return rc;
+}
+
 int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     if (o->ranks < 1 || o->ranks > 256) return zs_err(ZS_EINVAL, "--ranks must be between 1 and 256 (got %d)", o->ranks);
     zs_world *w = calloc(1, sizeof *w);
@@ -234,42 +318,54 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     w->m = m;
     w->o = *o;
     w->n = o->ranks;
+    int procs = zs_cluster_size();
+    w->size = w->n * procs;
+    w->first = w->n * zs_cluster_rank();
+    w->led = procs > 1 && !o->spmd;
+    w->quit_sent = !w->led; /* nothing to tell until the world runs */
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     int rc;
     zs_comm **comms = calloc((size_t)w->n, sizeof *comms);
     w->ranks = calloc((size_t)w->n, sizeof *w->ranks);
     if (!comms || !w->ranks) { free(comms); zs_world_free(w); return zs_err(ZS_ENOMEM, "out of memory"); }
-    int cuda = o->device == ZS_DEVICE_CUDA, ndev = cuda ? zs_backend_cuda_devices() : 0;
-    if (cuda && ndev <= 0) {
+    if (procs > 1 && (rc = check_peers(w)) < 0) {
         free(comms);
         zs_world_free(w);
-        return zs_err(ZS_EDEVICE, "device cuda: no CUDA device is visible");
+        return rc;
     }
-    rc = 0;
-    if (cuda) {
+    int cuda = o->device == ZS_DEVICE_CUDA, ndev = cuda ? zs_backend_cuda_devices() : 0;
+    rc = cuda && ndev <= 0 ? zs_err(ZS_EDEVICE, "device cuda: no CUDA device is visible") : 0;
+    if (rc == 0 && cuda) {
         /* pinned pools created from now on (cpu tier, NVMe slots) are registered with CUDA */
         zs_dev_install_pinned_hooks();
         for (int r = 0; r < w->n && rc == 0; r++) rc = zs_dev_open(r % ndev, &w->ranks[r].dev);
-        if (rc < 0) {
-            free(comms);
-            zs_world_free(w);
-            return rc;
-        }
+    }
+    if ((rc = agree_start(w, rc, "opening its devices")) < 0) {
+        free(comms);
+        zs_world_free(w);
+        return rc;
     }
     /* NCCL when every rank has a device of its own (ZS_COMM=local keeps the in-process
-     * communicator); ranks that share a device gather through the local one */
+     * communicator); ranks that share a device gather through the local one. Across
+     * processes: NCCL bootstrapped over MPI, or MPI itself over host buffers. */
     const char *cm = getenv("ZS_COMM");
-    int nccl = cuda && w->n > 1 && w->n <= ndev && !(cm && !strcmp(cm, "local"));
+    int nccl = cuda && w->size > 1 && w->n <= ndev && !(cm && !strcmp(cm, "local"));
     if (nccl) {
         int devs[256];
         for (int r = 0; r < w->n; r++) devs[r] = r % ndev;
-        if (zs_comm_nccl_create(w->n, devs, comms) < 0) {
+        int nrc = procs > 1 ? zs_comm_nccl_create_cluster(w->n, devs, comms) : zs_comm_nccl_create(w->n, devs, comms);
+        if (procs > 1 && (nrc = agree_start(w, nrc, "joining NCCL")) < 0) {
+            free(comms);
+            zs_world_free(w);
+            return nrc;
+        }
+        if (nrc < 0) {
             zs_log_warn("NCCL unavailable (%s); ranks gather through the local communicator", zs_errmsg());
             nccl = 0;
         }
     }
-    if (!nccl) rc = zs_comm_local_create(w->n, comms);
+    if (!nccl) rc = procs > 1 ? zs_comm_mpi_create(w->n, comms) : zs_comm_local_create(w->n, comms);
     for (int r = 0; r < w->n; r++) {
         w->ranks[r].w = w;
         w->ranks[r].rank = r;
@@ -277,12 +373,11 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     }
     /* the gradient group: host buffers on the CPU device (training runs on the CPU for now) */
     if (rc == 0 && !cuda) {
-        rc = zs_comm_local_create(w->n, comms);
+        rc = procs > 1 ? zs_comm_mpi_create(w->n, comms) : zs_comm_local_create(w->n, comms);
         for (int r = 0; r < w->n; r++) w->ranks[r].gcomm = rc == 0 ? comms[r] : NULL;
     }
     free(comms);
-    if (rc < 0) goto fail;
-    if ((rc = zs_model_load_resident_parts(m)) < 0) goto fail;
+    if (rc == 0) rc = zs_model_load_resident_parts(m);
     const zs_model_config *c = zs_model_config_get(m);
     for (int r = 0; r < w->n && rc == 0; r++) {
         rank_t *R = &w->ranks[r];
@@ -292,7 +387,7 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
             zs_dev_gather_ops(R->dev, &R->gops);
             go.dev = &R->gops;
         }
-        rc = zs_gather_new(m, r, w->n, R->comm, &go, &R->g);
+        rc = zs_gather_new(m, w->first + r, w->size, R->comm, &go, &R->g);
         if (rc == 0)
             rc = zs_kv_init_ex(c->n_layers, c->n_kv_heads * c->head_dim, o->kv_blocks, o->max_seqs, o->context,
                                R->dev == NULL, &R->kv);
@@ -300,11 +395,10 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
             rc = R->dev ? zs_forward_cuda_new(m, o->max_tokens, R->dev, R->kv, &R->cfwd)
                         : zs_forward_new(m, o->max_tokens, &R->fwd);
     }
-    if (rc < 0) goto fail;
-    rc = o->gather.tier == ZS_OFFLOAD_NVME ? place_nvme(w) : place_memory(w);
-    if (rc < 0) goto fail;
+    if (rc == 0) rc = o->gather.tier == ZS_OFFLOAD_NVME ? place_nvme(w) : place_memory(w);
     /* the NVMe tier keeps the checkpoint mapped to repair damaged shards */
-    if (o->gather.tier != ZS_OFFLOAD_NVME) zs_model_close_checkpoint(m);
+    if (rc == 0 && o->gather.tier != ZS_OFFLOAD_NVME) zs_model_close_checkpoint(m);
+    if ((rc = agree_start(w, rc, "placing its parameters")) < 0) goto fail;
     for (int r = 0; r < w->n && rc == 0; r++) rc = zs_gather_start(w->ranks[r].g);
     for (int r = 1; r < w->n && rc == 0; r++) {
         if (pthread_create(&w->ranks[r].th, NULL, rank_main, &w->ranks[r]) != 0)
@@ -312,6 +406,8 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
         else w->ranks[r].started = 1;
     }
     if (rc < 0) goto fail;
+    w->quit_sent = 0;
+    w->running = 1;
     *out = w;
     return 0;
 fail:
@@ -321,6 +417,15 @@ fail:
 
 void zs_world_free(zs_world *w) {
     if (!w) return;
+    /* process 0 of a led world: the followers leave their loop */
+    if (w->led && !w->quit_sent && !zs_cluster_follower() && !zs_cluster_lost(NULL, 0)) {
+        w->quit_sent = 1;
+        if (send_plan(w, PLAN_QUIT) < 0) zs_log_warn("could not tell the followers to stop: %s", zs_errmsg());
+    }
+    /* several processes: the prefetchers may be inside a speculative gather of the next pass;
+     * ending speculation finishes that pass on every process alike, so that no collective is
+     * left half done when the handles are aborted below */
+    if (w->running && w->size > w->n && !zs_cluster_lost(NULL, 0)) zs_world_run(w, spec_off_job, w);
     pthread_mutex_lock(&w->mu);
     w->quit = 1;
     pthread_cond_broadcast(&w->cv);

@@ -1,8 +1,19 @@
-/* world.h — the ranks of one process (DESIGN.md §1): N rank threads, each bound to a device (a
- * CPU device here) with its own communicator handle, gather coordinator, KV cache and forward
- * executor. Rank 0 runs in the caller's thread; ranks 1..N-1 are worker threads. Every engine
- * step is one step plan: a batch for each rank (possibly empty) that all ranks execute in
+/* world.h — the ranks of one world (DESIGN.md §1): N rank threads in this process, each bound to
+ * a device (a CPU device here) with its own communicator handle, gather coordinator, KV cache and
+ * forward executor. Rank 0 runs in the caller's thread; ranks 1..N-1 are worker threads. Every
+ * engine step is one step plan: a batch for each rank (possibly empty) that all ranks execute in
  * lockstep, so every rank takes part in every gather.
+ *
+ * Several processes (cluster.h, `mpirun -np P`): the world has P*N ranks, this process's ranks
+ * are world ranks first..first+N-1 (first = process * N), the parameters are split P*N ways and
+ * the communicators span the processes. Two ways to drive it:
+ *   led   (default) process 0 drives: each zs_world_step there broadcasts a step plan and the
+ *         followers, inside zs_world_follow, run it with empty batches (they take part in every
+ *         gather; process 0's ranks hold every sequence). zs_world_free on process 0 ends the
+ *         followers' loop. zs_world_run is not available (it needs every process's state).
+ *   spmd  every process makes the same calls in the same order (training: each process reads
+ *         the same data and runs its own ranks' share of every step).
+ * Functions taking a rank take this process's rank index 0..N-1.
  *
  * zs_world_open also places the parameters: each bucket is packed once from the checkpoint and
  * its N shards go to their ranks' tiers (device memory, pinned host memory, or one NVMe shard
@@ -25,13 +36,22 @@ typedef struct {
     int device;            /* ZS_DEVICE_CUDA (device.h): rank r on CUDA device r % visible, its
                               shards, buffers, KV cache and forward pass on the GPU; anything
                               else: the CPU device */
+    int spmd;              /* several processes: every process drives the world (see above) */
 } zs_world_opts;
 
 typedef struct zs_world zs_world;
 
 int  zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out);
 void zs_world_free(zs_world *w);
-int  zs_world_ranks(const zs_world *w);
+int  zs_world_ranks(const zs_world *w);      /* ranks of this process */
+int  zs_world_size(const zs_world *w);       /* ranks of the whole world (all processes) */
+int  zs_world_first_rank(const zs_world *w); /* world rank of this process's rank 0 */
+/* 1 when the world spans several processes and is led by process 0 (not spmd). */
+int  zs_world_led(const zs_world *w);
+
+/* A follower's life (led worlds, processes > 0): runs the step plans process 0 broadcasts until
+ * it frees its world. Returns 0 then, or an error when the cluster is lost. */
+int  zs_world_follow(zs_world *w);
 zs_kvcache *zs_world_kv(zs_world *w, int rank);
 /* 1 when the shard files of this start were reused rather than written. */
 int  zs_world_reused_shards(const zs_world *w);
@@ -41,7 +61,8 @@ int  zs_world_reused_shards(const zs_world *w);
 int  zs_world_step(zs_world *w, const zs_batch *batches, float **logits);
 
 /* Runs fn(ud, r) on every rank's thread (rank 0 on the caller's), in lockstep with nothing else:
- * the building block of training steps. */
+ * the building block of training steps. In a led multi-process world only process 0's ranks
+ * would run it: callers check zs_world_led first. */
 void zs_world_run(zs_world *w, void (*fn)(void *ud, int rank), void *ud);
 zs_model *zs_world_model(zs_world *w);
 zs_gather *zs_world_gather(zs_world *w, int rank);

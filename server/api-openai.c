@@ -21,6 +21,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "cluster.h"
 #include "chat.h"
 #include "common.h"
 
@@ -353,7 +354,10 @@ static void job_finish(job *j) {
         if (j->ch[i].finish == ZS_DONE_ERROR && !failed) failed = &j->ch[i];
         if (j->ch[i].finish == ZS_DONE_CANCELLED && !cancelled) cancelled = &j->ch[i];
     }
-    if (!j->err.status && !j->closed) {
+    char lost[512];
+    if (!j->err.status && !j->closed && (failed || cancelled) && zs_cluster_lost(lost, sizeof lost)) {
+        zs_api_fail(&j->err, 503, NULL, "world_lost", "The multi-process world is lost (restart it): %s", lost);
+    } else if (!j->err.status && !j->closed) {
         if (failed) zs_api_fail(&j->err, 500, NULL, NULL, "generation failed: %s", failed->errmsg ? failed->errmsg : "");
         else if (cancelled) zs_api_fail(&j->err, 503, NULL, NULL, "the request was cancelled: the server is shutting down");
     }
@@ -422,6 +426,12 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
     zs_sched *s = a->base.sched;
     int draining = a->draining;
     pthread_mutex_unlock(&a->mu);
+    char lost[512];
+    if (zs_cluster_lost(lost, sizeof lost)) {
+        zs_api_fail(&e, 503, NULL, "world_lost", "The multi-process world is lost (restart it): %s", lost);
+        respond_err(r, &e);
+        return;
+    }
     if (draining) {
         zs_api_fail(&e, 503, NULL, "shutting_down", "The server is shutting down.");
         respond_err(r, &e);
@@ -557,6 +567,15 @@ static void h_completions(void *ud, zs_http_req *r) { handle_generate(ud, r, 0);
 static void h_chat(void *ud, zs_http_req *r) { handle_generate(ud, r, 1); }
 
 static void h_health(void *ud, zs_http_req *r) {
+    char lost[512];
+    if (zs_cluster_lost(lost, sizeof lost)) {
+        json_t *j = json_pack("{s:s,s:s}", "status", "error", "error", lost);
+        char *b = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        zs_http_respond(r, 503, "application/json", b ? b : "{\"status\":\"error\"}", b ? strlen(b) : 18);
+        free(b);
+        json_decref(j);
+        return;
+    }
     int ok = zs_api_loaded(ud);
     const char *b = ok ? "{\"status\":\"ok\"}" : "{\"status\":\"loading\"}";
     zs_http_respond(r, ok ? 200 : 503, "application/json", b, strlen(b));

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cluster.h"
 #include "common.h"
 #include "ftjobs-internal.h"
 
@@ -114,6 +115,15 @@ static int opt_string(json_t *root, const char *key, size_t max, const char **ou
 
 static void h_create(void *ud, zs_http_req *r) {
     zs_ftjobs *J = ud;
+    if (zs_cluster_size() > 1) {
+        /* a job trains its own copy of the model in its own world, which the followers of a
+         * multi-process world would have to open with it */
+        zs_http_respond_error(r, 400, "invalid_request_error", NULL, "multi_process_world",
+                              "Fine-tuning jobs need a single-process server; this one is a world of %d processes "
+                              "(mpirun). Train with `mpirun -np %d zeroserve train ...` and serve the result.",
+                              zs_cluster_size(), zs_cluster_size());
+        return;
+    }
     size_t len;
     const char *body = zs_http_req_body(r, &len);
     json_error_t je;
@@ -468,6 +478,11 @@ int zs_ftjobs_open(zs_http *h, const zs_ftjobs_opts *o, zs_ftjobs **out) {
 }
 
 int zs_ftjobs_start(zs_ftjobs *J, zs_sched *base) {
+    if (zs_cluster_size() > 1) {
+        zs_log_warn("fine-tuning: jobs and fine-tuned models are not served by a multi-process world; "
+                    "the jobs under the data directory stay as they are");
+        return 0;
+    }
     pthread_mutex_lock(&J->mu);
     J->base_sched = base;
     ftjob *todo[4096];

@@ -1,4 +1,6 @@
-/* main.c — the zeroserve command line: serve, generate, init-model, bench. */
+/* main.c — the zeroserve command line: serve, generate, train, export, init-model, make-corpus,
+ * bench. Under mpirun every process runs the same command line (cluster.h): serve and generate
+ * run on process 0 with the others following, train runs on every process. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -6,6 +8,7 @@
 #include "api.h"
 #include "bench.h"
 #include "cli.h"
+#include "cluster.h"
 #include "common.h"
 #include "engine-flags.h"
 #include "engine.h"
@@ -49,8 +52,20 @@ static int print_cb(void *ud, const char *s, size_t n) {
     return 0;
 }
 
+static void write_logits(void *ud, const float *logits, int vocab) {
+    FILE *f = ud;
+    fwrite(logits, sizeof(float), (size_t)vocab, f);
+}
+
+/* Commands that make no sense as several processes. */
+static int single_process(const char *cmd) {
+    if (zs_cluster_size() > 1)
+        return zs_err(ZS_EUNSUPPORTED, "%s runs as one process; start it without mpirun (serve, generate and train run under mpirun)", cmd);
+    return 0;
+}
+
 static int cmd_generate(int argc, char **argv) {
-    const char *prompt = NULL, *stop = NULL;
+    const char *prompt = NULL, *stop = NULL, *logits_out = NULL;
     zs_gen_params gp;
     memset(&gp, 0, sizeof gp);
     zs_sampler_params_default(&gp.sampling);
@@ -70,8 +85,9 @@ static int cmd_generate(int argc, char **argv) {
         {"ignore-eos", ZS_OPT_FLAG, &ignore_eos, "keep generating after the end-of-sequence token"},
         {"stats", ZS_OPT_FLAG, &stats, "print timing and gather counters to stderr"},
         {"print-ids", ZS_OPT_FLAG, &ids, "print the generated token ids to stderr"},
+        {"logits-out", ZS_OPT_STR, &logits_out, "write the logits of every sampled position to this file (f32)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 10);
+    int n_opts = zs_engine_flags_table(&ef, opts, 11);
     if (want_help(argc, argv)) {
         zs_cli_usage("generate", "Generates text from a prompt and prints it as it is produced.", opts, n_opts);
         return 0;
@@ -88,6 +104,18 @@ static int cmd_generate(int argc, char **argv) {
     ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
+    if (zs_cluster_follower()) {
+        int frc = zs_engine_follow(e);
+        zs_engine_free(e);
+        return frc;
+    }
+    FILE *lf = NULL;
+    if (logits_out && !(lf = fopen(logits_out, "wb"))) {
+        zs_engine_free(e);
+        return zs_err(ZS_EIO, "--logits-out %s: cannot create it", logits_out);
+    }
+    gp.on_logits = lf ? write_logits : NULL;
+    gp.logits_ud = lf;
     int32_t *pids = NULL;
     size_t np = 0;
     int rc = zs_tokenizer_encode(zs_engine_tokenizer(e), prompt, strlen(prompt), 1, &pids, &np);
@@ -120,6 +148,7 @@ static int cmd_generate(int argc, char **argv) {
         free(res.ids);
     }
     free(pids);
+    if (lf && fclose(lf) != 0 && rc == 0) rc = zs_err(ZS_EIO, "--logits-out %s: write failed", logits_out);
     zs_engine_free(e);
     return rc;
 }
@@ -226,21 +255,32 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     int rc;
+    if ((rc = zs_cluster_init(&argc, &argv)) < 0) {
+        fprintf(stderr, "zeroserve %s: error: %s\n", cmd, zs_errmsg());
+        return 1;
+    }
     if (!strcmp(cmd, "serve")) rc = zs_cmd_serve(argc - 2, argv + 2);
     else if (!strcmp(cmd, "train")) rc = zs_cmd_train(argc - 2, argv + 2);
-    else if (!strcmp(cmd, "make-corpus")) rc = cmd_make_corpus(argc - 2, argv + 2);
-    else if (!strcmp(cmd, "export")) rc = zs_cmd_export(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "make-corpus")) rc = single_process(cmd) ?: cmd_make_corpus(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "export")) rc = single_process(cmd) ?: zs_cmd_export(argc - 2, argv + 2);
     else if (!strcmp(cmd, "generate")) rc = cmd_generate(argc - 2, argv + 2);
-    else if (!strcmp(cmd, "init-model")) rc = cmd_init_model(argc - 2, argv + 2);
-    else if (!strcmp(cmd, "bench")) rc = cmd_bench(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "init-model")) rc = single_process(cmd) ?: cmd_init_model(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "bench")) rc = single_process(cmd) ?: cmd_bench(argc - 2, argv + 2);
     else {
         fprintf(stderr, "zeroserve: unknown command '%s'\n", cmd);
         usage();
         return 2;
     }
     if (rc < 0) {
-        fprintf(stderr, "zeroserve %s: error: %s\n", cmd, zs_errmsg()[0] ? zs_errmsg() : zs_strerror(rc));
+        if (zs_cluster_size() > 1)
+            fprintf(stderr, "zeroserve %s (process %d of %d): error: %s\n", cmd, zs_cluster_rank(), zs_cluster_size(),
+                    zs_errmsg()[0] ? zs_errmsg() : zs_strerror(rc));
+        else
+            fprintf(stderr, "zeroserve %s: error: %s\n", cmd, zs_errmsg()[0] ? zs_errmsg() : zs_strerror(rc));
+        /* no orderly end of the cluster after a failure: the others may be inside a collective;
+         * they see this process go (liveness watch) */
         return 1;
     }
+    zs_cluster_finalize();
     return 0;
 }

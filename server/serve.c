@@ -14,6 +14,7 @@
 
 #include "api.h"
 #include "chat.h"
+#include "cluster.h"
 #include "cli.h"
 #include "common.h"
 #include "engine-flags.h"
@@ -200,6 +201,24 @@ static void on_loaded_cmd(void *ud, int rc) {
     if (rc < 0) kill(getpid(), SIGUSR1); /* wakes sigwait in the main thread */
 }
 
+/* process 0 of several: a peer process is gone */
+static void on_lost_cmd(void *ud, const char *msg) {
+    (void)ud, (void)msg;
+    kill(getpid(), SIGUSR1);
+}
+
+/* The followers of a multi-process world serve nothing: they open the same engine and run the
+ * step plans of process 0 until it stops. */
+static int follow(const zs_engine_opts *eo) {
+    zs_engine *e;
+    ZS_CHECK(zs_engine_open(eo, &e));
+    int rc = zs_engine_follow(e);
+    zs_engine_free(e);
+    return rc;
+}
+
+#define LOST_GRACE_S 3
+
 static int want_help(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
@@ -264,6 +283,7 @@ int zs_cmd_serve(int argc, char **argv) {
     so.chat_template = tmpl;
     so.data_dir = data_dir;
     so.max_file_bytes = (size_t)(max_file ? max_file : max_body);
+    if (zs_cluster_follower()) return follow(&so.engine);
 
     /* every thread started from here inherits the blocked set; only sigwait takes them */
     sigset_t set;
@@ -276,6 +296,7 @@ int zs_cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
 
     zs_server *s = NULL;
+    if (zs_cluster_size() > 1) ZS_CHECK(zs_cluster_on_lost(on_lost_cmd, NULL));
     int rc = zs_server_start(&so, on_loaded_cmd, NULL, &s);
     if (rc < 0) {
         pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -284,6 +305,16 @@ int zs_cmd_serve(int argc, char **argv) {
     for (;;) {
         int sig = 0;
         if (sigwait(&set, &sig) != 0) continue;
+        char lost[512];
+        if (sig == SIGUSR1 && zs_cluster_lost(lost, sizeof lost)) {
+            /* requests get 503 naming the lost process for a moment (clients and load
+             * balancers see why), then the process exits non-zero: the world cannot heal */
+            fprintf(stderr, "zeroserve: the multi-process world is lost: %s; answering 503 for %d s, then exiting\n", lost, LOST_GRACE_S);
+            sleep(LOST_GRACE_S);
+            zs_server_stop(s, 1.0);
+            pthread_sigmask(SIG_SETMASK, &old, NULL);
+            return zs_err(ZS_ECANCELLED, "the multi-process world is lost: %s", lost);
+        }
         if (sig == SIGUSR1) {
             rc = zs_server_wait_loaded(s, 0);
             if (rc == ZS_EBUSY || rc == 0) continue; /* not from the loader */
