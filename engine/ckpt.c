@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "common.h"
 #include "fileio.h"
 #include "pool.h"
@@ -446,6 +447,60 @@ static void prune(const char *dir, int keep, const char *just_saved) {
     zs_fsync_dir(dir);
 }
 
+/* Several processes: every one reaches each agreement point with its status, and all leave with
+ * the worst (a failure elsewhere gets a message saying so). */
+static int agree(int multi, int rc, const char *what) {
+    if (!multi) return rc;
+    int all = rc;
+    int arc = zs_cluster_min_int(rc, &all);
+    if (rc < 0) return rc;
+    if (arc < 0) return arc;
+    if (all < 0) return zs_err(all, "checkpoint: another process failed %s (see its log)", what);
+    return 0;
+}
+
+/* Several processes: the checksums of every rank's file go to process 0 for the manifest.
+ * Per rank: status, file bytes, file checksum, then master/m/v checksums of each region. */
+static int exchange_sums(const zs_ckpt_layout *L, int r0, int nl, int rc, region **regs, int *nreg, size_t *bytes,
+                         uint64_t *fsum) {
+    size_t K = 3 + (size_t)L->n_buckets * 3;
+    int P = zs_cluster_size();
+    uint64_t *mine = calloc((size_t)nl * K, 8), *all = calloc((size_t)P * (size_t)nl * K, 8);
+    if (!mine || !all) {
+        free(mine);
+        free(all);
+        return zs_err(ZS_ENOMEM, "checkpoint: out of memory");
+    }
+    for (int i = 0; i < nl; i++) {
+        uint64_t *x = mine + (size_t)i * K;
+        int r = r0 + i;
+        x[0] = (uint64_t)(int64_t)rc;
+        x[1] = bytes[r];
+        x[2] = fsum[r];
+        for (int k = 0; rc == 0 && k < nreg[r]; k++)
+            for (int j = 0; j < 3; j++) x[3 + (size_t)k * 3 + (size_t)j] = regs[r][k].sum[j];
+    }
+    int xrc = zs_cluster_all_gather(mine, all, (size_t)nl * K * 8);
+    for (int r = 0; xrc == 0 && r < L->ranks; r++) {
+        const uint64_t *x = all + (size_t)r * K;
+        int st = (int)(int64_t)x[0];
+        if (st < 0) {
+            if (rc == 0) rc = zs_err(st, "checkpoint: rank %d could not write its file (see process %d's log)", r, r / nl);
+            continue;
+        }
+        if (r >= r0 && r < r0 + nl) continue;
+        size_t b;
+        nreg[r] = plan_rank(L, r, regs[r], &b);
+        bytes[r] = x[1];
+        fsum[r] = x[2];
+        for (int k = 0; k < nreg[r]; k++)
+            for (int j = 0; j < 3; j++) regs[r][k].sum[j] = x[3 + (size_t)k * 3 + (size_t)j];
+    }
+    free(mine);
+    free(all);
+    return xrc < 0 ? xrc : rc;
+}
+
 int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_get_fn get, void *ud,
                  const zs_ckpt_save_opts *o) {
     zs_ckpt_save_opts dflt = {0};
@@ -484,39 +539,37 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     latest_tmp = zs_str_printf("%s/latest.tmp", dir);
     latest = zs_str_printf("%s/latest", dir);
     int made_tmp = 0, moved_old = 0;
-    if (!regs || !nreg || !bytes || !fsum || !final || !tmp || !old || !man || !latest_tmp || !latest) {
+    int multi = o->local_ranks > 0 && zs_cluster_size() > 1;
+    int r0 = multi ? o->first_rank : 0, r1 = multi ? o->first_rank + o->local_ranks : L->ranks;
+    int lead = !multi || zs_cluster_rank() == 0;
+    if (multi && (r0 < 0 || r1 > L->ranks)) rc = zs_err(ZS_EINVAL, "checkpoint: ranks %d..%d of %d", r0, r1 - 1, L->ranks);
+    if (rc == 0 && (!regs || !nreg || !bytes || !fsum || !final || !tmp || !old || !man || !latest_tmp || !latest))
         rc = zs_err(ZS_ENOMEM, "checkpoint: out of memory");
-        goto done;
-    }
-    for (int r = 0; r < L->ranks; r++)
-        if (!(regs[r] = calloc((size_t)L->n_buckets, sizeof **regs))) {
-            rc = zs_err(ZS_ENOMEM, "checkpoint: out of memory");
-            goto done;
-        }
+    for (int r = 0; rc == 0 && r < L->ranks; r++)
+        if (!(regs[r] = calloc((size_t)L->n_buckets, sizeof **regs))) rc = zs_err(ZS_ENOMEM, "checkpoint: out of memory");
 
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    if (rc == 0 && lead && mkdir(dir, 0755) != 0 && errno != EEXIST) {
         int e = errno;
         rc = zs_err(zs_errno_code(e), "%s: cannot create checkpoint directory: %s", dir, strerror(e));
-        goto done;
     }
-    if (!is_dir(dir)) {
-        rc = zs_err(ZS_EINVAL, "%s: not a directory", dir);
-        goto done;
+    if (rc == 0 && lead && !is_dir(dir)) rc = zs_err(ZS_EINVAL, "%s: not a directory", dir);
+    if (rc == 0 && lead) {
+        clean_leftovers(dir);
+        if (mkdir(tmp, 0755) != 0) {
+            int e = errno;
+            rc = zs_err(zs_errno_code(e), "%s: cannot create: %s", tmp, strerror(e));
+        } else {
+            made_tmp = 1;
+        }
     }
-    clean_leftovers(dir);
-    if (mkdir(tmp, 0755) != 0) {
-        int e = errno;
-        rc = zs_err(zs_errno_code(e), "%s: cannot create: %s", tmp, strerror(e));
-        goto done;
-    }
-    made_tmp = 1;
+    if ((rc = agree(multi, rc, "preparing the checkpoint directory")) < 0) goto done;
     double t0 = zs_now();
     size_t total = 0;
-    for (int r = 0; r < L->ranks && rc == 0; r++) {
-        rc = save_rank(tmp, r, step, L, get, ud, regs[r], &nreg[r], &bytes[r], &fsum[r]);
-        total += bytes[r];
-    }
+    for (int r = r0; r < r1 && rc == 0; r++) rc = save_rank(tmp, r, step, L, get, ud, regs[r], &nreg[r], &bytes[r], &fsum[r]);
+    if (multi) rc = exchange_sums(L, r0, r1 - r0, rc, regs, nreg, bytes, fsum);
     if (rc < 0) goto done;
+    for (int r = 0; r < L->ranks; r++) total += bytes[r];
+    if (!lead) goto done; /* process 0 finishes the checkpoint; the agreement below waits for it */
     j = manifest_build(step, L, o, meta, regs, nreg, bytes, fsum);
     text = j ? json_dumps(j, JSON_INDENT(1)) : NULL;
     if (!text) {
@@ -570,6 +623,7 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
                 L->ranks, (double)total / (1 << 20), zs_now() - t0);
     prune(dir, keep, base);
 done:
+    if (multi && rc != ZS_ECANCELLED) rc = agree(multi, rc, "finishing the checkpoint");
     if (made_tmp) {
         int r = rm_tree(tmp);
         if (r < 0) zs_log_warn("%s: cannot remove after a failed save: %s", tmp, strerror(-r));

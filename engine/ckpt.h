@@ -80,6 +80,12 @@ typedef struct {
     const char *meta_json;         /* the caller's state: a JSON object (data position, RNG
                                       state, training config...); NULL: {} */
     int keep;                      /* complete checkpoints to keep, >= 1; 0: default 2 */
+    /* Several processes saving one checkpoint together (cluster.h; every process calls
+     * zs_ckpt_save with the same arguments): this process writes the rank files first_rank ..
+     * first_rank+local_ranks-1 (the callback is asked for those only), process 0 prepares the
+     * directory and writes the manifest and `latest` once every file is written; all return
+     * the same status. 0 local_ranks: one process writes everything. DIR must be shared. */
+    int first_rank, local_ranks;
 } zs_ckpt_save_opts;
 
 /* The slice of bucket b that rank r holds under layout L: *start and *len (elements). For a

@@ -72,7 +72,7 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     int rc;
     zs_data_opts dopt = {o->chat_template, 0, 0};
     if ((rc = zs_data_load(o->data_path, zs_engine_tokenizer(e), &dopt, &d)) < 0) goto done;
-    int ranks = zs_world_ranks(zs_engine_world(e));
+    int ranks = zs_world_size(zs_engine_world(e)); /* every process builds every rank's batch */
     int ctx = zs_engine_context(e);
     int seq_len = o->seq_len;
     if (seq_len == 0) seq_len = (int)ZS_MIN((size_t)ctx, ZS_MAX((size_t)2, zs_data_max_len(d)));

@@ -10,6 +10,7 @@
 
 #include "backward.h"
 #include "ckpt.h"
+#include "cluster.h"
 #include "common.h"
 #include "gather.h"
 #include "safetensors.h"
@@ -22,6 +23,8 @@ typedef struct {
     float *gh_data, *gh_res, *ge_data, *ge_res; /* head and embedding gradients of a micro-step */
     float *gfull, *gshard;                   /* storage-element order, full and one shard */
     void *wbuf;                              /* one shard in the storage dtype (nvme write-back) */
+    float *exfull;                           /* export across processes: one gathered bucket */
+    void *stat;                              /* several processes: every rank's {loss, status} */
     double loss_sum;
     int rc;
     char err[512];
@@ -31,7 +34,8 @@ struct zs_training {
     zs_world *w;
     zs_model *m;
     zs_train_opts o;
-    int n, nb, tied;
+    int n, nb, tied;       /* n: ranks of the world (all processes) */
+    int nl, first;         /* ranks of this process (t->r has nl entries), world rank of the first */
     int stage;             /* ZeRO stage: 3 sharded parameters; 2 and 1 replicated parameters,
                               with gradients reduce-scattered (2) or all-reduced (1) */
     size_t *n_elem, *shard_elem, *res_elem; /* per bucket */
@@ -45,6 +49,9 @@ struct zs_training {
     long step;
     float lr;
     int eval;
+    int ex_bucket;         /* the bucket export_job gathers */
+    double loss_total;     /* several processes: the step's loss sum and worst status */
+    int worst_rc, worst_rank;
 };
 
 /* ---- layout helpers ---- */
@@ -105,7 +112,7 @@ static void micro_job(void *ud, int rank) {
     zs_gather *g = zs_world_gather(t->w, rank);
     zs_weight_source src = zs_gather_source(g);
     const zs_model_config *c = zs_model_config_get(m);
-    int i = t->micro * t->n + rank, L = c->n_layers, eb = zs_bucket_embed(), hb = zs_bucket_head(m);
+    int i = t->micro * t->n + t->first + rank, L = c->n_layers, eb = zs_bucket_embed(), hb = zs_bucket_head(m);
     size_t bt = (size_t)t->o.micro_batch * (size_t)t->o.seq_len;
     const int32_t *tok = t->tokens[i], *tg = t->targets[i];
     long count = count_targets(tg, bt);
@@ -187,14 +194,14 @@ static void micro_job(void *ud, int rank) {
         if ((rc = reduce_bucket(t, rank, hb, R->gh_data, R->gh_res, scale)) < 0 && !failed) failed = rc;
     }
     zs_gather_pass_end(g);
-    R->rc = failed;
+    if (failed && R->rc == 0) R->rc = failed; /* the first failure of the step */
 }
 
 /* ---- the optimizer step on one rank ---- */
 
 /* The gradient of this rank's optimizer partition of bucket b. */
 static float *grad_slice(const zs_training *t, int rank, int b) {
-    return t->stage == 1 ? t->r[rank].gacc[b] + (size_t)rank * t->shard_elem[b] : t->r[rank].gacc[b];
+    return t->stage == 1 ? t->r[rank].gacc[b] + (size_t)(t->first + rank) * t->shard_elem[b] : t->r[rank].gacc[b];
 }
 
 static void optim_job(void *ud, int rank) {
@@ -205,7 +212,7 @@ static void optim_job(void *ud, int rank) {
     double ss = 0;
     for (int b = 0; b < t->nb; b++) {
         ss += zs_sumsq(grad_slice(t, rank, b), t->shard_elem[b]);
-        if (rank == 0) ss += zs_sumsq(R->racc[b], t->res_elem[b]); /* replicated: count once */
+        if (t->first + rank == 0) ss += zs_sumsq(R->racc[b], t->res_elem[b]); /* replicated: count once */
     }
     float part = (float)ss, total = 0;
     int rc = zs_comm_all_reduce(c, &part, &total, 1, ZS_F32, ZS_RED_SUM, NULL);
@@ -237,7 +244,7 @@ static void optim_job(void *ud, int rank) {
             memset(R->gacc[b], 0, t->shard_elem[b] * (t->stage == 1 ? (size_t)t->n : 1) * sizeof(float));
         }
         if (t->res_elem[b] > 0) {
-            if (rank == 0) {
+            if (rank == 0) { /* every process updates its own copy of the resident tensors */
                 if (coef != 1.0f) zs_scale(R->racc[b], t->res_elem[b], coef);
                 if (rc == 0)
                     rc = zs_adamw_update(R->rmaster[b], R->rmom[b], R->rvar[b], R->racc[b], t->res_elem[b],
@@ -259,6 +266,39 @@ static void optim_job(void *ud, int rank) {
     R->rc = rc;
 }
 
+/* Several processes: every rank learns every rank's loss sum and status (an all_gather, so the
+ * sum below adds them in rank order as one process does). */
+typedef struct { double loss; int32_t rc, pad; } rank_stat;
+
+static void stat_job(void *ud, int rank) {
+    zs_training *t = ud;
+    rank_tr *R = &t->r[rank];
+    rank_stat me = {R->loss_sum, R->rc, 0};
+    int rc = zs_comm_all_gather(zs_world_grad_comm(t->w, rank), &me, R->stat, sizeof me, NULL);
+    if (rank != 0) return;
+    const rank_stat *all = R->stat;
+    t->loss_total = 0;
+    t->worst_rc = rc;
+    t->worst_rank = -1;
+    for (int g = 0; rc == 0 && g < t->n; g++) {
+        t->loss_total += all[g].loss;
+        if (all[g].rc < 0 && t->worst_rank < 0) {
+            t->worst_rc = all[g].rc;
+            t->worst_rank = g;
+        }
+    }
+    if (rc < 0) snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
+}
+
+static void export_job(void *ud, int rank) {
+    zs_training *t = ud;
+    rank_tr *R = &t->r[rank];
+    int b = t->ex_bucket;
+    R->rc = zs_comm_all_gather(zs_world_grad_comm(t->w, rank), R->master[b], R->exfull,
+                               t->shard_elem[b] * sizeof(float), NULL);
+    if (R->rc < 0) snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
+}
+
 static void spec_job(void *ud, int rank) {
     zs_training *t = ud;
     zs_gather_set_speculation(zs_world_gather(t->w, rank), t->eval);
@@ -274,6 +314,9 @@ static float *falloc(size_t n) {
 
 int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
     if (zs_world_is_cuda(w)) return zs_err(ZS_EUNSUPPORTED, "training runs on the CPU device for now (use --device cpu)");
+    if (zs_world_led(w))
+        return zs_err(ZS_EUNSUPPORTED, "training: a multi-process world led by process 0 cannot train; every process "
+                                       "must run the training (zeroserve train under mpirun)");
     if (o->micro_batch < 1 || o->seq_len < 2 || o->grad_accum < 1)
         return zs_err(ZS_EINVAL, "training: batch size, sequence length (>= 2) and gradient accumulation must be positive");
     zs_model *m = zs_world_model(w);
@@ -285,7 +328,9 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
     t->w = w;
     t->m = m;
     t->o = *o;
-    t->n = zs_world_ranks(w);
+    t->n = zs_world_size(w);
+    t->nl = zs_world_ranks(w);
+    t->first = zs_world_first_rank(w);
     int repl = zs_world_replicated(w);
     t->stage = o->stage ? o->stage : repl ? 2 : 3;
     if (t->stage < 1 || t->stage > 3 || (t->stage < 3) != repl) {
@@ -299,7 +344,7 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
     t->wdt = zs_model_layout(m, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype;
     t->dsize = zs_dtype_size(t->wdt);
     t->n_elem = calloc((size_t)t->nb * 3, sizeof(size_t));
-    t->r = calloc((size_t)t->n, sizeof *t->r);
+    t->r = calloc((size_t)t->nl, sizeof *t->r);
     int rc = 0;
     if (!t->n_elem || !t->r) { free(t->n_elem); free(t->r); free(t); return zs_err(ZS_ENOMEM, "out of memory"); }
     t->shard_elem = t->n_elem + t->nb;
@@ -318,7 +363,7 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
         max_gl = ZS_MAX(max_gl, G->data_bytes / 4);
         max_res = ZS_MAX(max_res, t->res_elem[b]);
     }
-    for (int r = 0; r < t->n && rc == 0; r++) {
+    for (int r = 0; r < t->nl && rc == 0; r++) {
         zs_gather_stats st;
         zs_gather_stats_get(zs_world_gather(w, r), &st);
         rank_tr *R = &t->r[r];
@@ -338,8 +383,9 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
         R->gfull = falloc(max_full);
         R->gshard = falloc(max_full);
         R->wbuf = falloc(max_se); /* f32-sized: room for a shard in any storage dtype */
+        R->stat = calloc((size_t)t->n, sizeof(rank_stat));
         int ok = R->gl_data && R->gl_res && R->gh_data && R->gh_res && R->ge_data && R->ge_res && R->gfull &&
-                 R->gshard && R->wbuf;
+                 R->gshard && R->wbuf && R->stat;
         for (int b = 0; ok && b < t->nb; b++) {
             size_t se = t->shard_elem[b], re = t->res_elem[b];
             R->master[b] = falloc(se); R->mom[b] = falloc(se); R->var[b] = falloc(se);
@@ -359,7 +405,7 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
                 if ((rc = zs_gather_read_shard(g, b, R->wbuf)) < 0) break;
                 shard = R->wbuf;
             }
-            if (se > 0 && t->stage < 3) shard = (const char *)shard + (size_t)r * se * t->dsize; /* its partition */
+            if (se > 0 && t->stage < 3) shard = (const char *)shard + (size_t)(t->first + r) * se * t->dsize; /* its partition */
             if (se > 0) zs_to_f32(R->master[b], shard, t->wdt, se);
             if (r == 0 && re > 0) {
                 const zs_bucket_layout *L = zs_model_layout(m, b), *G = zs_model_grad_layout(m, b);
@@ -390,14 +436,31 @@ static int run_micro(zs_training *t, const int32_t *const *tokens, const int32_t
     t->targets = targets;
     t->total_count = 0;
     for (int i = 0; i < t->n * accum; i++) t->total_count += count_targets(targets[i], bt);
-    for (int r = 0; r < t->n; r++) t->r[r].loss_sum = 0;
+    for (int r = 0; r < t->nl; r++) {
+        t->r[r].loss_sum = 0;
+        t->r[r].rc = 0;
+    }
+    int multi = t->n > t->nl;
     for (t->micro = 0; t->micro < accum; t->micro++) {
         zs_world_run(t->w, micro_job, t);
-        for (int r = 0; r < t->n; r++)
+        /* several processes: a failed rank still took part in every reduction (with zeros); the
+         * processes learn of it together below */
+        for (int r = 0; !multi && r < t->nl; r++)
             if (t->r[r].rc < 0) return zs_err(t->r[r].rc, "%s", t->r[r].err);
     }
     double sum = 0;
-    for (int r = 0; r < t->n; r++) sum += t->r[r].loss_sum;
+    if (multi) {
+        zs_world_run(t->w, stat_job, t);
+        int local = t->worst_rank - t->first;
+        if (t->worst_rc < 0 && t->worst_rank < 0) return zs_err(t->worst_rc, "%s", t->r[0].err);
+        if (t->worst_rc < 0 && local >= 0 && local < t->nl) return zs_err(t->worst_rc, "%s", t->r[local].err);
+        if (t->worst_rc < 0)
+            return zs_err(t->worst_rc, "training: rank %d (process %d) failed; see that process's log", t->worst_rank,
+                          t->worst_rank / t->nl);
+        sum = t->loss_total;
+    } else {
+        for (int r = 0; r < t->nl; r++) sum += t->r[r].loss_sum;
+    }
     *loss = t->total_count > 0 ? (float)(sum / (double)t->total_count) : 0.0f;
     return 0;
 }
@@ -411,7 +474,7 @@ int zs_training_step(zs_training *t, const int32_t *const *tokens, const int32_t
     t->step = step;
     t->lr = zs_lr_at(&t->o.lr, step);
     zs_world_run(t->w, optim_job, t);
-    for (int r = 0; r < t->n; r++)
+    for (int r = 0; r < t->nl; r++)
         if (t->r[r].rc < 0) return zs_err(t->r[r].rc, "%s", t->r[r].err);
     *loss = l;
     return 0;
@@ -431,7 +494,7 @@ void zs_training_end(zs_training *t) {
     if (!t) return;
     t->eval = 1; /* speculation back on */
     zs_world_run(t->w, spec_job, t);
-    for (int r = 0; r < t->n; r++) {
+    for (int r = 0; r < t->nl; r++) {
         rank_tr *R = &t->r[r];
         zs_trainer_free(R->tr);
         for (int b = 0; R->master && b < t->nb; b++) {
@@ -441,6 +504,7 @@ void zs_training_end(zs_training *t) {
         free(R->master);
         free(R->gl_data); free(R->gl_res); free(R->gh_data); free(R->gh_res);
         free(R->ge_data); free(R->ge_res); free(R->gfull); free(R->gshard); free(R->wbuf);
+        free(R->exfull); free(R->stat);
     }
     free(t->r);
     free(t->n_elem);
@@ -472,13 +536,54 @@ static int copy_file(const char *src_dir, const char *dst_dir, const char *name,
     return rc;
 }
 
+/* Several processes: every rank gathers the master shards of every bucket (a collective, so
+ * every process calls the export); process 0 writes the directory. */
+static int export_multi(zs_training *t, const char *out_dir);
+static int export_write(zs_training *t, const char *out_dir, const char *mode);
+
 int zs_training_export(zs_training *t, const char *out_dir) {
+    if (t->n > t->nl) return export_multi(t, out_dir);
+    return export_write(t, out_dir, NULL);
+}
+
+static int export_multi(zs_training *t, const char *out_dir) {
+    size_t max_full = 0;
+    for (int b = 0; b < t->nb; b++) max_full = ZS_MAX(max_full, t->shard_elem[b] * (size_t)t->n);
+    int rc = 0;
+    for (int r = 0; r < t->nl; r++)
+        if (!t->r[r].exfull && !(t->r[r].exfull = falloc(max_full))) rc = ZS_ENOMEM;
+    /* every process must go through the same gathers: the failure is agreed on first */
+    int all = rc;
+    if (zs_cluster_min_int(rc, &all) < 0) return ZS_ECANCELLED;
+    if (all < 0) return zs_err(ZS_ENOMEM, "export: out of memory on %s process", rc < 0 ? "this" : "another");
+    return export_write(t, out_dir, zs_cluster_rank() == 0 ? "write" : NULL);
+}
+
+/* The bucket's fp32 weights (every rank's master shard) into full. */
+static int export_bucket(zs_training *t, int b, float *full, int multi) {
+    if (!multi) {
+        for (int r = 0; r < t->n; r++)
+            memcpy(full + (size_t)r * t->shard_elem[b], t->r[r].master[b], t->shard_elem[b] * sizeof(float));
+        return 0;
+    }
+    t->ex_bucket = b;
+    zs_world_run(t->w, export_job, t);
+    for (int r = 0; r < t->nl; r++)
+        if (t->r[r].rc < 0) return zs_err(t->r[r].rc, "export: %s", t->r[r].err);
+    memcpy(full, t->r[0].exfull, t->shard_elem[b] * (size_t)t->n * sizeof(float));
+    return 0;
+}
+
+/* mode NULL with several processes: gather only (not process 0) */
+static int export_write(zs_training *t, const char *out_dir, const char *mode) {
     zs_model *m = t->m;
+    int multi = t->n > t->nl, writer = !multi || mode != NULL;
     char tmp[4200], path[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp", out_dir);
     char cmd[8600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", tmp, tmp);
-    if (strchr(out_dir, '\'') || system(cmd) != 0) return zs_err(ZS_EIO, "export: cannot create %s", tmp);
+    int mkrc = writer && (strchr(out_dir, '\'') || system(cmd) != 0) ? zs_err(ZS_EIO, "export: cannot create %s", tmp) : 0;
+    if (!multi && mkrc < 0) return mkrc;
     ex_tensor *ts = calloc((size_t)t->nb * ZS_MAX_ROLES, sizeof *ts);
     float *full = NULL;
     size_t max_full = 0;
@@ -488,8 +593,8 @@ int zs_training_export(zs_training *t, const char *out_dir) {
     if (!ts || !full) rc = zs_err(ZS_ENOMEM, "out of memory");
     for (int b = 0; b < t->nb && rc == 0; b++) {
         /* the bucket's fp32 weights: every rank's master shard, and rank 0's resident masters */
-        for (int r = 0; r < t->n; r++)
-            memcpy(full + (size_t)r * t->shard_elem[b], t->r[r].master[b], t->shard_elem[b] * sizeof(float));
+        if ((rc = export_bucket(t, b, full, multi)) < 0) break;
+        if (!writer || mkrc < 0) continue; /* the gathers go on: the others wait in them */
         const zs_bucket_layout *L = zs_model_layout(m, b), *G = zs_model_grad_layout(m, b);
         for (int s = 0; s < L->n_roles && rc == 0; s++) {
             zs_slot_source src;
@@ -519,6 +624,17 @@ int zs_training_export(zs_training *t, const char *out_dir) {
                     for (int64_t i = 0; i < in; i++) x->data[i * cols + src.col0 + o] = w[o * in + i];
             }
         }
+    }
+    if (rc == 0 && mkrc < 0) rc = zs_err(mkrc, "export: cannot create %s", tmp);
+    if (!writer || rc < 0) {
+        for (int i = 0; ts && i < nt; i++) free(ts[i].data);
+        free(ts);
+        free(full);
+        if (writer && mkrc == 0) {
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+            if (system(cmd) != 0) zs_log_warn("export: could not remove %s", tmp);
+        }
+        return rc;
     }
     zs_st_decl *d = calloc((size_t)nt + 1, sizeof *d);
     if (rc == 0 && !d) rc = zs_err(ZS_ENOMEM, "out of memory");
@@ -575,7 +691,7 @@ int zs_training_export(zs_training *t, const char *out_dir) {
 static int ckpt_get(void *ud, int rank, int bucket, const float **master, const float **m, const float **v,
                     size_t *n) {
     zs_training *t = ud;
-    const rank_tr *R = &t->r[rank];
+    const rank_tr *R = &t->r[rank - t->first]; /* the saver asks only for this process's ranks */
     if (bucket < t->nb) {
         size_t start = (size_t)rank * t->shard_elem[bucket];
         size_t len = start >= t->n_elem[bucket] ? 0 : ZS_MIN(t->shard_elem[bucket], t->n_elem[bucket] - start);
@@ -615,7 +731,8 @@ int zs_training_save(zs_training *t, const char *dir, long step, const char *met
     }
     zs_ckpt_layout L;
     ckpt_layout(t, elems, elems + 2 * t->nb, repl, &L);
-    zs_ckpt_save_opts so = {zs_model_dir(t->m), zs_model_fingerprint(t->m), meta_json, keep};
+    zs_ckpt_save_opts so = {zs_model_dir(t->m), zs_model_fingerprint(t->m), meta_json, keep, t->first,
+                            t->n > t->nl ? t->nl : 0};
     int rc = zs_ckpt_save(dir, step, &L, ckpt_get, t, &so);
     free(elems);
     free(repl);
@@ -633,29 +750,45 @@ int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_js
         if (zs_ckpt_bucket_elems(c, b) != t->n_elem[b] || zs_ckpt_bucket_elems(c, t->nb + b) != t->res_elem[b])
             rc = zs_err(ZS_EFORMAT, "%s: bucket %d has another size than this model's (a different model or dtype?)",
                         zs_ckpt_path(c), b);
-    /* each rank reads its own slice of the new partition, whatever the saved one was */
-    for (int r = 0; r < t->n && rc == 0; r++)
+    /* each rank reads its own slice of the new partition, whatever the saved one was; with
+     * replicated parameters (stages 1, 2) every partition also goes into every local rank's
+     * whole copy, including the partitions of other processes' ranks */
+    float *scratch = NULL;
+    if (t->stage < 3) {
+        size_t mx = 0;
+        for (int b = 0; b < t->nb; b++) mx = ZS_MAX(mx, t->shard_elem[b]);
+        if (!(scratch = falloc(mx * 3))) rc = zs_err(ZS_ENOMEM, "out of memory");
+    }
+    for (int g = 0; g < t->n && rc == 0; g++) {
+        int r = g - t->first;
+        int mine = r >= 0 && r < t->nl;
+        if (!mine && t->stage == 3) continue;
         for (int b = 0; b < t->nb && rc == 0; b++) {
-            rank_tr *R = &t->r[r];
-            size_t start = (size_t)r * t->shard_elem[b];
-            size_t len = start >= t->n_elem[b] ? 0 : ZS_MIN(t->shard_elem[b], t->n_elem[b] - start);
-            memset(R->master[b], 0, t->shard_elem[b] * sizeof(float));
-            memset(R->mom[b], 0, t->shard_elem[b] * sizeof(float));
-            memset(R->var[b], 0, t->shard_elem[b] * sizeof(float));
-            if (len) rc = zs_ckpt_read(c, b, start, len, R->master[b], R->mom[b], R->var[b]);
-            if (rc == 0 && t->shard_elem[b]) {
-                zs_gather *g = zs_world_gather(t->w, r);
-                void *out = zs_gather_shard_buffer(g, b);
-                if (t->stage < 3) /* replicated: this partition goes into every rank's whole copy */
-                    for (int r2 = 0; r2 < t->n; r2++)
-                        zs_convert((char *)zs_gather_shard_buffer(zs_world_gather(t->w, r2), b) +
-                                       (size_t)r * t->shard_elem[b] * t->dsize,
-                                   t->wdt, R->master[b], ZS_F32, t->shard_elem[b]);
-                else
-                    zs_convert(out ? out : R->wbuf, t->wdt, R->master[b], ZS_F32, t->shard_elem[b]);
-                if (t->stage == 3 && !out) rc = zs_gather_write_shard(g, b, R->wbuf);
+            size_t se = t->shard_elem[b];
+            size_t start = (size_t)g * se;
+            size_t len = start >= t->n_elem[b] ? 0 : ZS_MIN(se, t->n_elem[b] - start);
+            float *ms = mine ? t->r[r].master[b] : scratch, *mm = mine ? t->r[r].mom[b] : scratch + se,
+                  *mv = mine ? t->r[r].var[b] : scratch + 2 * se;
+            memset(ms, 0, se * sizeof(float));
+            memset(mm, 0, se * sizeof(float));
+            memset(mv, 0, se * sizeof(float));
+            if (len) rc = zs_ckpt_read(c, b, start, len, ms, mm, mv);
+            if (rc == 0 && se) {
+                if (t->stage < 3) { /* replicated: this partition goes into every local whole copy */
+                    for (int r2 = 0; r2 < t->nl; r2++)
+                        zs_convert((char *)zs_gather_shard_buffer(zs_world_gather(t->w, r2), b) + start * t->dsize,
+                                   t->wdt, ms, ZS_F32, se);
+                } else {
+                    rank_tr *R = &t->r[r];
+                    zs_gather *gt = zs_world_gather(t->w, r);
+                    void *out = zs_gather_shard_buffer(gt, b);
+                    zs_convert(out ? out : R->wbuf, t->wdt, ms, ZS_F32, se);
+                    if (!out) rc = zs_gather_write_shard(gt, b, R->wbuf);
+                }
             }
+            /* the resident tensors: every process's first rank (each process has its copy) */
             if (rc == 0 && r == 0 && t->res_elem[b]) {
+                rank_tr *R = &t->r[0];
                 rc = zs_ckpt_read(c, t->nb + b, 0, t->res_elem[b], R->rmaster[b], R->rmom[b], R->rvar[b]);
                 const zs_bucket_layout *Ly = zs_model_layout(t->m, b), *G = zs_model_grad_layout(t->m, b);
                 char *res = zs_model_bucket_resident_mut(t->m, b);
@@ -665,6 +798,8 @@ int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_js
                                    ZS_F32, (size_t)(Ly->slot[s].shape[0] * Ly->slot[s].shape[1]));
             }
         }
+    }
+    free(scratch);
     if (rc == 0) {
         *step = zs_ckpt_step(c);
         if (meta_json) {

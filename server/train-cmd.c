@@ -10,6 +10,7 @@
 #include "ckpt.h"
 #include "train.h"
 #include "cli.h"
+#include "cluster.h"
 #include "common.h"
 #include "data.h"
 #include "engine-flags.h"
@@ -116,6 +117,7 @@ int zs_cmd_train(int argc, char **argv) {
     zs_engine_opts_default(&eo);
     eo.max_seqs = 1;
     ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
+    eo.spmd = 1; /* under mpirun every process trains its ranks' share of every step */
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
     fo.data_path = data_path;
@@ -148,8 +150,9 @@ int zs_cmd_train(int argc, char **argv) {
     progress g = {every, zs_now(), 0, schedule, lr, batch, accum, bar, 0};
     zs_finetune_hooks h = {on_plan, NULL, on_step, &g};
     zs_finetune_result res;
-    int rc = zs_finetune_run(e, &fo, &h, &res);
-    if (rc == 0) fprintf(stderr, "train: loss %.4f -> %.4f; wrote %s\n", res.first_loss, res.last_loss, out);
+    /* several processes: process 0 reports */
+    int rc = zs_finetune_run(e, &fo, zs_cluster_follower() ? NULL : &h, &res);
+    if (rc == 0 && !zs_cluster_follower()) fprintf(stderr, "train: loss %.4f -> %.4f; wrote %s\n", res.first_loss, res.last_loss, out);
     zs_engine_free(e);
     return rc;
 }
