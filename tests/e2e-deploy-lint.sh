@@ -180,7 +180,7 @@ for path, d in docs.get("Deployment", []):
 for path, d in docs.get("StatefulSet", []):
     check_workload(path, d, True, True)
     text = open(path).read().lower()
-    if "not implemented" not in text: err(f"{path}: must say that multi-process worlds are not implemented")
+    if "mpirun" not in text: err(f"{path}: must say how the processes are started as one world (mpirun)")
     hs = [s for _, s in services if s["metadata"]["name"] == d["spec"].get("serviceName")]
     if not hs or hs[0]["spec"].get("clusterIP") != "None":
         err(f"{path}: serviceName {d['spec'].get('serviceName')} is not a headless Service")
