@@ -86,6 +86,14 @@ code=$(curl -s -o /dev/null -w '%{http_code}' "$ZS_URL/v1/models")
 uid=$(podman exec "$NAME" id -u) && [ "$uid" != 0 ] && echo "runs as uid $uid" ||
     { echo "FAIL: container runs as root"; fail=1; }
 
+# a world of two processes inside the container (OpenMPI is in the image): the same text
+one=$(podman exec "$NAME" zeroserve generate --model /models/stories260K --prompt "Once upon a time" \
+    --max-tokens 16 --temperature 0 2>/dev/null)
+two=$(podman exec "$NAME" mpirun --oversubscribe -np 2 --mca btl self,vader,tcp zeroserve generate \
+    --model /models/stories260K --prompt "Once upon a time" --max-tokens 16 --temperature 0 2>"$work/mpi.err")
+if [ -n "$one" ] && [ "$one" = "$two" ]; then echo "mpirun -np 2 in the container: same text"; else
+    echo "FAIL: mpirun -np 2 in the container: '$two' vs '$one'"; tail -5 "$work/mpi.err"; fail=1; fi
+
 step "podman stop (SIGTERM)"
 podman stop -t 30 "$NAME" >/dev/null
 rc=$(podman inspect --format '{{.State.ExitCode}}' "$NAME")
