@@ -539,11 +539,11 @@ static int copy_file(const char *src_dir, const char *dst_dir, const char *name,
 /* Several processes: every rank gathers the master shards of every bucket (a collective, so
  * every process calls the export); process 0 writes the directory. */
 static int export_multi(zs_training *t, const char *out_dir);
-static int export_write(zs_training *t, const char *out_dir, const char *mode);
+static int export_write(zs_training *t, const char *out_dir, int writer);
 
 int zs_training_export(zs_training *t, const char *out_dir) {
     if (t->n > t->nl) return export_multi(t, out_dir);
-    return export_write(t, out_dir, NULL);
+    return export_write(t, out_dir, 1);
 }
 
 static int export_multi(zs_training *t, const char *out_dir) {
@@ -556,7 +556,7 @@ static int export_multi(zs_training *t, const char *out_dir) {
     int all = rc;
     if (zs_cluster_min_int(rc, &all) < 0) return ZS_ECANCELLED;
     if (all < 0) return zs_err(ZS_ENOMEM, "export: out of memory on %s process", rc < 0 ? "this" : "another");
-    return export_write(t, out_dir, zs_cluster_rank() == 0 ? "write" : NULL);
+    return export_write(t, out_dir, zs_cluster_rank() == 0);
 }
 
 /* The bucket's fp32 weights (every rank's master shard) into full. */
@@ -574,10 +574,10 @@ static int export_bucket(zs_training *t, int b, float *full, int multi) {
     return 0;
 }
 
-/* mode NULL with several processes: gather only (not process 0) */
-static int export_write(zs_training *t, const char *out_dir, const char *mode) {
+/* writer 0 (several processes, not process 0): take part in the gathers only */
+static int export_write(zs_training *t, const char *out_dir, int writer) {
     zs_model *m = t->m;
-    int multi = t->n > t->nl, writer = !multi || mode != NULL;
+    int multi = t->n > t->nl;
     char tmp[4200], path[4300];
     snprintf(tmp, sizeof tmp, "%s.tmp", out_dir);
     char cmd[8600];

@@ -322,7 +322,7 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     w->size = w->n * procs;
     w->first = w->n * zs_cluster_rank();
     w->led = procs > 1 && !o->spmd;
-    w->quit_sent = !w->led; /* nothing to tell until the world runs */
+    w->quit_sent = 1; /* nothing to tell the followers until the world runs */
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     int rc;
@@ -364,6 +364,13 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
             zs_log_warn("NCCL unavailable (%s); ranks gather through the local communicator", zs_errmsg());
             nccl = 0;
         }
+    }
+    if (!nccl && cuda && procs > 1) {
+        /* the MPI communicator moves host buffers; device buffers across processes need NCCL */
+        free(comms);
+        zs_world_free(w);
+        return zs_err(ZS_EUNSUPPORTED, "several processes on GPUs need a GPU of its own for every rank (--ranks %d, "
+                      "%d visible) and NCCL", o->ranks, ndev);
     }
     if (!nccl) rc = procs > 1 ? zs_comm_mpi_create(w->n, comms) : zs_comm_local_create(w->n, comms);
     for (int r = 0; r < w->n; r++) {
