@@ -52,6 +52,7 @@ typedef struct {
 
 static struct {
     int inited, mpi, rank, size;
+    int node_rank, node_size; /* processes on this host */
     MPI_Comm ctl;
     proc_info *procs;
     int *fds;        /* process 0: fds[p] is follower p's connection; followers: fds[0] */
@@ -70,6 +71,8 @@ static struct {
 int zs_cluster_rank(void) { return C.rank; }
 int zs_cluster_size(void) { return C.size > 0 ? C.size : 1; }
 int zs_cluster_follower(void) { return C.size > 1 && C.rank > 0; }
+int zs_cluster_node_rank(void) { return C.node_rank; }
+int zs_cluster_node_size(void) { return C.node_size > 0 ? C.node_size : 1; }
 
 int zs_cluster_lost(char *msg, size_t cap) {
     if (!atomic_load(&C.lost)) return 0;
@@ -405,6 +408,19 @@ int zs_cluster_init(int *argc, char ***argv) {
         return zs_err(ZS_EUNSUPPORTED, "cluster: this MPI library does not support MPI_THREAD_MULTIPLE (got level %d)", prov);
     if ((rc = MPI_Comm_dup(MPI_COMM_WORLD, &C.ctl)) != MPI_SUCCESS) return mpi_fail(rc, "MPI_Comm_dup");
     MPI_Comm_set_errhandler(C.ctl, MPI_ERRORS_RETURN);
+    MPI_Comm node;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_rank(node, &C.node_rank);
+        MPI_Comm_size(node, &C.node_size);
+        MPI_Comm_free(&node);
+    }
+    /* several processes on one host share its cores: each kernel thread pool takes its part
+     * (kernels/cpu/pool.c reads ZS_THREADS when it starts) */
+    if (C.node_size > 1 && !getenv("ZS_THREADS")) {
+        char nt[16];
+        snprintf(nt, sizeof nt, "%ld", ZS_MAX(1L, sysconf(_SC_NPROCESSORS_ONLN) / C.node_size));
+        setenv("ZS_THREADS", nt, 0);
+    }
     C.procs = calloc((size_t)C.size, sizeof *C.procs);
     C.fds = malloc((size_t)C.size * sizeof *C.fds);
     if (!C.procs || !C.fds) return zs_err(ZS_ENOMEM, "out of memory");

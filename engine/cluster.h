@@ -29,6 +29,10 @@ void zs_cluster_finalize(void);
 
 int  zs_cluster_rank(void);  /* this process, 0..size-1 (0 without MPI) */
 int  zs_cluster_size(void);  /* processes (1 without MPI) */
+/* Processes on this host and this process's index among them (0 and 1 without MPI): CUDA
+ * devices and CPU threads are shared out by them. */
+int  zs_cluster_node_rank(void);
+int  zs_cluster_node_size(void);
 /* 1 when this process is a follower (rank > 0 of a cluster of several processes). */
 int  zs_cluster_follower(void);
 

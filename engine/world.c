@@ -339,7 +339,9 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     if (rc == 0 && cuda) {
         /* pinned pools created from now on (cpu tier, NVMe slots) are registered with CUDA */
         zs_dev_install_pinned_hooks();
-        for (int r = 0; r < w->n && rc == 0; r++) rc = zs_dev_open(r % ndev, &w->ranks[r].dev);
+        /* several processes on one host take consecutive devices */
+        int base = zs_cluster_node_rank() * w->n;
+        for (int r = 0; r < w->n && rc == 0; r++) rc = zs_dev_open((base + r) % ndev, &w->ranks[r].dev);
     }
     if ((rc = agree_start(w, rc, "opening its devices")) < 0) {
         free(comms);
@@ -350,10 +352,10 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
      * communicator); ranks that share a device gather through the local one. Across
      * processes: NCCL bootstrapped over MPI, or MPI itself over host buffers. */
     const char *cm = getenv("ZS_COMM");
-    int nccl = cuda && w->size > 1 && w->n <= ndev && !(cm && !strcmp(cm, "local"));
+    int nccl = cuda && w->size > 1 && zs_cluster_node_size() * w->n <= ndev && !(cm && !strcmp(cm, "local"));
     if (nccl) {
         int devs[256];
-        for (int r = 0; r < w->n; r++) devs[r] = r % ndev;
+        for (int r = 0; r < w->n; r++) devs[r] = (zs_cluster_node_rank() * w->n + r) % ndev;
         int nrc = procs > 1 ? zs_comm_nccl_create_cluster(w->n, devs, comms) : zs_comm_nccl_create(w->n, devs, comms);
         if (procs > 1 && (nrc = agree_start(w, nrc, "joining NCCL")) < 0) {
             free(comms);
