@@ -1,9 +1,9 @@
 /* comm-mpi.c — the "mpi" communicator (comm.h): ranks are threads of the processes of the
  * cluster (cluster.h), buffers are host memory. Process p runs world ranks p*n .. p*n+n-1 on n
- * threads; the threads of one process exchange through shared memory (published pointers, as
- * in comm-local.c), the processes through MPI. Results are bitwise those of comm-local.c with
- * as many ranks: copies are exact, and every reduction goes through zs_comm_host_reduce over
- * the world's ranks in the order 0..size-1.
+ * threads; the threads of one process exchange through shared memory (published pointers in
+ * the slots of comm-group.c, as in comm-local.c), the processes through MPI. Results are
+ * bitwise those of comm-local.c with as many ranks: copies are exact, and every reduction goes
+ * through zs_comm_host_reduce over the world's ranks in the order 0..size-1.
  *
  * MPI communicators: the group holds n of them (zs_cluster_new_mpi_comm), one per local
  * thread index i: thread i of every process talks over comm i only, so no two threads ever
@@ -57,7 +57,6 @@
  * on our communicators) becomes ZS_EIO and also aborts the group.
  *
  * Thread-safety: as in comm.h — one thread per handle; zs_comm_abort from anywhere. */
-#include <errno.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -68,6 +67,7 @@
 #include <unistd.h>
 
 #include "cluster.h"
+#include "comm-group.h"
 #include "comm-impl.h"
 #include "common.h"
 
@@ -77,46 +77,18 @@
 #define TAG_ABORT 4242           /* point-to-point tag of abort notices on comm 0 */
 #define SPIN_POLLS 64            /* polls before the first sleep */
 #define SHORT_SLEEPS 1000        /* sleeps of 20 us before they grow to 100 us */
-#define WATCH_NS 2000000L        /* in-process barrier: period of the abort/loss check */
-
-enum { K_ALL_GATHER, K_REDUCE_SCATTER, K_ALL_REDUCE, K_BROADCAST, K_BARRIER, K_AGREE, K_BAD };
-
-static const char *kind_name(int k) {
-    static const char *names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                  "barrier",    "agree",          "failed collective"};
-    return k >= 0 && k <= K_BAD ? names[k] : "?";
-}
-
-/* One rank's published arguments and outcome; a cache line each. */
-typedef struct {
-    int kind;
-    int dt, op, root; /* -1 where not meaningful */
-    size_t size;      /* bytes or elements, as the collective takes them */
-    const void *send;
-    void *recv;
-    void *scratch; /* this rank's scratch (reduce_scatter, all_reduce) */
-    int status;    /* agree: the rank's status */
-    int prep;      /* 0, or why the rank cannot take part (scratch allocation) */
-    int work;      /* 0, or how the rank's MPI part failed */
-} __attribute__((aligned(64))) slot;
 
 /* What thread i tells thread i of the other processes (step 2). */
 typedef struct {
     int32_t kind, dt, op, root;
-    int32_t status; /* agree: the process's worst status; K_BAD: the error code */
+    int32_t status; /* agree: the process's worst status; ZS_COLL_BAD: the error code */
     int32_t pad;
     uint64_t size;
 } hdr;
 
 typedef struct {
+    zs_comm_group lg; /* the n local ranks: slots, barrier, abort flag (comm-group.h) */
     int n, nproc, proc, size; /* local ranks, processes, this process, world ranks */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int arrived;       /* ranks waiting in the current barrier generation */
-    unsigned long gen; /* barrier generation */
-    atomic_int aborted;
-    int refs; /* live handles */
-    slot *slots;
     size_t chunk; /* bytes per MPI call */
     /* several processes only */
     int *handles;     /* n communicators (zs_cluster_new_mpi_comm), -1 when none */
@@ -176,16 +148,12 @@ static void send_notices(group *g) {
 /* Marks the group aborted and wakes the local ranks; notify: also tell the other processes
  * (not for a notice received from them, nor for a lost cluster). */
 static void group_abort(group *g, int notify) {
-    pthread_mutex_lock(&g->mu);
-    int first = !atomic_exchange(&g->aborted, 1);
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-    if (first && notify) send_notices(g);
+    if (zs_comm_group_abort(&g->lg) && notify) send_notices(g);
 }
 
 /* Polls the notice receive (when no other thread does): a notice of this group aborts it. */
 static void poll_notice(group *g) {
-    if (g->nproc == 1 || atomic_load(&g->aborted)) return;
+    if (g->nproc == 1 || zs_comm_group_aborted(&g->lg)) return;
     if (pthread_mutex_trylock(&g->amu)) return;
     int hit = 0, done = 0;
     if (g->notice_rq != MPI_REQUEST_NULL &&
@@ -200,9 +168,12 @@ static void poll_notice(group *g) {
 /* Watches for an abort notice or a lost cluster; 1 when the group is aborted. */
 static int watch(group *g) {
     poll_notice(g);
-    if (!atomic_load(&g->aborted) && zs_cluster_lost(NULL, 0)) group_abort(g, 0);
-    return atomic_load(&g->aborted);
+    if (!zs_comm_group_aborted(&g->lg) && zs_cluster_lost(NULL, 0)) group_abort(g, 0);
+    return zs_comm_group_aborted(&g->lg);
 }
+
+/* The watch of the in-process barrier (several processes). */
+static void watch_barrier(void *g) { watch(g); }
 
 static void mpi_abort(zs_comm *c) { group_abort(((mpi_comm *)c)->g, 1); }
 
@@ -214,52 +185,6 @@ static int cancelled(mpi_comm *mc, const char *what) {
                       mc->base.rank, mc->base.size, lost);
     return zs_err(ZS_ECANCELLED, "comm mpi %s (rank %d of %d): group aborted", what,
                   mc->base.rank, mc->base.size);
-}
-
-/* ---- in-process barrier ------------------------------------------------------------------ */
-
-/* Waits until the n local ranks have arrived. Abortable: ZS_ECANCELLED when the group is (or
- * becomes) aborted before the generation completes; with several processes the wait also
- * watches for notices and a lost cluster. Not abortable: only used once every local rank is
- * known to be on its way. */
-static int sync_ranks(group *g, int abortable) {
-    int rc = 0;
-    pthread_mutex_lock(&g->mu);
-    if (abortable && atomic_load(&g->aborted)) {
-        pthread_mutex_unlock(&g->mu);
-        return ZS_ECANCELLED;
-    }
-    unsigned long my = g->gen;
-    if (++g->arrived == g->n) {
-        g->arrived = 0;
-        g->gen++;
-        pthread_cond_broadcast(&g->cv);
-    } else {
-        while (g->gen == my && !(abortable && atomic_load(&g->aborted))) {
-            if (!abortable || g->nproc == 1) {
-                pthread_cond_wait(&g->cv, &g->mu);
-                continue;
-            }
-            struct timespec ts;
-            clock_gettime(CLOCK_MONOTONIC, &ts);
-            ts.tv_nsec += WATCH_NS;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT) {
-                pthread_mutex_unlock(&g->mu);
-                watch(g);
-                pthread_mutex_lock(&g->mu);
-            }
-        }
-        if (g->gen == my) { /* aborted before everyone arrived: leave this generation */
-            g->arrived--;
-            rc = ZS_ECANCELLED;
-        }
-    }
-    pthread_mutex_unlock(&g->mu);
-    return rc;
 }
 
 /* ---- MPI requests ------------------------------------------------------------------------ */
@@ -389,49 +314,17 @@ static int bcast_bytes(mpi_comm *mc, char *buf, size_t bytes, int root, const ch
 
 /* ---- the common steps -------------------------------------------------------------------- */
 
-static void describe(int kind, size_t size, int dt, int op, int root, char *buf, size_t n) {
-    switch (kind) {
-    case K_ALL_GATHER:
-        snprintf(buf, n, "all_gather(bytes_per_rank=%zu)", size);
-        break;
-    case K_REDUCE_SCATTER:
-    case K_ALL_REDUCE:
-        snprintf(buf, n, "%s(count=%zu, %s, %s)", kind_name(kind), size,
-                 zs_dtype_name((zs_dtype)dt), zs_comm_redop_name((zs_redop)op));
-        break;
-    case K_BROADCAST:
-        snprintf(buf, n, "broadcast(bytes=%zu, root=%d)", size, root);
-        break;
-    default:
-        snprintf(buf, n, "%s()", kind_name(kind));
-    }
-}
-
-static int same_call(const slot *a, const slot *b) {
-    return a->kind == b->kind && a->size == b->size && a->dt == b->dt && a->op == b->op &&
-           a->root == b->root;
-}
-
 /* The local ranks' verdict, the same on each of them (they see the same slots): 0, or an
  * error code with the message set. */
 static int local_verdict(mpi_comm *mc) {
     group *g = mc->g;
-    const slot *s0 = &g->slots[0];
     int base = g->proc * g->n;
-    for (int r = 1; r < g->n; r++) {
-        const slot *s = &g->slots[r];
-        if (!same_call(s, s0)) {
-            char a[96], b[96];
-            describe(s0->kind, s0->size, s0->dt, s0->op, s0->root, a, sizeof a);
-            describe(s->kind, s->size, s->dt, s->op, s->root, b, sizeof b);
-            return zs_err(ZS_EINVAL, "comm mpi: ranks disagree on the collective: rank %d called "
-                          "%s, rank %d called %s", base, a, base + r, b);
-        }
-    }
+    const zs_comm_slot *s = g->lg.slots;
+    ZS_CHECK(zs_comm_group_check(&g->lg, "mpi", base));
     for (int r = 0; r < g->n; r++)
-        if (g->slots[r].prep < 0)
-            return zs_err(g->slots[r].prep, "comm mpi %s: rank %d cannot take part: out of "
-                          "memory for its scratch buffer", kind_name(s0->kind), base + r);
+        if (s[r].prep < 0)
+            return zs_err(s[r].prep, "comm mpi %s: rank %d cannot take part: out of memory for "
+                          "its scratch buffer", zs_comm_group_kind_name(s[0].kind), base + r);
     return 0;
 }
 
@@ -440,18 +333,17 @@ static int local_verdict(mpi_comm *mc) {
  * minimum status (agree). */
 static int exchange(mpi_comm *mc, int verdict, int *worst) {
     group *g = mc->g;
-    const slot *s = &g->slots[0];
-    const char *what = kind_name(s->kind);
+    const zs_comm_slot *s = &g->lg.slots[0];
+    const char *what = zs_comm_group_kind_name(s->kind);
     hdr *h = &mc->hsend;
     memset(h, 0, sizeof *h);
-    h->kind = verdict < 0 ? K_BAD : s->kind;
+    h->kind = verdict < 0 ? ZS_COLL_BAD : s->kind;
     h->dt = s->dt;
     h->op = s->op;
     h->root = s->root;
     h->size = s->size;
     h->status = verdict;
-    if (verdict == 0 && s->kind == K_AGREE)
-        for (int r = 0; r < g->n; r++) h->status = ZS_MIN(h->status, g->slots[r].status);
+    if (verdict == 0 && s->kind == ZS_COLL_AGREE) h->status = zs_comm_group_worst(&g->lg);
     int e = MPI_Iallgather(h, (int)sizeof *h, MPI_BYTE, mc->hrecv, (int)sizeof *h, MPI_BYTE,
                            my_comm(mc), &mc->rq);
     int rc = finish(mc, e, what, "MPI_Iallgather (header)");
@@ -460,7 +352,7 @@ static int exchange(mpi_comm *mc, int verdict, int *worst) {
     int w = 0;
     for (int p = 0; p < g->nproc; p++) {
         const hdr *hp = &mc->hrecv[p];
-        if (hp->kind == K_BAD)
+        if (hp->kind == ZS_COLL_BAD)
             return zs_err(hp->status < 0 ? hp->status : ZS_EINVAL,
                           "comm mpi %s (rank %d of %d): process %d failed the collective (its "
                           "ranks disagree or cannot take part; see its log)", what,
@@ -468,8 +360,10 @@ static int exchange(mpi_comm *mc, int verdict, int *worst) {
         if (hp->kind != h0->kind || hp->size != h0->size || hp->dt != h0->dt ||
             hp->op != h0->op || hp->root != h0->root) {
             char a[96], b[96];
-            describe(h0->kind, (size_t)h0->size, h0->dt, h0->op, h0->root, a, sizeof a);
-            describe(hp->kind, (size_t)hp->size, hp->dt, hp->op, hp->root, b, sizeof b);
+            zs_comm_group_describe(h0->kind, (size_t)h0->size, h0->dt, h0->op, h0->root, a,
+                                   sizeof a);
+            zs_comm_group_describe(hp->kind, (size_t)hp->size, hp->dt, hp->op, hp->root, b,
+                                   sizeof b);
             return zs_err(ZS_EINVAL, "comm mpi: processes disagree on the collective: process "
                           "0 called %s, process %d called %s", a, p, b);
         }
@@ -483,11 +377,11 @@ static int exchange(mpi_comm *mc, int verdict, int *worst) {
  * succeeded; else this rank's own error, or ZS_ECANCELLED when another local rank failed. */
 static int settle(mpi_comm *mc, int rc, const char *what) {
     group *g = mc->g;
-    g->slots[mc->li].work = rc;
-    sync_ranks(g, 0);
+    g->lg.slots[mc->li].work = rc;
+    zs_comm_group_sync(&g->lg, 0);
     if (rc < 0) return rc;
     for (int r = 0; r < g->n; r++)
-        if (g->slots[r].work < 0)
+        if (g->lg.slots[r].work < 0)
             return zs_err(ZS_ECANCELLED, "comm mpi %s (rank %d of %d): rank %d failed (group "
                           "aborted)", what, mc->base.rank, mc->base.size, g->proc * g->n + r);
     return 0;
@@ -497,15 +391,12 @@ static int settle(mpi_comm *mc, int rc, const char *what) {
  * caller returns at once. Otherwise 0 with *verdict: 0 to do the work, or the error every
  * local rank returns after leave(); the barriers that follow are the same on every local rank
  * whatever its verdict. */
-static int enter(mpi_comm *mc, const slot *mine, int *verdict, int *worst) {
+static int enter(mpi_comm *mc, const zs_comm_slot *mine, int *verdict, int *worst) {
     group *g = mc->g;
-    g->slots[mc->li] = *mine;
-    if (sync_ranks(g, 1) < 0) return cancelled(mc, kind_name(mine->kind));
+    if (zs_comm_group_enter(&g->lg, mc->li, mine) < 0)
+        return cancelled(mc, zs_comm_group_kind_name(mine->kind));
     int v = local_verdict(mc);
-    if (worst && v == 0) {
-        *worst = 0;
-        for (int r = 0; r < g->n; r++) *worst = ZS_MIN(*worst, g->slots[r].status);
-    }
+    if (worst && v == 0) *worst = zs_comm_group_worst(&g->lg);
     if (g->nproc > 1) v = exchange(mc, v, worst);
     *verdict = v;
     return 0;
@@ -513,19 +404,8 @@ static int enter(mpi_comm *mc, const slot *mine, int *verdict, int *worst) {
 
 /* Step 4 and the result. */
 static int leave(mpi_comm *mc, int rc) {
-    sync_ranks(mc->g, 0);
+    zs_comm_group_sync(&mc->g->lg, 0);
     return rc;
-}
-
-static slot make_slot(int kind, size_t size, const void *send, void *recv) {
-    slot s;
-    memset(&s, 0, sizeof s);
-    s.kind = kind;
-    s.size = size;
-    s.send = send;
-    s.recv = recv;
-    s.dt = s.op = s.root = -1;
-    return s;
 }
 
 /* Grows the handle's scratch to `bytes` (kept between calls). */
@@ -539,11 +419,18 @@ static int need_scratch(mpi_comm *mc, size_t bytes) {
     return 0;
 }
 
-/* Balanced split of count elements into n parts: part r is [lo, hi). */
-static void part(size_t count, int n, int r, size_t *lo, size_t *hi) {
-    size_t q = count / (size_t)n, rem = count % (size_t)n;
-    *lo = (size_t)r * q + ZS_MIN((size_t)r, rem);
-    *hi = *lo + q + ((size_t)r < rem);
+/* The world's ranks as reduction sources, in rank order, each off bytes into its data: world
+ * rank p*n + k is part p (blk bytes a part) of local rank k's scratch with several processes,
+ * local rank k's send with one. */
+static void world_sources(mpi_comm *mc, size_t blk, size_t off) {
+    group *g = mc->g;
+    for (int p = 0; p < g->nproc; p++)
+        for (int k = 0; k < g->n; k++) {
+            const zs_comm_slot *s = &g->lg.slots[k];
+            const char *src =
+                g->nproc > 1 ? (const char *)s->scratch + (size_t)p * blk : (const char *)s->send;
+            mc->srcs[p * g->n + k] = src + off;
+        }
 }
 
 /* ---- the collectives --------------------------------------------------------------------- */
@@ -554,7 +441,7 @@ static int mpi_all_gather(zs_comm *c, const void *send, void *recv, size_t bytes
     mpi_comm *mc = (mpi_comm *)c;
     group *g = mc->g;
     int n = g->n, li = mc->li, v;
-    slot me = make_slot(K_ALL_GATHER, bytes, send, recv);
+    zs_comm_slot me = zs_comm_group_slot(ZS_COLL_ALL_GATHER, bytes, send, recv);
     if (enter(mc, &me, &v, NULL) < 0) return ZS_ECANCELLED;
     if (g->nproc > 1) {
         int rc = v;
@@ -574,8 +461,8 @@ static int mpi_all_gather(zs_comm *c, const void *send, void *recv, size_t bytes
             for (int p = 0; p < g->nproc; p++) {
                 size_t off = ((size_t)p * n + k) * bytes;
                 char *dst = (char *)recv + off;
-                const char *src = g->nproc > 1 ? (const char *)g->slots[k].recv + off
-                                               : (const char *)g->slots[k].send;
+                const char *src = g->nproc > 1 ? (const char *)g->lg.slots[k].recv + off
+                                               : (const char *)g->lg.slots[k].send;
                 if (src != dst) memcpy(dst, src, bytes);
             }
         }
@@ -590,7 +477,7 @@ static int mpi_reduce_scatter(zs_comm *c, const void *send, void *recv, size_t c
     group *g = mc->g;
     int n = g->n, li = mc->li, v;
     size_t es = zs_dtype_size(dt), sub = count * es, blk = (size_t)n * sub; /* per process */
-    slot me = make_slot(K_REDUCE_SCATTER, count, send, recv);
+    zs_comm_slot me = zs_comm_group_slot(ZS_COLL_REDUCE_SCATTER, count, send, recv);
     me.dt = dt;
     me.op = op;
     if (g->nproc > 1 && count) {
@@ -605,13 +492,7 @@ static int mpi_reduce_scatter(zs_comm *c, const void *send, void *recv, size_t c
     }
     if (v == 0 && count) {
         /* world rank q = p*n + k sent its block for us to thread k of our process, part p */
-        for (int p = 0; p < g->nproc; p++)
-            for (int k = 0; k < n; k++) {
-                const char *src =
-                    g->nproc > 1 ? (const char *)g->slots[k].scratch + (size_t)p * blk
-                                 : (const char *)g->slots[k].send;
-                mc->srcs[p * n + k] = src + (size_t)li * sub;
-            }
+        world_sources(mc, blk, (size_t)li * sub);
         /* in place, recv is our own send block, which only we read (MPI has read it already
          * with several processes); the reduction writes each chunk after reading it */
         zs_comm_host_reduce(recv, mc->srcs, c->size, count, dt, op);
@@ -626,7 +507,7 @@ static int mpi_all_reduce(zs_comm *c, const void *send, void *recv, size_t count
     group *g = mc->g;
     int n = g->n, li = mc->li, v;
     size_t es = zs_dtype_size(dt), blk = count * es;
-    slot me = make_slot(K_ALL_REDUCE, count, send, recv);
+    zs_comm_slot me = zs_comm_group_slot(ZS_COLL_ALL_REDUCE, count, send, recv);
     me.dt = dt;
     me.op = op;
     if (g->nproc > 1 && count) {
@@ -643,26 +524,14 @@ static int mpi_all_reduce(zs_comm *c, const void *send, void *recv, size_t count
     if (v == 0) {
         /* reduce part li over every world rank, in rank order */
         size_t lo, hi;
-        part(count, n, li, &lo, &hi);
+        zs_comm_group_part(count, n, li, &lo, &hi);
         if (hi > lo) {
-            for (int p = 0; p < g->nproc; p++)
-                for (int k = 0; k < n; k++) {
-                    const char *src =
-                        g->nproc > 1 ? (const char *)g->slots[k].scratch + (size_t)p * blk
-                                     : (const char *)g->slots[k].send;
-                    mc->srcs[p * n + k] = src + lo * es;
-                }
+            world_sources(mc, blk, lo * es);
             zs_comm_host_reduce((char *)recv + lo * es, mc->srcs, c->size, hi - lo, dt, op);
         }
         /* every part is final, and no rank reads a send buffer any more */
-        if (n > 1) sync_ranks(g, 0);
-        for (int t = 1; t < n; t++) {
-            int k = (li + t) % n;
-            part(count, n, k, &lo, &hi);
-            if (hi > lo)
-                memcpy((char *)recv + lo * es, (const char *)g->slots[k].recv + lo * es,
-                       (hi - lo) * es);
-        }
+        if (n > 1) zs_comm_group_sync(&g->lg, 0);
+        zs_comm_group_gather_parts(&g->lg, li, recv, count, es);
     }
     return leave(mc, v);
 }
@@ -673,14 +542,14 @@ static int mpi_broadcast(zs_comm *c, void *buf, size_t bytes, int root, void *st
     group *g = mc->g;
     int n = g->n, li = mc->li, v;
     int rproc = root / n, rli = root % n;
-    slot me = make_slot(K_BROADCAST, bytes, buf, buf);
+    zs_comm_slot me = zs_comm_group_slot(ZS_COLL_BROADCAST, bytes, buf, buf);
     me.root = root;
     if (enter(mc, &me, &v, NULL) < 0) return ZS_ECANCELLED;
-    const char *rbuf = g->slots[rli].send; /* the root's buffer, in the root's process */
+    const char *rbuf = g->lg.slots[rli].send; /* the root's buffer, in the root's process */
     size_t lo, hi;
     if (g->nproc > 1) {
         int rc = v;
-        part(bytes, n, li, &lo, &hi);
+        zs_comm_group_part(bytes, n, li, &lo, &hi);
         if (rc == 0 && hi > lo) {
             char *b = g->proc == rproc ? (char *)rbuf : (char *)buf;
             rc = bcast_bytes(mc, b + lo, hi - lo, rproc, "broadcast");
@@ -691,12 +560,7 @@ static int mpi_broadcast(zs_comm *c, void *buf, size_t bytes, int root, void *st
         if (g->proc == rproc) {
             if (c->rank != root && rbuf != buf) memcpy(buf, rbuf, bytes);
         } else {
-            for (int t = 1; t < n; t++) {
-                int k = (li + t) % n;
-                part(bytes, n, k, &lo, &hi);
-                if (hi > lo)
-                    memcpy((char *)buf + lo, (const char *)g->slots[k].send + lo, hi - lo);
-            }
+            zs_comm_group_gather_parts(&g->lg, li, buf, bytes, 1); /* recv == send == buf */
         }
     }
     return leave(mc, v);
@@ -705,7 +569,7 @@ static int mpi_broadcast(zs_comm *c, void *buf, size_t bytes, int root, void *st
 static int mpi_barrier(zs_comm *c) {
     mpi_comm *mc = (mpi_comm *)c;
     int v;
-    slot me = make_slot(K_BARRIER, 0, NULL, NULL);
+    zs_comm_slot me = zs_comm_group_slot(ZS_COLL_BARRIER, 0, NULL, NULL);
     if (enter(mc, &me, &v, NULL) < 0) return ZS_ECANCELLED;
     if (mc->g->nproc > 1) v = settle(mc, v, "barrier");
     return leave(mc, v);
@@ -714,7 +578,7 @@ static int mpi_barrier(zs_comm *c) {
 static int mpi_agree(zs_comm *c, int local_status, int *global_status) {
     mpi_comm *mc = (mpi_comm *)c;
     int v, worst = 0;
-    slot me = make_slot(K_AGREE, 0, NULL, NULL);
+    zs_comm_slot me = zs_comm_group_slot(ZS_COLL_AGREE, 0, NULL, NULL);
     me.status = local_status;
     if (enter(mc, &me, &v, &worst) < 0) return ZS_ECANCELLED;
     if (mc->g->nproc > 1) v = settle(mc, v, "agree");
@@ -758,10 +622,8 @@ static void group_destroy(group *g) {
         leak = 1; /* a lost cluster or MPI finalized: leave MPI's state alone */
     }
     if (leak) return;
-    pthread_cond_destroy(&g->cv);
-    pthread_mutex_destroy(&g->mu);
+    zs_comm_group_destroy(&g->lg);
     pthread_mutex_destroy(&g->amu);
-    free(g->slots);
     free(g->handles);
     free(g->comms);
     free(g->keep);
@@ -779,10 +641,8 @@ static void free_handle(mpi_comm *mc) {
 static void mpi_free(zs_comm *c) {
     mpi_comm *mc = (mpi_comm *)c;
     group *g = mc->g;
-    pthread_mutex_lock(&g->mu);
-    if (mc->pending) g->keep[mc->li] = 1;
-    int last = --g->refs == 0;
-    pthread_mutex_unlock(&g->mu);
+    if (mc->pending) g->keep[mc->li] = 1; /* read by the last one after the release */
+    int last = zs_comm_group_release(&g->lg);
     if (!mc->pending) free_handle(mc); /* else MPI may still write its buffers: leak it */
     if (last) group_destroy(g);
 }
@@ -884,9 +744,7 @@ static void group_free_early(group *g) {
         for (int i = 0; i < g->n; i++)
             if (g->handles[i] >= 0) zs_cluster_free_mpi_comm(g->handles[i]);
     pthread_mutex_destroy(&g->amu);
-    pthread_cond_destroy(&g->cv);
-    pthread_mutex_destroy(&g->mu);
-    free(g->slots);
+    zs_comm_group_destroy(&g->lg);
     free(g->handles);
     free(g->comms);
     free(g->keep);
@@ -911,30 +769,22 @@ int zs_comm_mpi_create(int n, zs_comm **comms) {
     g->size = n * nproc;
     g->chunk = chunk_bytes();
     g->notice_rq = MPI_REQUEST_NULL;
-    pthread_condattr_t ca;
-    int ok = pthread_condattr_init(&ca) == 0;
-    if (ok) {
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        ok = pthread_cond_init(&g->cv, &ca) == 0;
-        pthread_condattr_destroy(&ca);
-    }
-    if (!ok || pthread_mutex_init(&g->mu, NULL)) {
+    int rc = zs_comm_group_init(&g->lg, n, nproc > 1 ? watch_barrier : NULL, g, "mpi");
+    if (rc < 0) {
         free(g);
-        return zs_err(ZS_EIO, "comm mpi: cannot initialize the group's barrier");
+        return rc;
     }
     pthread_mutex_init(&g->amu, NULL);
-    g->slots = zs_aligned_alloc(64, (size_t)n * sizeof(slot));
     g->handles = malloc((size_t)n * sizeof *g->handles);
     g->comms = calloc((size_t)n, sizeof *g->comms);
     g->keep = calloc((size_t)n, 1);
     g->notice_sends = calloc((size_t)nproc, sizeof *g->notice_sends);
-    if (!g->slots || !g->handles || !g->comms || !g->keep || !g->notice_sends) {
+    if (!g->handles || !g->comms || !g->keep || !g->notice_sends) {
         free(g->handles); /* no communicator yet */
         g->handles = NULL;
         group_free_early(g);
         return zs_err(ZS_ENOMEM, "comm mpi: out of memory");
     }
-    memset(g->slots, 0, (size_t)n * sizeof(slot));
     for (int i = 0; i < n; i++) {
         g->handles[i] = -1;
         g->comms[i] = MPI_COMM_NULL;
@@ -958,7 +808,8 @@ int zs_comm_mpi_create(int n, zs_comm **comms) {
         mc->rq = MPI_REQUEST_NULL;
         mc->type = MPI_DATATYPE_NULL;
     }
-    int rc = st < 0 ? zs_err(st, "comm mpi: out of memory") : 0, leak = 0;
+    int leak = 0;
+    rc = st < 0 ? zs_err(st, "comm mpi: out of memory") : 0;
     if (nproc > 1) rc = join(g, st, &leak);
     if (rc < 0) {
         for (int i = 0; mcs && i < n; i++)
@@ -967,7 +818,6 @@ int zs_comm_mpi_create(int n, zs_comm **comms) {
         if (!leak) group_free_early(g); /* else MPI may still use the group's communicators */
         return rc;
     }
-    g->refs = n;
     for (int i = 0; i < n; i++) comms[i] = &mcs[i]->base;
     free(mcs);
     return 0;
