@@ -63,16 +63,8 @@ void zs_op_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * d, *gr = dy + (size_t)t * d;
         float *dr = dx + (size_t)t * d;
-        float mean = 0.0f;
-        for (int i = 0; i < d; i++) mean += xr[i];
-        mean /= (float)d;
-        float var = 0.0f;
-        for (int i = 0; i < d; i++) {
-            float c = xr[i] - mean;
-            var += c * c;
-        }
-        var /= (float)d;
-        float r = 1.0f / sqrtf(var + eps);
+        float mean, r;
+        zs_op_layernorm_stats(xr, d, eps, &mean, &r);
         double sg = 0.0, sgx = 0.0;
         for (int i = 0; i < d; i++) {
             double g = (double)gr[i] * w[i];

@@ -18,21 +18,27 @@ void zs_op_rmsnorm(float *y, const float *x, const float *w, int T, int d, float
     }
 }
 
+void zs_op_layernorm_stats(const float *x, int d, float eps, float *mean, float *rstd) {
+    float m = 0.0f;
+    for (int i = 0; i < d; i++) m += x[i];
+    m /= (float)d;
+    float var = 0.0f;
+    for (int i = 0; i < d; i++) {
+        float c = x[i] - m;
+        var += c * c;
+    }
+    var /= (float)d;
+    *mean = m;
+    *rstd = 1.0f / sqrtf(var + eps);
+}
+
 void zs_op_layernorm(float *y, const float *x, const float *w, const float *b, int T, int d,
                      float eps) {
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * d;
         float *yr = y + (size_t)t * d;
-        float mean = 0.0f;
-        for (int i = 0; i < d; i++) mean += xr[i];
-        mean /= (float)d;
-        float var = 0.0f;
-        for (int i = 0; i < d; i++) {
-            float c = xr[i] - mean;
-            var += c * c;
-        }
-        var /= (float)d;
-        float s = 1.0f / sqrtf(var + eps);
+        float mean, s;
+        zs_op_layernorm_stats(xr, d, eps, &mean, &s);
         for (int i = 0; i < d; i++) yr[i] = (xr[i] - mean) * s * w[i] + (b ? b[i] : 0.0f);
     }
 }

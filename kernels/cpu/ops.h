@@ -17,6 +17,9 @@ void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dty
 /* y[T,d] = x / rms(x) * w, per row (w in f32). y may alias x. */
 void zs_op_rmsnorm(float *y, const float *x, const float *w, int T, int d, float eps);
 /* y[T,d] = (x - mean) / sqrt(var + eps) * w + b, per row. y may alias x. */
+/* The statistics of one LayerNorm row: its mean and 1/sqrt(variance + eps) (the forward and
+ * the backward share them, so both see the same bits). */
+void zs_op_layernorm_stats(const float *x, int d, float eps, float *mean, float *rstd);
 void zs_op_layernorm(float *y, const float *x, const float *w, const float *b, int T, int d,
                      float eps);
 /* Rotary embedding, Hugging Face rotate_half convention: dims i and i+hd/2 form a pair.
