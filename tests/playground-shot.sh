@@ -39,23 +39,11 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
+# shellcheck source=tests/start-server.sh
+. "$ROOT/tests/start-server.sh"
 
-for try in $(seq 0 15); do
-    port=$(( 20000 + (RANDOM * 7 + $$ + try * 37) % 30000 ))
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
-    "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "$port" >"$T/server.log" 2>&1 &
-    SPID=$!
-    URL=http://127.0.0.1:$port
-    for _ in $(seq 600); do
-        kill -0 "$SPID" 2>/dev/null || break
-        [ "$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' "$URL/health")" = 200 ] && break
-        sleep 0.1
-    done
-    kill -0 "$SPID" 2>/dev/null && break
-    wait "$SPID" 2>/dev/null; SPID=""
-    grep -qi 'in use' "$T/server.log" || { cat "$T/server.log" >&2; exit 1; }
-done
-[ -n "$SPID" ] || { echo "could not start the server" >&2; exit 1; }
+zs_start_server "$T/server.log" --model "$MODEL" || exit 1
+URL=$ZS_URL
 
 mkdir -p "$(dirname "$OUT")"
 PAGE="$URL/?mode=completion&prompt=Once%20upon%20a%20time&max_tokens=64&temperature=0&autosend=1"

@@ -32,25 +32,12 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM HUP
+# shellcheck source=tests/start-server.sh
+. "$ROOT/tests/start-server.sh"
 
 if [ -z "${ZS_URL:-}" ]; then
-    for try in $(seq 0 15); do
-        port=$(( 20000 + (RANDOM * 7 + $$ + try * 37) % 30000 ))
-        (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && continue
-        # shellcheck disable=SC2086
-        "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "$port" ${ZS_BENCH_ARGS:-} >"$T/server.log" 2>&1 &
-        SPID=$!
-        ZS_URL=http://127.0.0.1:$port
-        for _ in $(seq 600); do
-            kill -0 "$SPID" 2>/dev/null || break
-            [ "$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' "$ZS_URL/health")" = 200 ] && break
-            sleep 0.1
-        done
-        kill -0 "$SPID" 2>/dev/null && break
-        wait "$SPID" 2>/dev/null; SPID=""
-        grep -qi 'in use' "$T/server.log" || { cat "$T/server.log" >&2; exit 1; }
-    done
-    [ -n "$SPID" ] || { echo "could not start the server" >&2; exit 1; }
+    # shellcheck disable=SC2086
+    zs_start_server "$T/server.log" --model "$MODEL" ${ZS_BENCH_ARGS:-} || exit 1
 fi
 AUTH=""
 [ -n "${ZS_API_KEY:-}" ] && AUTH="Authorization: Bearer $ZS_API_KEY"
