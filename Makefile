@@ -10,7 +10,9 @@
 CC      ?= gcc
 BUILD   ?= build
 CFLAGS  ?= -O2 -g
-ZS_CFLAGS = $(CFLAGS) -std=gnu11 -Wall -Wextra -pthread -MMD -MP -iquote . -iquote engine -iquote kernels/cpu -iquote offload -iquote server \
+# engine/ is split by architecture (docs/ARCHITECTURE.md); headers are included by their plain names
+ENGINE_DIRS = engine/base engine/model engine/text engine/comm engine/runtime engine/train
+ZS_CFLAGS = $(CFLAGS) -std=gnu11 -Wall -Wextra -pthread -MMD -MP -iquote . $(patsubst %,-iquote %,$(ENGINE_DIRS)) -iquote kernels/cpu -iquote offload -iquote server \
            -I/usr/include/x86_64-linux-gnu/openblas-pthread -I/usr/lib/x86_64-linux-gnu/openmpi/include
 LDLIBS  += -lopenblas -ljansson -lmicrohttpd -luring -lmpi -lm -lpthread
 
@@ -18,14 +20,14 @@ NVCC    ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/n
 CUDA    ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-             -Xcompiler -Wall,-Wextra -I. -Iengine -Ikernels
+             -Xcompiler -Wall,-Wextra -I. $(patsubst %,-I%,$(ENGINE_DIRS)) -Ikernels
 
 DEB_PKGS = libjansson-dev libmicrohttpd-dev liburing-dev libopenblas-dev libopenmpi-dev openmpi-bin curl jq
 DEP_HDRS = /usr/include/jansson.h /usr/include/microhttpd.h /usr/include/liburing.h \
            /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h \
            /usr/bin/mpirun /usr/bin/curl /usr/bin/jq
 
-LIB_SRC  := $(wildcard engine/*.c kernels/cpu/*.c offload/*.c) $(filter-out server/main.c,$(wildcard server/*.c))
+LIB_SRC  := $(wildcard $(addsuffix /*.c,$(ENGINE_DIRS)) kernels/cpu/*.c offload/*.c) $(filter-out server/main.c,$(wildcard server/*.c))
 CUDA_C   := $(filter %-cuda.c %-nccl.c,$(LIB_SRC))
 LIB_SRC  := $(filter-out $(CUDA_C),$(LIB_SRC))
 CU_SRC   := $(wildcard kernels/cuda/*.cu)

@@ -12,14 +12,17 @@
  * parts of one message are joined with "\n". Default max_tokens: 16 (completions, capped by
  * the room left in the context), the rest of the context (chat). */
 #define _GNU_SOURCE
-#include "api-internal.h"
+#include "api-request.h"
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 
 #include "chat.h"
 #include "common.h"
+#include "strbuf.h"
 
 static uint64_t random_u64(void) {
     uint64_t x;

@@ -1,5 +1,6 @@
 /* ftjobs-internal.h — what the fine-tuning job routes (ftjobs.c) and the job runner (ftrun.c)
- * share: the job table and its records. Not a public interface.
+ * share: the job table and its records (ftjobs-table.c). Not a public interface.
+ * Dependencies run one way: ftjobs.c -> ftrun.c -> ftjobs-table.c.
  *
  * Locking: zs_ftjobs.mu guards the job table, every job's json object and events, the served
  * fine-tuned models list and the runner's flags. Engine/scheduler/training calls and file
@@ -56,9 +57,4 @@ void zs_ftjobs_save_locked(zs_ftjobs *J, ftjob *j);
 void zs_ftjobs_model_dir(zs_ftjobs *J, const char *name, char *out, size_t cap);
 /* The job's checkpoint directory: <jobs dir>/<id>.checkpoints. */
 void zs_ftjobs_ckpt_dir(zs_ftjobs *J, const ftjob *j, char *out, size_t cap);
-/* Loads a model directory and serves it under name (ftrun.c). */
-int  zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir);
-/* The runner thread (ftrun.c). */
-void *zs_ftjobs_runner_main(void *arg);
-
 #endif

@@ -17,7 +17,7 @@
 #include "chat.h"
 #include "common.h"
 #include "finetune.h"
-#include "ftjobs-internal.h"
+#include "ftrun.h"
 
 int zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir) {
     zs_engine_opts eo = J->engine;

@@ -1,51 +1,19 @@
-/* api-internal.h — what the two halves of the OpenAI layer share: the api object, the parsed
- * request (api-request.c parses and validates a request body into it) and the error it answers
- * with (api-openai.c turns it into the OpenAI error shape). Not a public interface. */
-#ifndef ZS_API_INTERNAL_H
-#define ZS_API_INTERNAL_H
+/* api-request.h — a completions or chat request parsed and validated (api-request.c), and the
+ * error a request is answered with (api-openai.c turns it into the OpenAI error shape). Not a
+ * public interface. */
+#ifndef ZS_API_REQUEST_H
+#define ZS_API_REQUEST_H
 
 #include <jansson.h>
-#include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "api.h"
+#include "api-models.h"
+#include "sampler.h"
 #include "stop.h"
-#include "strbuf.h"
 
 #define MAX_N 16            /* choices per prompt */
 #define MAX_CHOICES 128     /* prompts x n per request */
 #define MAX_LOGPROBS_CMPL 5 /* completions: logprobs 0..5 */
-
-/* One served model: its name, engine, scheduler and what requests need of its tokenizer. The
- * base model is embedded in zs_api; models added later (fine-tuned ones) form a list and are
- * never removed before zs_api_free, so a pointer to one stays valid while requests use it. */
-typedef struct zs_api_model {
-    char *model_name;
-    zs_engine *engine;
-    zs_sched *sched;
-    const zs_tokenizer *tok;
-    int context, vocab, tmpl;
-    char *bos, *eos, *ref_text;
-    int ref_tok;
-    long created;
-    struct zs_api_model *next;
-} zs_api_model;
-
-struct zs_api {
-    zs_http *http;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    zs_api_model base;   /* the model of zs_api_new / zs_api_attach */
-    zs_api_model *extra; /* zs_api_add_model, newest first (guarded by mu) */
-    long live;
-    int draining;
-};
-
-/* The served model called name (NULL: the base model), or NULL when there is none (the base
- * model counts only once attached). Thread-safe. */
-const zs_api_model *zs_api_model_find(zs_api *a, const char *name);
 
 /* An error to answer with: status, OpenAI type and code, the field at fault, a message. */
 typedef struct {
