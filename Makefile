@@ -1,7 +1,8 @@
 # zeroserve — one build for everything.
 #   make            build ./zeroserve (CPU always; CUDA objects too when nvcc is found, CUDA=0 turns off)
 #   make test       build and run every test (also under ASan+UBSan); ends with "N passed, N failed"
-#   make serve      build and start the server on the default model
+#   make serve      build and start the server on the default model (models/stories260K, in the repo)
+#   make demo-model train the demo model (a small Llama on generated stories) into models/demo
 #   make bench      run the benchmarks
 #   make test-deploy  build deploy/Dockerfile with podman and smoke-test the container (root; downloads)
 #   make lint-deploy  check deploy/ (k8s, compose, systemd, Dockerfiles); also part of `make test`
@@ -54,7 +55,7 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LIB_OBJ  += $(BUILD)/gen/playground.o
 ASAN_OBJ += $(BUILD)/asan/gen/playground.o
 
-.PHONY: all deps test test-unit serve bench clean test-deploy lint-deploy
+.PHONY: all deps test test-unit serve demo-model bench clean test-deploy lint-deploy
 all: deps zeroserve
 
 deps:
@@ -118,6 +119,9 @@ test: all $(TESTS) $(ASAN_TESTS) $(GPU_PROGS)
 
 serve: all
 	MODEL="$(MODEL)" HOST="$(HOST)" PORT="$(PORT)" SERVE_ARGS="$(SERVE_ARGS)" sh server/serve-default.sh
+
+demo-model: all
+	OUT="$(OUT)" STEPS="$(STEPS)" sh server/demo-model.sh
 
 bench: all
 	sh tests/bench/run.sh
