@@ -4,9 +4,15 @@
 #   make serve      build and start the server on the default model (models/stories260K, in the repo)
 #   make demo-model train the demo model (a small Llama on generated stories) into models/demo
 #   make bench      run the benchmarks
+#   make gpu-kit    build gpu-kit/ for tests/gpu/run.sh on a bare GPU machine (README: "GPUs")
+#   make gpu-dry-run  run tests/gpu/run.sh from the kit in a bare Debian chroot with no network (root)
 #   make test-deploy  build deploy/Dockerfile with podman and smoke-test the container (root; downloads)
 #   make lint-deploy  check deploy/ (k8s, compose, systemd, Dockerfiles); also part of `make test`
 # Missing Debian packages are installed when run as root; otherwise the apt-get line is printed.
+# Builds run in parallel on every core (JOBS=N to change; JOBS=1 for a serial build).
+
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+MAKEFLAGS += -j$(JOBS)
 
 CC      ?= gcc
 BUILD   ?= build
@@ -43,7 +49,7 @@ ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRC))
 ifeq ($(CUDA),1)
 ZS_CFLAGS += -DZS_CUDA=1 -I$(CUDA_HOME)/include
 LIB_SRC  += $(CUDA_C)
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl -lcudart_static -ldl -lrt -lstdc++
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart_static -ldl -lrt -lstdc++
 LIB_CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
 endif
 
@@ -55,7 +61,7 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LIB_OBJ  += $(BUILD)/gen/playground.o
 ASAN_OBJ += $(BUILD)/asan/gen/playground.o
 
-.PHONY: all deps test test-unit serve demo-model bench clean test-deploy lint-deploy
+.PHONY: all deps test test-unit serve demo-model bench clean test-deploy lint-deploy gpu-kit gpu-dry-run
 all: deps zeroserve
 
 deps:
@@ -104,7 +110,7 @@ $(BUILD)/asan/gen/playground.o: $(BUILD)/gen/playground.c
 
 $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c $< -o $@
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libzs.a
 	@mkdir -p $(dir $@)
@@ -126,6 +132,12 @@ demo-model: all
 bench: all
 	sh tests/bench/run.sh
 
+gpu-kit: deps
+	BUILD=$(BUILD) ZS_SHARED=$${ZS_SHARED:-../shared} sh tests/gpu/make-kit.sh
+
+gpu-dry-run: gpu-kit
+	sh tests/gpu/dry-run.sh
+
 test-deploy:
 	ZS_SHARED=$${ZS_SHARED:-../shared} sh tests/deploy-container.sh
 
@@ -133,6 +145,6 @@ lint-deploy:
 	sh tests/e2e-deploy-lint.sh
 
 clean:
-	rm -rf $(BUILD) zeroserve
+	rm -rf $(BUILD) zeroserve gpu-kit
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
