@@ -1,116 +1,186 @@
 #!/bin/sh
-# tests/gpu/run.sh — what a session with a GPU runs: builds the CUDA part, then runs the GPU tests
-# and the GPU benchmark on CUDA device 0, in under 6 minutes on one H200. Writes
-#   $OUT/gpu-run.log        everything (build, tests, benchmark)
-#   $OUT/gpu-summary.json   status, device, per-step exit codes and times, the e2e and bench JSON
-#   $OUT/e2e.json, $OUT/bench.json, $OUT/mkmodel.log
-# Steps: build (make, nvcc for sm_80 and sm_90) -> device check (stops here without a device:
-# status "no_device", exit 77) -> the 8B bf16 benchmark model is written in the background
-# (bench-gpu mkmodel; $WORK/llama8b is reused when present) -> test-backend-ops (every kernel
-# against the CPU op) and test-cuda -> e2e-gpu (stories260K and gpt2-bytes: f32/bf16 x ranks 1/2 x
-# offload none/cpu/nvme against the reference) -> bench-gpu (bounds, offload-cpu decode at batch
-# 1/8/32/128, resident decode and 2048-token prefill).
-# Environment: OUT (default /tmp/zs-gpu-out), WORK (scratch for the model, default
-# /tmp/zs-gpu-work: local disk, ~16 GB), BUILD (default build), ZS_SHARED (fixtures; default
-# ../shared or ./shared), JOBS (make -j), QUICK=1 (fewer benchmark steps), SKIP_BENCH=1.
+# tests/gpu/run.sh — what a session with a GPU runs, in one call of the device tool, on a bare
+# machine (CUDA's driver and libraries, no Debian build packages, no network):
+#   run(command="OUT=$OUT sh tests/gpu/run.sh", carry=["gpu-kit"], timeout_s=540)
+# after `make gpu-kit` here (tests/gpu/make-kit.sh: the programs built with nvcc, the shared
+# libraries they need, the fixtures). Without gpu-kit/ it builds with make instead (a machine
+# that has the packages). Steps, all inside one deadline (DEADLINE, default 500 s):
+#   setup     the kit's programs and libraries; where the machine keeps libcuda, cuBLAS, NCCL
+#   device    test-cuda: a CUDA device is visible (no device: status "no_device", exit 77)
+#   fixtures  stories260K and gpt2-bytes must be there (missing on a machine with a device: a
+#             failure, not a skip)
+#   test-backend-ops   every CUDA kernel against the CPU op
+#   e2e-gpu   the fixtures' reference outputs on the device: f32/bf16 x ranks 1/2 x offload
+#             none/cpu/nvme
+#   mkmodel   the 8B-shaped bf16 benchmark model, written in the background during the tests
+#   bench-gpu bounds, offload-cpu decode at batch 1/8/32/128, resident decode, 2048-token prefill
+# Each step gets min(its budget, the time left before the deadline); one that does not fit is
+# recorded as skipped for lack of time. $OUT/gpu-summary.json is rewritten after every step, so
+# a run killed from outside still says how far it got. Also writes $OUT/gpu-run.log (everything),
+# $OUT/e2e.json, $OUT/bench.json, $OUT/mkmodel.log.
+# Environment: OUT (default /tmp/zs-gpu-out), WORK (scratch for the model, ~16 GB of local disk,
+# default /tmp/zs-gpu-work), KIT (default gpu-kit), BUILD (default build, without a kit),
+# ZS_SHARED (fixtures), DEADLINE (seconds), QUICK=1 (fewer benchmark steps), SKIP_BENCH=1.
 # Exit: 0 everything passed, 1 a step failed, 77 no CUDA device.
 cd "$(dirname "$0")/../.." || exit 1
+T0=$(date +%s)
+DEADLINE=${DEADLINE:-500}
 OUT=${OUT:-/tmp/zs-gpu-out}
 WORK=${WORK:-/tmp/zs-gpu-work}
+KIT=${KIT:-gpu-kit}
 BUILD=${BUILD:-build}
-JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 mkdir -p "$OUT" "$WORK" || exit 1
 LOG=$OUT/gpu-run.log
 SUM=$OUT/gpu-summary.json
 : > "$LOG"
-T0=$(date +%s)
-say() { echo "[gpu $(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+rm -f "$OUT/e2e.json" "$OUT/bench.json" "$OUT/mkmodel.rc"
+elapsed() { echo $(( $(date +%s) - T0 )); }
+left() { echo $(( DEADLINE - $(elapsed) )); }
+say() { echo "[gpu $(elapsed)s] $*" | tee -a "$LOG"; }
 # json string escaping for short messages
 jstr() { printf '"%s"' "$(printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g' | tr '\n\t' '  ')"; }
 jfile() { if [ -s "$1" ]; then cat "$1"; else echo null; fi; }
 
-status=ok; device=""; steps=""
-add_step() { # name rc seconds
-    steps="$steps${steps:+, }\"$1\": {\"rc\": $2, \"s\": $3}"
-    case $2 in 0|77) ;; *) status=failed;; esac
-}
+status=running; device=""; steps=""; mode=""; message="started"; libs=""
 write_summary() {
     {
         echo "{"
         echo " \"status\": $(jstr "$status"),"
+        echo " \"mode\": $(jstr "$mode"),"
         echo " \"device\": $(jstr "$device"),"
-        echo " \"message\": $(jstr "$1"),"
-        echo " \"elapsed_s\": $(( $(date +%s) - T0 )),"
+        echo " \"message\": $(jstr "$message"),"
+        echo " \"elapsed_s\": $(elapsed),"
+        echo " \"deadline_s\": $DEADLINE,"
+        echo " \"libraries\": $(jstr "$libs"),"
         echo " \"steps\": {$steps},"
         echo " \"e2e\": $(jfile "$OUT/e2e.json"),"
         echo " \"bench\": $(jfile "$OUT/bench.json")"
         echo "}"
-    } > "$SUM"
-    say "summary: $SUM (status $status)"
+    } > "$SUM.tmp" && mv "$SUM.tmp" "$SUM"
 }
-run_step() { # name timeout command...
-    name=$1; to=$2; shift 2
+failed=0
+add_step() { # name rc seconds [note]
+    steps="$steps${steps:+, }\"$1\": {\"rc\": $2, \"s\": $3${4:+, \"note\": $(jstr "$4")}}"
+    case $2 in 0|77) ;; *) failed=1;; esac
+    write_summary
+}
+finish() { # status message exit-code
+    status=$1; message=$2
+    write_summary
+    say "summary: $SUM (status $status): $message"
+    exit "$3"
+}
+run_step() { # name budget command...: runs with min(budget, time left - 5 s)
+    name=$1; budget=$2; shift 2
+    l=$(( $(left) - 5 ))
+    [ "$l" -lt "$budget" ] && budget=$l
+    if [ "$budget" -lt 10 ]; then
+        say "$name: skipped, ${l}s left before the deadline"
+        add_step "$name" 124 0 "no time left before the deadline"
+        return 124
+    fi
     s=$(date +%s)
-    say "$name: $*"
-    timeout "$to" "$@" >>"$LOG" 2>&1
+    say "$name (budget ${budget}s): $*"
+    timeout -k 5 "$budget" "$@" >>"$LOG" 2>&1
     rc=$?
     t=$(( $(date +%s) - s ))
+    [ $rc = 124 ] && say "$name: stopped at its budget of ${budget}s"
     add_step "$name" $rc $t
     say "$name: exit $rc (${t}s)"
     return $rc
 }
+trap 'message="stopped by a signal"; status=killed; write_summary; exit 1' INT TERM
+write_summary
 
-# ---- build ----
-export PATH="$PATH:/usr/local/cuda/bin"
-rm -f zeroserve  # relinked from $BUILD (the binary does not depend on which build dir made it)
-rm -f "$OUT/e2e.json" "$OUT/bench.json"
-if ! run_step build 400 make BUILD="$BUILD" CUDA=1 -j"$JOBS" zeroserve "$BUILD/tests/test-cuda" \
-        "$BUILD/tests/test-backend-ops" "$BUILD/tests/gpu/e2e-gpu" "$BUILD/tests/gpu/bench-gpu"; then
-    tail -n 40 "$LOG"
-    write_summary "the build failed (see gpu-run.log)"
-    exit 1
+# ---- setup: the kit, or a build ----
+if [ -x "$KIT/bin/zeroserve" ]; then
+    mode=kit
+    B=$KIT/bin
+    say "kit: $(head -1 "$KIT/MANIFEST" 2>/dev/null)"
+    export LD_LIBRARY_PATH="$PWD/$KIT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    cp "$B/zeroserve" ./zeroserve || finish failed "cannot copy the kit's zeroserve" 1 # bench-gpu runs ./zeroserve
+    add_step setup 0 0 "kit"
+else
+    mode=build
+    export PATH="$PATH:/usr/local/cuda/bin"
+    rm -f zeroserve
+    if ! run_step build 300 make BUILD="$BUILD" CUDA=1 zeroserve "$BUILD/tests/test-cuda" \
+            "$BUILD/tests/test-backend-ops" "$BUILD/tests/gpu/e2e-gpu" "$BUILD/tests/gpu/bench-gpu"; then
+        tail -n 40 "$LOG"
+        finish failed "no gpu-kit/ and the build failed (see gpu-run.log; make the kit with: make gpu-kit)" 1
+    fi
+    B=$BUILD/tests
+    mkdir -p "$BUILD/kitview" && for p in test-cuda test-backend-ops; do ln -sf "$PWD/$BUILD/tests/$p" "$BUILD/kitview/$p"; done
+    for p in e2e-gpu bench-gpu; do ln -sf "$PWD/$BUILD/tests/gpu/$p" "$BUILD/kitview/$p"; done
+    B=$BUILD/kitview
 fi
+# where the machine keeps the libraries loaded at run time (recorded for the next session)
+findlib() { # name: the first match in the usual places
+    for d in ${CUDA_HOME:+$CUDA_HOME/lib64} /usr/local/cuda/lib64 /usr/local/nvidia/lib64 /usr/local/nvidia/lib \
+             /usr/lib/x86_64-linux-gnu /usr/lib64 /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib \
+             /usr/local/lib/python3*/dist-packages/nvidia/*/lib; do
+        [ -e "$d/$1" ] && { echo "$d/$1"; return 0; }
+    done
+    ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n { print $NF; exit }'
+}
+libcuda=$(findlib libcuda.so.1); libcublas=$(findlib libcublas.so.13); libnccl=$(findlib libnccl.so.2)
+libs="libcuda: ${libcuda:-none}; cublas: ${libcublas:-none}; nccl: ${libnccl:-none}"
+say "libraries: $libs"
+# the driver's library where the loader may not look (a read-only mount, say)
+[ -n "$libcuda" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$libcuda")"
+[ -n "$libcublas" ] && export ZS_CUBLAS_LIB=${ZS_CUBLAS_LIB:-$libcublas}
+[ -n "$libnccl" ] && export ZS_NCCL_LIB=${ZS_NCCL_LIB:-$libnccl}
+missing=$(for p in "$B"/*; do ldd "$p" 2>/dev/null | grep 'not found'; done | sort -u | tr '\n' ' ')
+[ -z "$missing" ] || finish failed "unresolved libraries: $missing" 1
+write_summary
 
 # ---- device ----
-command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >>"$LOG" 2>&1
-"$BUILD/tests/test-cuda" >>"$LOG" 2>&1
+command -v nvidia-smi >/dev/null 2>&1 && timeout 20 nvidia-smi >>"$LOG" 2>&1
+s=$(date +%s)
+timeout -k 5 60 "$B/test-cuda" >>"$LOG" 2>&1
 rc=$?
 if [ $rc = 77 ]; then
-    status=no_device
+    add_step device 77 $(( $(date +%s) - s )) "no CUDA device visible"
     say "no CUDA device is visible (no driver or no GPU): the GPU tests and the benchmark need one; stopping"
-    add_step device 77 0
-    write_summary "no CUDA device visible: built and linked, nothing run on a device"
-    exit 77
+    finish no_device "no CUDA device visible: the kit's programs started, nothing ran on a device" 77
 fi
-add_step test-cuda $rc 0
+add_step test-cuda $rc $(( $(date +%s) - s ))
 device=$(grep -m1 '^device 0:' "$LOG" | sed 's/^device 0: //')
 say "device 0: $device"
 
+# ---- fixtures: required once a device is there ----
+if [ -z "$ZS_SHARED" ]; then
+    for d in "$KIT/shared" ../shared ./shared; do [ -f "$d/models/stories260K/config.json" ] && ZS_SHARED=$d && break; done
+fi
+if [ -z "$ZS_SHARED" ] || [ ! -f "$ZS_SHARED/models/stories260K/config.json" ] || [ ! -f "$ZS_SHARED/models/gpt2-bytes/config.json" ]; then
+    add_step fixtures 1 0 "stories260K/gpt2-bytes not found"
+    finish failed "fixtures not found (make gpu-kit copies them into gpu-kit/shared; or set ZS_SHARED)" 1
+fi
+export ZS_SHARED
+add_step fixtures 0 0 "$ZS_SHARED"
+
 # ---- the benchmark model, written while the tests run ----
 MODEL=$WORK/llama8b
+MKPID=""
 if [ -z "$SKIP_BENCH" ] && [ ! -s "$MODEL/model.safetensors" ]; then
     say "writing the 8B bf16 benchmark model to $MODEL in the background"
     rm -rf "$MODEL"
-    ( timeout 400 "$BUILD/tests/gpu/bench-gpu" mkmodel "$MODEL" > "$OUT/mkmodel.log" 2>&1; echo $? > "$OUT/mkmodel.rc" ) &
-    MKPID=$!
-else
+    mk_budget=$(( $(left) - 150 ))
+    [ "$mk_budget" -gt 300 ] && mk_budget=300
+    if [ "$mk_budget" -ge 30 ]; then
+        ( timeout -k 5 "$mk_budget" "$B/bench-gpu" mkmodel "$MODEL" > "$OUT/mkmodel.log" 2>&1; echo $? > "$OUT/mkmodel.rc" ) &
+        MKPID=$!
+    else
+        echo 124 > "$OUT/mkmodel.rc"
+    fi
+elif [ -z "$SKIP_BENCH" ]; then
     echo 0 > "$OUT/mkmodel.rc"
-    MKPID=""
 fi
 
 # ---- tests ----
 export ZS_LOG=${ZS_LOG:-warn}
-if [ -z "$ZS_SHARED" ]; then
-    for d in ../shared ./shared; do [ -d "$d/models/stories260K" ] && ZS_SHARED=$d && break; done
-fi
-export ZS_SHARED
-run_step test-backend-ops 180 "$BUILD/tests/test-backend-ops"
-if [ -n "$ZS_SHARED" ] && [ -d "$ZS_SHARED/models/stories260K" ]; then
-    run_step e2e-gpu 300 env TMPDIR="$WORK" "$BUILD/tests/gpu/e2e-gpu" "$OUT/e2e.json"
-else
-    say "e2e-gpu: fixtures not found (set ZS_SHARED, or put them in ./shared/models); skipped"
-    add_step e2e-gpu 77 0
-fi
+run_step test-backend-ops 150 "$B/test-backend-ops"
+run_step e2e-gpu 180 env TMPDIR="$WORK" "$B/e2e-gpu" "$OUT/e2e.json"
 
 # ---- benchmark ----
 if [ -z "$SKIP_BENCH" ]; then
@@ -119,9 +189,8 @@ if [ -z "$SKIP_BENCH" ]; then
     mrc=$(cat "$OUT/mkmodel.rc" 2>/dev/null || echo 1)
     add_step mkmodel "$mrc" 0
     if [ "$mrc" = 0 ]; then
-        run_step bench-gpu 360 "$BUILD/tests/gpu/bench-gpu" run "$MODEL" "$OUT/bench.json" ${QUICK:+--quick}
+        run_step bench-gpu 240 "$B/bench-gpu" run "$MODEL" "$OUT/bench.json" ${QUICK:+--quick}
         grep -E '^(pinned|device memory|bf16|offload|weight stream|resident|prefill)' "$LOG" | tail -n 12
     fi
 fi
-write_summary "done"
-[ "$status" = ok ]
+if [ $failed = 0 ]; then finish ok "done" 0; else finish failed "a step failed (see steps and gpu-run.log)" 1; fi

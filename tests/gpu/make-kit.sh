@@ -1,0 +1,62 @@
+#!/bin/sh
+# tests/gpu/make-kit.sh — `make gpu-kit`: prepares, on this machine, everything tests/gpu/run.sh
+# needs on a bare GPU machine that has CUDA's driver and libraries but none of the Debian
+# packages the build uses and no network. Writes the git-ignored folder gpu-kit/:
+#   gpu-kit/bin/      zeroserve, test-cuda, test-backend-ops, e2e-gpu, bench-gpu, built here with
+#                     nvcc (sm_80 and sm_90); cuBLAS and NCCL are loaded at run time, wherever the
+#                     machine keeps them (engine/runtime/cublas-cuda.c, engine/comm/comm-nccl.c)
+#   gpu-kit/lib/      the shared libraries those programs link that a bare machine may lack
+#                     (jansson, libmicrohttpd and gnutls, liburing, OpenMPI, ... : the ldd closure
+#                     minus glibc, libstdc++ and libgcc_s), copied from this machine
+#   gpu-kit/shared/models/{stories260K,gpt2-bytes}   the fixtures, copied from $ZS_SHARED
+#   gpu-kit/MANIFEST  what is in it, with sizes and the commit it was built from
+# The device tool carries at most 64 MiB (working tree included), so the kit must stay under
+# KIT_MAX_MIB (default 48). Then, with the device tool:
+#   run(command="OUT=$OUT sh tests/gpu/run.sh", carry=["gpu-kit"], timeout_s=540)
+# Exit 0 kit written, 1 failed.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+BUILD=${BUILD:-build}
+SHARED=${ZS_SHARED:-../shared}
+KIT=${KIT:-gpu-kit}
+MAX=${KIT_MAX_MIB:-48}
+PROGS="zeroserve $BUILD/tests/test-cuda $BUILD/tests/test-backend-ops $BUILD/tests/gpu/e2e-gpu $BUILD/tests/gpu/bench-gpu"
+
+command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] ||
+    { echo "make-kit: nvcc not found: the kit is built where the CUDA toolkit is" >&2; exit 1; }
+make BUILD="$BUILD" CUDA=1 $PROGS || { echo "make-kit: the build failed" >&2; exit 1; }
+for m in stories260K gpt2-bytes; do
+    [ -f "$SHARED/models/$m/config.json" ] || { echo "make-kit: fixture $SHARED/models/$m missing (set ZS_SHARED)" >&2; exit 1; }
+done
+
+rm -rf "$KIT"
+mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/shared/models" || exit 1
+for p in $PROGS; do cp "$p" "$KIT/bin/" || exit 1; done
+# the libraries: every resolved dependency except the C runtime every Linux has, and the CUDA
+# libraries (the machine's own, matched to its driver)
+base='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so'
+for p in $PROGS; do
+    ldd "$p" | awk '/=>/ && $3 ~ /^\// { print $1, $3 }'
+done | sort -u | while read -r name path; do
+    echo "$name" | grep -Eq "$base" && continue
+    cp -L "$path" "$KIT/lib/$name" || exit 1
+done
+missing=$(for p in $PROGS; do LD_LIBRARY_PATH=$KIT/lib ldd "$p" | grep 'not found'; done | sort -u)
+[ -z "$missing" ] || { echo "make-kit: unresolved libraries: $missing" >&2; exit 1; }
+for m in stories260K gpt2-bytes; do
+    mkdir -p "$KIT/shared/models/$m"
+    for f in "$SHARED/models/$m"/*; do
+        case $f in *.gguf) continue;; esac # not used by the GPU tests
+        cp "$f" "$KIT/shared/models/$m/"
+    done
+done
+{
+    echo "zeroserve GPU kit, built $(date -u +%Y-%m-%dT%H:%M:%SZ) from $(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo '+changes')"
+    echo "nvcc: $( (nvcc --version 2>/dev/null || /usr/local/cuda/bin/nvcc --version) | tail -1)"
+    echo "runtime dependencies looked for on the machine: libcuda.so.1 (driver), libcublas.so.13, libnccl.so.2 (optional)"
+    (cd "$KIT" && find . -type f | sort | xargs ls -l | awk '{ printf "%10d %s\n", $5, $9 }')
+} > "$KIT/MANIFEST"
+mib=$(du -sm "$KIT" | cut -f1)
+echo "gpu kit: $KIT ($mib MiB; $(ls "$KIT/lib" | wc -l) libraries)"
+[ "$mib" -le "$MAX" ] || { echo "make-kit: the kit is $mib MiB, over $MAX MiB (the device tool carries 64 MiB in all)" >&2; exit 1; }
+echo "run it with the device tool: run(command=\"OUT=\$OUT sh tests/gpu/run.sh\", carry=[\"$KIT\"], timeout_s=540)"
