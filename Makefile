@@ -49,7 +49,7 @@ ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRC))
 ifeq ($(CUDA),1)
 ZS_CFLAGS += -DZS_CUDA=1 -I$(CUDA_HOME)/include
 LIB_SRC  += $(CUDA_C)
-LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lnccl -lcudart_static -ldl -lrt -lstdc++
+LDLIBS   += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 LIB_CU_OBJ := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
 endif
 

@@ -1,8 +1,12 @@
 /* test-backend-ops.c — every device op against the CPU op on random inputs, on every CUDA device
  * present: dtype casts (convert.cu), embedding (embed.cu), RMSNorm and LayerNorm (norm.cu),
- * RoPE (rope.cu), GELU, SwiGLU, residual/bias add, softmax and argmax (act.cu), the paged KV
- * store and causal attention with GQA for prefill and decode (attention.cu, against a CPU
- * reference of the paged layout written here), and the cuBLAS matrix product (f32, f16, bf16).
+ * RoPE at theta 10000 and 500000 with the host-made frequency table (rope.cu), GELU, SwiGLU,
+ * residual/bias add, softmax and argmax (act.cu), the paged KV store and causal attention with
+ * GQA for prefill, chunks and decode (attention.cu: the simple kernel, the tiled one and the
+ * auto split of the two, each against a CPU reference of the paged layout written here, with
+ * NaN in the cache slots no token may read; T up to 70000, past the old grid.y limit), the
+ * refusals and their reasons (zs_cuda_take_error, zs_dev_error), and the cuBLAS matrix product
+ * (f32, f16, bf16).
  * Outputs in f32, f16 and bf16 are compared with the CPU result rounded to the same dtype, under
  * a normalised error max|gpu - cpu| / max|cpu| with thresholds fit to each dtype (bf16 keeps 8
  * bits of mantissa: 2^-8 = 3.9e-3 per rounding). The backward kernels of backward.cu (norms,
@@ -189,25 +193,45 @@ static void test_norms(void) {
     }
 }
 
+/* the device RoPE table of the CPU op's frequencies (zs_cuda_rope_inv_freq) */
+static float *rope_table(int hd, float theta) {
+    float *h = malloc((size_t)(hd / 2) * 4 + 4);
+    zs_cuda_rope_inv_freq(h, hd, theta);
+    float *d = up(h, (size_t)(hd / 2), ZS_F32);
+    free(h);
+    return d;
+}
+
+static const char *cuda_why(void) {
+    const char *w = zs_cuda_take_error();
+    return w ? w : "(no reason recorded)";
+}
+
 static void test_rope(void) {
-    int T = 23, nh = 6, hd = 128, ld = nh * hd + 32; /* a padded row stride */
+    int T = 23, nh = 6;
     float theta[2] = {10000.0f, 500000.0f};
-    for (int k = 0; k < 2; k++) {
-        size_t n = (size_t)T * ld;
-        float *x = malloc(n * 4), *ref = malloc(n * 4);
-        fill(x, n, 2.0f);
-        memcpy(ref, x, n * 4);
-        int32_t pos[23];
-        for (int t = 0; t < T; t++) pos[t] = t * 181; /* up to ~4000 */
-        for (int t = 0; t < T; t++) zs_op_rope(ref + (size_t)t * ld, nh, hd, pos[t], theta[k]);
-        float *dx = up(x, n, ZS_F32);
-        int32_t *dp = up_raw(pos, sizeof pos);
-        CHECK(zs_cuda_rope(dx, T, ld, nh, hd, dp, theta[k], S) == 0, "rope launch");
-        float *g = down(dx, n, ZS_F32);
-        double e = nerr(g, ref, n);
-        CHECK(e <= 2e-5, "rope theta %g: error %.3g", theta[k], e);
-        free(x); free(ref); free(g); rel(dx); rel(dp);
-    }
+    int hds[2] = {128, 64};
+    for (int hi = 0; hi < 2; hi++)
+        for (int k = 0; k < 2; k++) {
+            int hd = hds[hi], ld = nh * hd + 32; /* a padded row stride */
+            size_t n = (size_t)T * ld;
+            float *x = malloc(n * 4), *ref = malloc(n * 4);
+            fill(x, n, 2.0f);
+            memcpy(ref, x, n * 4);
+            int32_t pos[23];
+            for (int t = 0; t < T; t++) pos[t] = t * 181; /* up to ~4000 */
+            for (int t = 0; t < T; t++) zs_op_rope(ref + (size_t)t * ld, nh, hd, pos[t], theta[k]);
+            float *dx = up(x, n, ZS_F32), *tabl = rope_table(hd, theta[k]);
+            int32_t *dp = up_raw(pos, sizeof pos);
+            CHECK(zs_cuda_rope(dx, T, ld, nh, hd, dp, tabl, S) == 0, "rope launch: %s", cuda_why());
+            float *g = down(dx, n, ZS_F32);
+            double e = nerr(g, ref, n);
+            CHECK(e <= 2e-5, "rope head_dim %d theta %g: error %.3g", hd, theta[k], e);
+            free(x); free(ref); free(g); rel(dx); rel(dp); rel(tabl);
+        }
+    CHECK(zs_cuda_rope(NULL, 1, 64, 1, 64, NULL, NULL, S) < 0, "rope without a table was accepted");
+    const char *w = zs_cuda_take_error();
+    CHECK(w && strstr(w, "inv_freq"), "rope without a table: reason \"%s\"", w ? w : "(none)");
 }
 
 static void test_act(void) {
@@ -278,119 +302,206 @@ static void test_act(void) {
 
 /* ---- paged KV store + attention: CPU reference over the same layout ---- */
 
+/* A batch over the paged cache: sequences s = 0..nseq-1 of len[s] positions; the batch holds
+ * the last nnew[s] positions of each, in sequence order (their K/V rows go in with kv_store;
+ * the earlier ones are in the cache already). Block ids are shuffled over the pool. */
 typedef struct {
-    int nseq, len[4], nblk[4];
-    int32_t blocks[4][64];
-} kv_layout;
+    int nseq, n_blocks, T, maxlen;
+    int *len, *tab_of;          /* [nseq]; sequence s's block ids are tables[tab_of[s] ...] */
+    int32_t *tables;            /* [n_blocks] */
+    int32_t *seq, *pos, *tab;   /* [T] */
+} att_batch;
 
-static float *pool_at(float *pool, int kvd, const kv_layout *L, int s, int p, int which) {
-    int blk = L->blocks[s][p / ZS_KV_BLOCK];
-    return pool + (((size_t)blk * 2 + (size_t)which) * ZS_KV_BLOCK + (size_t)(p % ZS_KV_BLOCK)) * (size_t)kvd;
+static uint32_t urand(uint32_t n) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (uint32_t)((rng >> 11) % n);
 }
 
-static void attention_case(int nh, int nkv, int hd, int decode) {
-    /* 3 sequences; prefill: every position of each is in the batch; decode: the last one only */
-    kv_layout L = {3, {37, 5, 70}, {0}, {{0}}};
-    int kvd = nkv * hd, qd = nh * hd, n_blocks = 0;
-    for (int s = 0; s < L.nseq; s++) {
-        L.nblk[s] = (L.len[s] + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
-        n_blocks += L.nblk[s];
+static void att_batch_make(att_batch *B, int nseq, const int *len, const int *nnew) {
+    memset(B, 0, sizeof *B);
+    B->nseq = nseq;
+    B->len = malloc((size_t)nseq * sizeof(int));
+    B->tab_of = malloc((size_t)nseq * sizeof(int));
+    for (int s = 0; s < nseq; s++) {
+        B->len[s] = len[s];
+        B->tab_of[s] = B->n_blocks;
+        B->n_blocks += (len[s] + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+        B->T += nnew[s];
+        if (len[s] > B->maxlen) B->maxlen = len[s];
     }
-    /* scatter the blocks: block ids in a shuffled order */
-    int perm[64];
-    for (int i = 0; i < n_blocks; i++) perm[i] = i;
-    for (int i = n_blocks - 1; i > 0; i--) {
-        int j = (int)((frand() + 1.0f) * 0.5f * (float)(i + 1)) % (i + 1);
-        int t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    B->tables = malloc((size_t)B->n_blocks * 4);
+    for (int i = 0; i < B->n_blocks; i++) B->tables[i] = i;
+    for (int i = B->n_blocks - 1; i > 0; i--) {
+        int j = (int)urand((uint32_t)i + 1);
+        int32_t t = B->tables[i]; B->tables[i] = B->tables[j]; B->tables[j] = t;
     }
-    for (int s = 0, k = 0; s < L.nseq; s++)
-        for (int b = 0; b < L.nblk[s]; b++) L.blocks[s][b] = perm[k++];
-    size_t pool_n = (size_t)n_blocks * 2 * ZS_KV_BLOCK * kvd;
-    float *pool = calloc(pool_n, 4);
-    /* the batch */
-    int T = 0;
-    int32_t seq[256], pos[256], tab[256], tables[256];
-    int64_t off[256];
-    int ntab = 0, tab_of[4];
-    for (int s = 0; s < L.nseq; s++) {
-        tab_of[s] = ntab;
-        for (int b = 0; b < L.nblk[s]; b++) tables[ntab++] = L.blocks[s][b];
-        for (int p = decode ? L.len[s] - 1 : 0; p < L.len[s]; p++) { seq[T] = s; pos[T] = p; T++; }
-    }
-    /* earlier positions (decode) are already in the cache */
-    for (int s = 0; s < L.nseq; s++)
-        for (int p = 0; p < L.len[s]; p++) {
-            fill(pool_at(pool, kvd, &L, s, p, 0), (size_t)kvd, 1.0f);
-            fill(pool_at(pool, kvd, &L, s, p, 1), (size_t)kvd, 1.0f);
+    B->seq = malloc((size_t)B->T * 4);
+    B->pos = malloc((size_t)B->T * 4);
+    B->tab = malloc((size_t)B->T * 4);
+    for (int s = 0, t = 0; s < nseq; s++)
+        for (int p = len[s] - nnew[s]; p < len[s]; p++, t++) {
+            B->seq[t] = s;
+            B->pos[t] = p;
+            B->tab[t] = B->tab_of[s];
+        }
+}
+
+static void att_batch_free(att_batch *B) {
+    free(B->len); free(B->tab_of); free(B->tables); free(B->seq); free(B->pos); free(B->tab);
+}
+
+/* the K (which 0) or V (1) row of position p of sequence s in the host layout of the pool */
+static size_t kv_index(const att_batch *B, int kvd, int s, int p, int which) {
+    int blk = B->tables[B->tab_of[s] + p / ZS_KV_BLOCK];
+    return (((size_t)blk * 2 + (size_t)which) * ZS_KV_BLOCK + (size_t)(p % ZS_KV_BLOCK)) * (size_t)kvd;
+}
+
+static const int ATT_IMPLS[3] = {ZS_CUDA_ATTN_SIMPLE, ZS_CUDA_ATTN_TILED, ZS_CUDA_ATTN_AUTO};
+
+/* kv_store, then the attention of every kernel (simple, tiled, auto) in every output dtype
+ * (f32 only when f32_only) against the CPU op (forward.c's loop) over the same cache. */
+static void attention_case(const char *name, int nseq, const int *len, const int *nnew, int nh, int nkv, int hd,
+                           int f32_only) {
+    att_batch B;
+    att_batch_make(&B, nseq, len, nnew);
+    int T = B.T, kvd = nkv * hd, qd = nh * hd;
+    size_t pool_n = (size_t)B.n_blocks * 2 * ZS_KV_BLOCK * kvd;
+    /* slots past a sequence's end hold NaN: a kernel reading beyond pos[t] fails the check */
+    float *pool = malloc(pool_n * 4);
+    for (size_t i = 0; i < pool_n; i++) pool[i] = NAN;
+    for (int s = 0; s < nseq; s++)
+        for (int p = 0; p < len[s]; p++) {
+            fill(pool + kv_index(&B, kvd, s, p, 0), (size_t)kvd, 1.0f);
+            fill(pool + kv_index(&B, kvd, s, p, 1), (size_t)kvd, 1.0f);
         }
     float *k = malloc((size_t)T * kvd * 4), *v = malloc((size_t)T * kvd * 4), *q = malloc((size_t)T * qd * 4);
+    int64_t *off = malloc((size_t)T * 8);
     fill(k, (size_t)T * kvd, 1.0f);
     fill(v, (size_t)T * kvd, 1.0f);
     fill(q, (size_t)T * qd, 2.0f);
-    for (int t = 0; t < T; t++) {
-        tab[t] = tab_of[seq[t]];
-        off[t] = (pool_at(pool, kvd, &L, seq[t], pos[t], 0) - pool);
-    }
+    for (int t = 0; t < T; t++) off[t] = (int64_t)kv_index(&B, kvd, B.seq[t], B.pos[t], 0);
     float *dpool = up(pool, pool_n, ZS_F32), *dk = up(k, (size_t)T * kvd, ZS_F32);
     float *dv = up(v, (size_t)T * kvd, ZS_F32), *dq = up(q, (size_t)T * qd, ZS_F32);
-    int32_t *dtab = up_raw(tab, (size_t)T * 4), *dtables = up_raw(tables, (size_t)ntab * 4);
-    int32_t *dpos = up_raw(pos, (size_t)T * 4);
+    int32_t *dtab = up_raw(B.tab, (size_t)T * 4), *dtables = up_raw(B.tables, (size_t)B.n_blocks * 4);
+    int32_t *dpos = up_raw(B.pos, (size_t)T * 4);
     int64_t *doff = up_raw(off, (size_t)T * 8);
     /* CPU: store, then attend (forward.c's loop) */
     for (int t = 0; t < T; t++) {
-        memcpy(pool_at(pool, kvd, &L, seq[t], pos[t], 0), k + (size_t)t * kvd, (size_t)kvd * 4);
-        memcpy(pool_at(pool, kvd, &L, seq[t], pos[t], 1), v + (size_t)t * kvd, (size_t)kvd * 4);
+        memcpy(pool + kv_index(&B, kvd, B.seq[t], B.pos[t], 0), k + (size_t)t * kvd, (size_t)kvd * 4);
+        memcpy(pool + kv_index(&B, kvd, B.seq[t], B.pos[t], 1), v + (size_t)t * kvd, (size_t)kvd * 4);
     }
-    CHECK(zs_cuda_kv_store(dpool, dk, kvd, dv, kvd, doff, T, kvd, S) == 0, "kv_store launch");
+    CHECK(zs_cuda_kv_store(dpool, dk, kvd, dv, kvd, doff, T, kvd, S) == 0, "kv_store launch: %s", cuda_why());
     float *gp = down(dpool, pool_n, ZS_F32);
-    CHECK(memcmp(gp, pool, pool_n * 4) == 0, "kv_store (%d kv heads x %d): the device cache differs", nkv, hd);
+    CHECK(memcmp(gp, pool, pool_n * 4) == 0, "kv_store %s (%d kv heads x %d): the device cache differs", name, nkv, hd);
     free(gp);
-    float *ref = malloc((size_t)T * qd * 4), *sc = malloc(4096 * 4);
+    float *ref = malloc((size_t)T * qd * 4), *sc = malloc((size_t)B.maxlen * 4 + 4);
     float scale = 1.0f / sqrtf((float)hd);
     int group = nh / nkv;
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++) {
             const float *qq = q + (size_t)t * qd + (size_t)h * hd;
             int kh = h / group;
-            for (int j = 0; j <= pos[t]; j++) {
-                const float *kk = pool_at(pool, kvd, &L, seq[t], j, 0) + (size_t)kh * hd;
+            for (int j = 0; j <= B.pos[t]; j++) {
+                const float *kk = pool + kv_index(&B, kvd, B.seq[t], j, 0) + (size_t)kh * hd;
                 float s = 0;
                 for (int i = 0; i < hd; i++) s += qq[i] * kk[i];
                 sc[j] = s * scale;
             }
-            zs_op_softmax(sc, pos[t] + 1);
+            zs_op_softmax(sc, B.pos[t] + 1);
             float *o = ref + (size_t)t * qd + (size_t)h * hd;
             memset(o, 0, (size_t)hd * 4);
-            for (int j = 0; j <= pos[t]; j++) {
-                const float *vv = pool_at(pool, kvd, &L, seq[t], j, 1) + (size_t)kh * hd;
+            for (int j = 0; j <= B.pos[t]; j++) {
+                const float *vv = pool + kv_index(&B, kvd, B.seq[t], j, 1) + (size_t)kh * hd;
                 for (int i = 0; i < hd; i++) o[i] += sc[j] * vv[i];
             }
         }
-    for (int kd = 0; kd < 3; kd++) {
+    float *r = malloc((size_t)T * qd * 4);
+    void *out = zs_dev_alloc(D, (size_t)T * qd * 4);
+    ZS_ASSERT(out != NULL);
+    for (int kd = 0; kd < (f32_only ? 1 : 3); kd++) {
         zs_dtype dt = DTS[kd];
-        void *out = zs_dev_alloc(D, (size_t)T * qd * 4);
-        float *r = malloc((size_t)T * qd * 4);
         memcpy(r, ref, (size_t)T * qd * 4);
         round_to(r, (size_t)T * qd, dt);
-        CHECK(zs_cuda_attention(out, dt, dq, qd, dpool, dtables, dtab, dpos, T, nh, nkv, hd, scale, S) == 0,
-              "attention launch");
-        float *g = down(out, (size_t)T * qd, dt);
-        double e = nerr(g, r, (size_t)T * qd);
-        CHECK(e <= tol_of(dt) + 1e-5, "attention %s, %d heads / %d kv heads x %d -> %s: error %.3g",
-              decode ? "decode" : "prefill", nh, nkv, hd, zs_dtype_name(dt), e);
-        free(g); free(r); rel(out);
+        for (int ii = 0; ii < 3; ii++) {
+            int impl = ATT_IMPLS[ii];
+            const char *in = zs_cuda_attention_mode_name(impl);
+            /* NaN first: a row no kernel writes fails the check */
+            ZS_ASSERT(cudaMemsetAsync(out, 0xff, (size_t)T * qd * zs_dtype_size(dt), (cudaStream_t)S) == cudaSuccess);
+            CHECK(zs_cuda_attention_impl(impl, out, dt, dq, qd, dpool, dtables, dtab, dpos, T, nh, nkv, hd, scale, S) == 0,
+                  "attention (%s) launch: %s", in, cuda_why());
+            float *g = down(out, (size_t)T * qd, dt);
+            double e = nerr(g, r, (size_t)T * qd);
+            CHECK(e <= tol_of(dt) + 1e-5, "attention (%s) %s, T=%d, %d heads / %d kv heads x %d -> %s: error %.3g",
+                  in, name, T, nh, nkv, hd, zs_dtype_name(dt), e);
+            free(g);
+        }
     }
-    free(pool); free(k); free(v); free(q); free(ref); free(sc);
-    rel(dpool); rel(dk); rel(dv); rel(dq); rel(dtab); rel(dtables); rel(dpos); rel(doff);
+    /* the entry point of the forward pass (ZS_CUDA_ATTN's choice) */
+    ZS_ASSERT(cudaMemsetAsync(out, 0xff, (size_t)T * qd * 4, (cudaStream_t)S) == cudaSuccess);
+    CHECK(zs_cuda_attention(out, ZS_F32, dq, qd, dpool, dtables, dtab, dpos, T, nh, nkv, hd, scale, S) == 0,
+          "attention launch: %s", cuda_why());
+    float *g = down(out, (size_t)T * qd, ZS_F32);
+    memcpy(r, ref, (size_t)T * qd * 4);
+    double e = nerr(g, r, (size_t)T * qd);
+    CHECK(e <= tol_of(ZS_F32) + 1e-5, "attention (ZS_CUDA_ATTN: %s) %s, %d heads / %d kv heads x %d: error %.3g",
+          zs_cuda_attention_mode_name(zs_cuda_attention_mode()), name, nh, nkv, hd, e);
+    free(g);
+    free(pool); free(k); free(v); free(q); free(off); free(ref); free(sc); free(r);
+    rel(out); rel(dpool); rel(dk); rel(dv); rel(dq); rel(dtab); rel(dtables); rel(dpos); rel(doff);
+    att_batch_free(&B);
 }
 
 static void test_attention(void) {
-    for (int decode = 0; decode < 2; decode++) {
-        attention_case(8, 4, 8, decode);    /* stories260K: GQA 2, head_dim 8 */
-        attention_case(4, 4, 16, decode);   /* gpt2-bytes: MHA, head_dim 16 */
-        attention_case(32, 8, 128, decode); /* Llama 3 8B: GQA 4 */
-        attention_case(12, 2, 64, decode);  /* GQA 6: a group split over two blocks */
-        attention_case(4, 1, 256, decode);  /* MQA, head_dim 256 */
+    /* a batch of 3 sequences (37, 5 and 70 positions): prefill of all, and decode of the last */
+    int len3[3] = {37, 5, 70}, one3[3] = {1, 1, 1};
+    int shapes[6][3] = {
+        {8, 4, 8},     /* stories260K: GQA 2, head_dim 8 */
+        {4, 4, 16},    /* gpt2-bytes: MHA, head_dim 16 */
+        {32, 8, 128},  /* Llama 3 8B: GQA 4 */
+        {12, 2, 64},   /* GQA 6: a group split over two blocks (simple), 5 tokens x 6 heads (tiled) */
+        {4, 1, 256},   /* MQA, head_dim 256 (tiled: > 48 KiB of shared memory) */
+        {64, 1, 32},   /* a group of 64: two blocks of 32 heads, one token each (tiled) */
+    };
+    for (int i = 0; i < 6; i++) {
+        attention_case("prefill of 3 sequences", 3, len3, len3, shapes[i][0], shapes[i][1], shapes[i][2], 0);
+        attention_case("decode of 3 sequences", 3, len3, one3, shapes[i][0], shapes[i][1], shapes[i][2], 0);
+    }
+    /* GQA 1 and 4, head_dim 64 and 128: decode (T = 1), T = 37 (from position 0, and a chunk
+     * after 53 cached positions), a prefill of 300 tokens (19 KV pages), and a serving batch
+     * (a chunk, two decodes, a short prefill: both kernels in auto) */
+    int heads[4][3] = {{8, 8, 64}, {8, 2, 64}, {8, 8, 128}, {32, 8, 128}};
+    for (int i = 0; i < 4; i++) {
+        int nh = heads[i][0], nkv = heads[i][1], hd = heads[i][2];
+        int l1 = 77, n1 = 1;
+        attention_case("decode, T=1", 1, &l1, &n1, nh, nkv, hd, 0);
+        int l37 = 37;
+        attention_case("prefill, T=37", 1, &l37, &l37, nh, nkv, hd, 0);
+        int l90 = 90, n37 = 37;
+        attention_case("chunk of 37 after 53 cached", 1, &l90, &n37, nh, nkv, hd, 0);
+        int l300 = 300;
+        attention_case("prefill, T=300", 1, &l300, &l300, nh, nkv, hd, 0);
+        int lm[4] = {120, 33, 64, 20}, nm[4] = {40, 1, 1, 20};
+        attention_case("serving batch", 4, lm, nm, nh, nkv, hd, 0);
+    }
+    /* T > 65535 (grid.y's limit, where the token index used to be): 17500 sequences of 4 */
+    {
+        int n = 17500;
+        int *l = malloc((size_t)n * sizeof(int));
+        for (int i = 0; i < n; i++) l[i] = 4;
+        attention_case("70000 tokens", n, l, l, 2, 1, 64, 1);
+        free(l);
+    }
+    /* refused shapes: -1 before any launch, with the reason (zs_cuda_take_error, zs_dev_error) */
+    CHECK(zs_cuda_attention_impl(ZS_CUDA_ATTN_AUTO, NULL, ZS_F32, NULL, 0, NULL, NULL, NULL, NULL, 4, 4, 4, 300, 1.0f,
+                                 S) < 0, "attention with head_dim 300 was accepted");
+    CHECK_ERR(zs_dev_error("attention kernel"), "attention kernel", "head_dim 300");
+    for (int ii = 0; ii < 3; ii++) {
+        CHECK(zs_cuda_attention_impl(ATT_IMPLS[ii], NULL, ZS_F32, NULL, 0, NULL, NULL, NULL, NULL, 4, 70000, 70000, 64,
+                                     1.0f, S) < 0, "attention (%s) with 70000 kv heads was accepted",
+              zs_cuda_attention_mode_name(ATT_IMPLS[ii]));
+        const char *w = zs_cuda_take_error();
+        CHECK(w && strstr(w, "65535"), "attention (%s) with 70000 kv heads: reason \"%s\"",
+              zs_cuda_attention_mode_name(ATT_IMPLS[ii]), w ? w : "(none)");
     }
 }
 
@@ -506,17 +617,22 @@ static void test_norms_bwd(void) {
 
 static void test_rope_bwd(void) {
     int T = 23, nh = 6, hd = 128, ld = nh * hd + 32;
-    size_t n = (size_t)T * ld;
-    float *x = frnd(n, 2.0f), *ref = malloc(n * 4);
-    memcpy(ref, x, n * 4);
-    int32_t pos[23];
-    for (int t = 0; t < T; t++) pos[t] = t * 181;
-    for (int t = 0; t < T; t++) zs_op_rope_bwd(ref + (size_t)t * ld, nh, hd, pos[t], 500000.0f);
-    float *dx = up(x, n, ZS_F32);
-    int32_t *dp = up_raw(pos, sizeof pos);
-    CHECK(zs_cuda_rope_bwd(dx, T, ld, nh, hd, dp, 500000.0f, S) == 0, "rope_bwd launch");
-    cmp_dev(dx, ref, n, 1e-5, "rope_bwd");
-    free(x); free(ref); rel(dx); rel(dp);
+    float theta[2] = {10000.0f, 500000.0f};
+    for (int k = 0; k < 2; k++) {
+        size_t n = (size_t)T * ld;
+        float *x = frnd(n, 2.0f), *ref = malloc(n * 4);
+        memcpy(ref, x, n * 4);
+        int32_t pos[23];
+        for (int t = 0; t < T; t++) pos[t] = t * 181;
+        for (int t = 0; t < T; t++) zs_op_rope_bwd(ref + (size_t)t * ld, nh, hd, pos[t], theta[k]);
+        float *dx = up(x, n, ZS_F32), *tabl = rope_table(hd, theta[k]);
+        int32_t *dp = up_raw(pos, sizeof pos);
+        CHECK(zs_cuda_rope_bwd(dx, T, ld, nh, hd, dp, tabl, S) == 0, "rope_bwd launch: %s", cuda_why());
+        char what[64];
+        snprintf(what, sizeof what, "rope_bwd theta %g", theta[k]);
+        cmp_dev(dx, ref, n, 1e-5, what);
+        free(x); free(ref); rel(dx); rel(dp); rel(tabl);
+    }
 }
 
 static void test_act_bwd(void) {

@@ -12,13 +12,28 @@
  * freeing a handle of an aborted group uses ncclCommAbort (which tears them down) instead of
  * ncclCommDestroy. Callers must not block on such streams themselves after an abort.
  *
- * Thread-safety: as in comm.h — one thread per handle; zs_comm_abort from anywhere. */
+ * libnccl.so.2 is not linked: it is loaded with dlopen on the first create (the binary starts
+ * without it; on a GPU machine it often lives only inside a Python venv), and every function is
+ * called through a table resolved with dlsym (nccl.h's declarations give the types). Where it is
+ * looked for, in order: $ZS_NCCL_LIB (a file), libnccl.so.2 (the loader's search path,
+ * LD_LIBRARY_PATH), $CUDA_HOME/lib64, /usr/local/cuda/lib64, and the nvidia/nccl/lib directory
+ * of the Python venvs and system packages (nccl_load_once lists the glob patterns). Without
+ * it, creating a communicator fails with ZS_EDEVICE naming what was tried (world.c then uses
+ * the in-process communicator; ranks sharing one GPU never need NCCL).
+ *
+ * Thread-safety: as in comm.h — one thread per handle; zs_comm_abort from anywhere. Loading the
+ * library is once per process (pthread_once); the table is read-only afterwards. */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
+#include <glob.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -26,6 +41,104 @@
 #include "cluster.h"
 #include "comm-impl.h"
 #include "common.h"
+
+/* ---- libnccl.so.2, loaded at run time ---- */
+
+#define NCCL_FUNCS(X)                                                                             \
+    X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommInitAll) X(ncclCommDestroy) \
+    X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclGetErrorString) X(ncclGroupStart)             \
+    X(ncclGroupEnd) X(ncclAllGather) X(ncclReduceScatter) X(ncclAllReduce) X(ncclBroadcast)
+
+/* the functions of the loaded library, typed as nccl.h declares them (no link-time reference) */
+static struct {
+#define NCCL_PTR(name) __typeof__(name) *name;
+    NCCL_FUNCS(NCCL_PTR)
+#undef NCCL_PTR
+} nc;
+
+static pthread_once_t nccl_once = PTHREAD_ONCE_INIT;
+static int nccl_loaded;          /* every function resolved */
+static char nccl_tried[640];     /* what was tried and why it failed, for the error */
+
+static void tried(const char *what, const char *why) {
+    size_t n = strlen(nccl_tried);
+    if (n + 8 >= sizeof nccl_tried) return;
+    snprintf(nccl_tried + n, sizeof nccl_tried - n, "%s%s (%.120s)", n ? "; " : "", what, why);
+}
+
+/* Opens path and resolves the table; 1 on success, else 0 with the reason noted. */
+static int try_open(const char *path) {
+    if (strchr(path, '/') && access(path, F_OK) != 0) {
+        tried(path, "absent");
+        return 0;
+    }
+    dlerror();
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        tried(path, e ? e : "dlopen failed");
+        return 0;
+    }
+    void *sym;
+#define NCCL_SYM(name)                                                                            \
+    if (!(sym = dlsym(h, #name))) {                                                               \
+        tried(path, "no " #name);                                                                 \
+        memset(&nc, 0, sizeof nc);                                                                \
+        dlclose(h);                                                                               \
+        return 0;                                                                                 \
+    }                                                                                             \
+    nc.name = (__typeof__(nc.name))sym;
+    NCCL_FUNCS(NCCL_SYM)
+#undef NCCL_SYM
+    /* the file the loader picked (a bare name resolves through the search path) */
+    Dl_info di;
+    const char *file = dladdr(sym, &di) && di.dli_fname ? di.dli_fname : path;
+    int v = 0;
+    if (nc.ncclGetVersion(&v) != ncclSuccess) v = 0;
+    /* NCCL_VERSION: X*1000 + Y*100 + Z up to 2.8, X*10000 + Y*100 + Z from 2.9 */
+    int major = v >= 10000 ? v / 10000 : v / 1000, minor = v >= 10000 ? v / 100 % 100 : v / 100 % 10;
+    zs_log_info("comm nccl: loaded %s (NCCL %d.%d.%d)", file, major, minor, v % 100);
+    return 1;
+}
+
+static int try_glob(const char *pattern) {
+    glob_t g;
+    int r = glob(pattern, 0, NULL, &g), ok = 0; /* glob initialises g even when it fails */
+    if (r != 0) tried(pattern, r == GLOB_NOMATCH ? "no match" : "glob failed");
+    for (size_t i = 0; r == 0 && !ok && i < g.gl_pathc; i++) ok = try_open(g.gl_pathv[i]);
+    globfree(&g);
+    return ok;
+}
+
+static void nccl_load_once(void) {
+    char p[PATH_MAX];
+    const char *env = getenv("ZS_NCCL_LIB"), *cuda = getenv("CUDA_HOME");
+    int ok = 0;
+    if (env && *env) {
+        if (!(ok = try_open(env))) zs_log_warn("comm nccl: ZS_NCCL_LIB=%s does not load; trying the usual places", env);
+    }
+    if (!ok) ok = try_open("libnccl.so.2");
+    if (!ok && cuda && *cuda && strcmp(cuda, "/usr/local/cuda") && strcmp(cuda, "/usr/local/cuda/")) {
+        snprintf(p, sizeof p, "%s/lib64/libnccl.so.2", cuda);
+        ok = try_open(p);
+    }
+    if (!ok) ok = try_open("/usr/local/cuda/lib64/libnccl.so.2");
+    if (!ok) ok = try_glob("/opt/*/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2");
+    if (!ok) ok = try_glob("/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2");
+    if (!ok) ok = try_open("/usr/lib/python3/dist-packages/nvidia/nccl/lib/libnccl.so.2");
+    nccl_loaded = ok;
+}
+
+/* 0 once the library is loaded (the first call loads it), else ZS_EDEVICE saying where it was
+ * looked for. */
+static int nccl_load(void) {
+    pthread_once(&nccl_once, nccl_load_once);
+    if (nccl_loaded) return 0;
+    return zs_err(ZS_EDEVICE,
+                  "comm nccl: cannot load libnccl.so.2 (tried: %s); set ZS_NCCL_LIB to the file. One GPU needs "
+                  "no NCCL: ranks that share one GPU use the in-process communicator",
+                  nccl_tried);
+}
 
 typedef struct {
     int n;
@@ -50,8 +163,8 @@ static int nccl_fail(ncclResult_t r, const char *what, const nccl_comm *c) {
     int code = (r == ncclInvalidArgument || r == ncclInvalidUsage) ? ZS_EINVAL : ZS_EDEVICE;
     if (c)
         return zs_err(code, "comm nccl %s (rank %d of %d, device %d): %s", what, c->base.rank,
-                      c->base.size, c->dev, ncclGetErrorString(r));
-    return zs_err(code, "comm nccl %s: %s", what, ncclGetErrorString(r));
+                      c->base.size, c->dev, nc.ncclGetErrorString(r));
+    return zs_err(code, "comm nccl %s: %s", what, nc.ncclGetErrorString(r));
 }
 
 static int cuda_fail(cudaError_t e, const char *what, const nccl_comm *c) {
@@ -90,7 +203,7 @@ static int wait_stream(nccl_comm *c, const char *what) {
         if (e == cudaSuccess) return 0;
         if (e != cudaErrorNotReady) return cuda_fail(e, what, c);
         ncclResult_t ar = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(c->nc, &ar);
+        ncclResult_t r = nc.ncclCommGetAsyncError(c->nc, &ar);
         if (r != ncclSuccess) return nccl_fail(r, "ncclCommGetAsyncError", c);
         if (ar != ncclSuccess && ar != ncclInProgress) return nccl_fail(ar, what, c);
         if (atomic_load(&c->g->aborted))
@@ -109,7 +222,7 @@ static int nccl_all_gather(zs_comm *zc, const void *send, void *recv, size_t byt
                            void *stream) {
     nccl_comm *c = (nccl_comm *)zc;
     ZS_CHECK(begin(c, "all_gather"));
-    ncclResult_t r = ncclAllGather(send, recv, bytes, ncclInt8, c->nc, (cudaStream_t)stream);
+    ncclResult_t r = nc.ncclAllGather(send, recv, bytes, ncclInt8, c->nc, (cudaStream_t)stream);
     return r == ncclSuccess ? 0 : nccl_fail(r, "ncclAllGather", c);
 }
 
@@ -120,7 +233,7 @@ static int nccl_reduce_scatter(zs_comm *zc, const void *send, void *recv, size_t
     ZS_CHECK(begin(c, "reduce_scatter"));
     ZS_CHECK(map_dtype(dt, &t));
     ncclResult_t r =
-        ncclReduceScatter(send, recv, count, t, map_op(op), c->nc, (cudaStream_t)stream);
+        nc.ncclReduceScatter(send, recv, count, t, map_op(op), c->nc, (cudaStream_t)stream);
     return r == ncclSuccess ? 0 : nccl_fail(r, "ncclReduceScatter", c);
 }
 
@@ -130,14 +243,14 @@ static int nccl_all_reduce(zs_comm *zc, const void *send, void *recv, size_t cou
     ncclDataType_t t = ncclFloat32;
     ZS_CHECK(begin(c, "all_reduce"));
     ZS_CHECK(map_dtype(dt, &t));
-    ncclResult_t r = ncclAllReduce(send, recv, count, t, map_op(op), c->nc, (cudaStream_t)stream);
+    ncclResult_t r = nc.ncclAllReduce(send, recv, count, t, map_op(op), c->nc, (cudaStream_t)stream);
     return r == ncclSuccess ? 0 : nccl_fail(r, "ncclAllReduce", c);
 }
 
 static int nccl_broadcast(zs_comm *zc, void *buf, size_t bytes, int root, void *stream) {
     nccl_comm *c = (nccl_comm *)zc;
     ZS_CHECK(begin(c, "broadcast"));
-    ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclInt8, root, c->nc, (cudaStream_t)stream);
+    ncclResult_t r = nc.ncclBroadcast(buf, buf, bytes, ncclInt8, root, c->nc, (cudaStream_t)stream);
     return r == ncclSuccess ? 0 : nccl_fail(r, "ncclBroadcast", c);
 }
 
@@ -146,7 +259,7 @@ static int nccl_barrier(zs_comm *zc) {
     ZS_CHECK(begin(c, "barrier"));
     /* d_buf[1] is 0 on every rank, so its sum stays 0 */
     ncclResult_t r =
-        ncclAllReduce(c->d_buf + 1, c->d_buf + 1, 1, ncclInt32, ncclSum, c->nc, c->stream);
+        nc.ncclAllReduce(c->d_buf + 1, c->d_buf + 1, 1, ncclInt32, ncclSum, c->nc, c->stream);
     if (r != ncclSuccess) return nccl_fail(r, "ncclAllReduce (barrier)", c);
     return wait_stream(c, "barrier");
 }
@@ -159,7 +272,7 @@ static int nccl_agree(zs_comm *zc, int local_status, int *global_status) {
     cudaError_t e =
         cudaMemcpyAsync(c->d_buf, c->h_buf, sizeof(int32_t), cudaMemcpyHostToDevice, c->stream);
     if (e != cudaSuccess) return cuda_fail(e, "cudaMemcpyAsync (agree)", c);
-    ncclResult_t r = ncclAllReduce(c->d_buf, c->d_buf, 1, ncclInt32, ncclMin, c->nc, c->stream);
+    ncclResult_t r = nc.ncclAllReduce(c->d_buf, c->d_buf, 1, ncclInt32, ncclMin, c->nc, c->stream);
     if (r != ncclSuccess) return nccl_fail(r, "ncclAllReduce (agree)", c);
     e = cudaMemcpyAsync(c->h_buf, c->d_buf, sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream);
     if (e != cudaSuccess) return cuda_fail(e, "cudaMemcpyAsync (agree)", c);
@@ -179,9 +292,9 @@ static void release_rank(nccl_comm *c, int aborted) {
     cudaGetDevice(&prev);
     cudaSetDevice(c->dev);
     if (c->nc) {
-        ncclResult_t r = aborted ? ncclCommAbort(c->nc) : ncclCommDestroy(c->nc);
+        ncclResult_t r = aborted ? nc.ncclCommAbort(c->nc) : nc.ncclCommDestroy(c->nc);
         if (r != ncclSuccess)
-            zs_log_warn("comm nccl: releasing rank %d: %s", c->base.rank, ncclGetErrorString(r));
+            zs_log_warn("comm nccl: releasing rank %d: %s", c->base.rank, nc.ncclGetErrorString(r));
     }
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->d_buf) cudaFree(c->d_buf);
@@ -248,6 +361,7 @@ static int setup_rank(nccl_comm *c) {
 static int create_group(int n, const int *devs, zs_comm **comms, int world, int first, const ncclUniqueId *uid) {
     if (n < 1) return zs_err(ZS_EINVAL, "comm nccl: group size %d must be at least 1", n);
     if (!devs || !comms) return zs_err(ZS_EINVAL, "comm nccl: NULL device list or output array");
+    ZS_CHECK(nccl_load());
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess)
@@ -286,20 +400,20 @@ static int create_group(int n, const int *devs, zs_comm **comms, int world, int 
     /* one call, from this thread, for all ranks of the process */
     ncclResult_t r;
     if (!uid) {
-        r = ncclCommInitAll(ncs, n, devs);
+        r = nc.ncclCommInitAll(ncs, n, devs);
     } else {
-        r = ncclGroupStart();
+        r = nc.ncclGroupStart();
         for (int i = 0; r == ncclSuccess && i < n; i++) {
             cudaSetDevice(devs[i]);
-            r = ncclCommInitRank(&ncs[i], world, *uid, first + i);
+            r = nc.ncclCommInitRank(&ncs[i], world, *uid, first + i);
         }
-        ncclResult_t r2 = ncclGroupEnd();
+        ncclResult_t r2 = nc.ncclGroupEnd();
         if (r == ncclSuccess) r = r2;
     }
     if (r != ncclSuccess) {
         rc = nccl_fail(r, uid ? "ncclCommInitRank" : "ncclCommInitAll", NULL);
         for (int i = 0; uid && i < n; i++)
-            if (ncs[i]) ncclCommAbort(ncs[i]);
+            if (ncs[i]) nc.ncclCommAbort(ncs[i]);
         memset(ncs, 0, (size_t)n * sizeof *ncs);
     }
     for (int i = 0; rc == 0 && i < n; i++) {
@@ -321,7 +435,7 @@ static int create_group(int n, const int *devs, zs_comm **comms, int world, int 
     if (rc < 0) {
         for (int i = 0; i < n; i++) {
             if (cs[i]) release_rank(cs[i], 1);
-            else if (ncs[i]) ncclCommAbort(ncs[i]);
+            else if (ncs[i]) nc.ncclCommAbort(ncs[i]);
         }
         pthread_mutex_destroy(&g->mu);
         free(g);
@@ -336,7 +450,7 @@ static int create_group(int n, const int *devs, zs_comm **comms, int world, int 
     free(cs);
     cudaSetDevice(prev);
     int ver = 0;
-    ncclGetVersion(&ver);
+    nc.ncclGetVersion(&ver);
     zs_log_debug("comm nccl: %d of %d ranks, NCCL %d", n, world, ver);
     return 0;
 }
@@ -348,12 +462,17 @@ int zs_comm_nccl_create(int n, const int *devs, zs_comm **comms) {
 int zs_comm_nccl_create_cluster(int n, const int *devs, zs_comm **comms) {
     int P = zs_cluster_size(), me = zs_cluster_rank();
     if (P == 1) return zs_comm_nccl_create(n, devs, comms);
+    /* every process needs the library: agree on it before anyone joins (no one waits alone) */
+    int lrc = nccl_load(), grc = 0;
+    ZS_CHECK(zs_cluster_min_int(lrc, &grc));
+    if (lrc < 0) return lrc;
+    if (grc < 0) return zs_err(grc, "comm nccl: another process of the cluster cannot load libnccl.so.2");
     /* process 0 makes the id; a failure there still sends (zeros) so that nobody waits, and the
      * status travels with it */
     struct { ncclUniqueId id; int32_t status; } u;
     memset(&u, 0, sizeof u);
     if (me == 0) {
-        ncclResult_t r = ncclGetUniqueId(&u.id);
+        ncclResult_t r = nc.ncclGetUniqueId(&u.id);
         u.status = r == ncclSuccess ? 0 : ZS_EDEVICE;
         if (r != ncclSuccess) nccl_fail(r, "ncclGetUniqueId", NULL);
     }

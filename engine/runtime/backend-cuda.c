@@ -7,8 +7,9 @@
 #include "backend.h"
 #include "common.h"
 
-/* kernels/cuda/convert.cu */
+/* kernels/cuda/convert.cu, launch.cu (kernels.h) */
 int zs_cuda_launch_bf16_to_f32(const unsigned short *src, float *dst, size_t n, void *stream);
+const char *zs_cuda_take_error(void);
 
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static int cuda_count;
@@ -48,10 +49,15 @@ int zs_backend_cuda_bf16_to_f32(int dev, const unsigned short *src, float *dst, 
     if (e == cudaSuccess) e = cudaMalloc(&ds, n * 2);
     if (e == cudaSuccess) e = cudaMalloc(&dd, n * 4);
     if (e == cudaSuccess) e = cudaMemcpy(ds, src, n * 2, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess && zs_cuda_launch_bf16_to_f32(ds, dd, n, NULL) != 0) e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaMemcpy(dst, dd, n * 4, cudaMemcpyDeviceToHost);
+    const char *lerr = NULL; /* the launcher read (and cleared) the CUDA error: take its copy */
+    if (e == cudaSuccess && zs_cuda_launch_bf16_to_f32(ds, dd, n, NULL) != 0) {
+        lerr = zs_cuda_take_error();
+        if (!lerr) lerr = "launch failed (no CUDA error recorded)";
+    }
+    if (e == cudaSuccess && !lerr) e = cudaMemcpy(dst, dd, n * 4, cudaMemcpyDeviceToHost);
     cudaFree(ds);
     cudaFree(dd);
+    if (lerr) return zs_err(ZS_EDEVICE, "CUDA device %d: bf16 -> f32 kernel: %s", dev, lerr);
     if (e != cudaSuccess) return zs_err(ZS_EDEVICE, "CUDA device %d: %s", dev, cudaGetErrorString(e));
     return 0;
 }
@@ -64,9 +70,17 @@ int zs_backend_cuda_bf16_to_f32(int dev, const unsigned short *src, float *dst, 
 #include "kernels/cuda/kernels.h"
 #include "pinned.h"
 
+/* The reason is read once: a launcher (kernels.h) has already taken the CUDA error with
+ * cudaGetLastError and kept its text (zs_cuda_take_error); a failed runtime call left it in
+ * cudaGetLastError. Both are taken (cleared). */
 int zs_dev_error(const char *what) {
+    const char *launch = zs_cuda_take_error();
     cudaError_t e = cudaGetLastError();
-    return zs_err(ZS_EDEVICE, "%s: %s", what, e == cudaSuccess ? "launch failed" : cudaGetErrorString(e));
+    if (launch && e != cudaSuccess)
+        return zs_err(ZS_EDEVICE, "%s: %s (and then %s)", what, launch, cudaGetErrorString(e));
+    if (launch) return zs_err(ZS_EDEVICE, "%s: %s", what, launch);
+    if (e != cudaSuccess) return zs_err(ZS_EDEVICE, "%s: %s", what, cudaGetErrorString(e));
+    return zs_err(ZS_EDEVICE, "%s: failed (no CUDA error recorded)", what);
 }
 
 static int cuda_err(cudaError_t e, const char *what, int dev) {
@@ -323,13 +337,12 @@ static int time_on(zs_dev *d, cudaStream_t s, int (*fn)(zs_dev *, void *), void 
     cudaEvent_t a, b;
     if (cudaEventCreate(&a) != cudaSuccess) return zs_dev_error("cudaEventCreate");
     if (cudaEventCreate(&b) != cudaSuccess) { cudaEventDestroy(a); return zs_dev_error("cudaEventCreate"); }
-    cudaEventRecord(a, s);
-    int rc = fn(d, arg);
-    cudaEventRecord(b, s);
-    cudaError_t e = cudaEventSynchronize(b);
+    cudaError_t e = cudaEventRecord(a, s);
+    int rc = e == cudaSuccess ? fn(d, arg) : cuda_err(e, "cudaEventRecord (probe start)", d->id);
+    if (rc == 0 && (e = cudaEventRecord(b, s)) != cudaSuccess) rc = cuda_err(e, "cudaEventRecord (probe end)", d->id);
+    if (rc == 0 && (e = cudaEventSynchronize(b)) != cudaSuccess) rc = cuda_err(e, "probe", d->id);
     float ms = 0;
-    if (rc == 0 && e != cudaSuccess) rc = cuda_err(e, "probe", d->id);
-    if (rc == 0) cudaEventElapsedTime(&ms, a, b);
+    if (rc == 0 && (e = cudaEventElapsedTime(&ms, a, b)) != cudaSuccess) rc = cuda_err(e, "cudaEventElapsedTime", d->id);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
     *sec = ms / 1e3;

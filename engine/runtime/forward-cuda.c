@@ -9,12 +9,16 @@
  *
  * Activations: the residual stream, q/k/v, the KV cache and matrix outputs are f32; the inputs
  * of a matrix product (normed rows, attention output, MLP activation) are stored in the weight
- * dtype, as cuBLAS wants both operands in one type. */
+ * dtype, as cuBLAS wants both operands in one type. RoPE reads a frequency table made once on
+ * the host with the CPU op's formula; attention is zs_cuda_attention (tiled for prefill, simple
+ * for decode; ZS_CUDA_ATTN=simple|tiled forces one). A failure of the gather's device hooks
+ * (gather-cuda.h) fails the step like a failed acquire. */
 #include <math.h>
 #include <string.h>
 
 #include "common.h"
 #include "device-impl.h"
+#include "gather-cuda.h"
 #include "kernels/cuda/kernels.h"
 
 struct zs_forward_cuda {
@@ -25,6 +29,8 @@ struct zs_forward_cuda {
     void *xn, *att, *act;
     void **res;          /* device copies of the buckets' resident parts */
     float **kv;          /* [n_layers] K/V pools, host zs_kvcache layout */
+    float *inv_freq;     /* RoPE frequencies for head_dim and rope_theta, made on the host
+                            (zs_cuda_rope_inv_freq) once; NULL for GPT-2 */
     /* step inputs: staged in pinned host memory, one copy per run */
     char *in_h, *in_d;
     size_t in_cap;
@@ -49,6 +55,7 @@ void zs_forward_cuda_free(zs_forward_cuda *f) {
     if (f->kv)
         for (int l = 0; l < f->n_layers; l++) zs_dev_release(d, f->kv[l]);
     zs_dev_release(d, f->in_d);
+    zs_dev_release(d, f->inv_freq);
     if (f->in_h) cudaFreeHost(f->in_h);
     free(f->res);
     free(f->kv);
@@ -104,12 +111,28 @@ int zs_forward_cuda_new(const zs_model *m, int max_tokens, zs_dev *d, const zs_k
     }
     size_t per_layer = (size_t)f->n_blocks * 2 * ZS_KV_BLOCK * (size_t)f->kvd * 4;
     for (int l = 0; ok && l < f->n_layers; l++) A(f->kv[l], per_layer);
+    if (ok && c->arch != ZS_ARCH_GPT2) {
+        /* the CPU op's frequencies, bit for bit (the device powf is not glibc's) */
+        size_t half = (size_t)c->head_dim / 2;
+        float *h = malloc(ZS_MAX(half, (size_t)1) * sizeof(float));
+        A(f->inv_freq, ZS_MAX(half, (size_t)1) * sizeof(float));
+        if (!h) ok = 0;
+        if (ok) zs_cuda_rope_inv_freq(h, c->head_dim, c->rope_theta);
+        if (ok && half && zs_dev_upload(d, f->inv_freq, h, half * sizeof(float)) < 0) {
+            free(h);
+            zs_forward_cuda_free(f);
+            return ZS_EDEVICE;
+        }
+        free(h);
+    }
 #undef A
     if (!ok) {
         int rc = zs_err_prefix(ZS_ENOMEM, "CUDA forward for %d tokens (KV cache %d blocks)", max_tokens, f->n_blocks);
         zs_forward_cuda_free(f);
         return rc;
     }
+    zs_log_debug("CUDA forward on device %d: attention kernel %s (ZS_CUDA_ATTN)", d->id,
+                 zs_cuda_attention_mode_name(zs_cuda_attention_mode()));
     *out = f;
     return 0;
 }
@@ -164,6 +187,21 @@ static int grow_inputs(zs_forward_cuda *f, size_t need) {
     return 0;
 }
 
+/* The weight source's acquire and release, plus what gather-cuda.c's ready/retire hooks could
+ * not return (gather-cuda.h): a failed wait of the compute queue for the bucket, or a failed
+ * record of its last use, fails the step here. On a failed acquire (either way) the bucket is
+ * not released here: the caller's pass_end does that, as for any failed acquire. */
+static int acquire(zs_weight_source *src, int b, const void **data) {
+    int rc = src->acquire(src->ctx, b, data);
+    int dev = zs_dev_gather_take_error();
+    return rc < 0 ? rc : dev;
+}
+
+static int release(zs_weight_source *src, int b) {
+    src->release(src->ctx, b);
+    return zs_dev_gather_take_error();
+}
+
 static int norm(zs_forward_cuda *f, void *y, zs_dtype ydt, const float *x, const float *w, const float *b,
                 const int32_t *rows, int R, void *s) {
     const zs_model_config *c = zs_model_config_get(f->m);
@@ -192,8 +230,8 @@ static int layer_forward(zs_forward_cuda *f, int l, int T, const step_in *in, co
     ZS_CHECK(linear(f, f->k, f->xn, T, d, W(L, ZS_R_WK, data, res), wd, kvd, WF(L, ZS_R_BK, data, res), s));
     ZS_CHECK(linear(f, f->v, f->xn, T, d, W(L, ZS_R_WV, data, res), wd, kvd, WF(L, ZS_R_BV, data, res), s));
     if (c->arch != ZS_ARCH_GPT2) {
-        DCHK(zs_cuda_rope(f->q, T, qd, c->n_heads, c->head_dim, in->pos, c->rope_theta, s), "rope kernel");
-        DCHK(zs_cuda_rope(f->k, T, kvd, c->n_kv_heads, c->head_dim, in->pos, c->rope_theta, s), "rope kernel");
+        DCHK(zs_cuda_rope(f->q, T, qd, c->n_heads, c->head_dim, in->pos, f->inv_freq, s), "rope kernel");
+        DCHK(zs_cuda_rope(f->k, T, kvd, c->n_kv_heads, c->head_dim, in->pos, f->inv_freq, s), "rope kernel");
     }
     DCHK(zs_cuda_kv_store(f->kv[l], f->k, kvd, f->v, kvd, in->off, T, kvd, s), "kv store kernel");
     DCHK(zs_cuda_attention(f->att, wd, f->q, qd, f->kv[l], in->tables, in->tab, in->pos, T, c->n_heads,
@@ -269,41 +307,45 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     if (cudaMemcpyAsync(f->in_d, f->in_h, need, cudaMemcpyHostToDevice, s) != cudaSuccess)
         return zs_dev_error("step inputs copy");
 
-    int rc;
+    int rc, rrc;
     const void *data;
     int eb = zs_bucket_embed();
     const zs_bucket_layout *E = zs_model_layout(m, eb);
-    if ((rc = src->acquire(src->ctx, eb, &data)) < 0) return rc;
+    if ((rc = acquire(src, eb, &data)) < 0) return rc;
     const void *eres = f->res[eb];
     rc = zs_cuda_embed(f->x, W(E, ZS_R_TOK_EMB, data, eres), E->slot[ZS_R_TOK_EMB].dtype, dv.tokens,
                        W(E, ZS_R_POS_EMB, data, eres), E->slot[ZS_R_POS_EMB].dtype, dv.pos, T, f->d, s) == 0
              ? 0 : zs_dev_error("embedding kernel");
-    src->release(src->ctx, eb);
+    rrc = release(src, eb);
     if (rc < 0) return rc;
+    if (rrc < 0) return rrc;
 
     for (int l = 0; l < c->n_layers; l++) {
         int lb = zs_bucket_layer(l);
-        if ((rc = src->acquire(src->ctx, lb, &data)) < 0) return rc;
+        if ((rc = acquire(src, lb, &data)) < 0) return rc;
         rc = layer_forward(f, l, T, &dv, data, f->res[lb]);
-        src->release(src->ctx, lb);
+        rrc = release(src, lb);
         if (rc < 0) return rc;
+        if (rrc < 0) return rrc;
     }
 
     int hb = zs_bucket_head(m), nl = b->n_logits;
     const zs_bucket_layout *H = zs_model_layout(m, hb);
     const void *hres = f->res[hb];
     zs_dtype hdt = c->tied_embeddings ? E->slot[ZS_R_TOK_EMB].dtype : H->slot[ZS_R_LM_HEAD].dtype;
-    if ((rc = src->acquire(src->ctx, hb, &data)) < 0) return rc;
+    if ((rc = acquire(src, hb, &data)) < 0) return rc;
     rc = norm(f, f->xn, hdt, f->x, WF(H, ZS_R_OUT_NORM_W, data, hres), WF(H, ZS_R_OUT_NORM_B, data, hres), dv.sel, nl, s);
     if (rc == 0 && !c->tied_embeddings && nl > 0)
         rc = zs_dev_gemm(f->dev, f->logits, f->xn, nl, f->d, W(H, ZS_R_LM_HEAD, data, hres), hdt, f->vocab, 0.0f);
-    src->release(src->ctx, hb);
+    rrc = release(src, hb);
     if (rc < 0) return rc;
+    if (rrc < 0) return rrc;
     if (c->tied_embeddings) {
-        if ((rc = src->acquire(src->ctx, eb, &data)) < 0) return rc;
+        if ((rc = acquire(src, eb, &data)) < 0) return rc;
         if (nl > 0) rc = zs_dev_gemm(f->dev, f->logits, f->xn, nl, f->d, W(E, ZS_R_TOK_EMB, data, eres), hdt, f->vocab, 0.0f);
-        src->release(src->ctx, eb);
+        rrc = release(src, eb);
         if (rc < 0) return rc;
+        if (rrc < 0) return rrc;
     }
     /* sampling runs on the host: the logits rows go there */
     if (nl > 0 && logits &&

@@ -24,6 +24,7 @@
 #include "comm.h"
 #include "common.h"
 #include "device-impl.h"
+#include "gather-cuda.h"
 
 static int cu(cudaError_t e, zs_dev *d, const char *what) {
     if (e == cudaSuccess) return 0;
@@ -119,20 +120,76 @@ static int gd_gather(void *ctx, zs_comm *comm, const void *src, int kind, void *
     return rc;
 }
 
-static void gd_ready(void *ctx, const void *full) {
-    zs_dev *d = ctx;
+/* ---- ready / retire (compute thread) ----
+ * The hooks of gather.h return nothing, so a failure is handled here in two steps: the order it
+ * was to establish is made another way (the host waits instead of the queue), so no kernel reads
+ * a half-gathered bucket and no gather overwrites a bucket still being read; and the error is
+ * kept for the calling thread, whose forward pass takes it with zs_dev_gather_take_error
+ * (gather-cuda.h) after acquire/release and fails the step with it. */
+
+static _Thread_local int pend_rc;        /* first failure not yet taken (0: none) */
+static _Thread_local char pend_msg[512];
+
+static int keep(int rc) {
+    if (rc < 0 && pend_rc == 0) {
+        pend_rc = rc;
+        snprintf(pend_msg, sizeof pend_msg, "%s", zs_errmsg());
+    }
+    return rc;
+}
+
+int zs_dev_gather_take_error(void) {
+    int rc = pend_rc;
+    if (rc == 0) return 0;
+    pend_rc = 0;
+    return zs_err(rc, "%s", pend_msg);
+}
+
+/* The host waits instead of a queue, after a failed wait/record: for event ev, else for the
+ * compute queue (compute_only) or all three queues. The failure's message stays. */
+static int fallback(int rc, zs_dev *d, cudaEvent_t ev, int compute_only) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", zs_errmsg());
+    cudaError_t e = ev ? cudaEventSynchronize(ev)
+                       : compute_only ? cudaStreamSynchronize(d->q[ZS_Q_COMPUTE]) : cudaErrorUnknown;
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        zs_dev_sync(d); /* all three queues (also the last resort) */
+    }
+    return zs_err(rc, "%s", msg);
+}
+
+/* The compute queue waits for the gather of full; else the host waits for it. */
+static int gd_ready_rc(zs_dev *d, const void *full) {
     zs_dev_bufev *ev = zs_dev_buf_events(d, full);
-    cudaSetDevice(d->id);
-    if (ev) cudaStreamWaitEvent(d->q[ZS_Q_COMPUTE], ev->ready, 0);
-    else zs_dev_sync(d); /* cannot happen after a gather created the events; stay safe */
+    if (!ev) /* cannot happen after a gather created the events; stay safe */
+        return fallback(zs_err_prefix(ZS_EDEVICE, "CUDA device %d: the events of a gathered bucket", d->id), d,
+                        NULL, 0);
+    int rc = cu(cudaSetDevice(d->id), d, "cudaSetDevice (waiting for a gathered bucket)");
+    if (rc == 0) rc = cu(cudaStreamWaitEvent(d->q[ZS_Q_COMPUTE], ev->ready, 0), d,
+                         "cudaStreamWaitEvent (compute queue waits for a gathered bucket)");
+    return rc < 0 ? fallback(rc, d, ev->ready, 0) : 0;
+}
+
+/* The compute queue's last use of full is recorded (the next gather into it waits for that);
+ * else the host waits for the compute queue, so the event's older state is safe to wait for. */
+static int gd_retire_rc(zs_dev *d, const void *full) {
+    zs_dev_bufev *ev = zs_dev_buf_events(d, full);
+    if (!ev)
+        return fallback(zs_err_prefix(ZS_EDEVICE, "CUDA device %d: the events of a gathered bucket", d->id), d,
+                        NULL, 1);
+    int rc = cu(cudaSetDevice(d->id), d, "cudaSetDevice (retiring a gathered bucket)");
+    if (rc == 0) rc = cu(cudaEventRecord(ev->retired, d->q[ZS_Q_COMPUTE]), d,
+                         "cudaEventRecord (compute queue's last use of a gathered bucket)");
+    return rc < 0 ? fallback(rc, d, NULL, 1) : 0;
+}
+
+static void gd_ready(void *ctx, const void *full) {
+    if (keep(gd_ready_rc(ctx, full)) < 0) zs_log_error("%s", zs_errmsg());
 }
 
 static void gd_retire(void *ctx, const void *full) {
-    zs_dev *d = ctx;
-    zs_dev_bufev *ev = zs_dev_buf_events(d, full);
-    cudaSetDevice(d->id);
-    if (ev) cudaEventRecord(ev->retired, d->q[ZS_Q_COMPUTE]);
-    else cudaStreamSynchronize(d->q[ZS_Q_COMPUTE]);
+    if (keep(gd_retire_rc(ctx, full)) < 0) zs_log_error("%s", zs_errmsg());
 }
 
 void zs_dev_gather_ops(zs_dev *d, zs_gather_dev *ops) {

@@ -1,10 +1,32 @@
 // attention.cu — the paged KV cache on the device (f32 blocks of 16 positions, the host
-// zs_kvcache layout) and causal attention over it for prefill and decode alike, with GQA.
+// zs_kvcache layout) and causal attention over it for prefill and decode alike, with GQA. Two
+// kernels compute the same thing (kernels.h: zs_cuda_attention_impl):
 //
-// One block per (query token, kv head, subgroup of up to GT query heads sharing that kv head):
-// its warps split the positions 0..pos[t] of the token's sequence, each keeping an online
-// softmax (running max, sum and weighted V) for its GT heads; K and V rows are read once per
-// warp for all GT heads. The warps' partial results are merged in shared memory at the end.
+// simple — one block per (query token, kv head, subgroup of up to GT query heads sharing that kv
+// head): its warps split the positions 0..pos[t] of the token's sequence, each keeping an online
+// softmax (running max, sum and weighted V) for its GT heads; K and V rows are read from global
+// memory once per warp for all GT heads. The warps' partial results are merged in shared memory
+// at the end. Good for decode (one token of a sequence: nothing to share); every token reads its
+// whole prefix again, so a prefill of n tokens reads ~n^2/2 K/V rows.
+//
+// tiled — flash-attention style: one block per (tile of bq consecutive batch tokens, kv head,
+// subgroup of gq query heads): its TL_R = 32 query rows (bq tokens x gq heads) are split over 4
+// warps (8 rows each). The tile's tokens are taken a segment at a time (a run of tokens with the
+// same block table, i.e. one sequence); for each segment, the K/V rows of its positions
+// 0..max pos are staged in shared memory TL_BK = 32 positions at a time and used by every query
+// row of the segment: lane j scores key j against the warp's 8 rows (K stored XOR-swizzled so
+// that the lanes' column reads hit distinct banks), each row keeps an online softmax in fp32
+// (running max m, sum l, and the unnormalised output o: D/32 columns per lane), and P.V
+// broadcasts each key's weight with a shuffle. Causal: row (t, h) counts key j only if
+// j <= pos[t], exactly the CPU op's mask.
+//
+// Which kernel runs (zs_cuda_attention): ZS_CUDA_ATTN=simple -> simple for every token,
+// ZS_CUDA_ATTN=tiled -> tiled for every token, otherwise (auto) tiled for the tokens that share
+// their sequence with a neighbouring batch token (prefill, chunks) and simple for the others
+// (decode), two launches writing disjoint rows.
+#include <stdlib.h>
+#include <string.h>
+
 #include "dtype.cuh"
 #include "kernels.h"
 
@@ -29,14 +51,25 @@ extern "C" int zs_cuda_kv_store(float *pool, const float *k, int ldk, const floa
     return zs_launch_ok();
 }
 
+// Token t shares its block table (its sequence) with a neighbouring token of the batch: the
+// tokens of the tiled kernel in auto mode; the others are the simple kernel's.
+static __device__ __forceinline__ bool att_in_run(const int32_t *tab, int t, int T) {
+    int b = tab[t];
+    return (t > 0 && tab[t - 1] == b) || (t + 1 < T && tab[t + 1] == b);
+}
+
+// ---- simple ----
+
 template <int R, int GT>
 __global__ static void __launch_bounds__(ATT_WARPS * 32)
 attn_kernel(void *out, int odt, const float *q, int ldq, const float *pool, const int32_t *tables,
-            const int32_t *tab, const int32_t *pos, int nh, int nkv, int hd, float scale, int group,
-            int nsub) {
+            const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale, int group,
+            int nsub, int only_single) {
     __shared__ float s_acc[ATT_WARPS][GT][R * 32];
     __shared__ float s_m[ATT_WARPS][GT], s_l[ATT_WARPS][GT];
-    int t = blockIdx.y, kh = blockIdx.x / nsub, sub = blockIdx.x % nsub;
+    // the token in x (up to 2^31 - 1 blocks), (kv head, subgroup) in y
+    int t = blockIdx.x, kh = blockIdx.y / nsub, sub = blockIdx.y % nsub;
+    if (only_single && att_in_run(tab, t, T)) return; // the tiled kernel's token (block-uniform)
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int kvd = nkv * hd, p = pos[t];
     const int32_t *bt = tables + tab[t];
@@ -106,35 +139,275 @@ attn_kernel(void *out, int odt, const float *q, int ldq, const float *pool, cons
 
 template <int R, int GT>
 static void attn_launch(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
-                        const float *pool, const int32_t *tables, const int32_t *tab, const int32_t *pos,
-                        int nh, int nkv, int hd, float scale, int group, int nsub) {
-    attn_kernel<R, GT><<<grid, ATT_WARPS * 32, 0, s>>>(out, odt, q, ldq, pool, tables, tab, pos, nh, nkv, hd,
-                                                       scale, group, nsub);
+                        const float *pool, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                        int nh, int nkv, int hd, float scale, int group, int nsub, int only_single) {
+    attn_kernel<R, GT><<<grid, ATT_WARPS * 32, 0, s>>>(out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd,
+                                                       scale, group, nsub, only_single);
 }
 
 template <int GT>
 static int attn_dispatch_r(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
                            const float *pool, const int32_t *tables, const int32_t *tab, const int32_t *pos,
-                           int nh, int nkv, int hd, float scale, int group, int nsub) {
-    if (hd <= 32) attn_launch<1, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, nh, nkv, hd, scale, group, nsub);
-    else if (hd <= 64) attn_launch<2, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, nh, nkv, hd, scale, group, nsub);
-    else if (hd <= 128) attn_launch<4, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, nh, nkv, hd, scale, group, nsub);
-    else if (hd <= 256) attn_launch<8, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, nh, nkv, hd, scale, group, nsub);
-    else return -1;
+                           int T, int nh, int nkv, int hd, float scale, int group, int nsub, int only_single) {
+    if (hd <= 32) attn_launch<1, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
+    else if (hd <= 64) attn_launch<2, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
+    else if (hd <= 128) attn_launch<4, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
+    else if (hd <= 256) attn_launch<8, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
+    else return zs_cuda_refuse("attention: head_dim %d (at most 256)", hd);
     return zs_launch_ok();
+}
+
+static int attn_simple(void *out, int odt, const float *q, int ldq, const float *pool, const int32_t *tables,
+                       const int32_t *tab, const int32_t *pos, int T, int n_heads, int n_kv_heads, int hd,
+                       float scale, int only_single, cudaStream_t s) {
+    int group = n_heads / n_kv_heads;
+    int gt = group >= 4 ? 4 : group; // 1, 2 or 4 heads per block; a larger group is split
+    int nsub = (group + gt - 1) / gt;
+    long long gy = (long long)n_kv_heads * nsub;
+    if (gy > 65535)
+        return zs_cuda_refuse("attention (simple): %d kv heads x %d head subgroups = %lld blocks in grid y (limit 65535)",
+                              n_kv_heads, nsub, gy);
+    dim3 grid((unsigned)T, (unsigned)gy); // T <= INT_MAX < 2^31: within the grid's x limit
+    if (gt == 1) return attn_dispatch_r<1>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
+    if (gt == 2) return attn_dispatch_r<2>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
+    return attn_dispatch_r<4>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
+}
+
+// ---- tiled ----
+
+#define TL_WARPS 4
+#define TL_ROWS 8                  // query rows per warp
+#define TL_R (TL_WARPS * TL_ROWS)  // query rows per block
+#define TL_BK 32                   // positions per shared-memory K/V tile: one per lane
+
+// dynamic shared memory of the tiled kernel for padded head dim D: Q rows, K tile, V tile
+static size_t tl_smem_bytes(int D) { return (size_t)(TL_R * D + 2 * TL_BK * D) * sizeof(float); }
+
+// D: the head dim padded to 32, 64, 128 or 256 (columns hd..D-1 are zeros). Row r of the block
+// (warp r / TL_ROWS) is token t0 + r / gq and query head kh*group + sub*gq + r % gq.
+template <int D>
+__global__ static void __launch_bounds__(TL_WARPS * 32)
+attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const float *pool, const int32_t *tables,
+                  const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale,
+                  int group, int gq, int nsub, int bq, int only_runs) {
+    constexpr int C = D / 32; // output columns per lane
+    extern __shared__ float4 tl_smem4[]; // float4: 16-byte alignment for the Q reads
+    float *sQ = (float *)tl_smem4;       // [TL_R][D] query rows, scaled; each warp owns its 8 rows
+    float *sK = sQ + TL_R * D;           // [TL_BK][D], column d of key jj at jj*D + (d ^ jj)
+    float *sV = sK + TL_BK * D;          // [TL_BK][D]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kh = blockIdx.y / nsub, sub = blockIdx.y % nsub;
+    const int t0 = blockIdx.x * bq, t1 = min(t0 + bq, T);
+    const int kvd = nkv * hd;
+    auto row_head = [&](int i) { return kh * group + sub * gq + (warp * TL_ROWS + i) % gq; };
+
+    // this warp's rows: token (-1 when idle) and position; softmax state and output. The head of
+    // row i is row_head(i) (recomputed where needed: fewer live registers)
+    int rt[TL_ROWS], rp[TL_ROWS];
+    float m[TL_ROWS], l[TL_ROWS], o[TL_ROWS][C];
+#pragma unroll
+    for (int i = 0; i < TL_ROWS; i++) {
+        int r = warp * TL_ROWS + i, tq = r / gq, hg = sub * gq + r % gq, t = t0 + tq;
+        bool ok = tq < bq && t < t1 && hg < group && (!only_runs || att_in_run(tab, t, T));
+        rt[i] = ok ? t : -1;
+        rp[i] = ok ? pos[t] : -1;
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; c++) o[i][c] = 0.0f;
+    }
+
+    for (int s0 = t0; s0 < t1;) {
+        // the segment s0..s1-1: tokens with the block table tab[s0]; every thread computes the
+        // same bounds and key range from global memory (block-uniform)
+        const int tb = tab[s0];
+        int s1 = s0 + 1;
+        while (s1 < t1 && tab[s1] == tb) s1++;
+        int kvlen = 0;
+        for (int t = s0; t < s1; t++)
+            if (!only_runs || att_in_run(tab, t, T)) kvlen = max(kvlen, pos[t] + 1);
+        if (kvlen == 0) { // no token of the segment is this kernel's
+            s0 = s1;
+            continue;
+        }
+        // the warp's query rows of this segment into its part of sQ (0 for the other rows)
+        float *qw = sQ + warp * TL_ROWS * D;
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < TL_ROWS; i++) {
+            bool in = rt[i] >= s0 && rt[i] < s1;
+            const float *qs = q + (size_t)(in ? rt[i] : 0) * ldq + (size_t)row_head(i) * hd;
+            for (int d = lane; d < D; d += 32) qw[i * D + d] = in && d < hd ? qs[d] * scale : 0.0f;
+        }
+        __syncwarp();
+        const int32_t *bt = tables + tb;
+        for (int j0 = 0; j0 < kvlen; j0 += TL_BK) {
+            __syncthreads(); // every warp is done with the previous tile
+            for (int idx = threadIdx.x; idx < TL_BK * D; idx += TL_WARPS * 32) {
+                int jj = idx / D, d = idx % D, j = j0 + jj;
+                float kv = 0.0f, vv = 0.0f;
+                if (j < kvlen && d < hd) {
+                    const float *kb = pool + ((size_t)bt[j / ZS_KV_BLK] * 2 * ZS_KV_BLK + (j % ZS_KV_BLK)) * kvd +
+                                      (size_t)kh * hd;
+                    kv = kb[d];
+                    vv = kb[(size_t)ZS_KV_BLK * kvd + d];
+                }
+                sK[jj * D + (d ^ jj)] = kv; // D is a multiple of 32: d ^ jj stays in d's 32-column chunk
+                sV[idx] = vv;
+            }
+            __syncthreads();
+            // does any row of this warp see a key of this tile? (warp-uniform)
+            bool any = false;
+#pragma unroll
+            for (int i = 0; i < TL_ROWS; i++) any |= rt[i] >= s0 && rt[i] < s1 && rp[i] >= j0;
+            if (!any) continue;
+            // scores: lane = key j0 + lane, against each of the warp's rows
+            float s[TL_ROWS];
+#pragma unroll
+            for (int i = 0; i < TL_ROWS; i++) s[i] = 0.0f;
+            const float *kr = sK + lane * D;
+#pragma unroll 4
+            for (int d = 0; d < D; d += 4) {
+                float k0 = kr[(d + 0) ^ lane], k1 = kr[(d + 1) ^ lane];
+                float k2 = kr[(d + 2) ^ lane], k3 = kr[(d + 3) ^ lane];
+#pragma unroll
+                for (int i = 0; i < TL_ROWS; i++) {
+                    float4 qv = *(const float4 *)(qw + i * D + d); // the same address in every lane
+                    s[i] += qv.x * k0;
+                    s[i] += qv.y * k1;
+                    s[i] += qv.z * k2;
+                    s[i] += qv.w * k3;
+                }
+            }
+            // online softmax; p = the unnormalised weight of key j0 + lane
+            float p[TL_ROWS];
+            const int j = j0 + lane;
+#pragma unroll
+            for (int i = 0; i < TL_ROWS; i++) {
+                bool valid = rt[i] >= s0 && rt[i] < s1 && j <= rp[i];
+                float sc = valid ? s[i] : -INFINITY;
+                float mn = fmaxf(m[i], zs_warp_max(sc));
+                float corr = mn == -INFINITY ? 1.0f : expf(m[i] - mn);
+                p[i] = valid ? expf(sc - mn) : 0.0f;
+                l[i] = l[i] * corr + zs_warp_sum(p[i]);
+#pragma unroll
+                for (int c = 0; c < C; c++) o[i][c] *= corr;
+                m[i] = mn;
+            }
+            // o += P.V: column lane + 32c of each key, its weight broadcast from its lane. Row i
+            // takes keys jj <= lim[i] only (warp-uniform): a V row it must not see is never
+            // multiplied in, so not even a NaN there (uninitialised cache) can reach it
+            int lim[TL_ROWS];
+#pragma unroll
+            for (int i = 0; i < TL_ROWS; i++) lim[i] = rt[i] >= s0 && rt[i] < s1 ? rp[i] - j0 : -1;
+            const int nk = min(TL_BK, kvlen - j0);
+            for (int jj = 0; jj < nk; jj++) {
+                float vv[C];
+#pragma unroll
+                for (int c = 0; c < C; c++) vv[c] = sV[jj * D + lane + 32 * c];
+#pragma unroll
+                for (int i = 0; i < TL_ROWS; i++) {
+                    float pj = __shfl_sync(0xffffffffu, p[i], jj);
+                    if (jj <= lim[i]) {
+#pragma unroll
+                        for (int c = 0; c < C; c++) o[i][c] += pj * vv[c];
+                    }
+                }
+            }
+        }
+        // this segment's rows are complete (key 0 is always visible, so l >= 1)
+#pragma unroll
+        for (int i = 0; i < TL_ROWS; i++) {
+            if (!(rt[i] >= s0 && rt[i] < s1)) continue;
+            size_t ob = (size_t)rt[i] * nh * hd + (size_t)row_head(i) * hd;
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                int d = lane + 32 * c;
+                if (d < hd) zs_st(out, odt, ob + d, o[i][c] / l[i]);
+            }
+        }
+        s0 = s1;
+    }
+}
+
+template <int D>
+static int tiled_launch(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
+                        const float *pool, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                        int nh, int nkv, int hd, float scale, int group, int gq, int nsub, int bq, int only_runs) {
+    size_t smem = tl_smem_bytes(D);
+    if (smem > 48 * 1024) {
+        // above the default 48 KiB: opt in (per device, so on every call; cheap)
+        cudaError_t e = cudaFuncSetAttribute(attn_tiled_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return zs_cuda_refuse("attention (tiled): %zu bytes of shared memory for head_dim %d: %s", smem, hd,
+                                  cudaGetErrorString(e));
+        }
+    }
+    attn_tiled_kernel<D><<<grid, TL_WARPS * 32, smem, s>>>(out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd,
+                                                           scale, group, gq, nsub, bq, only_runs);
+    return zs_launch_ok();
+}
+
+static int attn_tiled(void *out, int odt, const float *q, int ldq, const float *pool, const int32_t *tables,
+                      const int32_t *tab, const int32_t *pos, int T, int n_heads, int n_kv_heads, int hd,
+                      float scale, int only_runs, cudaStream_t s) {
+    int group = n_heads / n_kv_heads;
+    int gq = group < TL_R ? group : TL_R; // query heads per block; a larger group is split
+    int nsub = (group + gq - 1) / gq;
+    int bq = TL_R / gq;                   // tokens per block
+    long long gy = (long long)n_kv_heads * nsub;
+    if (gy > 65535)
+        return zs_cuda_refuse("attention (tiled): %d kv heads x %d head subgroups = %lld blocks in grid y (limit 65535)",
+                              n_kv_heads, nsub, gy);
+    dim3 grid((unsigned)(((long long)T + bq - 1) / bq), (unsigned)gy);
+    if (hd <= 32) return tiled_launch<32>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
+    if (hd <= 64) return tiled_launch<64>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
+    if (hd <= 128) return tiled_launch<128>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
+    return tiled_launch<256>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
+}
+
+// ---- entry points ----
+
+static int read_mode(void) {
+    const char *e = getenv("ZS_CUDA_ATTN");
+    if (e && !strcmp(e, "simple")) return ZS_CUDA_ATTN_SIMPLE;
+    if (e && !strcmp(e, "tiled")) return ZS_CUDA_ATTN_TILED;
+    return ZS_CUDA_ATTN_AUTO;
+}
+
+extern "C" int zs_cuda_attention_mode(void) {
+    static const int mode = read_mode(); // read once (thread-safe static initialisation)
+    return mode;
+}
+
+extern "C" const char *zs_cuda_attention_mode_name(int mode) {
+    return mode == ZS_CUDA_ATTN_SIMPLE ? "simple" : mode == ZS_CUDA_ATTN_TILED ? "tiled" : "auto";
+}
+
+extern "C" int zs_cuda_attention_impl(int impl, void *out, int odt, const float *q, int ldq, const float *pool,
+                                      const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                                      int n_heads, int n_kv_heads, int hd, float scale, void *stream) {
+    if (T <= 0) return 0;
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || hd <= 0 || hd > 256)
+        return zs_cuda_refuse("attention: %d heads / %d kv heads, head_dim %d (heads must be a multiple of kv heads, "
+                              "head_dim 1..256)", n_heads, n_kv_heads, hd);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (impl == ZS_CUDA_ATTN_SIMPLE)
+        return attn_simple(out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 0, s);
+    if (impl == ZS_CUDA_ATTN_TILED)
+        return attn_tiled(out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 0, s);
+    // auto: each token is exactly one kernel's (att_in_run decides the same way in both)
+    int rc = attn_simple(out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 1, s);
+    if (rc == 0 && T > 1)
+        rc = attn_tiled(out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 1, s);
+    return rc;
 }
 
 extern "C" int zs_cuda_attention(void *out, int odt, const float *q, int ldq, const float *pool,
                                  const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
                                  int n_heads, int n_kv_heads, int hd, float scale, void *stream) {
-    if (T <= 0) return 0;
-    if (n_kv_heads <= 0 || n_heads % n_kv_heads || hd <= 0 || hd > 256) return -1;
-    int group = n_heads / n_kv_heads;
-    int gt = group >= 4 ? 4 : group; // 1, 2 or 4 heads per block; a larger group is split
-    int nsub = (group + gt - 1) / gt;
-    dim3 grid((unsigned)(n_kv_heads * nsub), (unsigned)T);
-    cudaStream_t s = (cudaStream_t)stream;
-    if (gt == 1) return attn_dispatch_r<1>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, n_heads, n_kv_heads, hd, scale, group, nsub);
-    if (gt == 2) return attn_dispatch_r<2>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, n_heads, n_kv_heads, hd, scale, group, nsub);
-    return attn_dispatch_r<4>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, n_heads, n_kv_heads, hd, scale, group, nsub);
+    return zs_cuda_attention_impl(zs_cuda_attention_mode(), out, odt, q, ldq, pool, tables, tab, pos, T, n_heads,
+                                  n_kv_heads, hd, scale, stream);
 }

@@ -116,7 +116,7 @@ extern "C" int zs_cuda_rmsnorm_bwd(float *dx, float *dw, const float *dy, const 
     if (T <= 0 || d <= 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     float *st = dw ? stats : NULL;
-    if (dw && !stats) return -1;
+    if (dw && !stats) return zs_cuda_refuse("rmsnorm_bwd: dw without stats scratch");
     rmsnorm_bwd_kernel<<<T, norm_threads(d), 0, s>>>(dx, st, dy, x, w, T, d, eps);
     if (zs_launch_ok() < 0) return -1;
     return colsum(dw, NULL, dy, x, NULL, st ? st + T : NULL, T, d, s);
@@ -127,16 +127,16 @@ extern "C" int zs_cuda_layernorm_bwd(float *dx, float *dw, float *db, const floa
     if (T <= 0 || d <= 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     float *st = dw ? stats : NULL;
-    if (dw && !stats) return -1;
+    if (dw && !stats) return zs_cuda_refuse("layernorm_bwd: dw without stats scratch");
     layernorm_bwd_kernel<<<T, norm_threads(d), 0, s>>>(dx, st, dy, x, w, T, d, eps);
     if (zs_launch_ok() < 0) return -1;
     return colsum(dw, db, dy, x, st, st ? st + T : NULL, T, d, s);
 }
 
-// ---- RoPE: the rotation by -angle ----
+// ---- RoPE: the rotation by -angle (inv_freq: the host-made table of rope.cu) ----
 
 __global__ static void rope_bwd_kernel(float *x, int T, int ld, int nh, int hd, const int32_t *pos,
-                                       float theta) {
+                                       const float *inv_freq) {
     int half = hd / 2;
     size_t n = (size_t)T * nh * half;
     size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -144,8 +144,7 @@ __global__ static void rope_bwd_kernel(float *x, int T, int ld, int nh, int hd, 
         int i = (int)(k % half);
         size_t th = k / half;
         int h = (int)(th % nh), t = (int)(th / nh);
-        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
-        float ang = (float)pos[t] * inv_freq;
+        float ang = (float)pos[t] * inv_freq[i];
         float c = cosf(ang), s = sinf(ang);
         float *v = x + (size_t)t * ld + (size_t)h * hd;
         float a = v[i], b = v[i + half];
@@ -155,11 +154,12 @@ __global__ static void rope_bwd_kernel(float *x, int T, int ld, int nh, int hd, 
 }
 
 extern "C" int zs_cuda_rope_bwd(float *dx, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
-                                float theta, void *stream) {
+                                const float *inv_freq, void *stream) {
     size_t n = (size_t)T * n_heads * (head_dim / 2);
     if (n == 0) return 0;
+    if (!inv_freq) return zs_cuda_refuse("rope_bwd: no inv_freq table");
     rope_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dx, T, ld, n_heads, head_dim, pos,
-                                                                        theta);
+                                                                        inv_freq);
     return zs_launch_ok();
 }
 
@@ -481,7 +481,9 @@ extern "C" int zs_cuda_attention_bwd(float *dq, float *dk, float *dv, const floa
                                      const float *k, const float *v, int T, int n_heads, int n_kv_heads,
                                      int hd, float *stats, void *stream) {
     if (T <= 0) return 0;
-    if (hd <= 0 || hd > ATT_HD_MAX || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return -1;
+    if (hd <= 0 || hd > ATT_HD_MAX || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+        return zs_cuda_refuse("attention_bwd: %d heads / %d kv heads x %d (head_dim 1..%d, heads a multiple of kv heads)",
+                              n_heads, n_kv_heads, hd, ATT_HD_MAX);
     cudaStream_t s = (cudaStream_t)stream;
     float scale = 1.0f / sqrtf((float)hd);
     att_bwd_q_kernel<<<(unsigned)((size_t)T * n_heads), 32 * ATT_WARPS, 0, s>>>(dq, stats, dout, q, k, v,
@@ -502,7 +504,8 @@ extern "C" int zs_cuda_matmul_bwd(void *cublas, float *dx, float *dW, float *db,
     cublasHandle_t h = (cublasHandle_t)cublas;
     cudaStream_t s = (cudaStream_t)stream;
     cudaStream_t hs = NULL;
-    if (cublasGetStream(h, &hs) != CUBLAS_STATUS_SUCCESS || hs != s) return -1;
+    if (cublasGetStream(h, &hs) != CUBLAS_STATUS_SUCCESS || hs != s)
+        return zs_cuda_refuse("matmul_bwd: the cuBLAS handle is not bound to the stream");
     const float one = 1.0f;
     if (dx) {
         // row-major dx[T,in] += dy[T,out]·W[out,in] is column-major dx'[in,T] += W'[in,out]·dy'[out,T]
@@ -510,7 +513,7 @@ extern "C" int zs_cuda_matmul_bwd(void *cublas, float *dx, float *dW, float *db,
             if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, in, T, out, &one, W, CUDA_R_32F, in, dy, CUDA_R_32F,
                              out, &one, dx, CUDA_R_32F, in, CUBLAS_COMPUTE_32F,
                              CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
-                return -1;
+                return zs_cuda_refuse("matmul_bwd: cublasGemmEx (dx) failed");
         } else {
             // blocks of W rows converted to f32: dx += dy[:, r0:r0+R]·W[r0:r0+R, :]
             size_t esz = 2;
@@ -522,7 +525,7 @@ extern "C" int zs_cuda_matmul_bwd(void *cublas, float *dx, float *dW, float *db,
                 if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, in, T, R, &one, wscratch, CUDA_R_32F, in, dy + r0,
                                  CUDA_R_32F, out, &one, dx, CUDA_R_32F, in, CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
-                    return -1;
+                    return zs_cuda_refuse("matmul_bwd: cublasGemmEx (dx, converted rows) failed");
             }
         }
     }
@@ -531,7 +534,7 @@ extern "C" int zs_cuda_matmul_bwd(void *cublas, float *dx, float *dW, float *db,
         if (cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, T, &one, x, CUDA_R_32F, in, dy, CUDA_R_32F, out,
                          &one, dW, CUDA_R_32F, in, CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
-            return -1;
+            return zs_cuda_refuse("matmul_bwd: cublasGemmEx (dW) failed");
     }
     if (db) return colsum(NULL, db, dy, NULL, NULL, NULL, T, out, s);
     return 0;

@@ -16,7 +16,7 @@ extern "C" int zs_cuda_launch_bf16_to_f32(const unsigned short *src, float *dst,
     size_t blocks = (n + 255) / 256;
     if (blocks > 65535) blocks = 65535;
     bf16_to_f32_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(src, dst, n);
-    return cudaGetLastError() == cudaSuccess ? 0 : -1;
+    return zs_launch_ok();
 }
 
 __global__ static void convert_kernel(void *dst, int ddt, const void *src, int sdt, size_t n) {

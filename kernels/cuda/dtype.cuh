@@ -1,5 +1,6 @@
 // dtype.cuh — shared device helpers of the kernels: loads and stores of f32/f16/bf16 values
-// (dtype codes as zs_dtype: 0 f32, 1 f16, 2 bf16), block reductions, launch checks.
+// (dtype codes as zs_dtype: 0 f32, 1 f16, 2 bf16), block reductions, launch checks (the error
+// is read once and kept for zs_cuda_take_error: launch.cu).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -62,7 +63,13 @@ static __device__ __forceinline__ float zs_block_max(float v, float *sh) {
     return sh[32];
 }
 
-static inline int zs_launch_ok(void) { return cudaGetLastError() == cudaSuccess ? 0 : -1; }
+// launch.cu: records e as this thread's launcher status (0 for cudaSuccess, else -1 and the
+// error's text for zs_cuda_take_error); zs_cuda_refuse records a refused argument, returns -1.
+extern "C" int zs_cuda_launch_status(cudaError_t e);
+extern "C" int zs_cuda_refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// After a launch: 0, or -1 with the launch's error kept (cudaGetLastError clears CUDA's copy).
+static inline int zs_launch_ok(void) { return zs_cuda_launch_status(cudaGetLastError()); }
 
 static inline unsigned zs_grid(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;

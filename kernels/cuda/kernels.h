@@ -2,11 +2,13 @@
  * cudaStream_t passed as void*, NULL = the legacy default stream). Every pointer argument is
  * device memory unless it says otherwise. Storage dtypes are ZS_F32, ZS_F16 and ZS_BF16
  * (zs_dtype values); arithmetic is fp32. Each launcher returns 0, or -1 when the launch failed
- * (cudaGetLastError; the caller turns it into a message). Launchers are thread-safe; the work
- * is ordered only by the stream. One file per family: convert.cu (casts), embed.cu,
- * norm.cu (RMSNorm, LayerNorm), rope.cu, act.cu (GELU, SwiGLU, add, bias, softmax, argmax),
- * attention.cu (paged KV store and causal attention with GQA), backward.cu (the backward of all
- * of these for training). */
+ * or an argument was refused; the reason (the CUDA error, read once with cudaGetLastError, or the
+ * refused argument) is kept per thread and zs_cuda_take_error hands it over (zs_dev_error puts
+ * it in the error message). Launchers are thread-safe; the work is ordered only by the stream.
+ * One file per family: convert.cu (casts), embed.cu, norm.cu (RMSNorm, LayerNorm), rope.cu,
+ * act.cu (GELU, SwiGLU, add, bias, softmax, argmax), attention.cu (paged KV store and causal
+ * attention with GQA), backward.cu (the backward of all of these for training), launch.cu (the
+ * per-thread launch error). */
 #ifndef ZS_CUDA_KERNELS_H
 #define ZS_CUDA_KERNELS_H
 
@@ -16,6 +18,12 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* launch.cu: why this thread's last launcher call returned -1 ("out of memory
+ * (cudaErrorMemoryAllocation)", "attention: head_dim 300 ..."), or NULL when the last call
+ * succeeded or the reason was already taken; taking it forgets it. The string is thread-local
+ * storage, valid until this thread's next launcher call. */
+const char *zs_cuda_take_error(void);
 
 /* convert.cu: dst[i] = (ddt) src[i] for n elements (any pair of f32/f16/bf16; round to nearest
  * even). bf16_to_f32 is the original entry point kept for backend-cuda.c. */
@@ -39,9 +47,14 @@ int zs_cuda_layernorm(void *y, int ydt, const float *x, const float *w, const fl
                       const int32_t *rows, int R, int d, float eps, void *stream);
 
 /* rope.cu: rotary embedding in place, HF rotate_half convention (dims i and i + hd/2 pair),
- * x is [T, n_heads * head_dim] f32 with row stride ld (elements), token t at position pos[t]. */
+ * x is [T, n_heads * head_dim] f32 with row stride ld (elements), token t at position pos[t].
+ * inv_freq: device table of head_dim/2 frequencies made by zs_cuda_rope_inv_freq (host) and
+ * uploaded by the caller, who keeps it (one per head_dim and theta, e.g. per model). */
 int zs_cuda_rope(float *x, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
-                 float theta, void *stream);
+                 const float *inv_freq, void *stream);
+/* Fills inv_freq[0 .. head_dim/2) (HOST memory) with 1 / theta^(2i/head_dim), computed with the
+ * C library's powf exactly as the CPU ops (zs_op_rope, zs_op_rope_bwd) do. */
+void zs_cuda_rope_inv_freq(float *inv_freq, int head_dim, float theta);
 
 /* act.cu */
 /* out[i] = gelu_tanh(x[i]), out in odt, x f32 (out may alias x when odt is f32). */
@@ -64,12 +77,27 @@ int zs_cuda_kv_store(float *pool, const float *k, int ldk, const float *v, int l
                      const int64_t *off, int T, int kvd, void *stream);
 /* Causal attention over the cache for T query tokens: token t (query row q + t*ldq, n_heads
  * heads of hd) attends positions 0..pos[t] of its sequence, whose block table is
- * tables[tab[t] ...] (block ids). GQA: query head h reads kv head h / (n_heads / n_kv_heads).
- * out[t, h*hd + i] in dtype odt, row stride n_heads*hd. scale multiplies q.k. hd <= 256 and
- * n_heads / n_kv_heads <= 16. */
+ * tables[tab[t] ...] (block ids); tokens with the same tab[t] are of one sequence (the batch
+ * keeps a sequence's tokens consecutive, as zs_batch does). GQA: query head h reads kv head
+ * h / (n_heads / n_kv_heads). out[t, h*hd + i] in dtype odt, row stride n_heads*hd. scale
+ * multiplies q.k. hd <= 256, n_heads a multiple of n_kv_heads, and n_kv_heads times the head
+ * subgroups of a block at most 65535 (else -1 with the reason); any T.
+ * Two kernels (attention.cu): impl ZS_CUDA_ATTN_SIMPLE (one block per token and kv head; the
+ * original kernel), ZS_CUDA_ATTN_TILED (flash-attention style: K/V tiles in shared memory
+ * shared by the queries of one sequence and kv head, online softmax in fp32), or
+ * ZS_CUDA_ATTN_AUTO (tiled for tokens whose sequence has another token next to them in the
+ * batch, simple for the rest: decode). zs_cuda_attention uses zs_cuda_attention_mode(): the
+ * environment variable ZS_CUDA_ATTN ("simple", "tiled"; anything else or unset: auto), read
+ * once per process. */
+enum { ZS_CUDA_ATTN_AUTO = 0, ZS_CUDA_ATTN_SIMPLE = 1, ZS_CUDA_ATTN_TILED = 2 };
 int zs_cuda_attention(void *out, int odt, const float *q, int ldq, const float *pool,
                       const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
                       int n_heads, int n_kv_heads, int hd, float scale, void *stream);
+int zs_cuda_attention_impl(int impl, void *out, int odt, const float *q, int ldq, const float *pool,
+                           const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                           int n_heads, int n_kv_heads, int hd, float scale, void *stream);
+int zs_cuda_attention_mode(void);
+const char *zs_cuda_attention_mode_name(int mode); /* "auto", "simple", "tiled" */
 
 /* backward.cu — the backward of the forward ops for training, matching the CPU ops of
  * engine/train-ops.h (the reference: same formulas, same conventions). All f32. Gradients of
@@ -85,9 +113,10 @@ int zs_cuda_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, c
  * stats as for RMSNorm, needed when dw is not NULL). */
 int zs_cuda_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
                           const float *w, int T, int d, float eps, float *stats, void *stream);
-/* RoPE backward in place (the rotation by -angle), the layout of zs_cuda_rope. */
+/* RoPE backward in place (the rotation by -angle), the layout and inv_freq table of
+ * zs_cuda_rope. */
 int zs_cuda_rope_bwd(float *dx, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
-                     float theta, void *stream);
+                     const float *inv_freq, void *stream);
 /* SwiGLU backward: WRITES dgate = dy*up*silu'(gate), dup = dy*silu(gate) (either may alias dy,
  * not each other). */
 int zs_cuda_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up,

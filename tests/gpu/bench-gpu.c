@@ -5,7 +5,10 @@
  *   decode tokens/s at batch 1, 8, 32, 128 (one pass over the streamed weights per step);
  *   resident: decode tokens/s at batch 1 against the HBM read bound (measured read bandwidth /
  *   weight bytes per token), and prefill tokens/s of 2048 tokens with its FLOP rate against the
- *   bf16 tensor-core peak measured with cublasGemmEx.
+ *   bf16 tensor-core peak measured with cublasGemmEx;
+ *   the attention kernels alone (kernels/cuda/attention.cu) on a 2048-token prefill of the 8B
+ *   shape (32 / 8 heads x 128): the simple and the tiled kernel, ms and TFLOP/s, and how far
+ *   apart their outputs are (test-backend-ops checks both against the CPU).
  *
  *   bench-gpu mkmodel DIR [layers dim heads kv_heads ffn vocab]   writes a random bf16 Llama
  *       (default the 8B shape: 32 4096 32 8 14336 32000) fast: config and tokenizer from
@@ -14,6 +17,7 @@
  *   bench-gpu run DIR OUT.json [--quick]
  * Exit 0, 1 on error, 77 without a CUDA device. */
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -23,6 +27,9 @@
 #include "device.h"
 #include "engine.h"
 #include "safetensors.h"
+#ifdef ZS_CUDA
+#include "kernels/cuda/kernels.h"
+#endif
 
 static int cmpd(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -179,6 +186,73 @@ static int open_engine(const char *dir, int tier, int max_seqs, int max_tokens, 
     return rc;
 }
 
+/* The attention kernels alone: one sequence of np tokens, all in the batch (a prefill), over a
+ * paged cache of np positions; the median of 5 runs of each kernel, timed on the host around a
+ * device sync. */
+static int bench_attention(json_t *j, int np) {
+#ifdef ZS_CUDA
+    int nh = 32, nkv = 8, hd = 128, kvd = nkv * hd, qd = nh * hd, nblk = (np + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+    size_t pool_n = (size_t)nblk * 2 * ZS_KV_BLOCK * kvd, qn = (size_t)np * qd;
+    zs_dev *d;
+    ZS_CHECK(zs_dev_open(0, &d));
+    void *S = zs_dev_stream(d, ZS_Q_COMPUTE);
+    float *hp = malloc(pool_n * 4), *hq = malloc(qn * 4), *o1 = malloc(qn * 4), *o2 = malloc(qn * 4);
+    int32_t *hi = malloc((size_t)(nblk + 2 * np) * 4);
+    float *pool = zs_dev_alloc(d, pool_n * 4), *q = zs_dev_alloc(d, qn * 4), *out = zs_dev_alloc(d, qn * 4);
+    int32_t *di = zs_dev_alloc(d, (size_t)(nblk + 2 * np) * 4);
+    int rc = hp && hq && o1 && o2 && hi && pool && q && out && di ? 0 : zs_err(ZS_ENOMEM, "attention bench: out of memory");
+    uint64_t r = 12345;
+    for (size_t i = 0; rc == 0 && i < pool_n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        hp[i] = (float)((r >> 40) & 0xffff) / 32768.0f - 1.0f;
+    }
+    for (size_t i = 0; rc == 0 && i < qn; i++) hq[i] = hp[i % pool_n];
+    if (rc == 0) {
+        for (int i = 0; i < nblk; i++) hi[i] = i;                       /* the block table */
+        for (int t = 0; t < np; t++) hi[nblk + t] = 0;                  /* tab: one sequence */
+        for (int t = 0; t < np; t++) hi[nblk + np + t] = t;             /* pos */
+        rc = zs_dev_upload(d, pool, hp, pool_n * 4);
+    }
+    if (rc == 0) rc = zs_dev_upload(d, q, hq, qn * 4);
+    if (rc == 0) rc = zs_dev_upload(d, di, hi, (size_t)(nblk + 2 * np) * 4);
+    int impls[2] = {ZS_CUDA_ATTN_SIMPLE, ZS_CUDA_ATTN_TILED};
+    double ms[2] = {0, 0}, flops = 4.0 * ((double)np * (np + 1) / 2) * qd;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        double tv[6];
+        for (int it = 0; it < 6 && rc == 0; it++) {
+            double t0 = zs_now();
+            if (zs_cuda_attention_impl(impls[k], out, ZS_F32, q, qd, pool, di, di + nblk, di + nblk + np, np, nh, nkv,
+                                       hd, 1.0f / sqrtf((float)hd), S) != 0)
+                rc = zs_dev_error("attention kernel");
+            if (rc == 0) rc = zs_dev_sync(d);
+            tv[it] = zs_now() - t0;
+        }
+        if (rc == 0) rc = zs_dev_download(d, k ? o2 : o1, out, qn * 4);
+        if (rc == 0) ms[k] = median(tv + 1, 5) * 1e3; /* the first run warms up */
+    }
+    if (rc == 0) {
+        double diff = 0, mx = 0;
+        for (size_t i = 0; i < qn; i++) {
+            diff = fmax(diff, fabs((double)o1[i] - o2[i]));
+            mx = fmax(mx, fabs((double)o1[i]));
+        }
+        printf("prefill attention %d tokens, 32/8 heads x 128: simple %.2f ms (%.1f TFLOP/s), tiled %.2f ms "
+               "(%.1f TFLOP/s) = %.1f x; max |tiled - simple| / max|simple| %.2g\n",
+               np, ms[0], flops / ms[0] / 1e9, ms[1], flops / ms[1] / 1e9, ms[0] / ms[1], diff / (mx > 0 ? mx : 1));
+        json_object_set_new(j, "attention_prefill_simple_ms", json_real(ms[0]));
+        json_object_set_new(j, "attention_prefill_tiled_ms", json_real(ms[1]));
+        json_object_set_new(j, "attention_prefill_tiled_vs_simple_err", json_real(diff / (mx > 0 ? mx : 1)));
+    }
+    free(hp); free(hq); free(o1); free(o2); free(hi);
+    zs_dev_free(d); /* the pool buffers go with it */
+    return rc;
+#else
+    (void)j;
+    (void)np;
+    return 0;
+#endif
+}
+
 static int run(const char *dir, const char *out, int quick) {
     json_t *j = json_object();
     char name[256] = "";
@@ -201,6 +275,7 @@ static int run(const char *dir, const char *out, int quick) {
     json_object_set_new(j, "h2d_gbps", json_real(h2d));
     json_object_set_new(j, "hbm_read_gbps", json_real(hbm));
     json_object_set_new(j, "bf16_gemm_tflops", json_real(peak));
+    if ((rc = bench_attention(j, 2048)) < 0) return rc;
 
     /* --offload cpu: decode at batch 1, 8, 32, 128 */
     zs_engine *e;
