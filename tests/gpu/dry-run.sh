@@ -31,7 +31,7 @@ if [ ! -x "$ROOT/bin/sh" ]; then
         { tail -20 /tmp/zs-dryrun-debootstrap.log; echo "FAIL: debootstrap"; exit 1; }
     mv "$ROOT.tmp" "$ROOT"
 fi
-devpk=$(chroot "$ROOT" dpkg-query -W -f '${Package}\n' | grep -E -- '-dev$|^(gcc|make|libjansson|libmicrohttpd|liburing|libopenblas|libopenmpi|jq|curl)' | tr '\n' ' ')
+devpk=$(chroot "$ROOT" dpkg-query -W -f '${Package}\n' | grep -E -- '-dev$|^(gcc|gcc-[0-9]+|cpp|make|jq|curl)$|^(libjansson|libmicrohttpd|liburing|libopenblas|libopenmpi)' | tr '\n' ' ')
 check "the root has no -dev packages, compiler, make or the build's libraries ($devpk)" '[ -z "$devpk" ]'
 check "the root has no CUDA" '[ ! -e "$ROOT/usr/local/cuda" ] && ! chroot "$ROOT" sh -c "command -v nvcc" >/dev/null'
 
@@ -54,8 +54,9 @@ net=$(inroot 'cat /proc/net/dev' | awk -F: 'NR > 2 { gsub(/ /, "", $1); print $1
 check "no network in the dry run (interfaces: $net)" '[ "$net" = "lo " ]'
 got=$(inroot 'cd /work/zeroserve && LD_LIBRARY_PATH=gpu-kit/lib ZS_LOG=error gpu-kit/bin/zeroserve generate --model models/stories260K --prompt "Once upon a time" --max-tokens 16 --temperature 0')
 echo "# kit zeroserve in the root: $got"
-check "the kit's zeroserve runs in the bare root (stories260K greedy text)" \
-    '[ "$got" = "Once upon a time, there was a little girl named Lily. She loved to play outside in" ]'
+want=$(ZS_LOG=error ZS_DEVICE=cpu ./zeroserve generate --model models/stories260K --prompt "Once upon a time" --max-tokens 16 --temperature 0)
+check "the kit's zeroserve runs in the bare root (the same stories260K greedy text as here: $want)" \
+    '[ -n "$got" ] && [ "$got" = "$want" ]'
 
 s=$(date +%s)
 inroot 'cd /work/zeroserve && OUT=/tmp/out sh tests/gpu/run.sh' >/tmp/zs-dryrun-run.log 2>&1
