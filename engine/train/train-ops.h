@@ -9,8 +9,13 @@
  * unless a function says it writes (=): the caller zeroes what must start from zero. This is
  * what lets a residual stream, several consumers of one tensor (q, k and v all read the normed
  * x; a tied head and the embedding share one table) and micro-batch accumulation add up.
- * Outputs never alias inputs unless stated. All functions are thread-safe (no globals); none
- * allocates. The matrix products use OpenBLAS sgemm (training needs no batch invariance). */
+ * Outputs never alias inputs unless stated. All functions are thread-safe; none allocates on the
+ * hot path (the matrix products keep one packing buffer per thread, made on its first use).
+ *
+ * Determinism: every result is a fixed function of the inputs, the same bits whatever the
+ * thread count (ZS_THREADS, OPENBLAS_NUM_THREADS), the core affinity or the process layout;
+ * no op uses BLAS. The matrix products run on the kernel pool with our own fixed-order kernel
+ * (kernels/cpu/matmul-bwd-kern.h); every other sum here runs on one thread in a fixed order. */
 #ifndef ZS_TRAIN_OPS_H
 #define ZS_TRAIN_OPS_H
 
@@ -27,7 +32,11 @@
  *   dx[T,in]   += dy·W      (skipped when dx is NULL)
  *   dW[out,in] += dyᵀ·x     (f32; skipped when dW is NULL)
  *   db[out]    += Σ_t dy    (skipped when db is NULL)
- * W is in dtype wdt; wscratch (ZS_MATMUL_BWD_BLOCK * in floats) is used only when wdt != f32. */
+ * W is in dtype wdt; wscratch (ZS_MATMUL_BWD_BLOCK * in floats) is used only when wdt != f32.
+ * The order of the sums is fixed (tests/test-matmul-bwd.c checks it bit for bit): an element
+ * of dx (sum over o) or dW (sum over t) adds, in order, one float partial sum per block of 256
+ * consecutive k from k = 0, each a chain s = fmaf(a_k, b_k, s) from s = 0 in k order;
+ * db[o] += (float)(the double sum over t in order). */
 void zs_op_matmul_bwd(float *dx, float *dW, float *db, const float *dy, const float *x, const void *W,
                       zs_dtype wdt, int T, int in, int out, float *wscratch);
 

@@ -1,36 +1,165 @@
-/* ops-backward.c — CPU backward of the forward ops (engine/train-ops.h): matmul through OpenBLAS
- * sgemm, norms, RoPE, causal attention with GQA, activations, embedding, cross-entropy. Sums
- * that reduce over a row or over tokens accumulate in double where it is cheap; the forward
- * parts (attention) repeat the exact float arithmetic of ops.c / forward.c. */
+/* ops-backward.c — CPU backward of the forward ops (engine/train-ops.h): matmul, norms, RoPE,
+ * causal attention with GQA, activations, embedding, cross-entropy. Sums that reduce over a row
+ * or over tokens accumulate in double where it is cheap; the forward parts (attention) repeat the
+ * exact float arithmetic of ops.c / forward.c. The matrix products use our own fixed-order kernel
+ * (matmul-bwd-kern.h: per element, fused multiply-add chains over fixed blocks of k, added in
+ * order), spread over the pool: every result is the same bits whatever the thread count (ours or
+ * OpenBLAS's), the core affinity or the CPU, so training is bitwise reproducible across process
+ * layouts. (No BLAS here: sgemm's sums change order with its thread count and kernel choice.) */
 #include "train-ops.h"
 
-#include <cblas.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
 #include "ops.h"
+#include "pool.h"
+
+/* the kernel's helpers are static, so the vector-return ABI note does not apply */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#define KERN_NAME(x) zs_bkern_generic_##x
+#include "matmul-bwd-kern.h"
+
+/* ---- Y += A·B in fixed order, on the pool ---- */
+
+void zs_matmul_bwd_block_avx2(float *y, ptrdiff_t ldy, const float *a, ptrdiff_t ars, ptrdiff_t acs,
+                              const float *b, ptrdiff_t ldb, int M, int N, int K, float *pa, float *pb);
+
+typedef void (*upd_fn)(float *y, ptrdiff_t ldy, const float *a, ptrdiff_t ars, ptrdiff_t acs, const float *b,
+                       ptrdiff_t ldb, int M, int N, int K, float *pa, float *pb);
+
+static upd_fn pick_update(void) {
+    static upd_fn fn; /* benign race: every thread computes the same value */
+    upd_fn f = __atomic_load_n(&fn, __ATOMIC_RELAXED);
+    if (!f) {
+        __builtin_cpu_init();
+        f = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? zs_matmul_bwd_block_avx2
+                                                                           : zs_bkern_generic_block;
+        __atomic_store_n(&fn, f, __ATOMIC_RELAXED);
+    }
+    return f;
+}
+
+/* Blocks of Y: at most UPD_MB rows x UPD_NB columns per task. k is cut into blocks of UPD_KC
+ * from k = 0, one kernel call each, in order: these cuts are part of the result's definition
+ * (train-ops.h), fixed, never sized by the thread count. (A packed 16-column panel of B,
+ * UPD_KC x 16 floats, stays in L1 while the row tiles pass over it; the packed A block in L2.) */
+#define UPD_MB 192
+#define UPD_NB 256
+#define UPD_KC 256
+/* the f16/bf16 weight blocks must cut k where the f32 path does */
+_Static_assert(ZS_MATMUL_BWD_BLOCK % UPD_KC == 0, "ZS_MATMUL_BWD_BLOCK must be a multiple of UPD_KC");
+
+/* Each thread's packing buffers (UPD_MB + UPD_NB) * UPD_KC floats, allocated on its first
+ * block and freed when the thread ends. Without them (no memory) the kernel runs unpacked, with
+ * the same result. */
+static pthread_key_t pack_key;
+static pthread_once_t pack_once = PTHREAD_ONCE_INIT;
+static int pack_key_ok;
+
+static void pack_key_init(void) { pack_key_ok = pthread_key_create(&pack_key, free) == 0; }
+
+static float *pack_buffer(void) {
+    pthread_once(&pack_once, pack_key_init);
+    if (!pack_key_ok) return NULL;
+    float *p = pthread_getspecific(pack_key);
+    if (!p) {
+        p = zs_aligned_alloc(64, (size_t)(UPD_MB + UPD_NB) * UPD_KC * sizeof(float));
+        if (p && pthread_setspecific(pack_key, p) != 0) {
+            free(p);
+            p = NULL;
+        }
+    }
+    return p;
+}
+
+typedef struct {
+    float *y;
+    const float *a, *b;
+    ptrdiff_t ldy, ars, acs, ldb;
+    int M, N, K, mb, nb, ntn;
+    upd_fn fn;
+} upd_job;
+
+/* One block of Y (mb rows x nb columns), all of k in order, UPD_KC at a time. */
+static void upd_task(void *arg, int task) {
+    const upd_job *j = arg;
+    int r0 = (task / j->ntn) * j->mb, c0 = (task % j->ntn) * j->nb;
+    int M = ZS_MIN(j->mb, j->M - r0), N = ZS_MIN(j->nb, j->N - c0);
+    float *pa = pack_buffer(), *pb = pa ? pa + (size_t)UPD_MB * UPD_KC : NULL;
+    for (int k0 = 0; k0 < j->K; k0 += UPD_KC)
+        j->fn(j->y + (ptrdiff_t)r0 * j->ldy + c0, j->ldy, j->a + (ptrdiff_t)r0 * j->ars + (ptrdiff_t)k0 * j->acs,
+              j->ars, j->acs, j->b + (ptrdiff_t)k0 * j->ldb + c0, j->ldb, M, N, ZS_MIN(UPD_KC, j->K - k0), pa, pb);
+}
+
+/* Y[M,N] (row stride ldy) += A·B with A(r,k) = a[r*ars + k*acs], B[k,c] = b[k*ldb + c]. The
+ * tasks' blocks of Y only decide who computes which elements, never how, so the thread count
+ * may size them. */
+static void update(float *y, ptrdiff_t ldy, const float *a, ptrdiff_t ars, ptrdiff_t acs, const float *b,
+                   ptrdiff_t ldb, int M, int N, int K) {
+    if (M <= 0 || N <= 0 || K <= 0) return;
+    upd_job j = {y, a, b, ldy, ars, acs, ldb, M, N, K, UPD_MB, UPD_NB, 0, pick_update()};
+    /* blocks smaller (down to 24 x 64) until every thread has work */
+    int want = 4 * zs_pool_threads();
+    for (;;) {
+        long tasks = (long)((M + j.mb - 1) / j.mb) * (long)((N + j.nb - 1) / j.nb);
+        if (tasks >= want) break;
+        if (j.nb > 64 && j.nb >= 2 * j.mb) j.nb /= 2;
+        else if (j.mb > 24) j.mb /= 2;
+        else if (j.nb > 64) j.nb /= 2;
+        else break;
+    }
+    j.ntn = (N + j.nb - 1) / j.nb;
+    long tasks = (long)((M + j.mb - 1) / j.mb) * (long)j.ntn;
+    ZS_ASSERT(tasks <= 0x7fffffff);
+    /* small products are done here: waking the pool would cost more than the work */
+    if ((size_t)M * (size_t)N * (size_t)K < ((size_t)1 << 20))
+        for (int t = 0; t < tasks; t++) upd_task(&j, t);
+    else
+        zs_pool_run(upd_task, &j, (int)tasks);
+}
+
+typedef struct {
+    float *dst;
+    const char *src;
+    zs_dtype dt;
+    size_t n, per;
+} conv_job;
+
+static void conv_task(void *arg, int task) {
+    const conv_job *j = arg;
+    size_t lo = (size_t)task * j->per, n = ZS_MIN(j->per, j->n - lo);
+    zs_to_f32(j->dst + lo, j->src + lo * zs_dtype_size(j->dt), j->dt, n);
+}
 
 void zs_op_matmul_bwd(float *dx, float *dW, float *db, const float *dy, const float *x, const void *W,
                       zs_dtype wdt, int T, int in, int out, float *wscratch) {
     if (T <= 0) return;
     if (dx) {
+        /* dx[t,i] += Σ_o dy[t,o]·W[o,i]: A = dy (rows t), B = W (rows o) */
         if (wdt == ZS_F32) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, in, out, 1.0f, dy, out,
-                        (const float *)W, in, 1.0f, dx, in);
+            update(dx, in, dy, out, 1, (const float *)W, in, T, in, out);
         } else {
-            /* dx += Σ over blocks of W rows: dy[:, r0:r0+R] · W[r0:r0+R, :] */
+            /* W converted ZS_MATMUL_BWD_BLOCK rows at a time (a multiple of UPD_KC: the same
+             * cuts of k = o as the f32 path) */
             size_t esz = zs_dtype_size(wdt);
             for (int r0 = 0; r0 < out; r0 += ZS_MATMUL_BWD_BLOCK) {
                 int R = ZS_MIN(ZS_MATMUL_BWD_BLOCK, out - r0);
-                zs_to_f32(wscratch, (const char *)W + (size_t)r0 * (size_t)in * esz, wdt, (size_t)R * (size_t)in);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, in, R, 1.0f, dy + r0, out, wscratch,
-                            in, 1.0f, dx, in);
+                conv_job cj = {wscratch, (const char *)W + (size_t)r0 * (size_t)in * esz, wdt,
+                               (size_t)R * (size_t)in, (size_t)16 * (size_t)in};
+                int ct = (int)((cj.n + cj.per - 1) / cj.per);
+                if ((size_t)R * (size_t)in * (size_t)T < ((size_t)1 << 20))
+                    for (int c = 0; c < ct; c++) conv_task(&cj, c);
+                else
+                    zs_pool_run(conv_task, &cj, ct);
+                update(dx, in, dy + r0, out, 1, wscratch, in, T, in, R);
             }
         }
     }
-    if (dW)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, T, 1.0f, dy, out, x, in, 1.0f, dW, in);
+    /* dW[o,i] += Σ_t dy[t,o]·x[t,i]: A = dyᵀ (rows o), B = x (rows t) */
+    if (dW) update(dW, in, dy, 1, out, x, in, out, in, T);
     if (db) {
         for (int o = 0; o < out; o++) {
             double s = 0.0;
