@@ -1,4 +1,4 @@
-/* ops-backward.c — CPU backward of the forward ops (engine/train-ops.h): matmul, norms, RoPE,
+/* ops-backward.c — CPU backward of the forward ops (train-ops.h): matmul, norms, RoPE,
  * causal attention with GQA, activations, embedding, cross-entropy. Sums that reduce over a row
  * or over tokens accumulate in double where it is cheap; the forward parts (attention) repeat the
  * exact float arithmetic of ops.c / forward.c. The matrix products use our own fixed-order kernel

@@ -1,4 +1,4 @@
-// backward.cu — the backward of the forward kernels for training (engine/train-ops.h is the CPU
+// backward.cu — the backward of the forward kernels for training (kernels/cpu/train-ops.h is the CPU
 // reference): RMSNorm, LayerNorm, RoPE, SwiGLU, GELU (tanh), residual add, embedding
 // (deterministic scatter-add), causal GQA attention over one sequence (probabilities recomputed
 // row by row, fp32), masked next-token cross-entropy, and the matrix product through cuBLAS.

@@ -100,7 +100,7 @@ int zs_cuda_attention_mode(void);
 const char *zs_cuda_attention_mode_name(int mode); /* "auto", "simple", "tiled" */
 
 /* backward.cu — the backward of the forward ops for training, matching the CPU ops of
- * engine/train-ops.h (the reference: same formulas, same conventions). All f32. Gradients of
+ * kernels/cpu/train-ops.h (the reference: same formulas, same conventions). All f32. Gradients of
  * inputs and parameters ACCUMULATE (+=) unless a function says it WRITES (=). Every kernel is
  * deterministic (no atomics: each output has one writer, reductions run in a fixed order). */
 
