@@ -326,7 +326,7 @@ for df, base in (("deploy/Dockerfile", "debian:bookworm-slim"), ("deploy/Dockerf
     ep = [a for w, a in final if w == "ENTRYPOINT"]
     if not ep or not ep[-1].startswith("["): err(f"{df}: ENTRYPOINT must be in exec (JSON) form so signals reach zeroserve")
     runtime_runs = " ".join(a for w, a in final if w == "RUN")
-    for lib in ("libjansson4", "libmicrohttpd12", "liburing2", "libopenblas0", "curl"):
+    for lib in ("libjansson4", "libmicrohttpd12", "liburing2", "libopenmpi3", "curl"):
         if lib not in runtime_runs: err(f"{df}: the runtime stage does not install {lib}")
     if re.search(r"-dev\b", runtime_runs): err(f"{df}: the runtime stage installs -dev packages")
     if len(errors) == n_before: print(f"ok: {df} ({len(stages)} stages: {', '.join(st['image'] for st in stages)})")
