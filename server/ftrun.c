@@ -150,6 +150,7 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     int rc = have_files ? 0 : zs_err(ZS_ENOTFOUND, "a file of the job no longer exists");
     zs_engine_opts eo = J->engine;
     eo.max_seqs = 1;
+    eo.model.embed_lookup = 0; /* a training engine: every table sharded (the served ones look rows up) */
     char nv[4096];
     if (J->nvme_path) {
         snprintf(nv, sizeof nv, "%s/train-%s", J->nvme_path, hex);

@@ -102,6 +102,7 @@ static int cmd_generate(int argc, char **argv) {
     zs_engine_opts_default(&eo);
     eo.max_seqs = 1;
     ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
+    eo.model.embed_lookup = 1; /* an inference engine: embedding rows from host tables */
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
     if (zs_cluster_follower()) {

@@ -94,6 +94,9 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->o = *o;
+    /* the served engines (the base model, fine-tuned models) are inference engines: embedding
+     * rows from host tables; the fine-tuning runner opens its training engines without */
+    s->o.engine.model.embed_lookup = 1;
     s->on_loaded = on_loaded;
     s->ud = ud;
     s->model_dir = strdup(o->engine.model_dir);
@@ -276,6 +279,7 @@ int zs_cmd_serve(int argc, char **argv) {
     so.engine.max_seqs = max_seqs;
     so.engine.max_batch_tokens = max_batch;
     ZS_CHECK(zs_engine_flags_apply(&ef, &so.engine));
+    so.engine.model.embed_lookup = 1; /* as zs_server_start sets it: the followers open the same layout */
     so.sched.max_seqs = max_seqs;
     so.sched.max_batch_tokens = max_batch;
     so.sched.max_queue = max_queue;

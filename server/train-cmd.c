@@ -117,6 +117,7 @@ int zs_cmd_train(int argc, char **argv) {
     zs_engine_opts_default(&eo);
     eo.max_seqs = 1;
     ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
+    eo.model.embed_lookup = 0; /* a training engine: every table sharded (model.h) */
     eo.spmd = 1; /* under mpirun every process trains its ranks' share of every step */
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
@@ -185,6 +186,7 @@ int zs_cmd_export(int argc, char **argv) {
     zs_engine_opts_default(&eo);
     eo.model_dir = base;
     eo.max_seqs = 1;
+    eo.model.embed_lookup = 0; /* the checkpoint's shards are in the training layout */
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
     zs_train_opts to;

@@ -1,5 +1,7 @@
 /* forward.c — the forward pass of a batch of tokens through every bucket (embeddings, each
- * transformer block, final norm and LM head), for Llama-family and GPT-2 models, on the CPU. */
+ * transformer block, final norm and LM head), for Llama-family and GPT-2 models, on the CPU; the
+ * embedding rows come from the host lookup tables of an inference model (model.h) or from the
+ * gathered embedding bucket. */
 #include <math.h>
 #include <string.h>
 
@@ -141,22 +143,29 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
             return zs_err(ZS_ERANGE, "position %d is outside the reserved context", b->pos[i]);
     }
     int d = c->dim, rc;
-    const void *data;
+    const void *data = NULL;
 
-    /* embeddings */
-    int eb = zs_bucket_embed();
+    /* embeddings: rows of the host lookup tables (embed_lookup: nothing acquired), or of the
+     * gathered bucket 0 */
+    int eb = zs_bucket_embed(), lookup = zs_model_embed_lookup(m);
     const zs_bucket_layout *E = zs_model_layout(m, eb);
-    if ((rc = src->acquire(src->ctx, eb, &data)) < 0) return rc;
     const void *eres = zs_model_bucket_resident(m, eb);
+    if (!lookup && (rc = src->acquire(src->ctx, eb, &data)) < 0) return rc;
+    const void *tok_tab = lookup ? zs_model_embed_table(m, ZS_R_TOK_EMB) : W(E, ZS_R_TOK_EMB, data, eres);
+    const void *pos_tab = lookup ? zs_model_embed_table(m, ZS_R_POS_EMB) : W(E, ZS_R_POS_EMB, data, eres);
+    if (!tok_tab) {
+        if (!lookup) src->release(src->ctx, eb);
+        return zs_err(ZS_EINVAL, "forward: the embedding table is not loaded");
+    }
     for (int i = 0; i < b->n; i++) {
         float *x = f->x + (size_t)i * d;
-        zs_op_embed(x, W(E, ZS_R_TOK_EMB, data, eres), E->slot[ZS_R_TOK_EMB].dtype, d, b->tokens[i]);
-        if (E->slot[ZS_R_POS_EMB].present) {
-            zs_op_embed(f->xn, W(E, ZS_R_POS_EMB, data, eres), E->slot[ZS_R_POS_EMB].dtype, d, b->pos[i]);
+        zs_op_embed(x, tok_tab, E->slot[ZS_R_TOK_EMB].dtype, d, b->tokens[i]);
+        if (pos_tab) {
+            zs_op_embed(f->xn, pos_tab, E->slot[ZS_R_POS_EMB].dtype, d, b->pos[i]);
             zs_op_add(x, f->xn, (size_t)d);
         }
     }
-    src->release(src->ctx, eb);
+    if (!lookup) src->release(src->ctx, eb);
 
     for (int l = 0; l < c->n_layers; l++) {
         int lb = zs_bucket_layer(l);
@@ -166,7 +175,7 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
     }
 
     /* final norm + LM head for the rows that want logits; a tied head reads the embedding
-     * bucket again (pass order: embed, layers, head, embed) */
+     * bucket after the head bucket (zs_model_pass_order) */
     int hb = zs_bucket_head(m);
     const zs_bucket_layout *H = zs_model_layout(m, hb);
     const void *hres = zs_model_bucket_resident(m, hb);

@@ -99,6 +99,7 @@ static int list_tensors(const zs_model_config *c, tdesc *t) {
         }
         add(t, &n, INIT_ONES, 1, d, 0, "transformer.ln_f.weight");
         add(t, &n, INIT_ZEROS, 1, d, 0, "transformer.ln_f.bias");
+        if (!c->tied_embeddings) add(t, &n, INIT_NORMAL, 2, V, d, "lm_head.weight"); /* --untied */
     } else {
         add(t, &n, INIT_NORMAL, 2, V, d, "model.embed_tokens.weight");
         for (int l = 0; l < c->n_layers; l++) {

@@ -1,5 +1,6 @@
-/* model.c — opening a checkpoint as a model: the bucket layout of each architecture, the mapping
- * from Hugging Face tensor names to roles, validation of every tensor, and packing buckets. */
+/* model.c — opening a checkpoint as a model: the bucket layout of each architecture (with the
+ * host embedding lookup tables of inference models), the mapping from Hugging Face tensor names
+ * to roles, validation of every tensor, packing buckets, and the pass order. */
 #include "model.h"
 
 #include <string.h>
@@ -28,6 +29,7 @@ struct zs_model {
     src_ref *src;             /* [n_buckets * ZS_MAX_ROLES] */
     void **data;              /* [n_buckets] resident copies (or NULL) */
     void **res;               /* [n_buckets] */
+    void *tok_lookup;         /* embed_lookup with a sharded token table (tied head): its host copy */
     char fingerprint[96];
     size_t n_params;
 };
@@ -35,6 +37,7 @@ struct zs_model {
 void zs_model_opts_default(zs_model_opts *o) {
     o->weight_dtype = ZS_DTYPE_COUNT;
     o->persist_threshold = 0;
+    o->embed_lookup = 0;
 }
 
 int zs_model_n_buckets(const zs_model *m) { return m->n_buckets; }
@@ -66,15 +69,16 @@ static void slot_set(zs_bucket_layout *L, int role, zs_dtype dt, int ndim, int64
     s->shape[1] = ndim > 1 ? d1 : 1;
 }
 
-/* Assigns areas and offsets to the present slots: 64-byte aligned, data part padded to 4 KiB. */
-static void layout_finish(zs_bucket_layout *L, int64_t threshold) {
+/* Assigns areas and offsets to the present slots: 64-byte aligned, data part padded to 4 KiB.
+ * The roles in the bit mask `force` are resident whatever their size (lookup tables). */
+static void layout_finish(zs_bucket_layout *L, int64_t threshold, unsigned force) {
     size_t off_d = 0, off_r = 0;
     for (int r = 0; r < L->n_roles; r++) {
         zs_slot *s = &L->slot[r];
         if (!s->present) continue;
         int64_t n = s->shape[0] * s->shape[1];
         s->nbytes = (size_t)n * zs_dtype_size(s->dtype);
-        s->resident = n < threshold || s->ndim == 1;
+        s->resident = n < threshold || s->ndim == 1 || (force >> r & 1u);
         size_t *off = s->resident ? &off_r : &off_d;
         s->offset = *off;
         *off = ZS_ALIGN_UP(*off + s->nbytes, 64);
@@ -129,15 +133,20 @@ static void build_layouts(zs_model *m) {
     if (gpt2) slot_set(H, ZS_R_OUT_NORM_B, ZS_F32, 1, d, 1);
     if (!c->tied_embeddings) slot_set(H, ZS_R_LM_HEAD, wd, 2, c->vocab_size, d);
 
+    /* inference models: the tables that are only looked up are host-resident (model.h); a tied
+     * token table stays sharded (it is the LM head too) */
+    unsigned lookup = 0;
+    if (m->opts.embed_lookup) lookup = (c->tied_embeddings ? 0u : 1u << ZS_R_TOK_EMB) | 1u << ZS_R_POS_EMB;
     for (int b = 0; b < m->n_buckets; b++) {
-        layout_finish(&m->layout[b], m->opts.persist_threshold);
+        unsigned force = b == zs_bucket_embed() ? lookup : 0;
+        layout_finish(&m->layout[b], m->opts.persist_threshold, force);
         for (int r = 0; r < m->layout[b].n_roles; r++)
             if (m->layout[b].slot[r].present)
                 m->n_params += (size_t)(m->layout[b].slot[r].shape[0] * m->layout[b].slot[r].shape[1]);
         /* the f32 twin: same slots and areas (they depend on shapes only), f32 offsets */
         m->glayout[b] = m->layout[b];
         for (int r = 0; r < m->glayout[b].n_roles; r++) m->glayout[b].slot[r].dtype = ZS_F32;
-        layout_finish(&m->glayout[b], m->opts.persist_threshold);
+        layout_finish(&m->glayout[b], m->opts.persist_threshold, force);
     }
 }
 
@@ -246,6 +255,7 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
     m->dir = strdup(dir);
     if (o) m->opts = *o;
     else zs_model_opts_default(&m->opts);
+    m->opts.embed_lookup = !!m->opts.embed_lookup;
     if (!m->dir) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto fail; }
     if ((rc = zs_config_load(dir, &m->cfg)) < 0) goto fail;
     if (m->opts.weight_dtype >= ZS_DTYPE_COUNT) m->opts.weight_dtype = m->cfg.dtype;
@@ -279,8 +289,10 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
     }
     char fp[64];
     if ((rc = zs_st_fingerprint(m->st, fp, sizeof fp)) < 0) goto fail;
-    snprintf(m->fingerprint, sizeof m->fingerprint, "%s-%s-p%lld-v1", fp,
-             zs_dtype_name(m->opts.weight_dtype), (long long)m->opts.persist_threshold);
+    /* everything that changes what a shard holds: the dtype, the resident split, and whether the
+     * lookup tables are host-resident (e1: inference layout, e0: training layout) */
+    snprintf(m->fingerprint, sizeof m->fingerprint, "%s-%s-p%lld-e%d-v2", fp,
+             zs_dtype_name(m->opts.weight_dtype), (long long)m->opts.persist_threshold, m->opts.embed_lookup);
     *out = m;
     return 0;
 fail:
@@ -337,6 +349,21 @@ int zs_model_load_resident_parts(zs_model *m) {
         m->res = calloc((size_t)m->n_buckets, sizeof(void *));
         if (!m->res) return zs_err(ZS_ENOMEM, "out of memory");
     }
+    /* the host copy of a sharded token table (tied head) for the lookup, packed as the bucket
+     * packs the slot: same dtype, same conversion */
+    const zs_slot *ts = &m->layout[zs_bucket_embed()].slot[ZS_R_TOK_EMB];
+    if (m->opts.embed_lookup && !ts->resident && !m->tok_lookup) {
+        if (!m->st) return zs_err(ZS_EINVAL, "%s: checkpoint already closed", m->dir);
+        m->tok_lookup = zs_aligned_alloc(64, ts->nbytes);
+        if (!m->tok_lookup)
+            return zs_err(ZS_ENOMEM, "out of memory for the embedding lookup table (%zu bytes)", ts->nbytes);
+        int rc = pack_one(ts, &m->src[ZS_R_TOK_EMB], m->tok_lookup);
+        if (rc < 0) {
+            free(m->tok_lookup);
+            m->tok_lookup = NULL;
+            return rc;
+        }
+    }
     for (int b = 0; b < m->n_buckets; b++) {
         if (m->res[b]) continue;
         m->res[b] = zs_aligned_alloc(64, m->layout[b].resident_bytes);
@@ -344,6 +371,25 @@ int zs_model_load_resident_parts(zs_model *m) {
         ZS_CHECK(zs_model_pack_bucket(m, b, NULL, m->res[b]));
     }
     return 0;
+}
+
+int zs_model_embed_lookup(const zs_model *m) { return m->opts.embed_lookup; }
+
+const void *zs_model_embed_table(const zs_model *m, int role) {
+    if (!m->opts.embed_lookup || (role != ZS_R_TOK_EMB && role != ZS_R_POS_EMB)) return NULL;
+    const zs_slot *s = &m->layout[zs_bucket_embed()].slot[role];
+    if (!s->present) return NULL;
+    if (!s->resident) return m->tok_lookup;
+    return m->res && m->res[zs_bucket_embed()] ? (const char *)m->res[zs_bucket_embed()] + s->offset : NULL;
+}
+
+size_t zs_model_embed_table_bytes(const zs_model *m) {
+    if (!m->opts.embed_lookup) return 0;
+    const zs_bucket_layout *E = &m->layout[zs_bucket_embed()];
+    size_t n = 0;
+    for (int r = 0; r < E->n_roles; r++)
+        if (E->slot[r].present) n += E->slot[r].nbytes; /* resident, or copied when sharded */
+    return n;
 }
 
 int zs_model_load_resident(zs_model *m) {
@@ -374,6 +420,7 @@ void zs_model_free(zs_model *m) {
     for (int b = 0; m->res && b < m->n_buckets; b++) free(m->res[b]);
     free(m->data);
     free(m->res);
+    free(m->tok_lookup);
     free(m->layout);
     free(m->glayout);
     free(m->src);
@@ -393,9 +440,14 @@ zs_weight_source zs_model_resident_source(zs_model *m) {
     return (zs_weight_source){resident_acquire, resident_release, m};
 }
 
+/* Without embed_lookup: embed, layers, head (+ embed for a tied head). With it the lookup reads
+ * the host tables, so bucket 0 is acquired only by a tied head, once, after the head bucket: an
+ * untied pass is layers, head; a tied one layers, head, embed. (Holding a tied bucket 0 from the
+ * lookup to the head instead would keep the largest bucket live through the whole pass, beyond a
+ * --max-live-bytes of a few layers.) */
 int zs_model_pass_order(const zs_model *m, int *order) {
     int n = 0;
-    for (int b = 0; b < m->n_buckets; b++) order[n++] = b;
+    for (int b = m->opts.embed_lookup ? 1 : 0; b < m->n_buckets; b++) order[n++] = b;
     if (m->cfg.tied_embeddings) order[n++] = zs_bucket_embed();
     return n;
 }

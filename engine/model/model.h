@@ -8,6 +8,17 @@
  * sharded, offloaded and gathered. Every layer has the same layout (same offsets), so a layer's
  * tensors are found from the two base pointers (bucket data, resident data).
  *
+ * Embedding lookup tables (zs_model_opts.embed_lookup, inference engines): the forward pass reads
+ * only the rows of the batch's tokens from the token table, so an inference model keeps the
+ * tables it only looks rows up in as host-resident lookup tables instead of sharded data: the
+ * token table of an untied model and GPT-2's position table become resident slots of bucket 0
+ * (whose sharded part is then empty for an untied model: nothing of it is stored in a tier or
+ * gathered). A tied token table is also the LM head, read whole every pass: it stays sharded in
+ * bucket 0 for the head, and the model keeps a host copy of it for the lookup (the same storage
+ * dtype and conversion as the packed bucket, so the rows are bit for bit the bucket's). Training
+ * (embed_lookup 0) keeps every table sharded, with gradients and optimizer state partitioned.
+ * The tables are one copy per model object, shared by the rank threads of the process.
+ *
  * The forward pass reads bucket data through a zs_weight_source: for a resident model it hands
  * out the buffers it owns; the ZeRO-3 coordinator (gather.c) hands out gathered buffers.
  * Ownership: zs_model owns its config, layout and (when resident) its buffers. A zs_model is
@@ -56,7 +67,10 @@ typedef struct {
 
 typedef struct {
     zs_dtype weight_dtype;     /* storage dtype of matrices; ZS_DTYPE_COUNT = as stored in the checkpoint */
-    int64_t persist_threshold; /* tensors with fewer elements stay resident (default 100000... set by caller) */
+    int64_t persist_threshold; /* tensors with fewer elements stay resident (default 0: norms and biases) */
+    int embed_lookup;          /* 1: an inference model: embedding lookup tables in host memory (see
+                                  above; set by serve, generate and bench); 0 (default): every table
+                                  sharded, the layout training needs */
 } zs_model_opts;
 
 void zs_model_opts_default(zs_model_opts *o);
@@ -97,13 +111,25 @@ const void *zs_model_bucket_data(const zs_model *m, int b);
 const void *zs_model_bucket_resident(const zs_model *m, int b);
 /* The resident part, writable: training updates it in place (between steps only). */
 void *zs_model_bucket_resident_mut(zs_model *m, int b);
-/* Resident parts can be kept by the model even when data lives elsewhere. */
+/* Resident parts can be kept by the model even when data lives elsewhere (with embed_lookup, the
+ * host lookup tables too). */
 int zs_model_load_resident_parts(zs_model *m);
 
+/* 1 when the model was opened with embed_lookup (an inference model). */
+int zs_model_embed_lookup(const zs_model *m);
+/* The host table the embedding lookup of role ZS_R_TOK_EMB or ZS_R_POS_EMB reads its rows from
+ * (vocab_size or max_seq rows of dim elements in the slot's dtype): a resident slot of bucket 0,
+ * or the host copy of a tied token table. NULL when the model has no embed_lookup, the role is
+ * absent, or before zs_model_load_resident_parts. Owned by the model. */
+const void *zs_model_embed_table(const zs_model *m, int role);
+/* Host bytes of those tables (the resident slots plus the tied copy); 0 without embed_lookup. */
+size_t zs_model_embed_table_bytes(const zs_model *m);
+
 /* Where the forward pass gets bucket data. acquire returns the full (gathered) data part of a
- * bucket; release says the pass is done with it. Calls come in pass order on one thread:
- * embed, layer 0 .. layer L-1, head, and embed once more when the LM head is tied to the
- * embeddings (zs_model_pass_order gives that list). */
+ * bucket; release says the pass is done with it. Calls come in pass order on one thread (the
+ * list zs_model_pass_order gives): without embed_lookup embed, layer 0 .. layer L-1, head, and
+ * embed once more when the LM head is tied to the embeddings; with embed_lookup the lookup reads
+ * the host tables, so the pass is layer 0 .. layer L-1, head, plus embed (once) for a tied head. */
 typedef struct {
     int (*acquire)(void *ctx, int bucket, const void **data);
     void (*release)(void *ctx, int bucket);
@@ -123,7 +149,8 @@ typedef struct {
 } zs_slot_source;
 int zs_model_slot_source(const zs_model *m, int bucket, int role, zs_slot_source *out);
 
-/* The order in which one forward pass acquires buckets; returns the count (<= n_buckets + 1). */
+/* The order in which one forward pass acquires buckets (see zs_weight_source); returns the count
+ * (<= n_buckets + 1). */
 int zs_model_pass_order(const zs_model *m, int *order);
 
 /* A batch: n tokens; token i belongs to kv sequence seq[i] at position pos[i]. Tokens of one

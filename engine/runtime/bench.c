@@ -12,6 +12,7 @@
 void zs_bench_opts_default(zs_bench_opts *o) {
     memset(o, 0, sizeof *o);
     zs_engine_opts_default(&o->engine);
+    o->engine.model.embed_lookup = 1; /* inference engines: embedding rows from host tables */
     o->runs = 5;
     o->prefill_tokens = 128;
     o->decode_tokens = 32;

@@ -12,7 +12,13 @@
  * dtype, as cuBLAS wants both operands in one type. RoPE reads a frequency table made once on
  * the host with the CPU op's formula; attention is zs_cuda_attention (tiled for prefill, simple
  * for decode; ZS_CUDA_ATTN=simple|tiled forces one). A failure of the gather's device hooks
- * (gather-cuda.h) fails the step like a failed acquire. */
+ * (gather-cuda.h) fails the step like a failed acquire.
+ *
+ * Embeddings of an inference model (embed_lookup, model.h): the lookup tables stay in host
+ * memory (never uploaded whole); each run copies the T rows of its tokens (and positions) into
+ * the pinned step-input buffer, they go to the device with the step inputs in one copy, and the
+ * embedding kernel reads them with indices 0..T-1. A tied head still gets the whole table from
+ * the gathered embedding bucket, once per pass, after the head bucket. */
 #include <math.h>
 #include <string.h>
 
@@ -27,7 +33,10 @@ struct zs_forward_cuda {
     int max_tokens, n_layers, d, qd, kvd, ff, vocab, n_blocks;
     float *x, *q, *k, *v, *h1, *h2, *y, *logits;
     void *xn, *att, *act;
-    void **res;          /* device copies of the buckets' resident parts */
+    void **res;          /* device copies of the buckets' resident parts (not bucket 0's with
+                            embed_lookup: the lookup tables stay on the host) */
+    int lookup;          /* zs_model_embed_lookup */
+    size_t tok_row, pos_row; /* bytes of one row of the token / position table (lookup) */
     float **kv;          /* [n_layers] K/V pools, host zs_kvcache layout */
     float *inv_freq;     /* RoPE frequencies for head_dim and rope_theta, made on the host
                             (zs_cuda_rope_inv_freq) once; NULL for GPT-2 */
@@ -99,10 +108,23 @@ int zs_forward_cuda_new(const zs_model *m, int max_tokens, zs_dev *d, const zs_k
     f->res = calloc((size_t)nb, sizeof(void *));
     f->kv = calloc((size_t)f->n_layers, sizeof(float *));
     if (!f->res || !f->kv) ok = 0;
+    f->lookup = zs_model_embed_lookup(m);
+    if (f->lookup) {
+        const zs_bucket_layout *E = zs_model_layout(m, zs_bucket_embed());
+        f->tok_row = (size_t)f->d * zs_dtype_size(E->slot[ZS_R_TOK_EMB].dtype);
+        f->pos_row = E->slot[ZS_R_POS_EMB].present ? (size_t)f->d * zs_dtype_size(E->slot[ZS_R_POS_EMB].dtype) : 0;
+        if (!zs_model_embed_table(m, ZS_R_TOK_EMB)) {
+            zs_forward_cuda_free(f);
+            return zs_err(ZS_EINVAL, "CUDA forward: the embedding lookup table is not loaded");
+        }
+    }
     for (int b = 0; ok && b < nb; b++) {
         size_t rb = zs_model_layout(m, b)->resident_bytes;
         const void *hr = zs_model_bucket_resident(m, b);
-        if (!rb) continue;
+        /* with embed_lookup bucket 0's resident part holds only lookup tables, whose rows go up per
+         * run; unless a tied token table is resident (--persist-threshold): the head reads it whole */
+        const zs_slot *ts = &zs_model_layout(m, b)->slot[ZS_R_TOK_EMB];
+        if (!rb || (f->lookup && b == zs_bucket_embed() && !(c->tied_embeddings && ts->resident))) continue;
         A(f->res[b], rb);
         if (ok && hr && zs_dev_upload(d, f->res[b], hr, rb) < 0) {
             zs_forward_cuda_free(f);
@@ -148,14 +170,19 @@ static inline const void *W(const zs_bucket_layout *L, int role, const void *dat
 typedef struct {
     int32_t *tokens, *pos, *tab, *sel, *tables;
     int64_t *off;
+    int32_t *iota;           /* 0..T-1: the row indices of the staged embedding rows */
+    char *tok_rows, *pos_rows; /* embed_lookup: the T rows of the token / position table */
 } step_in;
 
-/* Lays out the step inputs in buffer base (host or device) and returns the bytes used. */
-static size_t layout_inputs(char *base, int T, int nl, int ntab, step_in *s) {
-    size_t sz[6] = {(size_t)T * 8, (size_t)T * 4, (size_t)T * 4, (size_t)T * 4, (size_t)(nl > 0 ? nl : 1) * 4,
-                    (size_t)(ntab > 0 ? ntab : 1) * 4};
-    size_t at[6], o = 0;
-    for (int i = 0; i < 6; i++) {
+/* Lays out the step inputs in buffer base (host or device) and returns the bytes used; with
+ * tok_row > 0 also T staged rows of tok_row (and of pos_row) bytes, 256-byte aligned. */
+static size_t layout_inputs(char *base, int T, int nl, int ntab, size_t tok_row, size_t pos_row, step_in *s) {
+    size_t sz[9] = {(size_t)T * 8, (size_t)T * 4, (size_t)T * 4, (size_t)T * 4, (size_t)(nl > 0 ? nl : 1) * 4,
+                    (size_t)(ntab > 0 ? ntab : 1) * 4, tok_row ? (size_t)T * 4 : 0, (size_t)T * tok_row,
+                    (size_t)T * pos_row};
+    size_t at[9], o = 0;
+    for (int i = 0; i < 9; i++) {
+        if (i >= 7) o = ZS_ALIGN_UP(o, (size_t)256);
         at[i] = o;
         o += sz[i];
     }
@@ -166,6 +193,9 @@ static size_t layout_inputs(char *base, int T, int nl, int ntab, step_in *s) {
         s->tab = (int32_t *)(base + at[3]);
         s->sel = (int32_t *)(base + at[4]);
         s->tables = (int32_t *)(base + at[5]);
+        s->iota = sz[6] ? (int32_t *)(base + at[6]) : NULL;
+        s->tok_rows = sz[7] ? base + at[7] : NULL;
+        s->pos_rows = sz[8] ? base + at[8] : NULL;
     }
     return ZS_ALIGN_UP(o, (size_t)256);
 }
@@ -280,10 +310,11 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     cudaError_t se = cudaStreamSynchronize(f->dev->q[ZS_Q_COMPUTE]);
     if (se != cudaSuccess) return zs_err(ZS_EDEVICE, "CUDA device %d: %s", f->dev->id, cudaGetErrorString(se));
     step_in h, dv;
-    size_t need = layout_inputs(NULL, T, b->n_logits, ntab, &h);
+    size_t tr = f->lookup ? f->tok_row : 0, pr = f->lookup ? f->pos_row : 0;
+    size_t need = layout_inputs(NULL, T, b->n_logits, ntab, tr, pr, &h);
     ZS_CHECK(grow_inputs(f, need));
-    layout_inputs(f->in_h, T, b->n_logits, ntab, &h);
-    layout_inputs(f->in_d, T, b->n_logits, ntab, &dv);
+    layout_inputs(f->in_h, T, b->n_logits, ntab, tr, pr, &h);
+    layout_inputs(f->in_d, T, b->n_logits, ntab, tr, pr, &dv);
     memset(h.sel, 0, (size_t)(b->n_logits > 0 ? b->n_logits : 1) * 4);
     /* block tables: one copy per run of consecutive tokens of a sequence */
     int nt = 0, cur = 0;
@@ -303,6 +334,16 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
         h.tab[i] = cur;
         if (b->logits_idx[i] >= 0) h.sel[b->logits_idx[i]] = i;
     }
+    if (f->lookup) {
+        /* the batch's rows of the host lookup tables, as stored (the kernel converts them as it
+         * converts a gathered table's) */
+        const char *tt = zs_model_embed_table(m, ZS_R_TOK_EMB), *pt = zs_model_embed_table(m, ZS_R_POS_EMB);
+        for (int i = 0; i < T; i++) {
+            h.iota[i] = i;
+            memcpy(h.tok_rows + (size_t)i * f->tok_row, tt + (size_t)b->tokens[i] * f->tok_row, f->tok_row);
+            if (pt) memcpy(h.pos_rows + (size_t)i * f->pos_row, pt + (size_t)b->pos[i] * f->pos_row, f->pos_row);
+        }
+    }
     void *s = f->dev->q[ZS_Q_COMPUTE];
     if (cudaMemcpyAsync(f->in_d, f->in_h, need, cudaMemcpyHostToDevice, s) != cudaSuccess)
         return zs_dev_error("step inputs copy");
@@ -311,14 +352,22 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     const void *data;
     int eb = zs_bucket_embed();
     const zs_bucket_layout *E = zs_model_layout(m, eb);
-    if ((rc = acquire(src, eb, &data)) < 0) return rc;
     const void *eres = f->res[eb];
-    rc = zs_cuda_embed(f->x, W(E, ZS_R_TOK_EMB, data, eres), E->slot[ZS_R_TOK_EMB].dtype, dv.tokens,
-                       W(E, ZS_R_POS_EMB, data, eres), E->slot[ZS_R_POS_EMB].dtype, dv.pos, T, f->d, s) == 0
-             ? 0 : zs_dev_error("embedding kernel");
-    rrc = release(src, eb);
-    if (rc < 0) return rc;
-    if (rrc < 0) return rrc;
+    if (f->lookup) {
+        /* the staged rows, indices 0..T-1; no bucket acquired */
+        rc = zs_cuda_embed(f->x, dv.tok_rows, E->slot[ZS_R_TOK_EMB].dtype, dv.iota, dv.pos_rows,
+                           E->slot[ZS_R_POS_EMB].dtype, dv.iota, T, f->d, s) == 0
+                 ? 0 : zs_dev_error("embedding kernel");
+        if (rc < 0) return rc;
+    } else {
+        if ((rc = acquire(src, eb, &data)) < 0) return rc;
+        rc = zs_cuda_embed(f->x, W(E, ZS_R_TOK_EMB, data, eres), E->slot[ZS_R_TOK_EMB].dtype, dv.tokens,
+                           W(E, ZS_R_POS_EMB, data, eres), E->slot[ZS_R_POS_EMB].dtype, dv.pos, T, f->d, s) == 0
+                 ? 0 : zs_dev_error("embedding kernel");
+        rrc = release(src, eb);
+        if (rc < 0) return rc;
+        if (rrc < 0) return rrc;
+    }
 
     for (int l = 0; l < c->n_layers; l++) {
         int lb = zs_bucket_layer(l);

@@ -110,7 +110,8 @@ zs_weight_source zs_gather_source(zs_gather *g);
  * takes part in the remaining gathers of the pass. A rank with nothing to compute calls just
  * begin and end. */
 enum { ZS_PASS_INFER = 0, ZS_PASS_TRAIN = 1 };
-/* kind ZS_PASS_INFER: embeddings, layers, head (+ embeddings for a tied head);
+/* kind ZS_PASS_INFER: zs_model_pass_order (embeddings, layers, head (+ embeddings for a tied
+ * head); an inference model with host lookup tables skips the first embeddings);
  * ZS_PASS_TRAIN: the same, then the layers in reverse (backward). */
 void zs_gather_pass_begin(zs_gather *g, int kind);
 void zs_gather_pass_end(zs_gather *g);

@@ -284,14 +284,16 @@ static int agree_start(const zs_world *w, int rc, const char *what) {
     return 0;
 }
 
-/* Every process must run the same model with the same ranks and tier. */
+/* Every process must run the same model with the same ranks, tier and layout (the fingerprint
+ * holds the layout options too; the embedding lookup is compared apart for a clearer message). */
 static int check_peers(const zs_world *w) {
-    struct { int32_t ranks, tier, replicate, spmd; char fp[96]; } me, *all;
+    struct { int32_t ranks, tier, replicate, spmd, lookup; char fp[96]; } me, *all;
     memset(&me, 0, sizeof me);
     me.ranks = w->n;
     me.tier = (int32_t)w->o.gather.tier;
     me.replicate = w->o.gather.replicate;
     me.spmd = w->o.spmd;
+    me.lookup = zs_model_embed_lookup(w->m);
     snprintf(me.fp, sizeof me.fp, "%s", zs_model_fingerprint(w->m));
     int P = zs_cluster_size();
     all = calloc((size_t)P, sizeof *all);
@@ -301,6 +303,10 @@ static int check_peers(const zs_world *w) {
         if (all[p].ranks != all[0].ranks)
             rc = zs_err(ZS_EINVAL, "process %d runs --ranks %d but process 0 runs %d: every process needs the same --ranks",
                         p, all[p].ranks, all[0].ranks);
+        else if (all[p].lookup != all[0].lookup)
+            rc = zs_err(ZS_EINVAL, "process %d opened the model for %s but process 0 for %s (embedding lookup tables): "
+                        "every process needs the same command", p, all[p].lookup ? "inference" : "training",
+                        all[0].lookup ? "inference" : "training");
         else if (strcmp(all[p].fp, all[0].fp))
             rc = zs_err(ZS_EINVAL, "process %d loaded another model than process 0 (%s vs %s): give every process the same --model",
                         p, all[p].fp, all[0].fp);
@@ -387,6 +393,9 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     }
     free(comms);
     if (rc == 0) rc = zs_model_load_resident_parts(m);
+    if (rc == 0 && zs_model_embed_lookup(m))
+        zs_log_info("embedding lookup: %.1f MB of tables in host memory (one copy for the %d rank(s) of this process)",
+                    (double)zs_model_embed_table_bytes(m) / 1e6, w->n);
     const zs_model_config *c = zs_model_config_get(m);
     for (int r = 0; r < w->n && rc == 0; r++) {
         rank_t *R = &w->ranks[r];

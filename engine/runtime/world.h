@@ -18,7 +18,9 @@
  * zs_world_open also places the parameters: each bucket is packed once from the checkpoint and
  * its N shards go to their ranks' tiers (device memory, pinned host memory, or one NVMe shard
  * file per rank, written atomically and reused on the next start when the checkpoint and the
- * layout are unchanged). Ownership: the world owns its ranks; the model is borrowed and must
+ * layout are unchanged). The model's resident parts (norms, biases and, for an inference model,
+ * the embedding lookup tables: model.h) are one copy in the model, which every rank thread of
+ * the process reads. Ownership: the world owns its ranks; the model is borrowed and must
  * outlive it. Thread-safety: one thread drives a world (open, step, free). */
 #ifndef ZS_WORLD_H
 #define ZS_WORLD_H

@@ -317,6 +317,9 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
     if (zs_world_led(w))
         return zs_err(ZS_EUNSUPPORTED, "training: a multi-process world led by process 0 cannot train; every process "
                                        "must run the training (zeroserve train under mpirun)");
+    if (zs_model_embed_lookup(zs_world_model(w)))
+        return zs_err(ZS_EINVAL, "training: the engine was opened for inference (embedding lookup tables in host "
+                                 "memory); open it with zs_model_opts.embed_lookup = 0");
     if (o->micro_batch < 1 || o->seq_len < 2 || o->grad_accum < 1)
         return zs_err(ZS_EINVAL, "training: batch size, sequence length (>= 2) and gradient accumulation must be positive");
     zs_model *m = zs_world_model(w);

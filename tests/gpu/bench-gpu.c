@@ -175,6 +175,7 @@ static int open_engine(const char *dir, int tier, int max_seqs, int max_tokens, 
     zs_engine_opts_default(&o);
     o.model_dir = dir;
     o.device = ZS_DEVICE_CUDA;
+    o.model.embed_lookup = 1; /* as serve opens it: embedding rows from the host table */
     o.gather.tier = tier;
     o.max_seqs = max_seqs;
     o.max_batch_tokens = max_tokens;

@@ -92,6 +92,7 @@ static int open_engine(const char *dir, int device, zs_dtype wdt, int ranks, int
     o.model_dir = dir;
     o.device = device;
     o.model.weight_dtype = wdt;
+    o.model.embed_lookup = 1; /* as serve and generate open it */
     o.ranks = ranks;
     o.gather.tier = tier;
     o.nvme_path = nvme;
