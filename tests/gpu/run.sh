@@ -10,6 +10,8 @@
 #   fixtures  stories260K and gpt2-bytes must be there (missing on a machine with a device: a
 #             failure, not a skip)
 #   test-backend-ops   every CUDA kernel against the CPU op
+#   test-embed  embedding rows looked up on the host (inference layout) against the old layout,
+#             on the device too
 #   e2e-gpu   the fixtures' reference outputs on the device: f32/bf16 x ranks 1/2 x offload
 #             none/cpu/nvme
 #   mkmodel   the 8B-shaped bf16 benchmark model, written in the background during the tests
@@ -105,12 +107,12 @@ else
     export PATH="$PATH:/usr/local/cuda/bin"
     rm -f zeroserve
     if ! run_step build 300 make BUILD="$BUILD" CUDA=1 zeroserve "$BUILD/tests/test-cuda" \
-            "$BUILD/tests/test-backend-ops" "$BUILD/tests/gpu/e2e-gpu" "$BUILD/tests/gpu/bench-gpu"; then
+            "$BUILD/tests/test-backend-ops" "$BUILD/tests/test-embed" "$BUILD/tests/gpu/e2e-gpu" "$BUILD/tests/gpu/bench-gpu"; then
         tail -n 40 "$LOG"
         finish failed "no gpu-kit/ and the build failed (see gpu-run.log; make the kit with: make gpu-kit)" 1
     fi
     B=$BUILD/tests
-    mkdir -p "$BUILD/kitview" && for p in test-cuda test-backend-ops; do ln -sf "$PWD/$BUILD/tests/$p" "$BUILD/kitview/$p"; done
+    mkdir -p "$BUILD/kitview" && for p in test-cuda test-backend-ops test-embed; do ln -sf "$PWD/$BUILD/tests/$p" "$BUILD/kitview/$p"; done
     for p in e2e-gpu bench-gpu; do ln -sf "$PWD/$BUILD/tests/gpu/$p" "$BUILD/kitview/$p"; done
     B=$BUILD/kitview
 fi
@@ -181,6 +183,7 @@ fi
 # ---- tests ----
 export ZS_LOG=${ZS_LOG:-warn}
 run_step test-backend-ops 150 "$B/test-backend-ops"
+run_step test-embed 60 env TMPDIR="$WORK" "$B/test-embed"
 run_step e2e-gpu 180 env TMPDIR="$WORK" "$B/e2e-gpu" "$OUT/e2e.json"
 
 # ---- benchmark ----
