@@ -6,6 +6,7 @@
 #   make bench      run the benchmarks
 #   make gpu-kit    build gpu-kit/ for tests/gpu/run.sh on a bare GPU machine (README: "GPUs")
 #   make gpu-dry-run  run tests/gpu/run.sh from the kit in a bare Debian chroot with no network (root)
+#   make fuzz       run the libFuzzer harnesses (tests/fuzz/) for FUZZ_TIME seconds each (default 60; clang)
 #   make test-deploy  build deploy/Dockerfile with podman and smoke-test the container (root; downloads)
 #   make lint-deploy  check deploy/ (k8s, compose, systemd, Dockerfiles); also part of `make test`
 # Missing Debian packages are installed when run as root; otherwise the apt-get line is printed.
@@ -61,7 +62,7 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LIB_OBJ  += $(BUILD)/gen/playground.o
 ASAN_OBJ += $(BUILD)/asan/gen/playground.o
 
-.PHONY: all deps test test-unit serve demo-model bench clean test-deploy lint-deploy gpu-kit gpu-dry-run
+.PHONY: all deps test test-unit serve demo-model bench clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz
 all: deps zeroserve
 
 deps:
@@ -137,6 +138,20 @@ gpu-kit: deps
 
 gpu-dry-run: gpu-kit
 	sh tests/gpu/dry-run.sh
+
+# libFuzzer harnesses: tests/fuzz/fuzz-NAME.c against the library sources they name (FUZZ_SRC_NAME)
+FUZZ_TIME ?= 60
+FUZZ_SRC_gguf = engine/model/gguf.c engine/base/common.c
+FUZZ_FLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -iquote engine/base -iquote engine/model
+$(BUILD)/fuzz/fuzz-%: tests/fuzz/fuzz-%.c $(FUZZ_SRC_gguf)
+	@command -v clang >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; } || \
+	  { echo "make fuzz needs clang with libFuzzer (apt-get install -y clang)"; exit 1; }
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_FLAGS) -o $@ $< $(FUZZ_SRC_$*) -lpthread -lm
+
+fuzz: $(BUILD)/fuzz/fuzz-gguf
+	@mkdir -p $(BUILD)/fuzz/corpus-gguf && cp ../shared/models/stories260K/stories260K.gguf $(BUILD)/fuzz/corpus-gguf/ 2>/dev/null; \
+	ZS_LOG=error $(BUILD)/fuzz/fuzz-gguf -max_len=1300000 -max_total_time=$(FUZZ_TIME) -print_final_stats=1 $(BUILD)/fuzz/corpus-gguf
 
 test-deploy:
 	ZS_SHARED=$${ZS_SHARED:-../shared} sh tests/deploy-container.sh
