@@ -1,10 +1,12 @@
 /* forward.c — the forward pass of a batch of tokens through every bucket (embeddings, each
  * transformer block, final norm and LM head), for Llama-family and GPT-2 models, on the CPU; the
  * embedding rows come from the host lookup tables of an inference model (model.h) or from the
- * gathered embedding bucket. */
+ * gathered embedding bucket. Attention runs in kernels/cpu/attention.c over block tables of the
+ * paged cache. */
 #include <math.h>
 #include <string.h>
 
+#include "attention.h"
 #include "common.h"
 #include "model.h"
 #include "ops.h"
@@ -12,7 +14,13 @@
 struct zs_forward {
     const zs_model *m;
     int max_tokens;
-    float *x, *xn, *q, *k, *v, *att, *h1, *h2, *scores;
+    float *x, *xn, *q, *k, *v, *att, *h1, *h2;
+    /* the attention's view of the cache: per sequence slot, its block tables (grown on use) */
+    zs_att_seq *views;
+    unsigned *view_stamp; /* the call that last filled a slot's view */
+    const float **ptrs;
+    int n_views, n_ptrs;
+    unsigned stamp;
 };
 
 int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
@@ -33,8 +41,7 @@ int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
     f->att = zs_aligned_alloc(64, n * qd * 4);
     f->h1 = zs_aligned_alloc(64, n * wide * 4);
     f->h2 = zs_aligned_alloc(64, n * wide * 4);
-    f->scores = zs_aligned_alloc(64, (size_t)c->max_seq * 4);
-    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->h1 || !f->h2 || !f->scores) {
+    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->h1 || !f->h2) {
         zs_forward_free(f);
         return zs_err(ZS_ENOMEM, "forward: cannot allocate scratch for %d tokens", max_tokens);
     }
@@ -45,7 +52,8 @@ int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
 void zs_forward_free(zs_forward *f) {
     if (!f) return;
     free(f->x); free(f->xn); free(f->q); free(f->k); free(f->v);
-    free(f->att); free(f->h1); free(f->h2); free(f->scores);
+    free(f->att); free(f->h1); free(f->h2);
+    free(f->views); free(f->view_stamp); free(f->ptrs);
     free(f);
 }
 
@@ -62,37 +70,50 @@ static void norm(const zs_model_config *c, float *y, const float *x, const float
     else zs_op_rmsnorm(y, x, w, n, c->dim, c->norm_eps);
 }
 
-static void attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b) {
+/* Attention of the batch over the cache (kernels/cpu/attention.c): the kernel sees each
+ * sequence of the batch through its table of block pointers, built here per layer. */
+static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b) {
     const zs_model_config *c = zs_model_config_get(f->m);
-    int hd = c->head_dim, nh = c->n_heads, group = c->n_heads / c->n_kv_heads;
-    size_t qd = (size_t)nh * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int i = 0; i < b->n; i++) {
-        int seq = b->seq[i], p = b->pos[i];
-        for (int h = 0; h < nh; h++) {
-            const float *q = f->q + (size_t)i * qd + (size_t)h * hd;
-            int kh = h / group;
-            float *sc = f->scores;
-            for (int j = 0; j <= p; j++) {
-                const float *k = zs_kv_k(kv, layer, seq, j) + (size_t)kh * hd;
-                float s = 0.0f;
-                for (int d = 0; d < hd; d++) s += q[d] * k[d];
-                sc[j] = s * scale;
-            }
-            zs_op_softmax(sc, p + 1);
-            float *o = f->att + (size_t)i * qd + (size_t)h * hd;
-            memset(o, 0, (size_t)hd * sizeof(float));
-            for (int j = 0; j <= p; j++) {
-                const float *v = zs_kv_v(kv, layer, seq, j) + (size_t)kh * hd;
-                float w = sc[j];
-                for (int d = 0; d < hd; d++) o[d] += w * v[d];
-            }
-        }
+    int ns = zs_kv_max_seqs(kv), nblk = zs_kv_total_blocks(kv);
+    if (ns > f->n_views || nblk > f->n_ptrs) {
+        zs_att_seq *v = realloc(f->views, (size_t)ns * sizeof *v);
+        if (v) f->views = v;
+        unsigned *st = v ? realloc(f->view_stamp, (size_t)ns * sizeof *st) : NULL;
+        if (st) f->view_stamp = st;
+        const float **p = st ? realloc(f->ptrs, (size_t)nblk * 2 * sizeof *p) : NULL;
+        if (!p) return zs_err(ZS_ENOMEM, "forward: out of memory for the attention tables");
+        f->ptrs = p;
+        for (int s = f->n_views; s < ns; s++) f->view_stamp[s] = 0;
+        f->n_views = ns;
+        f->n_ptrs = nblk;
     }
+    /* every sequence of the batch once: its blocks' K and V rows (a block belongs to one
+     * sequence, so the tables of the batch fit in 2 * total blocks pointers) */
+    if (++f->stamp == 0) { /* wrapped: forget every slot */
+        memset(f->view_stamp, 0, (size_t)f->n_views * sizeof *f->view_stamp);
+        f->stamp = 1;
+    }
+    unsigned stamp = f->stamp;
+    int used = 0;
+    for (int i = 0; i < b->n; i++) {
+        int s = b->seq[i];
+        if (f->view_stamp[s] == stamp) continue;
+        f->view_stamp[s] = stamp;
+        int n = (zs_kv_seq_len(kv, s) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+        const float **kp = f->ptrs + used, **vp = kp + n;
+        for (int j = 0; j < n; j++) {
+            kp[j] = zs_kv_k(kv, layer, s, j * ZS_KV_BLOCK);
+            vp[j] = zs_kv_v(kv, layer, s, j * ZS_KV_BLOCK);
+        }
+        used += 2 * n;
+        f->views[s] = (zs_att_seq){kp, vp};
+    }
+    return zs_op_attention(f->att, f->q, b->n, b->seq, b->pos, f->views, c->n_heads, c->n_kv_heads, c->head_dim,
+                           c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, ZS_ATT_AUTO);
 }
 
-static void layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b,
-                          const void *data, const void *res) {
+static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b,
+                         const void *data, const void *res) {
     const zs_model *m = f->m;
     const zs_model_config *c = zs_model_config_get(m);
     const zs_bucket_layout *L = zs_model_layout(m, zs_bucket_layer(l));
@@ -113,7 +134,8 @@ static void layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *
         memcpy(zs_kv_k(kv, l, b->seq[i], b->pos[i]), k, (size_t)kvd * 4);
         memcpy(zs_kv_v(kv, l, b->seq[i], b->pos[i]), f->v + (size_t)i * kvd, (size_t)kvd * 4);
     }
-    attention(f, kv, l, b);
+    int rc = attention(f, kv, l, b);
+    if (rc < 0) return rc;
     zs_op_matmul(f->xn, f->att, n, qd, W(L, ZS_R_WO, data, res), wd, d, WF(L, ZS_R_BO, data, res));
     zs_op_add(f->x, f->xn, (size_t)n * d);
 
@@ -128,6 +150,7 @@ static void layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *
     }
     zs_op_matmul(f->xn, f->h1, n, ff, W(L, ZS_R_W_DOWN, data, res), wd, d, WF(L, ZS_R_B_DOWN, data, res));
     zs_op_add(f->x, f->xn, (size_t)n * d);
+    return 0;
 }
 
 int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const zs_batch *b,
@@ -170,8 +193,9 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
     for (int l = 0; l < c->n_layers; l++) {
         int lb = zs_bucket_layer(l);
         if ((rc = src->acquire(src->ctx, lb, &data)) < 0) return rc;
-        layer_forward(f, kv, l, b, data, zs_model_bucket_resident(m, lb));
+        rc = layer_forward(f, kv, l, b, data, zs_model_bucket_resident(m, lb));
         src->release(src->ctx, lb);
+        if (rc < 0) return rc;
     }
 
     /* final norm + LM head for the rows that want logits; a tied head reads the embedding

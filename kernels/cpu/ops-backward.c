@@ -1,11 +1,12 @@
 /* ops-backward.c — CPU backward of the forward ops (train-ops.h): matmul, norms, RoPE,
  * causal attention with GQA, activations, embedding, cross-entropy. Sums that reduce over a row
- * or over tokens accumulate in double where it is cheap; the forward parts (attention) repeat the
- * exact float arithmetic of ops.c / forward.c. The matrix products use our own fixed-order kernel
- * (matmul-bwd-kern.h: per element, fused multiply-add chains over fixed blocks of k, added in
- * order), spread over the pool: every result is the same bits whatever the thread count (ours or
- * OpenBLAS's), the core affinity or the CPU, so training is bitwise reproducible across process
- * layouts. (No BLAS here: sgemm's sums change order with its thread count and kernel choice.) */
+ * or over tokens accumulate in double where it is cheap; the forward parts (attention) are scalar
+ * loops of their own (the inference attention of attention.c is the same math in SIMD). The
+ * matrix products use our own fixed-order kernel (matmul-bwd-kern.h: per element, fused
+ * multiply-add chains over fixed blocks of k, added in order), spread over the pool: every
+ * result is the same bits whatever the thread count (ours or OpenBLAS's), the core affinity or
+ * the CPU, so training is bitwise reproducible across process layouts. (No BLAS here: sgemm's
+ * sums change order with its thread count and kernel choice.) */
 #include "train-ops.h"
 
 #include <math.h>
@@ -225,8 +226,8 @@ void zs_op_rope_bwd(float *dx, int n_heads, int head_dim, int pos, float theta) 
     }
 }
 
-/* The probabilities of query row i of head h (keys 0..i) into p: the float arithmetic of
- * forward.c's attention(). */
+/* The probabilities of query row i of head h (keys 0..i) into p, scalar; the forward and the
+ * backward here share it (the inference attention, attention.c, is the same math in SIMD). */
 static void att_row_probs(float *p, const float *q, const float *k, int i, int kvd, int hd, float scale) {
     for (int j = 0; j <= i; j++) {
         const float *kr = k + (size_t)j * kvd;

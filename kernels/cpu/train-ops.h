@@ -57,8 +57,9 @@ void zs_op_rope_bwd(float *dx, int n_heads, int head_dim, int pos, float theta);
 
 /* Training forward of causal self-attention over ONE sequence of T tokens (positions 0..T-1):
  * q[T, nh*hd], k/v[T, nkv*hd], query head h uses kv head h / (nh/nkv); out[T, nh*hd] is
- * WRITTEN. Same arithmetic as the inference attention of forward.c (scale 1/sqrt(hd) after the
- * dot product, zs_op_softmax, weighted sum in key order). scratch: T floats. */
+ * WRITTEN. Scalar (scale 1/sqrt(hd) after the dot product, zs_op_softmax, weighted sum in key
+ * order), the same math as the inference attention (attention.h) but not its SIMD order: no
+ * test ties training logits to inference ones bit for bit. scratch: T floats. */
 void zs_op_attention_fwd(float *out, const float *q, const float *k, const float *v, int T, int nh, int nkv,
                          int hd, float *scratch);
 /* Its backward: dq, dk, dv += (same shapes as q, k, v). The probabilities are recomputed row by

@@ -1,0 +1,37 @@
+/* attention.h — causal attention of a batch of query tokens over a paged KV cache on the CPU,
+ * batch-invariant and thread-count-invariant (attention.c).
+ *
+ * The cache is seen through per-sequence tables of block pointers, so this header knows nothing
+ * of engine/model's cache object: block b of a sequence holds positions [b*block, (b+1)*block),
+ * one row of kv_stride floats per position (kv head h at offset h*head_dim), K and V each.
+ *
+ * The fixed order of every output element (query token i, head h, dim e), the same for every
+ * batch, tiling and thread count, and in the generic and AVX2+FMA builds:
+ *   score_j = dot(q, k_j) · (1/sqrt(head_dim)) for j = 0..pos: the dot product as in
+ *             matmul-kern.h — 8 lane accumulators advanced by fused multiply-adds over d in steps
+ *             of 8 in order, summed ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), the d tail added in
+ *             order with fmaf;
+ *   p = zs_op_softmax(score_0..pos) (ops.h: max, exp, a sequential sum, one reciprocal);
+ *   out_e = fma(p_pos, v_pos,e, ... fma(p_1, v_1,e, fma(p_0, v_0,e, 0)))  (keys in order).
+ * Work is split by (sequence, kv head, tile of query tokens); each output row is written by
+ * exactly one task. */
+#ifndef ZS_ATTENTION_H
+#define ZS_ATTENTION_H
+
+/* One sequence's view of the cache for one layer: k[b] / v[b] point at position b*block's row. */
+typedef struct {
+    const float *const *k;
+    const float *const *v;
+} zs_att_seq;
+
+enum { ZS_ATT_AUTO = 0, ZS_ATT_GENERIC = 1, ZS_ATT_AVX2 = 2 };
+
+/* out[T, nh*hd] (written) from q[T, nh*hd]: token i belongs to seqs[seq[i]] and sits at position
+ * pos[i]; it attends to that sequence's positions 0..pos[i], which must all be in the cache.
+ * Query head h uses kv head h / (nh / nkv). path: ZS_ATT_AUTO (AVX2+FMA when the CPU has them),
+ * or a forced kernel (tests; ZS_ATT_AVX2 on a CPU without it is an error). Returns 0, or
+ * ZS_ENOMEM / ZS_EINVAL with a message. */
+int zs_op_attention(float *out, const float *q, int T, const int *seq, const int *pos, const zs_att_seq *seqs,
+                    int nh, int nkv, int hd, int kv_stride, int block, int path);
+
+#endif
