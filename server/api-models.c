@@ -9,6 +9,7 @@
 
 #include "chat.h"
 #include "common.h"
+#include "engine.h"
 
 const zs_api_model *zs_api_model_find(zs_api *a, const char *name) {
     const zs_api_model *m = NULL;
@@ -71,7 +72,7 @@ int zs_api_add_model(zs_api *a, const char *name, const char *model_dir, zs_engi
         free(m);
         return zs_err(ZS_ENOMEM, "api: out of memory");
     }
-    m->tmpl = zs_chat_template_detect(model_dir);
+    m->tmpl = zs_model_chat_template_detect(model_dir);
     m->created = (long)time(NULL);
     model_fill(m, e, s);
     pthread_mutex_lock(&a->mu);

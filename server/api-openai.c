@@ -27,6 +27,7 @@
 #include "cluster.h"
 #include "chat.h"
 #include "common.h"
+#include "engine.h"
 #include "strbuf.h"
 
 extern const unsigned char zs_playground_html[];
@@ -644,7 +645,7 @@ int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
     if (!a) return zs_err(ZS_ENOMEM, "api: out of memory");
     a->http = h;
     a->base.model_name = strdup(o->model_name);
-    a->base.tmpl = o->chat_template >= 0 ? o->chat_template : zs_chat_template_detect(o->model_dir);
+    a->base.tmpl = o->chat_template >= 0 ? o->chat_template : zs_model_chat_template_detect(o->model_dir);
     a->base.ref_tok = -1;
     a->base.created = (long)time(NULL);
     pthread_mutex_init(&a->mu, NULL);

@@ -16,6 +16,7 @@
 
 #include "chat.h"
 #include "common.h"
+#include "engine.h"
 #include "finetune.h"
 #include "ftrun.h"
 
@@ -139,7 +140,7 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     fo.data_path = tf;
     fo.valid_path = vid ? vf : NULL;
     fo.out_dir = dir;
-    fo.chat_template = zs_chat_template_detect(J->base_dir);
+    fo.chat_template = zs_model_chat_template_detect(J->base_dir);
     /* checkpoints every 10 steps; a job interrupted by a restart continues from the latest */
     char ck[4200];
     zs_ftjobs_ckpt_dir(J, j, ck, sizeof ck);

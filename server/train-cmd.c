@@ -12,6 +12,7 @@
 #include "cli.h"
 #include "cluster.h"
 #include "common.h"
+#include "engine.h"
 #include "data.h"
 #include "engine-flags.h"
 #include "finetune.h"
@@ -123,7 +124,7 @@ int zs_cmd_train(int argc, char **argv) {
     ZS_CHECK(zs_engine_open(&eo, &e));
     fo.data_path = data_path;
     fo.out_dir = out;
-    fo.chat_template = zs_chat_template_detect(ef.model);
+    fo.chat_template = zs_model_chat_template_detect(ef.model);
     fo.epochs = epochs;
     fo.steps = steps;
     fo.batch = batch;

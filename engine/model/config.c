@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "gguf.h"
 
 #define CFG_MAX_FILE ((off_t)64 * 1024 * 1024)
 
@@ -452,4 +453,141 @@ int zs_config_write(const zs_model_config *c, const char *path) {
     free(tmp);
     free(text);
     return rc;
+}
+
+/* ---------------------------------------------------------------- GGUF metadata */
+
+/* <arch>.<key> as a positive int: absent -> def (or ZS_ENOTFOUND when required). */
+static int gg_int(const zs_gguf *g, const char *arch, const char *key, int required, int def,
+                  int *out) {
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (zs_gguf_find_key(g, k) < 0) {
+        if (required)
+            return zs_err(ZS_ENOTFOUND, "%s: required key '%s' is missing", zs_gguf_path(g), k);
+        *out = def;
+        return 0;
+    }
+    int64_t v;
+    ZS_CHECK(zs_gguf_get_i64(g, k, &v));
+    if (v < 1 || v > INT_MAX)
+        return zs_err(ZS_EINVAL, "%s: '%s' is %lld; it must be a positive integer", zs_gguf_path(g),
+                      k, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+static int gg_float(const zs_gguf *g, const char *arch, const char *key, int required, float def,
+                    float *out) {
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    if (zs_gguf_find_key(g, k) < 0) {
+        if (required)
+            return zs_err(ZS_ENOTFOUND, "%s: required key '%s' is missing", zs_gguf_path(g), k);
+        *out = def;
+        return 0;
+    }
+    double d;
+    ZS_CHECK(zs_gguf_get_f64(g, k, &d));
+    float f = (float)d;
+    if (!(d > 0) || !isfinite(f) || f == 0)
+        return zs_err(ZS_EINVAL, "%s: '%s' is %g, must be a positive float", zs_gguf_path(g), k, d);
+    *out = f;
+    return 0;
+}
+
+static int gg_token(const zs_gguf *g, const char *key, int *out) {
+    *out = -1;
+    if (zs_gguf_find_key(g, key) < 0) return 0;
+    uint32_t v;
+    ZS_CHECK(zs_gguf_get_u32(g, key, &v));
+    if (v > INT_MAX) return zs_err(ZS_ERANGE, "%s: '%s' is out of range", zs_gguf_path(g), key);
+    *out = (int)v;
+    return 0;
+}
+
+int zs_config_from_gguf(const zs_gguf *g, zs_model_config *out) {
+    if (!g || !out) return zs_err(ZS_EINVAL, "zs_config_from_gguf: NULL argument");
+    const char *path = zs_gguf_path(g), *arch;
+    if (zs_gguf_find_key(g, "general.architecture") < 0)
+        return zs_err(ZS_ENOTFOUND, "%s: required key 'general.architecture' is missing", path);
+    ZS_CHECK(zs_gguf_get_str(g, "general.architecture", &arch, NULL));
+    zs_model_config c;
+    memset(&c, 0, sizeof c);
+    int gpt2 = !strcmp(arch, "gpt2"), qwen2 = !strcmp(arch, "qwen2");
+    if (!gpt2 && !qwen2 && strcmp(arch, "llama"))
+        return zs_err(ZS_EUNSUPPORTED, "%s: general.architecture '%.60s' is not supported (supported: "
+                      "llama, qwen2, gpt2)", path, arch);
+    c.arch = gpt2 ? ZS_ARCH_GPT2 : ZS_ARCH_LLAMA;
+    snprintf(c.arch_name, sizeof c.arch_name, "%s",
+             gpt2 ? "GPT2LMHeadModel" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
+    ZS_CHECK(gg_int(g, arch, "context_length", 1, 0, &c.max_seq));
+    ZS_CHECK(gg_int(g, arch, "embedding_length", 1, 0, &c.dim));
+    ZS_CHECK(gg_int(g, arch, "block_count", 1, 0, &c.n_layers));
+    ZS_CHECK(gg_int(g, arch, "feed_forward_length", 1, 0, &c.ffn_dim));
+    ZS_CHECK(gg_int(g, arch, "attention.head_count", 1, 0, &c.n_heads));
+    ZS_CHECK(gg_int(g, arch, "attention.head_count_kv", 0, c.n_heads, &c.n_kv_heads));
+    /* vocab: the token list when there is one, else <arch>.vocab_size */
+    size_t nv = 0;
+    if (zs_gguf_find_key(g, "tokenizer.ggml.tokens") >= 0) {
+        ZS_CHECK(zs_gguf_get_arr(g, "tokenizer.ggml.tokens", NULL, &nv));
+        if (nv < 1 || nv > INT_MAX)
+            return zs_err(ZS_EINVAL, "%s: 'tokenizer.ggml.tokens' has %zu entries", path, nv);
+        c.vocab_size = (int)nv;
+    } else {
+        ZS_CHECK(gg_int(g, arch, "vocab_size", 1, 0, &c.vocab_size));
+    }
+    ZS_CHECK(gg_token(g, "tokenizer.ggml.bos_token_id", &c.bos_id));
+    ZS_CHECK(gg_token(g, "tokenizer.ggml.eos_token_id", &c.eos_id));
+    c.tied_embeddings = zs_gguf_find_tensor(g, "output.weight") == NULL;
+    const zs_gguf_tensor *te = zs_gguf_find_tensor(g, "token_embd.weight");
+    c.dtype = te && te->type == ZS_GGML_F16 ? ZS_F16 : te && te->type == ZS_GGML_BF16 ? ZS_BF16 : ZS_F32;
+    if (gpt2) {
+        ZS_CHECK(gg_float(g, arch, "attention.layer_norm_epsilon", 1, 0, &c.norm_eps));
+        if (c.dim % c.n_heads)
+            return zs_err(ZS_EINVAL, "%s: 'gpt2.attention.head_count' (%d) does not divide "
+                          "'gpt2.embedding_length' (%d)", path, c.n_heads, c.dim);
+        c.n_kv_heads = c.n_heads;
+        c.head_dim = c.dim / c.n_heads;
+        c.rope_theta = 0;
+        c.qkv_bias = c.o_bias = c.mlp_bias = 1;
+        c.act = 1;
+    } else {
+        ZS_CHECK(gg_float(g, arch, "attention.layer_norm_rms_epsilon", 1, 0, &c.norm_eps));
+        ZS_CHECK(gg_float(g, arch, "rope.freq_base", 0, 10000.0f, &c.rope_theta));
+        if (c.dim % c.n_heads && zs_gguf_find_key(g, qwen2 ? "qwen2.attention.key_length"
+                                                           : "llama.attention.key_length") < 0)
+            return zs_err(ZS_EINVAL, "%s: '%s.attention.head_count' (%d) does not divide "
+                          "'%s.embedding_length' (%d)", path, arch, c.n_heads, arch, c.dim);
+        ZS_CHECK(gg_int(g, arch, "attention.key_length", 0, c.dim / c.n_heads, &c.head_dim));
+        int vl, rd;
+        ZS_CHECK(gg_int(g, arch, "attention.value_length", 0, c.head_dim, &vl));
+        ZS_CHECK(gg_int(g, arch, "rope.dimension_count", 0, c.head_dim, &rd));
+        if (vl != c.head_dim)
+            return zs_err(ZS_EUNSUPPORTED, "%s: '%s.attention.value_length' (%d) differs from the key "
+                          "length (%d)", path, arch, vl, c.head_dim);
+        if (rd != c.head_dim)
+            return zs_err(ZS_EUNSUPPORTED, "%s: '%s.rope.dimension_count' is %d; RoPE over part of a "
+                          "head (head_dim %d) is not supported", path, arch, rd, c.head_dim);
+        char k[160];
+        snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+        if (zs_gguf_find_key(g, k) >= 0) {
+            const char *st;
+            ZS_CHECK(zs_gguf_get_str(g, k, &st, NULL));
+            if (strcmp(st, "none"))
+                return zs_err(ZS_EUNSUPPORTED, "%s: '%s' is '%.40s'; RoPE scaling is not supported",
+                              path, k, st);
+        }
+        if (c.head_dim % 2)
+            return zs_err(ZS_EINVAL, "%s: head_dim (%d) must be even for RoPE", path, c.head_dim);
+        if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads)
+            return zs_err(ZS_EINVAL, "%s: '%s.attention.head_count' (%d) is not a multiple of "
+                          "'%s.attention.head_count_kv' (%d)", path, arch, c.n_heads, arch, c.n_kv_heads);
+        c.qkv_bias = qwen2;
+        if (!qwen2) /* llama: biases when the file has them */
+            c.qkv_bias = c.o_bias = zs_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+        c.act = 0;
+    }
+    *out = c;
+    return 0;
 }

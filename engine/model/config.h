@@ -28,6 +28,11 @@ typedef struct {
 int zs_config_load(const char *dir, zs_model_config *out);
 /* Parses config.json text; origin names it in messages (e.g. the file path). */
 int zs_config_parse(const char *json_text, const char *origin, zs_model_config *out);
+/* The same configuration from a GGUF file's metadata (general.architecture llama | qwen2 | gpt2,
+ * llama.cpp's <arch>.* keys; vocab size from tokenizer.ggml.tokens; tied when output.weight is
+ * absent; dtype from token_embd.weight). Errors as zs_config_load's, naming the file and key. */
+struct zs_gguf;
+int zs_config_from_gguf(const struct zs_gguf *g, zs_model_config *out);
 /* Writes an HF config.json atomically (path.tmp, fsync, rename) that zs_config_load reads back
  * equal. ZS_EINVAL if c cannot be expressed as a config.json (e.g. Qwen2 without qkv bias). */
 int zs_config_write(const zs_model_config *c, const char *path);

@@ -1,11 +1,19 @@
 /* model.c — opening a checkpoint as a model: the bucket layout of each architecture (with the
  * host embedding lookup tables of inference models), the mapping from Hugging Face tensor names
+ * (a safetensors directory) or llama.cpp tensor names (a GGUF file with F32/F16/BF16 tensors)
  * to roles, validation of every tensor, packing buckets, and the pass order. */
 #include "model.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common.h"
+#include "gguf.h"
 #include "safetensors.h"
 
 
@@ -16,6 +24,9 @@ typedef struct {
     char name[128];        /* the HF tensor name and shape, kept for export */
     int ndim;
     int64_t shape[2];
+    int rope_heads;        /* GGUF llama Q/K: rows are in the interleaved RoPE order of this many
+                              heads; packing puts them back in rotate_half order (0: as stored) */
+    int64_t elem0;         /* COPY: first source element (GGUF gpt2's fused attn_qkv) */
 } src_ref;
 
 struct zs_model {
@@ -23,6 +34,9 @@ struct zs_model {
     zs_model_config cfg;
     zs_model_opts opts;
     zs_st_set *st;
+    zs_gguf *gg;              /* a GGUF checkpoint instead of st */
+    zs_st_tensor *gt;         /* [tensor count of gg] its tensors described as safetensors ones
+                                 (HF dim order; dtype ZS_DTYPE_COUNT for a type we cannot load) */
     int n_buckets;
     zs_bucket_layout *layout; /* [n_buckets] */
     zs_bucket_layout *glayout; /* [n_buckets] the same slots, every tensor f32 (gradients, master weights) */
@@ -31,6 +45,7 @@ struct zs_model {
     void **res;               /* [n_buckets] */
     void *tok_lookup;         /* embed_lookup with a sharded token table (tied head): its host copy */
     char fingerprint[96];
+    char gfp[24];             /* GGUF: fingerprint of the file */
     size_t n_params;
 };
 
@@ -152,9 +167,45 @@ static void build_layouts(zs_model *m) {
 
 /* ---- name mapping and validation ---- */
 
+/* A GGUF tensor by llama.cpp name, checked against our [out, in] shape (GGUF's ne[] is the
+ * reverse: ne[0] = in) and for a loadable type. */
+static int find_gguf(zs_model *m, const char *name, int ndim, const int64_t *shape,
+                     const zs_st_tensor **out) {
+    const char *path = zs_gguf_path(m->gg);
+    const zs_gguf_tensor *g = zs_gguf_find_tensor(m->gg, name);
+    if (!g) return zs_err(ZS_ENOTFOUND, "%s: tensor '%s' not found", path, name);
+    const zs_st_tensor *t = &m->gt[g - zs_gguf_tensor_at(m->gg, 0)];
+    if (t->dtype >= ZS_DTYPE_COUNT) {
+        const char *tn = zs_gguf_type_name((int)g->type);
+        uint32_t be = 0, bb = 0;
+        int quant = zs_gguf_type_block((int)g->type, &be, &bb) == 0 && be > 1;
+        if (quant)
+            return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' has type %s: quantized GGUF tensors are "
+                          "not supported yet (only F32, F16, BF16)", path, name, tn ? tn : "?");
+        return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' has type %s, which cannot hold weights "
+                      "(only F32, F16, BF16)", path, name, tn ? tn : "?");
+    }
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char have[96] = "", want[96] = "";
+        for (int i = 0; i < g->n_dims; i++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", i ? ", " : "",
+                     (long long)g->ne[i]);
+        for (int i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
+                     (long long)shape[ndim - 1 - i]);
+        return zs_err(ZS_ESHAPE, "%s: tensor '%s' has ne [%s], expected [%s] (from the "
+                      "hyperparameters)", path, name, have, want);
+    }
+    *out = t;
+    return 0;
+}
+
 static int find_src(zs_model *m, const char *name, int ndim, int64_t d0, int64_t d1,
                     const zs_st_tensor **out) {
     int64_t shape[2] = {d0, d1};
+    if (m->gg) return find_gguf(m, name, ndim, shape, out);
     return zs_st_get(m->st, name, ndim, shape, out);
 }
 
@@ -244,8 +295,125 @@ static int map_gpt2(zs_model *m) {
     GET(h, ZS_R_OUT_NORM_W, 1, d, 0, "%sln_f.weight", pre);
     GET(h, ZS_R_OUT_NORM_B, 1, d, 0, "%sln_f.bias", pre);
     if (!c->tied_embeddings) GET(h, ZS_R_LM_HEAD, 2, c->vocab_size, d, "lm_head.weight");
+    return 0;
+}
+
+/* llama.cpp's names (llama, qwen2, gpt2). A GGUF [ne0 = in, ne1 = out] matrix is laid out as our
+ * [out, in], so every weight is a copy, except: llama's Q and K rows (and biases) are per head in
+ * the interleaved RoPE order (convert_hf_to_gguf.py permutes them; qwen2 is stored in
+ * rotate_half order already), and gpt2's q, k, v are row blocks of one fused attn_qkv. */
+static int map_gguf(zs_model *m) {
+    const zs_model_config *c = &m->cfg;
+    int64_t d = c->dim, q = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t f = c->ffn_dim;
+    int gpt2 = c->arch == ZS_ARCH_GPT2;
+    int perm = !gpt2 && !strcmp(c->arch_name, "LlamaForCausalLM");
+    char nm[256];
+    src_ref *S = m->src;
+    GET(0, ZS_R_TOK_EMB, 2, c->vocab_size, d, "token_embd.weight");
+    if (gpt2) GET(0, ZS_R_POS_EMB, 2, c->max_seq, d, "position_embd.weight");
+    for (int l = 0; l < c->n_layers; l++) {
+        int b = 1 + l;
+        src_ref *R = &S[b * ZS_MAX_ROLES];
+        GET(b, ZS_R_ATTN_NORM_W, 1, d, 0, "blk.%d.attn_norm.weight", l);
+        GET(b, ZS_R_FFN_NORM_W, 1, d, 0, "blk.%d.ffn_norm.weight", l);
+        GET(b, ZS_R_WO, 2, d, q, "blk.%d.attn_output.weight", l);
+        GET(b, ZS_R_W_UP, 2, f, d, "blk.%d.ffn_up.weight", l);
+        GET(b, ZS_R_W_DOWN, 2, d, f, "blk.%d.ffn_down.weight", l);
+        if (gpt2) {
+            GET(b, ZS_R_ATTN_NORM_B, 1, d, 0, "blk.%d.attn_norm.bias", l);
+            GET(b, ZS_R_FFN_NORM_B, 1, d, 0, "blk.%d.ffn_norm.bias", l);
+            GET(b, ZS_R_WQ, 2, 3 * d, d, "blk.%d.attn_qkv.weight", l);
+            GET(b, ZS_R_BQ, 1, 3 * d, 0, "blk.%d.attn_qkv.bias", l);
+            for (int k = 0; k < 3; k++) {
+                R[ZS_R_WQ + k] = (src_ref){.t = R[ZS_R_WQ].t, .kind = ZS_SRC_COPY, .elem0 = k * d * d};
+                R[ZS_R_BQ + k] = (src_ref){.t = R[ZS_R_BQ].t, .kind = ZS_SRC_VEC_SLICE, .col0 = k * d};
+            }
+            GET(b, ZS_R_BO, 1, d, 0, "blk.%d.attn_output.bias", l);
+            GET(b, ZS_R_B_UP, 1, f, 0, "blk.%d.ffn_up.bias", l);
+            GET(b, ZS_R_B_DOWN, 1, d, 0, "blk.%d.ffn_down.bias", l);
+            continue;
+        }
+        GET(b, ZS_R_WQ, 2, q, d, "blk.%d.attn_q.weight", l);
+        GET(b, ZS_R_WK, 2, kvd, d, "blk.%d.attn_k.weight", l);
+        GET(b, ZS_R_WV, 2, kvd, d, "blk.%d.attn_v.weight", l);
+        GET(b, ZS_R_W_GATE, 2, f, d, "blk.%d.ffn_gate.weight", l);
+        if (c->qkv_bias) {
+            GET(b, ZS_R_BQ, 1, q, 0, "blk.%d.attn_q.bias", l);
+            GET(b, ZS_R_BK, 1, kvd, 0, "blk.%d.attn_k.bias", l);
+            GET(b, ZS_R_BV, 1, kvd, 0, "blk.%d.attn_v.bias", l);
+        }
+        if (c->o_bias) GET(b, ZS_R_BO, 1, d, 0, "blk.%d.attn_output.bias", l);
+        if (perm) {
+            R[ZS_R_WQ].rope_heads = R[ZS_R_BQ].rope_heads = c->n_heads;
+            R[ZS_R_WK].rope_heads = R[ZS_R_BK].rope_heads = c->n_kv_heads;
+        }
+    }
+    int h = m->n_buckets - 1;
+    GET(h, ZS_R_OUT_NORM_W, 1, d, 0, "output_norm.weight");
+    if (gpt2) GET(h, ZS_R_OUT_NORM_B, 1, d, 0, "output_norm.bias");
+    if (!c->tied_embeddings) GET(h, ZS_R_LM_HEAD, 2, c->vocab_size, d, "output.weight");
 #undef GET
     return 0;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Opens the GGUF file: its tensors as zs_st_tensor views, its configuration, and whether an
+ * output.weight equal to token_embd.weight byte for byte is really a tied head. */
+static int open_gguf(zs_model *m, const char *path) {
+    ZS_CHECK(zs_gguf_open(path, &m->gg));
+    size_t nt = zs_gguf_tensor_count(m->gg);
+    m->gt = calloc(nt ? nt : 1, sizeof *m->gt);
+    if (!m->gt) return zs_err(ZS_ENOMEM, "out of memory");
+    for (size_t i = 0; i < nt; i++) {
+        const zs_gguf_tensor *g = zs_gguf_tensor_at(m->gg, i);
+        zs_st_tensor *t = &m->gt[i];
+        t->name = g->name;
+        t->dtype = g->type == ZS_GGML_F32 ? ZS_F32 : g->type == ZS_GGML_F16 ? ZS_F16
+                 : g->type == ZS_GGML_BF16 ? ZS_BF16 : ZS_DTYPE_COUNT;
+        t->ndim = g->n_dims;
+        for (int k = 0; k < g->n_dims; k++) t->shape[k] = g->ne[g->n_dims - 1 - k];
+        t->data = g->data;
+        t->nbytes = g->nbytes;
+        t->file = zs_gguf_path(m->gg);
+    }
+    ZS_CHECK(zs_config_from_gguf(m->gg, &m->cfg));
+    const zs_gguf_tensor *e = zs_gguf_find_tensor(m->gg, "token_embd.weight");
+    const zs_gguf_tensor *o = zs_gguf_find_tensor(m->gg, "output.weight");
+    if (e && o && e->type == o->type && e->nbytes == o->nbytes && e->n_dims == o->n_dims &&
+        !memcmp(e->ne, o->ne, sizeof e->ne) && !memcmp(e->data, o->data, e->nbytes))
+        m->cfg.tied_embeddings = 1;
+    /* fingerprint: file name, size, mtime and the header bytes (metadata and tensor infos) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        if (fd >= 0) close(fd);
+        return zs_err(ZS_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    uint64_t h = fnv(1469598103934665603ull, "gguf", 4);
+    h = fnv(h, base, strlen(base) + 1);
+    int64_t v[3] = {(int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec, (int64_t)st.st_mtim.tv_nsec};
+    h = fnv(h, v, sizeof v);
+    size_t hl = zs_gguf_data_offset(m->gg);
+    char *buf = malloc(65536);
+    int rc = buf ? 0 : zs_err(ZS_ENOMEM, "out of memory");
+    for (size_t off = 0; rc == 0 && off < hl;) {
+        ssize_t r = pread(fd, buf, ZS_MIN((size_t)65536, hl - off), (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) rc = zs_err(ZS_EIO, "%s: cannot read the header: %s", path, r < 0 ? strerror(errno) : "short file");
+        else h = fnv(h, buf, (size_t)r), off += (size_t)r;
+    }
+    free(buf);
+    close(fd);
+    snprintf(m->gfp, sizeof m->gfp, "%016" PRIx64, h);
+    return rc;
 }
 
 int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
@@ -257,16 +425,22 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
     else zs_model_opts_default(&m->opts);
     m->opts.embed_lookup = !!m->opts.embed_lookup;
     if (!m->dir) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto fail; }
-    if ((rc = zs_config_load(dir, &m->cfg)) < 0) goto fail;
-    if (m->opts.weight_dtype >= ZS_DTYPE_COUNT) m->opts.weight_dtype = m->cfg.dtype;
-    if ((rc = zs_st_open_dir(dir, &m->st)) < 0) goto fail;
+    struct stat sb;
+    if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) { /* a file: GGUF */
+        if ((rc = open_gguf(m, dir)) < 0) goto fail;
+        if (m->opts.weight_dtype >= ZS_DTYPE_COUNT) m->opts.weight_dtype = m->cfg.dtype;
+    } else {
+        if ((rc = zs_config_load(dir, &m->cfg)) < 0) goto fail;
+        if (m->opts.weight_dtype >= ZS_DTYPE_COUNT) m->opts.weight_dtype = m->cfg.dtype;
+        if ((rc = zs_st_open_dir(dir, &m->st)) < 0) goto fail;
+    }
     m->n_buckets = m->cfg.n_layers + 2;
     m->layout = calloc((size_t)m->n_buckets, sizeof *m->layout);
     m->glayout = calloc((size_t)m->n_buckets, sizeof *m->glayout);
     m->src = calloc((size_t)m->n_buckets * ZS_MAX_ROLES, sizeof *m->src);
     if (!m->layout || !m->glayout || !m->src) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto fail; }
     build_layouts(m);
-    rc = m->cfg.arch == ZS_ARCH_GPT2 ? map_gpt2(m) : map_llama(m);
+    rc = m->gg ? map_gguf(m) : m->cfg.arch == ZS_ARCH_GPT2 ? map_gpt2(m) : map_llama(m);
     if (rc < 0) goto fail;
     for (int i = 0; i < m->n_buckets * ZS_MAX_ROLES; i++) {
         src_ref *r = &m->src[i];
@@ -288,7 +462,8 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
         }
     }
     char fp[64];
-    if ((rc = zs_st_fingerprint(m->st, fp, sizeof fp)) < 0) goto fail;
+    if (m->gg) snprintf(fp, sizeof fp, "gguf-%s", m->gfp);
+    else if ((rc = zs_st_fingerprint(m->st, fp, sizeof fp)) < 0) goto fail;
     /* everything that changes what a shard holds: the dtype, the resident split, and whether the
      * lookup tables are host-resident (e1: inference layout, e0: training layout) */
     snprintf(m->fingerprint, sizeof m->fingerprint, "%s-%s-p%lld-e%d-v2", fp,
@@ -305,8 +480,18 @@ fail:
 static int pack_one(const zs_slot *s, const src_ref *r, void *dst) {
     const zs_st_tensor *t = r->t;
     size_t esz_src = zs_dtype_size(t->dtype), esz_dst = zs_dtype_size(s->dtype);
-    if (r->kind == ZS_SRC_COPY) {
-        zs_convert(dst, s->dtype, t->data, t->dtype, (size_t)(s->shape[0] * s->shape[1]));
+    if (r->kind == ZS_SRC_COPY && r->rope_heads > 0) {
+        /* interleaved RoPE rows (pairs 2i, 2i+1) -> rotate_half rows (pairs i, i + hd/2): per
+         * head, row j*hd/2 + i of ours is row 2i + j of the source */
+        int64_t rows = s->shape[0], cols = s->shape[1], hd = rows / r->rope_heads, half = hd / 2;
+        for (int64_t o = 0; o < rows; o++) {
+            int64_t hb = o - o % hd, k = o % hd, src = hb + 2 * (k % half) + k / half;
+            zs_convert((char *)dst + (size_t)(o * cols) * esz_dst, s->dtype,
+                       (const char *)t->data + (size_t)(src * cols) * esz_src, t->dtype, (size_t)cols);
+        }
+    } else if (r->kind == ZS_SRC_COPY) {
+        zs_convert(dst, s->dtype, (const char *)t->data + (size_t)r->elem0 * esz_src, t->dtype,
+                   (size_t)(s->shape[0] * s->shape[1]));
     } else if (r->kind == ZS_SRC_VEC_SLICE) {
         zs_convert(dst, s->dtype, (const char *)t->data + (size_t)r->col0 * esz_src, t->dtype,
                    (size_t)s->shape[0]);
@@ -325,8 +510,21 @@ static int pack_one(const zs_slot *s, const src_ref *r, void *dst) {
     return 0;
 }
 
+/* Drops the pages of a converted source tensor (see zs_st_release). */
+static void release_src(const zs_model *m, const zs_st_tensor *t) {
+    if (m->st) {
+        zs_st_release(m->st, t);
+        return;
+    }
+    if (!t || !t->nbytes) return;
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t mask = (uintptr_t)(pg > 0 ? pg : 4096) - 1, p = (uintptr_t)t->data;
+    uintptr_t a = p & ~mask, e = p + t->nbytes;
+    madvise((void *)a, e - a, MADV_DONTNEED); /* private read-only file pages: re-read on access */
+}
+
 int zs_model_pack_bucket(const zs_model *m, int b, void *dst, void *rdst) {
-    if (!m->st) return zs_err(ZS_EINVAL, "%s: checkpoint already closed", m->dir);
+    if (!m->st && !m->gg) return zs_err(ZS_EINVAL, "%s: checkpoint already closed", m->dir);
     const zs_bucket_layout *L = &m->layout[b];
     if (dst) memset(dst, 0, L->data_bytes);
     if (rdst) memset(rdst, 0, L->resident_bytes);
@@ -340,7 +538,7 @@ int zs_model_pack_bucket(const zs_model *m, int b, void *dst, void *rdst) {
     }
     /* all of this bucket's source tensors are converted: let the kernel drop their pages */
     for (int r = 0; r < L->n_roles; r++)
-        if (L->slot[r].present && (dst || rdst)) zs_st_release(m->st, m->src[b * ZS_MAX_ROLES + r].t);
+        if (L->slot[r].present && (dst || rdst)) release_src(m, m->src[b * ZS_MAX_ROLES + r].t);
     return 0;
 }
 
@@ -353,7 +551,7 @@ int zs_model_load_resident_parts(zs_model *m) {
      * packs the slot: same dtype, same conversion */
     const zs_slot *ts = &m->layout[zs_bucket_embed()].slot[ZS_R_TOK_EMB];
     if (m->opts.embed_lookup && !ts->resident && !m->tok_lookup) {
-        if (!m->st) return zs_err(ZS_EINVAL, "%s: checkpoint already closed", m->dir);
+        if (!m->st && !m->gg) return zs_err(ZS_EINVAL, "%s: checkpoint already closed", m->dir);
         m->tok_lookup = zs_aligned_alloc(64, ts->nbytes);
         if (!m->tok_lookup)
             return zs_err(ZS_ENOMEM, "out of memory for the embedding lookup table (%zu bytes)", ts->nbytes);
@@ -411,6 +609,10 @@ int zs_model_load_resident(zs_model *m) {
 void zs_model_close_checkpoint(zs_model *m) {
     if (m->st) zs_st_close(m->st);
     m->st = NULL;
+    zs_gguf_close(m->gg);
+    m->gg = NULL;
+    free(m->gt);
+    m->gt = NULL;
 }
 
 void zs_model_free(zs_model *m) {
@@ -455,6 +657,9 @@ int zs_model_pass_order(const zs_model *m, int *order) {
 int zs_model_slot_source(const zs_model *m, int b, int role, zs_slot_source *out) {
     const src_ref *r = &m->src[b * ZS_MAX_ROLES + role];
     if (!zs_model_layout(m, b)->slot[role].present || !r->name[0]) return ZS_ENOTFOUND;
+    if (r->rope_heads || r->elem0 || m->gfp[0])
+        return zs_err(ZS_EUNSUPPORTED, "%s: exporting a model loaded from GGUF as Hugging Face tensors "
+                      "is not supported", m->dir);
     out->name = r->name;
     out->kind = r->kind;
     out->col0 = r->col0;

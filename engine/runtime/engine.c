@@ -1,13 +1,136 @@
 /* engine.c — opens model + tokenizer + KV cache + forward executor, and generates one sequence:
- * chunked prefill, then decode with sampling, EOS, stop strings and a streaming text callback. */
+ * chunked prefill, then decode with sampling, EOS, stop strings and a streaming text callback.
+ * Also the glue from a GGUF file's tokenizer.* keys to the tokenizer (engine/text does not read
+ * GGUF: it takes plain arrays, zs_tokenizer_spec). */
 #include "engine.h"
 
 #include <string.h>
+#include <sys/stat.h>
 
+#include "chat.h"
 #include "cluster.h"
 #include "common.h"
 #include "device.h"
+#include "gguf.h"
 #include "stop.h"
+
+int zs_model_path_is_file(const char *p) {
+    struct stat sb;
+    return p && stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static int gguf_opt_id(const zs_gguf *g, const char *key, int32_t *out) {
+    *out = -1;
+    if (zs_gguf_find_key(g, key) < 0) return 0;
+    uint32_t v;
+    ZS_CHECK(zs_gguf_get_u32(g, key, &v));
+    if (v > INT32_MAX) return zs_err(ZS_ERANGE, "%s: '%s' is out of range", zs_gguf_path(g), key);
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int gguf_opt_bool(const zs_gguf *g, const char *key, int def, int *out) {
+    *out = def;
+    if (zs_gguf_find_key(g, key) < 0) return 0;
+    bool b;
+    ZS_CHECK(zs_gguf_get_bool(g, key, &b));
+    *out = b;
+    return 0;
+}
+
+/* Reads the string array key (n entries) into ptrs/lens (borrowed from g). */
+static int gguf_strs(const zs_gguf *g, const char *key, size_t n, const char ***ptrs, size_t **lens) {
+    *ptrs = malloc((n ? n : 1) * sizeof **ptrs);
+    *lens = malloc((n ? n : 1) * sizeof **lens);
+    if (!*ptrs || !*lens) return zs_err(ZS_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) ZS_CHECK(zs_gguf_arr_str(g, key, i, &(*ptrs)[i], &(*lens)[i]));
+    return 0;
+}
+
+static int gguf_tokenizer(const zs_gguf *g, zs_tokenizer **out) {
+    const char *path = zs_gguf_path(g), *model;
+    if (zs_gguf_find_key(g, "tokenizer.ggml.model") < 0)
+        return zs_err(ZS_ENOTFOUND, "%s: no tokenizer in the file (key 'tokenizer.ggml.model' is missing)", path);
+    ZS_CHECK(zs_gguf_get_str(g, "tokenizer.ggml.model", &model, NULL));
+    zs_tokenizer_spec s;
+    memset(&s, 0, sizeof s);
+    s.origin = path;
+    if (!strcmp(model, "llama")) s.kind = ZS_TOK_SPEC_SPM;
+    else if (!strcmp(model, "gpt2")) s.kind = ZS_TOK_SPEC_BPE;
+    else
+        return zs_err(ZS_EUNSUPPORTED, "%s: tokenizer.ggml.model '%.60s' is not supported (supported: llama, gpt2)",
+                      path, model);
+    size_t n = 0, nm = 0;
+    if (zs_gguf_find_key(g, "tokenizer.ggml.tokens") < 0)
+        return zs_err(ZS_ENOTFOUND, "%s: key 'tokenizer.ggml.tokens' is missing", path);
+    ZS_CHECK(zs_gguf_get_arr(g, "tokenizer.ggml.tokens", NULL, &n));
+    if (n < 1 || n > INT32_MAX)
+        return zs_err(ZS_EFORMAT, "%s: 'tokenizer.ggml.tokens' has %zu entries", path, n);
+    s.n_vocab = (int32_t)n;
+    const char **tok = NULL, **mer = NULL;
+    size_t *tlen = NULL, *mlen = NULL;
+    float *scores = NULL;
+    int32_t *types = NULL;
+    int rc = gguf_strs(g, "tokenizer.ggml.tokens", n, &tok, &tlen);
+    if (rc == 0 && zs_gguf_find_key(g, "tokenizer.ggml.scores") >= 0) {
+        if (!(scores = malloc(n * sizeof *scores))) rc = zs_err(ZS_ENOMEM, "out of memory");
+        else rc = zs_gguf_arr_copy_f32(g, "tokenizer.ggml.scores", scores, n);
+    } else if (rc == 0 && s.kind == ZS_TOK_SPEC_SPM) {
+        rc = zs_err(ZS_ENOTFOUND, "%s: key 'tokenizer.ggml.scores' is missing (a llama tokenizer needs it)", path);
+    }
+    if (rc == 0 && zs_gguf_find_key(g, "tokenizer.ggml.token_type") >= 0) {
+        if (!(types = malloc(n * sizeof *types))) rc = zs_err(ZS_ENOMEM, "out of memory");
+        else rc = zs_gguf_arr_copy_i32(g, "tokenizer.ggml.token_type", types, n);
+    }
+    if (rc == 0 && s.kind == ZS_TOK_SPEC_BPE) {
+        if (zs_gguf_find_key(g, "tokenizer.ggml.merges") >= 0) {
+            rc = zs_gguf_get_arr(g, "tokenizer.ggml.merges", NULL, &nm);
+            if (rc == 0) rc = gguf_strs(g, "tokenizer.ggml.merges", nm, &mer, &mlen);
+        }
+        if (rc == 0 && zs_gguf_find_key(g, "tokenizer.ggml.pre") >= 0)
+            rc = zs_gguf_get_str(g, "tokenizer.ggml.pre", &s.pre, NULL);
+    }
+    if (rc == 0) rc = gguf_opt_id(g, "tokenizer.ggml.bos_token_id", &s.bos);
+    if (rc == 0) rc = gguf_opt_id(g, "tokenizer.ggml.eos_token_id", &s.eos);
+    if (rc == 0) rc = gguf_opt_id(g, "tokenizer.ggml.unknown_token_id", &s.unk);
+    if (rc == 0) rc = gguf_opt_bool(g, "tokenizer.ggml.add_bos_token", -1, &s.add_bos);
+    if (rc == 0) rc = gguf_opt_bool(g, "tokenizer.ggml.add_eos_token", -1, &s.add_eos);
+    if (rc == 0) rc = gguf_opt_bool(g, "tokenizer.ggml.add_space_prefix", 1, &s.add_space_prefix);
+    if (rc == 0) {
+        s.tokens = tok, s.token_len = tlen, s.scores = scores, s.types = types;
+        s.merges = mer, s.merge_len = mlen, s.n_merges = nm;
+        rc = zs_tokenizer_from_spec(&s, out);
+    }
+    free(tok);
+    free(tlen);
+    free(mer);
+    free(mlen);
+    free(scores);
+    free(types);
+    return rc;
+}
+
+int zs_model_tokenizer_load(const char *model_path, zs_tokenizer **out) {
+    if (!zs_model_path_is_file(model_path)) return zs_tokenizer_load(model_path, out);
+    zs_gguf *g;
+    ZS_CHECK(zs_gguf_open(model_path, &g));
+    int rc = gguf_tokenizer(g, out);
+    zs_gguf_close(g);
+    return rc;
+}
+
+int zs_model_chat_template_detect(const char *model_path) {
+    if (!zs_model_path_is_file(model_path)) return zs_chat_template_detect(model_path);
+    zs_gguf *g;
+    if (zs_gguf_open(model_path, &g) < 0) return ZS_CHAT_PLAIN;
+    const char *t = NULL;
+    int kind = ZS_CHAT_PLAIN;
+    if (zs_gguf_find_key(g, "tokenizer.chat_template") >= 0 &&
+        zs_gguf_get_str(g, "tokenizer.chat_template", &t, NULL) == 0)
+        kind = zs_chat_template_classify(t);
+    zs_gguf_close(g);
+    return kind;
+}
 
 struct zs_engine {
     zs_engine_opts opts;
@@ -45,7 +168,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     int rc;
     if ((rc = zs_device_resolve(o->device, &e->device)) < 0) goto fail;
     if ((rc = zs_model_open(o->model_dir, &o->model, &e->model)) < 0) goto fail;
-    if ((rc = zs_tokenizer_load(o->model_dir, &e->tok)) < 0) goto fail;
+    if ((rc = zs_model_tokenizer_load(o->model_dir, &e->tok)) < 0) goto fail;
     const zs_model_config *c = zs_model_config_get(e->model);
     if (zs_tokenizer_vocab_size(e->tok) > c->vocab_size) {
         rc = zs_err(ZS_EFORMAT, "%s: tokenizer has %d tokens but the model's vocab_size is %d",

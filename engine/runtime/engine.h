@@ -14,8 +14,20 @@
 #include "tokenizer.h"
 #include "world.h"
 
+/* A model path is a Hugging Face directory (config.json, *.safetensors, tokenizer.json) or a GGUF
+ * file (F32/F16/BF16 tensors; llama, qwen2, gpt2; its embedded tokenizer and chat template). */
+/* The tokenizer of a model path: tokenizer.json of a directory, or the tokenizer a GGUF file
+ * embeds (tokenizer.ggml.model "llama": SentencePiece, or "gpt2": byte-level BPE; see
+ * zs_tokenizer_spec). Errors name the file and the key. */
+int zs_model_tokenizer_load(const char *model_path, zs_tokenizer **out);
+/* The chat template family of a model path (zs_chat_template_detect for a directory; a GGUF's
+ * tokenizer.chat_template). Never fails: plain when unknown. */
+int zs_model_chat_template_detect(const char *model_path);
+/* 1 when the path is a regular file (then it is read as GGUF). */
+int zs_model_path_is_file(const char *model_path);
+
 typedef struct {
-    const char *model_dir;
+    const char *model_dir;     /* model path: a directory or a .gguf file */
     zs_model_opts model;
     int max_seqs;          /* KV sequence slots (default 8) */
     int max_batch_tokens;  /* tokens per forward call (default 256) */

@@ -69,6 +69,8 @@ static char *read_text(const char *path) {
     return buf;
 }
 
+int zs_chat_template_classify(const char *tmpl_text) { return classify(tmpl_text); }
+
 int zs_chat_template_detect(const char *model_dir) {
     if (!model_dir) return ZS_CHAT_PLAIN;
     char path[4200];

@@ -48,6 +48,10 @@ int zs_chat_template_parse(const char *name, int *out);
  * unknown template -> plain. Never fails. */
 int zs_chat_template_detect(const char *model_dir);
 
+/* The family of a Jinja template text by the same markers (NULL or unknown -> plain); for
+ * templates that come from elsewhere (a GGUF file's tokenizer.chat_template). */
+int zs_chat_template_classify(const char *tmpl_text);
+
 /* 1 when the rendered text of tmpl begins with the BOS token written literally. */
 int zs_chat_has_bos(int tmpl);
 

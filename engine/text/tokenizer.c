@@ -896,6 +896,262 @@ void zs_tokenizer_free(zs_tokenizer *t) {
     free(t);
 }
 
+/* ---------------------------------------------------------------- from plain arrays (GGUF) */
+
+typedef struct {
+    float score;
+    int32_t ll, lr; /* code points of the left / right part */
+    int32_t id, il, ir;
+} spm_merge;
+
+static int cmp_spm_merge(const void *pa, const void *pb) {
+    const spm_merge *a = pa, *b = pb;
+    if (a->score != b->score) return a->score > b->score ? -1 : 1;
+    if (a->ll != b->ll) return a->ll > b->ll ? -1 : 1;
+    if (a->lr != b->lr) return a->lr > b->lr ? -1 : 1;
+    if (a->id != b->id) return a->id < b->id ? -1 : 1;
+    if (a->il != b->il) return a->il < b->il ? -1 : 1;
+    return a->ir < b->ir ? -1 : a->ir > b->ir;
+}
+
+static int merges_alloc(zs_tokenizer *t, size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2) cap *= 2;
+    t->mkey = malloc(cap * sizeof *t->mkey);
+    t->mrank = malloc(cap * sizeof *t->mrank);
+    t->mnew = malloc(cap * sizeof *t->mnew);
+    if (!t->mkey || !t->mrank || !t->mnew) return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+    for (size_t i = 0; i < cap; i++) t->mrank[i] = -1;
+    t->mmask = cap - 1;
+    return 0;
+}
+
+static void merge_put(zs_tokenizer *t, int32_t ia, int32_t ib, int32_t inew, int32_t rank) {
+    uint64_t k = pair_key(ia, ib);
+    size_t s = pair_hash(k) & t->mmask;
+    while (t->mrank[s] >= 0 && t->mkey[s] != k) s = (s + 1) & t->mmask;
+    t->mkey[s] = k; /* a repeated pair takes the later rank, as parse_merges does */
+    t->mrank[s] = rank;
+    t->mnew[s] = inew;
+}
+
+/* SentencePiece scores -> merges (convert_from_gguf.py's generate_merges; see tokenizer.h). */
+static int spm_merges(zs_tokenizer *t, const zs_tokenizer_spec *s) {
+    size_t n = 0, cap = 0;
+    spm_merge *v = NULL;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        const char *p = t->mpiece[id];
+        size_t len = t->mpiece_len[id];
+        int special = s->types ? (s->types[id] == 2 || s->types[id] == 3)
+                               : (id == s->bos || id == s->eos || id == s->unk);
+        float score = special ? 0.0f : s->scores[id];
+        int32_t cps = 0, cl = 0;
+        for (size_t i = 0; i < len; i++) cps += ((unsigned char)p[i] & 0xC0) != 0x80;
+        for (size_t i = 1; i < len; i++) {
+            if (((unsigned char)p[i - 1] & 0xC0) != 0x80) cl++; /* code points in p[0..i) */
+            if (((unsigned char)p[i] & 0xC0) == 0x80) continue; /* split at code point boundaries */
+            int32_t il = zs_tokenizer_model_lookup(t, p, i), ir = zs_tokenizer_model_lookup(t, p + i, len - i);
+            if (il < 0 || ir < 0) continue;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 1024;
+                spm_merge *nv = realloc(v, cap * sizeof *v);
+                if (!nv) {
+                    free(v);
+                    return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+                }
+                v = nv;
+            }
+            v[n++] = (spm_merge){score, cl, cps - cl, id, il, ir};
+        }
+    }
+    if (n) qsort(v, n, sizeof *v, cmp_spm_merge);
+    int rc = merges_alloc(t, n);
+    for (size_t r = 0; rc == 0 && r < n; r++) merge_put(t, v[r].il, v[r].ir, v[r].id, (int32_t)r);
+    free(v);
+    return rc;
+}
+
+static int bpe_merges(zs_tokenizer *t, const zs_tokenizer_spec *s) {
+    const char *o = s->origin;
+    ZS_CHECK(merges_alloc(t, s->n_merges));
+    char *buf = NULL;
+    size_t bufcap = 0;
+    int rc = 0;
+    for (size_t r = 0; r < s->n_merges && rc == 0; r++) {
+        const char *a = s->merges[r];
+        size_t n = s->merge_len[r];
+        const char *sp = a ? memchr(a, ' ', n) : NULL;
+        if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - a))) {
+            rc = zs_err(ZS_EFORMAT, "%s: merges[%zu] \"%.80s\" is not two tokens separated by one space", o, r,
+                        a ? a : "");
+            break;
+        }
+        size_t la = (size_t)(sp - a), lb = n - la - 1;
+        int32_t ia = zs_tokenizer_model_lookup(t, a, la), ib = zs_tokenizer_model_lookup(t, sp + 1, lb);
+        if (ia < 0 || ib < 0) {
+            rc = zs_err(ZS_EFORMAT, "%s: merges[%zu] \"%.80s\": a token is not in the vocab", o, r, a);
+            break;
+        }
+        if (la + lb > bufcap) {
+            bufcap = (la + lb) * 2;
+            char *nb = realloc(buf, bufcap);
+            if (!nb) {
+                rc = zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+                break;
+            }
+            buf = nb;
+        }
+        memcpy(buf, a, la);
+        memcpy(buf + la, sp + 1, lb);
+        int32_t inew = zs_tokenizer_model_lookup(t, buf, la + lb);
+        if (inew < 0) {
+            rc = zs_err(ZS_EFORMAT, "%s: merges[%zu] \"%.80s\": the merged token is not in the vocab", o, r, a);
+            break;
+        }
+        merge_put(t, ia, ib, inew, (int32_t)r);
+    }
+    free(buf);
+    return rc;
+}
+
+static int add_norm(zs_tokenizer *t, int kind, const char *a, const char *b) {
+    zs_tok_norm *nn = realloc(t->norm, (t->n_norm + 1) * sizeof *nn);
+    if (!nn) return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+    t->norm = nn;
+    zs_tok_norm *m = &t->norm[t->n_norm];
+    m->kind = kind;
+    m->a = strdup(a);
+    m->b = b ? strdup(b) : NULL;
+    if (!m->a || (b && !m->b)) {
+        free(m->a);
+        free(m->b);
+        return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+    }
+    t->n_norm++;
+    return 0;
+}
+
+static int add_pretok(zs_tokenizer *t, zs_tok_pretok pt) {
+    zs_tok_pretok *np = realloc(t->pretok, (t->n_pretok + 1) * sizeof *np);
+    if (!np) return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+    t->pretok = np;
+    t->pretok[t->n_pretok++] = pt;
+    return 0;
+}
+
+static int from_spec(zs_tokenizer *t, const zs_tokenizer_spec *s) {
+    const char *o = s->origin;
+    int spm = s->kind == ZS_TOK_SPEC_SPM;
+    int32_t n = s->n_vocab;
+    t->n_vocab = n;
+    t->piece = calloc((size_t)n, sizeof *t->piece);
+    t->piece_len = calloc((size_t)n, sizeof *t->piece_len);
+    t->mpiece = calloc((size_t)n, sizeof *t->mpiece);
+    t->mpiece_len = calloc((size_t)n, sizeof *t->mpiece_len);
+    t->flags = calloc((size_t)n, 1);
+    size_t n_add = 0;
+    for (int32_t id = 0; s->types && id < n; id++)
+        n_add += (s->types[id] == 2 || s->types[id] == 3 || s->types[id] == 4) && s->token_len[id] > 0;
+    t->added = n_add ? calloc(n_add, sizeof *t->added) : NULL;
+    if (!t->piece || !t->piece_len || !t->mpiece || !t->mpiece_len || !t->flags || (n_add && !t->added))
+        return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+    for (int32_t id = 0; id < n; id++) {
+        if (!s->tokens[id] || s->token_len[id] > UINT32_MAX)
+            return zs_err(ZS_EFORMAT, "%s: token %d has no text", o, id);
+        ZS_CHECK(set_piece(t->mpiece, t->mpiece_len, id, s->tokens[id], s->token_len[id]));
+        ZS_CHECK(set_piece(t->piece, t->piece_len, id, s->tokens[id], s->token_len[id]));
+        t->flags[id] |= ZS_TOK_F_MODEL;
+        int ty = s->types ? s->types[id] : 1;
+        if ((ty == 2 || ty == 3 || ty == 4) && s->token_len[id] > 0) {
+            zs_tok_added *at = &t->added[t->n_added++];
+            at->content = dupn(s->tokens[id], s->token_len[id]);
+            if (!at->content) return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+            at->len = s->token_len[id];
+            at->id = id;
+            at->special = ty != 4;
+            t->flags[id] |= ZS_TOK_F_ADDED | (at->special ? ZS_TOK_F_SPECIAL : 0);
+        }
+    }
+    ZS_CHECK(strmap_build(&t->model_map, t->mpiece, t->mpiece_len, n));
+    ZS_CHECK(strmap_build(&t->all_map, t->piece, t->piece_len, n));
+    dec_steps st = {.n = 0};
+    if (spm) {
+        ZS_CHECK(spm_merges(t, s));
+        t->byte_fallback = 1;
+        t->fuse_unk = 1;
+        t->unk_id = s->unk;
+        if (s->add_space_prefix != 0) ZS_CHECK(add_norm(t, ZS_TOK_NORM_PREPEND, "\xe2\x96\x81", NULL));
+        ZS_CHECK(add_norm(t, ZS_TOK_NORM_REPLACE, " ", "\xe2\x96\x81"));
+        st.s[st.n++] = (dec_step){.kind = DEC_REPLACE, .from = "\xe2\x96\x81", .to = " "};
+        st.s[st.n++] = (dec_step){.kind = DEC_BYTEFALLBACK};
+        t->strip_leading = s->add_space_prefix != 0;
+    } else {
+        ZS_CHECK(bpe_merges(t, s));
+        const char *pre = s->pre ? s->pre : "gpt2";
+        int split = 0;
+        if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3")) split = ZS_TOK_SPLIT_LLAMA3, t->ignore_merges = 1;
+        else if (!strcmp(pre, "qwen2")) split = ZS_TOK_SPLIT_QWEN2;
+        else if (strcmp(pre, "gpt2") && strcmp(pre, "default"))
+            return zs_err(ZS_EUNSUPPORTED, "%s: pre-tokenizer \"%.60s\" is not supported (known: gpt2, "
+                          "llama-bpe, qwen2)", o, pre);
+        if (split) ZS_CHECK(add_pretok(t, (zs_tok_pretok){.kind = ZS_TOK_PT_SPLIT, .split_kind = split}));
+        ZS_CHECK(add_pretok(t, (zs_tok_pretok){.kind = ZS_TOK_PT_BYTELEVEL, .use_regex = !split}));
+        t->byte_level = 1;
+        st.s[st.n++] = (dec_step){.kind = DEC_BYTELEVEL};
+    }
+    ZS_CHECK(build_decode_table(t, &st));
+    index_added(t);
+    build_byte_ids(t);
+    t->bos = s->bos;
+    t->eos = s->eos;
+    idvec pre = {0}, suf = {0};
+    int rc = 0;
+    if (s->eos >= 0) {
+        t->eos_ids = malloc(sizeof *t->eos_ids);
+        if (!t->eos_ids) return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+        t->eos_ids[0] = s->eos;
+        t->n_eos = 1;
+    }
+    int add_bos = s->add_bos >= 0 ? s->add_bos : spm, add_eos = s->add_eos > 0;
+    if (add_bos && s->bos >= 0) rc = idvec_push(&pre, s->bos);
+    if (rc == 0 && add_eos && s->eos >= 0) rc = idvec_push(&suf, s->eos);
+    t->prefix = pre.v, t->n_prefix = pre.n;
+    t->suffix = suf.v, t->n_suffix = suf.n;
+    return rc;
+}
+
+int zs_tokenizer_from_spec(const zs_tokenizer_spec *s, zs_tokenizer **out) {
+    if (!s || !out || !s->tokens || !s->token_len)
+        return zs_err(ZS_EINVAL, "zs_tokenizer_from_spec: NULL argument");
+    const char *o = s->origin ? s->origin : "tokenizer";
+    if (s->kind != ZS_TOK_SPEC_SPM && s->kind != ZS_TOK_SPEC_BPE)
+        return zs_err(ZS_EINVAL, "%s: unknown tokenizer kind %d", o, s->kind);
+    if (s->n_vocab < 1 || s->n_vocab >= MAX_ID)
+        return zs_err(ZS_ERANGE, "%s: vocabulary of %d tokens (must be 1 to %d)", o, (int)s->n_vocab, MAX_ID - 1);
+    if (s->kind == ZS_TOK_SPEC_SPM && !s->scores)
+        return zs_err(ZS_EFORMAT, "%s: a SentencePiece vocabulary needs scores", o);
+    if (s->kind == ZS_TOK_SPEC_BPE && s->n_merges && (!s->merges || !s->merge_len))
+        return zs_err(ZS_EINVAL, "zs_tokenizer_from_spec: NULL merges");
+    const int32_t ids[3] = {s->bos, s->eos, s->unk};
+    static const char *names[3] = {"bos", "eos", "unknown"};
+    for (int i = 0; i < 3; i++)
+        if (ids[i] < -1 || ids[i] >= s->n_vocab)
+            return zs_err(ZS_ERANGE, "%s: %s token id %d is out of range [0, %d)", o, names[i], (int)ids[i],
+                          (int)s->n_vocab);
+    zs_tokenizer *t = calloc(1, sizeof *t);
+    if (!t) return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+    t->bos = t->eos = t->unk_id = -1;
+    zs_tokenizer_spec c = *s;
+    c.origin = o;
+    int rc = from_spec(t, &c);
+    if (rc < 0) {
+        zs_tokenizer_free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- accessors */
 
 int zs_tokenizer_vocab_size(const zs_tokenizer *t) { return t->n_vocab; }

@@ -28,6 +28,40 @@ typedef struct zs_tokenizer zs_tokenizer;
 int zs_tokenizer_load(const char *dir, zs_tokenizer **out);
 void zs_tokenizer_free(zs_tokenizer *t);
 
+/* A tokenizer given as plain arrays (what a GGUF file embeds), for callers that read another
+ * format: the builder copies everything, so the arrays need to live only during the call.
+ *   ZS_TOK_SPEC_SPM: SentencePiece BPE (llama.cpp's "llama" vocab): tokens + scores (+ types).
+ *     Built exactly like a Llama-2 tokenizer.json converted from it: every split of a piece into
+ *     two vocab pieces is a merge, ranked by the piece's score (unknown/control pieces score 0;
+ *     ties: longer left part, then longer right part, then piece id, left id); byte fallback to
+ *     <0xXX>; the text gets a leading U+2581 (unless add_space_prefix is 0) and spaces become
+ *     U+2581; decoding maps U+2581 back to spaces and drops one leading space.
+ *   ZS_TOK_SPEC_BPE: byte-level BPE (llama.cpp's "gpt2" vocab): tokens + merges ("a b").
+ *     pre names the pre-tokenizer: NULL/"gpt2"/"default" (GPT-2's regex), "llama-bpe"/"llama3"
+ *     (Llama 3's, with ignore_merges), "qwen2" (Qwen2's); another name -> ZS_EUNSUPPORTED.
+ * types (may be NULL): llama.cpp token types; 2 (unknown) and 3 (control) become special added
+ * tokens (matched literally in text, like tokenizer.json's added_tokens), 4 (user defined)
+ * plain added tokens. add_bos/add_eos: -1 = the kind's default (SPM: bos yes, eos no; BPE: no). */
+enum { ZS_TOK_SPEC_SPM = 1, ZS_TOK_SPEC_BPE = 2 };
+typedef struct {
+    int kind;
+    const char *origin;             /* names the source in messages (e.g. the file path) */
+    int32_t n_vocab;
+    const char *const *tokens;      /* [n_vocab] UTF-8 pieces */
+    const size_t *token_len;        /* [n_vocab] their lengths */
+    const float *scores;            /* SPM: [n_vocab] */
+    const int32_t *types;           /* [n_vocab] or NULL */
+    const char *const *merges;      /* BPE: [n_merges] "left right" */
+    const size_t *merge_len;
+    size_t n_merges;
+    const char *pre;
+    int32_t bos, eos, unk;          /* -1: none */
+    int add_bos, add_eos;           /* -1: default */
+    int add_space_prefix;           /* SPM: 1 (default) or 0 */
+} zs_tokenizer_spec;
+/* ZS_EINVAL/ZS_EFORMAT/ZS_ERANGE naming origin and the problem, ZS_EUNSUPPORTED, ZS_ENOMEM. */
+int zs_tokenizer_from_spec(const zs_tokenizer_spec *s, zs_tokenizer **out);
+
 /* Number of ids: 1 + the largest id of the model vocab and the added tokens. */
 int zs_tokenizer_vocab_size(const zs_tokenizer *t);
 int zs_tokenizer_bos(const zs_tokenizer *t);              /* -1 if none */
