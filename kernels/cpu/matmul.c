@@ -1,12 +1,12 @@
 /* matmul.c — y = x · Wᵀ (+ bias) on the CPU, batch-invariant: a token's output row is the same
  * bits whatever other tokens share the call (OpenBLAS sgemm picks different kernels and blockings
  * by shape, so its rows change with the batch size; continuous batching needs them not to).
- * Weight rows are split into blocks that stay in cache while every token passes over them, the
- * blocks are spread over the pool's threads, and f16/bf16 rows are converted block by block. */
-#include <stdlib.h>
-#include <string.h>
-
+ * Weight rows are split into blocks that stay in cache while every token passes over them, and
+ * the blocks are spread over the pool's threads. f16/bf16 rows are read as stored and widened in
+ * registers by their own kernels (matmul-16-kern.h), so a 16-bit product reads half the bytes of
+ * an f32 one; each element's order is fixed there, the same in the generic and AVX2 builds. */
 #include "common.h"
+#include "matmul-16.h"
 #include "ops.h"
 #include "pool.h"
 
@@ -15,7 +15,46 @@
 #define KERN_NAME(x) zs_kern_generic_##x
 #include "matmul-kern.h"
 
-void zs_matmul_block_avx2(float *y, int ldy, const float *x, int T, int in, const float *W, int R);
+/* the 16-bit kernels without AVX2: the same order, lanes fused one by one (fmaf is exact, so
+ * these give the bits of the AVX2 build) */
+static inline zs_v8 zs_g16_bf16x8(const uint16_t *p) {
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) r[i] = zs_matmul_bf16_widen(p[i]);
+    return r;
+}
+static inline zs_v8 zs_g16_f16x8(const uint16_t *p) {
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) r[i] = zs_f16_to_f32(p[i]);
+    return r;
+}
+#define KERN16_FMA8(a, b, c)                                                   \
+    ({                                                                         \
+        zs_v8 fa_ = (a), fb_ = (b), fc_ = (c), fr_;                            \
+        for (int fi_ = 0; fi_ < 8; fi_++) fr_[fi_] = __builtin_fmaf(fa_[fi_], fb_[fi_], fc_[fi_]); \
+        fr_;                                                                   \
+    })
+#define KERN16_NAME(x) zs_kern16_generic_bf16_##x
+#define KERN16_W8(p) zs_g16_bf16x8(p)
+#define KERN16_W1(p) zs_matmul_bf16_widen(*(p))
+#include "matmul-16-kern.h"
+#undef KERN16_NAME
+#undef KERN16_W8
+#undef KERN16_W1
+#define KERN16_NAME(x) zs_kern16_generic_f16_##x
+#define KERN16_W8(p) zs_g16_f16x8(p)
+#define KERN16_W1(p) zs_f16_to_f32(*(p))
+#include "matmul-16-kern.h"
+#undef KERN16_NAME
+#undef KERN16_W8
+#undef KERN16_W1
+#undef KERN16_FMA8
+
+void zs_matmul_block_bf16_generic(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R) {
+    zs_kern16_generic_bf16_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_f16_generic(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R) {
+    zs_kern16_generic_f16_block(y, ldy, x, T, in, W, R);
+}
 
 typedef void (*block_fn)(float *y, int ldy, const float *x, int T, int in, const float *W, int R);
 
@@ -29,47 +68,47 @@ static block_fn pick_kernel(void) {
     return fn;
 }
 
+zs_matmul_block16_fn zs_matmul_pick16(zs_dtype wdt) {
+    /* no cached pointers: the feature checks are cheap, and nothing can be seen half set */
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (wdt == ZS_BF16) return avx2 ? zs_matmul_block_bf16_avx2 : zs_matmul_block_bf16_generic;
+    if (wdt == ZS_F16)
+        return avx2 && __builtin_cpu_supports("f16c") ? zs_matmul_block_f16_avx2 : zs_matmul_block_f16_generic;
+    return NULL;
+}
+
 typedef struct {
     float *y;
     const float *x;
     int T, in, out, rows_per_task, tok_tile;
     const void *W;
     zs_dtype wdt;
-    block_fn fn;
+    block_fn fn;                /* f32 weights */
+    zs_matmul_block16_fn fn16;  /* bf16 and f16 weights */
 } mm_job;
-
-static _Thread_local float *mm_scratch;
-static _Thread_local size_t mm_scratch_n;
 
 static void mm_task(void *arg, int task) {
     mm_job *j = arg;
     int r0 = task * j->rows_per_task, R = ZS_MIN(j->rows_per_task, j->out - r0);
-    const float *w;
-    if (j->wdt == ZS_F32) {
-        w = (const float *)j->W + (size_t)r0 * j->in;
-    } else {
-        size_t n = (size_t)R * j->in;
-        if (n > mm_scratch_n) {
-            free(mm_scratch);
-            mm_scratch = zs_aligned_alloc(64, n * sizeof(float));
-            ZS_ASSERT(mm_scratch != NULL);
-            mm_scratch_n = n;
-        }
-        zs_to_f32(mm_scratch, (const char *)j->W + (size_t)r0 * j->in * zs_dtype_size(j->wdt), j->wdt, n);
-        w = mm_scratch;
-    }
     /* tokens in tiles, so the x rows of a tile stay in L1 while the weight block is reused */
     for (int t0 = 0; t0 < j->T; t0 += j->tok_tile) {
         int tn = ZS_MIN(j->tok_tile, j->T - t0);
-        j->fn(j->y + (size_t)t0 * j->out + r0, j->out, j->x + (size_t)t0 * j->in, tn, j->in, w, R);
+        float *y = j->y + (size_t)t0 * j->out + r0;
+        const float *x = j->x + (size_t)t0 * j->in;
+        if (j->fn16)
+            j->fn16(y, j->out, x, tn, j->in, (const uint16_t *)j->W + (size_t)r0 * j->in, R);
+        else
+            j->fn(y, j->out, x, tn, j->in, (const float *)j->W + (size_t)r0 * j->in, R);
     }
 }
 
 void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
                   const float *bias) {
-    mm_job j = {y, x, T, in, out, 0, 0, W, wdt, pick_kernel()};
-    /* weight blocks of ~64 KiB (f32), a multiple of 4 rows */
-    int rows = (int)((64 * 1024 / 4) / (size_t)ZS_MAX(in, 1));
+    mm_job j = {y, x, T, in, out, 0, 0, W, wdt, pick_kernel(), wdt == ZS_F32 ? NULL : zs_matmul_pick16(wdt)};
+    /* weight blocks of ~64 KiB as stored, a multiple of 4 rows (the blocking never changes an
+     * element's arithmetic, only which thread computes it and when) */
+    int rows = (int)((64 * 1024 / zs_dtype_size(wdt)) / (size_t)ZS_MAX(in, 1));
     rows = ZS_MAX(4, rows & ~3);
     /* but enough blocks to keep every thread busy on small matrices */
     int threads = zs_pool_threads();
