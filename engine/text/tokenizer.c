@@ -242,11 +242,8 @@ static size_t pair_hash(uint64_t k) {
     return (size_t)k;
 }
 
-static int parse_merges(zs_tokenizer *t, const char *path, json_t *model) {
-    json_t *merges = json_object_get(model, "merges");
-    if (!merges || json_is_null(merges)) return 0;
-    if (!json_is_array(merges)) return zs_err(ZS_EFORMAT, "%s: model.merges is not an array", path);
-    size_t n = json_array_size(merges), cap = 16;
+static int merges_alloc(zs_tokenizer *t, size_t n) {
+    size_t cap = 16;
     while (cap < n * 2) cap *= 2;
     t->mkey = malloc(cap * sizeof *t->mkey);
     t->mrank = malloc(cap * sizeof *t->mrank);
@@ -254,6 +251,51 @@ static int parse_merges(zs_tokenizer *t, const char *path, json_t *model) {
     if (!t->mkey || !t->mrank || !t->mnew) return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
     for (size_t i = 0; i < cap; i++) t->mrank[i] = -1;
     t->mmask = cap - 1;
+    return 0;
+}
+
+static void merge_put(zs_tokenizer *t, int32_t ia, int32_t ib, int32_t inew, int32_t rank) {
+    uint64_t k = pair_key(ia, ib);
+    size_t s = pair_hash(k) & t->mmask;
+    while (t->mrank[s] >= 0 && t->mkey[s] != k) s = (s + 1) & t->mmask;
+    t->mkey[s] = k; /* a repeated pair takes the later rank, as Hugging Face does */
+    t->mrank[s] = rank;
+    t->mnew[s] = inew;
+}
+
+/* Adds merge number r, pieces a + b (found in the vocab, as is their concatenation), to the
+ * table; buf is the caller's scratch for the concatenation. Errors name src (file) and what
+ * (the list, e.g. "model.merges"). */
+static int merge_add(zs_tokenizer *t, const char *src, const char *what, size_t r, const char *a, size_t la,
+                     const char *b, size_t lb, char **buf, size_t *bufcap) {
+    int32_t ia = zs_tokenizer_model_lookup(t, a, la), ib = zs_tokenizer_model_lookup(t, b, lb);
+    if (ia < 0 || ib < 0)
+        return zs_err(ZS_EFORMAT, "%s: %s[%zu] (\"%.*s\" \"%.*s\"): token \"%.*s\" is not in the vocab", src, what, r,
+                      (int)ZS_MIN(la, 60), a, (int)ZS_MIN(lb, 60), b, (int)ZS_MIN(ia < 0 ? la : lb, 60),
+                      ia < 0 ? a : b);
+    if (la + lb > *bufcap) {
+        size_t cap = (la + lb) * 2;
+        char *nb = realloc(*buf, cap);
+        if (!nb) return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
+        *buf = nb;
+        *bufcap = cap;
+    }
+    memcpy(*buf, a, la);
+    memcpy(*buf + la, b, lb);
+    int32_t inew = zs_tokenizer_model_lookup(t, *buf, la + lb);
+    if (inew < 0)
+        return zs_err(ZS_EFORMAT, "%s: %s[%zu]: merged token \"%.*s\" is not in the vocab", src, what, r,
+                      (int)ZS_MIN(la + lb, 120), *buf);
+    merge_put(t, ia, ib, inew, (int32_t)r);
+    return 0;
+}
+
+static int parse_merges(zs_tokenizer *t, const char *path, json_t *model) {
+    json_t *merges = json_object_get(model, "merges");
+    if (!merges || json_is_null(merges)) return 0;
+    if (!json_is_array(merges)) return zs_err(ZS_EFORMAT, "%s: model.merges is not an array", path);
+    size_t n = json_array_size(merges);
+    ZS_CHECK(merges_alloc(t, n));
     char *buf = NULL;
     size_t bufcap = 0;
     int rc = 0;
@@ -282,36 +324,7 @@ static int parse_merges(zs_tokenizer *t, const char *path, json_t *model) {
             rc = zs_err(ZS_EFORMAT, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path, r);
             break;
         }
-        int32_t ia = zs_tokenizer_model_lookup(t, a, la), ib = zs_tokenizer_model_lookup(t, b, lb);
-        if (ia < 0 || ib < 0) {
-            rc = zs_err(ZS_EFORMAT, "%s: model.merges[%zu] (\"%.*s\" \"%.*s\"): token \"%.*s\" is not in the vocab",
-                        path, r, (int)ZS_MIN(la, 60), a, (int)ZS_MIN(lb, 60), b, (int)ZS_MIN(ia < 0 ? la : lb, 60),
-                        ia < 0 ? a : b);
-            break;
-        }
-        if (la + lb > bufcap) {
-            bufcap = (la + lb) * 2;
-            char *nb = realloc(buf, bufcap);
-            if (!nb) {
-                rc = zs_err(ZS_ENOMEM, "tokenizer: out of memory");
-                break;
-            }
-            buf = nb;
-        }
-        memcpy(buf, a, la);
-        memcpy(buf + la, b, lb);
-        int32_t inew = zs_tokenizer_model_lookup(t, buf, la + lb);
-        if (inew < 0) {
-            rc = zs_err(ZS_EFORMAT, "%s: model.merges[%zu]: merged token \"%.*s\" is not in the vocab", path, r,
-                        (int)ZS_MIN(la + lb, 120), buf);
-            break;
-        }
-        uint64_t k = pair_key(ia, ib);
-        size_t s = pair_hash(k) & t->mmask;
-        while (t->mrank[s] >= 0 && t->mkey[s] != k) s = (s + 1) & t->mmask;
-        t->mkey[s] = k; /* a repeated pair takes the later rank, as Hugging Face does */
-        t->mrank[s] = (int32_t)r;
-        t->mnew[s] = inew;
+        rc = merge_add(t, path, "model.merges", r, a, la, b, lb, &buf, &bufcap);
     }
     free(buf);
     return rc;
@@ -914,27 +927,6 @@ static int cmp_spm_merge(const void *pa, const void *pb) {
     return a->ir < b->ir ? -1 : a->ir > b->ir;
 }
 
-static int merges_alloc(zs_tokenizer *t, size_t n) {
-    size_t cap = 16;
-    while (cap < n * 2) cap *= 2;
-    t->mkey = malloc(cap * sizeof *t->mkey);
-    t->mrank = malloc(cap * sizeof *t->mrank);
-    t->mnew = malloc(cap * sizeof *t->mnew);
-    if (!t->mkey || !t->mrank || !t->mnew) return zs_err(ZS_ENOMEM, "tokenizer: out of memory");
-    for (size_t i = 0; i < cap; i++) t->mrank[i] = -1;
-    t->mmask = cap - 1;
-    return 0;
-}
-
-static void merge_put(zs_tokenizer *t, int32_t ia, int32_t ib, int32_t inew, int32_t rank) {
-    uint64_t k = pair_key(ia, ib);
-    size_t s = pair_hash(k) & t->mmask;
-    while (t->mrank[s] >= 0 && t->mkey[s] != k) s = (s + 1) & t->mmask;
-    t->mkey[s] = k; /* a repeated pair takes the later rank, as parse_merges does */
-    t->mrank[s] = rank;
-    t->mnew[s] = inew;
-}
-
 /* SentencePiece scores -> merges (convert_from_gguf.py's generate_merges; see tokenizer.h). */
 static int spm_merges(zs_tokenizer *t, const zs_tokenizer_spec *s) {
     size_t n = 0, cap = 0;
@@ -987,28 +979,7 @@ static int bpe_merges(zs_tokenizer *t, const zs_tokenizer_spec *s) {
             break;
         }
         size_t la = (size_t)(sp - a), lb = n - la - 1;
-        int32_t ia = zs_tokenizer_model_lookup(t, a, la), ib = zs_tokenizer_model_lookup(t, sp + 1, lb);
-        if (ia < 0 || ib < 0) {
-            rc = zs_err(ZS_EFORMAT, "%s: merges[%zu] \"%.80s\": a token is not in the vocab", o, r, a);
-            break;
-        }
-        if (la + lb > bufcap) {
-            bufcap = (la + lb) * 2;
-            char *nb = realloc(buf, bufcap);
-            if (!nb) {
-                rc = zs_err(ZS_ENOMEM, "tokenizer: out of memory");
-                break;
-            }
-            buf = nb;
-        }
-        memcpy(buf, a, la);
-        memcpy(buf + la, sp + 1, lb);
-        int32_t inew = zs_tokenizer_model_lookup(t, buf, la + lb);
-        if (inew < 0) {
-            rc = zs_err(ZS_EFORMAT, "%s: merges[%zu] \"%.80s\": the merged token is not in the vocab", o, r, a);
-            break;
-        }
-        merge_put(t, ia, ib, inew, (int32_t)r);
+        rc = merge_add(t, o, "merges", r, a, la, sp + 1, lb, &buf, &bufcap);
     }
     free(buf);
     return rc;
