@@ -172,7 +172,7 @@ static const size_t red_counts[] = {0, 1, 3, 5, 1023, 1500, 3001};
 static void red_rank(zs_comm *c, void *arg) {
     (void)arg;
     int n = zs_comm_size(c), rank = zs_comm_rank(c);
-    for (int dt = 0; dt < ZS_DTYPE_COUNT; dt++) {
+    for (int dt = 0; dt < ZS_DTYPE_ELEM_COUNT; dt++) {
         size_t es = zs_dtype_size((zs_dtype)dt);
         for (int op = 0; op < 2; op++) {
             for (size_t ci = 0; ci < sizeof red_counts / sizeof *red_counts; ci++) {

@@ -160,7 +160,7 @@ static void test_adamw_cases(void) {
     size_t n = (size_t)ZS_ADAMW_CHUNK + 4099;
     float *pp = falloc(n), *mm = falloc(n), *vv = falloc(n), *gg = falloc(n), *f32 = falloc(n);
     uint16_t *h = calloc(n, 2), *want = calloc(n, 2);
-    for (zs_dtype dt = ZS_F32; dt < ZS_DTYPE_COUNT; dt++) {
+    for (zs_dtype dt = ZS_F32; dt < ZS_DTYPE_ELEM_COUNT; dt++) {
         rng_state = 99;
         for (size_t i = 0; i < n; i++) pp[i] = frand(), mm[i] = vv[i] = 0, gg[i] = frand();
         void *out = dt == ZS_F32 ? (void *)f32 : (void *)h;

@@ -1,4 +1,5 @@
-/* tensor.c — dtype sizes and names, f16/bf16 <-> f32 conversion. */
+/* tensor.c — dtype sizes and names, f16/bf16 <-> f32 conversion, Q8_0/Q4_0 quantization. */
+#include <math.h>
 #include "tensor.h"
 
 #include <string.h>
@@ -10,8 +11,22 @@ size_t zs_dtype_size(zs_dtype t) {
     case ZS_F32: return 4;
     case ZS_F16: return 2;
     case ZS_BF16: return 2;
+    case ZS_Q8_0: return ZS_Q8_0_BYTES;
+    case ZS_Q4_0: return ZS_Q4_0_BYTES;
     default: return 0;
     }
+}
+
+int zs_dtype_block(zs_dtype t) {
+    if (t == ZS_Q8_0 || t == ZS_Q4_0) return ZS_Q8_0_BLOCK;
+    return (unsigned)t < ZS_DTYPE_COUNT ? 1 : 0;
+}
+
+int zs_dtype_is_quant(zs_dtype t) { return t == ZS_Q8_0 || t == ZS_Q4_0; }
+
+size_t zs_dtype_bytes(zs_dtype t, size_t n) {
+    int b = zs_dtype_block(t);
+    return b ? n / (size_t)b * zs_dtype_size(t) : 0;
 }
 
 const char *zs_dtype_name(zs_dtype t) {
@@ -19,6 +34,8 @@ const char *zs_dtype_name(zs_dtype t) {
     case ZS_F32: return "F32";
     case ZS_F16: return "F16";
     case ZS_BF16: return "BF16";
+    case ZS_Q8_0: return "Q8_0";
+    case ZS_Q4_0: return "Q4_0";
     default: return "?";
     }
 }
@@ -27,6 +44,8 @@ int zs_dtype_parse(const char *name, zs_dtype *out) {
     if (!strcmp(name, "F32") || !strcmp(name, "f32") || !strcmp(name, "float32")) *out = ZS_F32;
     else if (!strcmp(name, "F16") || !strcmp(name, "f16") || !strcmp(name, "float16")) *out = ZS_F16;
     else if (!strcmp(name, "BF16") || !strcmp(name, "bf16") || !strcmp(name, "bfloat16")) *out = ZS_BF16;
+    else if (!strcmp(name, "Q8_0") || !strcmp(name, "q8_0")) *out = ZS_Q8_0;
+    else if (!strcmp(name, "Q4_0") || !strcmp(name, "q4_0")) *out = ZS_Q4_0;
     else return ZS_EUNSUPPORTED;
     return 0;
 }
@@ -90,8 +109,67 @@ uint16_t zs_f32_to_f16(float f) {
     return (uint16_t)(sign | h);
 }
 
+void zs_quantize_q8_0(void *dst, const float *src, size_t n) {
+    uint8_t *o = dst;
+    for (size_t b = 0; b < n / ZS_Q8_0_BLOCK; b++, o += ZS_Q8_0_BYTES) {
+        const float *x = src + b * ZS_Q8_0_BLOCK;
+        float amax = 0.0f;
+        for (int j = 0; j < ZS_Q8_0_BLOCK; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = zs_f32_to_f16(d);
+        memcpy(o, &h, 2); /* little-endian, as ggml writes it */
+        for (int j = 0; j < ZS_Q8_0_BLOCK; j++) o[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+    }
+}
+
+/* x·id and + 8.5 rounded separately, as ggml does: no fused multiply-add here */
+__attribute__((optimize("fp-contract=off"))) void zs_quantize_q4_0(void *dst, const float *src, size_t n) {
+    uint8_t *o = dst;
+    for (size_t b = 0; b < n / 32; b++, o += ZS_Q4_0_BYTES) {
+        const float *x = src + b * 32;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+        float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = zs_f32_to_f16(d);
+        memcpy(o, &h, 2);
+        for (int j = 0; j < 16; j++) {
+            int q0 = (int8_t)(x[j] * id + 8.5f), q1 = (int8_t)(x[16 + j] * id + 8.5f);
+            q0 = q0 < 15 ? q0 : 15;
+            q1 = q1 < 15 ? q1 : 15;
+            o[2 + j] = (uint8_t)(q0 | q1 << 4);
+        }
+    }
+}
+
+static void q4_0_to_f32(float *dst, const uint8_t *s, size_t n) {
+    for (size_t b = 0; b < n / 32; b++, s += ZS_Q4_0_BYTES) {
+        uint16_t h;
+        memcpy(&h, s, 2);
+        float d = zs_f16_to_f32(h);
+        for (int j = 0; j < 16; j++) {
+            dst[b * 32 + j] = d * (float)((s[2 + j] & 15) - 8);
+            dst[b * 32 + 16 + j] = d * (float)((s[2 + j] >> 4) - 8);
+        }
+    }
+}
+
+/* Q8_0 blocks to f32: each value is f32(d) * q, one rounding (the kernels widen the same way) */
+static void q8_0_to_f32(float *dst, const uint8_t *s, size_t n) {
+    for (size_t b = 0; b < n / ZS_Q8_0_BLOCK; b++, s += ZS_Q8_0_BYTES) {
+        uint16_t h;
+        memcpy(&h, s, 2);
+        float d = zs_f16_to_f32(h);
+        for (int j = 0; j < ZS_Q8_0_BLOCK; j++) dst[b * ZS_Q8_0_BLOCK + j] = d * (float)(int8_t)s[2 + j];
+    }
+}
+
 void zs_to_f32(float *dst, const void *src, zs_dtype st, size_t n) {
-    if (st == ZS_F32) {
+    if (st == ZS_Q8_0) {
+        q8_0_to_f32(dst, src, n);
+    } else if (st == ZS_Q4_0) {
+        q4_0_to_f32(dst, src, n);
+    } else if (st == ZS_F32) {
         memmove(dst, src, n * 4);
     } else if (st == ZS_BF16) {
         const uint16_t *s = src;
@@ -103,8 +181,18 @@ void zs_to_f32(float *dst, const void *src, zs_dtype st, size_t n) {
 }
 
 void zs_convert(void *dst, zs_dtype dt, const void *src, zs_dtype st, size_t n) {
-    if (dt == st) { memmove(dst, src, n * zs_dtype_size(dt)); return; }
+    if (dt == ZS_Q8_0 && st == ZS_F32) { zs_quantize_q8_0(dst, src, n); return; }
+    if (dt == ZS_Q4_0 && st == ZS_F32) { zs_quantize_q4_0(dst, src, n); return; }
+    if (dt == st) { memmove(dst, src, zs_dtype_bytes(dt, n)); return; }
     if (dt == ZS_F32) { zs_to_f32(dst, src, st, n); return; }
+    if (zs_dtype_is_quant(dt) || zs_dtype_is_quant(st)) { /* through f32, a block at a time */
+        float f[ZS_Q8_0_BLOCK];
+        for (size_t i = 0; i < n / ZS_Q8_0_BLOCK; i++) {
+            zs_to_f32(f, (const char *)src + zs_dtype_bytes(st, i * ZS_Q8_0_BLOCK), st, ZS_Q8_0_BLOCK);
+            zs_convert((char *)dst + zs_dtype_bytes(dt, i * ZS_Q8_0_BLOCK), dt, f, ZS_F32, ZS_Q8_0_BLOCK);
+        }
+        return;
+    }
     uint16_t *d = dst;
     for (size_t i = 0; i < n; i++) {
         float f;

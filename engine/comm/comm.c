@@ -80,7 +80,7 @@ static int bad_arg(zs_comm *c, const char *what, const char *fmt, const char *de
     } while (0)
 
 static int check_red(zs_comm *c, const char *what, zs_dtype dt, zs_redop op) {
-    if ((int)dt < 0 || dt >= ZS_DTYPE_COUNT) return bad_arg(c, what, "invalid dtype", NULL);
+    if ((int)dt < 0 || dt >= ZS_DTYPE_ELEM_COUNT) return bad_arg(c, what, "invalid dtype", NULL);
     if (op != ZS_RED_SUM && op != ZS_RED_MAX) return bad_arg(c, what, "invalid reduction op", NULL);
     return 0;
 }

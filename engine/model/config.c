@@ -355,7 +355,7 @@ int zs_config_write(const zs_model_config *c, const char *path) {
     if (!a || a->arch != c->arch)
         return zs_err(ZS_EINVAL, "%s: cannot write config: architecture '%.63s' (arch %d) is not "
                       "one of " CFG_SUPPORTED, path, c->arch_name, (int)c->arch);
-    if (!isfinite(c->norm_eps) || !isfinite(c->rope_theta) || (unsigned)c->dtype >= ZS_DTYPE_COUNT)
+    if (!isfinite(c->norm_eps) || !isfinite(c->rope_theta) || (unsigned)c->dtype >= ZS_DTYPE_ELEM_COUNT)
         return zs_err(ZS_EINVAL, "%s: cannot write config: invalid norm_eps, rope_theta or dtype",
                       path);
     static const char *dnames[] = {"float32", "float16", "bfloat16"};

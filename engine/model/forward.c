@@ -119,12 +119,12 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     const zs_bucket_layout *L = zs_model_layout(m, zs_bucket_layer(l));
     int n = b->n, d = c->dim, ff = c->ffn_dim;
     int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
-    zs_dtype wd = L->slot[ZS_R_WQ].dtype;
+#define WD(r) L->slot[r].dtype /* per matrix: a quantized model keeps rows not a multiple of 32 in bf16 */
 
     norm(c, f->xn, f->x, WF(L, ZS_R_ATTN_NORM_W, data, res), WF(L, ZS_R_ATTN_NORM_B, data, res), n);
-    zs_op_matmul(f->q, f->xn, n, d, W(L, ZS_R_WQ, data, res), wd, qd, WF(L, ZS_R_BQ, data, res));
-    zs_op_matmul(f->k, f->xn, n, d, W(L, ZS_R_WK, data, res), wd, kvd, WF(L, ZS_R_BK, data, res));
-    zs_op_matmul(f->v, f->xn, n, d, W(L, ZS_R_WV, data, res), wd, kvd, WF(L, ZS_R_BV, data, res));
+    zs_op_matmul(f->q, f->xn, n, d, W(L, ZS_R_WQ, data, res), WD(ZS_R_WQ), qd, WF(L, ZS_R_BQ, data, res));
+    zs_op_matmul(f->k, f->xn, n, d, W(L, ZS_R_WK, data, res), WD(ZS_R_WK), kvd, WF(L, ZS_R_BK, data, res));
+    zs_op_matmul(f->v, f->xn, n, d, W(L, ZS_R_WV, data, res), WD(ZS_R_WV), kvd, WF(L, ZS_R_BV, data, res));
     for (int i = 0; i < n; i++) {
         float *q = f->q + (size_t)i * qd, *k = f->k + (size_t)i * kvd;
         if (c->arch != ZS_ARCH_GPT2) {
@@ -136,20 +136,21 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     }
     int rc = attention(f, kv, l, b);
     if (rc < 0) return rc;
-    zs_op_matmul(f->xn, f->att, n, qd, W(L, ZS_R_WO, data, res), wd, d, WF(L, ZS_R_BO, data, res));
+    zs_op_matmul(f->xn, f->att, n, qd, W(L, ZS_R_WO, data, res), WD(ZS_R_WO), d, WF(L, ZS_R_BO, data, res));
     zs_op_add(f->x, f->xn, (size_t)n * d);
 
     norm(c, f->xn, f->x, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), n);
     if (c->arch == ZS_ARCH_GPT2) {
-        zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res));
+        zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_UP, data, res), WD(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res));
         zs_op_gelu(f->h1, (size_t)n * ff);
     } else {
-        zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_GATE, data, res), wd, ff, WF(L, ZS_R_B_GATE, data, res));
-        zs_op_matmul(f->h2, f->xn, n, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res));
+        zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_GATE, data, res), WD(ZS_R_W_GATE), ff, WF(L, ZS_R_B_GATE, data, res));
+        zs_op_matmul(f->h2, f->xn, n, d, W(L, ZS_R_W_UP, data, res), WD(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res));
         zs_op_swiglu(f->h1, f->h1, f->h2, (size_t)n * ff);
     }
-    zs_op_matmul(f->xn, f->h1, n, ff, W(L, ZS_R_W_DOWN, data, res), wd, d, WF(L, ZS_R_B_DOWN, data, res));
+    zs_op_matmul(f->xn, f->h1, n, ff, W(L, ZS_R_W_DOWN, data, res), WD(ZS_R_W_DOWN), d, WF(L, ZS_R_B_DOWN, data, res));
     zs_op_add(f->x, f->xn, (size_t)n * d);
+#undef WD
     return 0;
 }
 

@@ -1,7 +1,7 @@
 /* model.c — opening a checkpoint as a model: the bucket layout of each architecture (with the
  * host embedding lookup tables of inference models), the mapping from Hugging Face tensor names
- * (a safetensors directory) or llama.cpp tensor names (a GGUF file with F32/F16/BF16 tensors)
- * to roles, validation of every tensor, packing buckets, and the pass order. */
+ * (a safetensors directory) or llama.cpp tensor names (a GGUF file with F32/F16/BF16 tensors,
+ * Q8_0/Q4_0 matrices) to roles, validation of every tensor, packing buckets, and the pass order. */
 #include "model.h"
 
 #include <errno.h>
@@ -73,10 +73,20 @@ size_t zs_model_weight_bytes(const zs_model *m) {
     return s;
 }
 
+zs_dtype zs_model_quant_dtype(const zs_model *m) {
+    for (int b = 0; b < m->n_buckets; b++)
+        for (int r = 0; r < m->layout[b].n_roles; r++)
+            if (m->layout[b].slot[r].present && zs_dtype_is_quant(m->layout[b].slot[r].dtype))
+                return m->layout[b].slot[r].dtype;
+    return ZS_DTYPE_COUNT;
+}
+
 /* ---- layout ---- */
 
 static void slot_set(zs_bucket_layout *L, int role, zs_dtype dt, int ndim, int64_t d0, int64_t d1) {
     zs_slot *s = &L->slot[role];
+    /* a block format needs whole blocks per row: other matrices stay 16-bit (as llama.cpp does) */
+    if (zs_dtype_block(dt) > 1 && (ndim < 2 || d1 % zs_dtype_block(dt) != 0)) dt = ZS_BF16;
     s->present = 1;
     s->dtype = dt;
     s->ndim = ndim;
@@ -92,7 +102,7 @@ static void layout_finish(zs_bucket_layout *L, int64_t threshold, unsigned force
         zs_slot *s = &L->slot[r];
         if (!s->present) continue;
         int64_t n = s->shape[0] * s->shape[1];
-        s->nbytes = (size_t)n * zs_dtype_size(s->dtype);
+        s->nbytes = zs_dtype_bytes(s->dtype, (size_t)n);
         s->resident = n < threshold || s->ndim == 1 || (force >> r & 1u);
         size_t *off = s->resident ? &off_r : &off_d;
         s->offset = *off;
@@ -181,10 +191,14 @@ static int find_gguf(zs_model *m, const char *name, int ndim, const int64_t *sha
         int quant = zs_gguf_type_block((int)g->type, &be, &bb) == 0 && be > 1;
         if (quant)
             return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' has type %s: quantized GGUF tensors are "
-                          "not supported yet (only F32, F16, BF16)", path, name, tn ? tn : "?");
+                          "not supported yet (only F32, F16, BF16, Q8_0, Q4_0)", path, name, tn ? tn : "?");
         return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' has type %s, which cannot hold weights "
-                      "(only F32, F16, BF16)", path, name, tn ? tn : "?");
+                      "(only F32, F16, BF16, Q8_0, Q4_0)", path, name, tn ? tn : "?");
     }
+    /* quantized blocks must be whole rows of a matrix (packing reads rows, never single elements) */
+    if (zs_dtype_is_quant(t->dtype) && (ndim != 2 || t->ndim != 2 || t->shape[1] % zs_dtype_block(t->dtype)))
+        return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' is %s but is not a matrix with rows of a multiple of %d "
+                      "(only matrices can be quantized)", path, name, zs_dtype_name(t->dtype), zs_dtype_block(t->dtype));
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
@@ -375,7 +389,8 @@ static int open_gguf(zs_model *m, const char *path) {
         zs_st_tensor *t = &m->gt[i];
         t->name = g->name;
         t->dtype = g->type == ZS_GGML_F32 ? ZS_F32 : g->type == ZS_GGML_F16 ? ZS_F16
-                 : g->type == ZS_GGML_BF16 ? ZS_BF16 : ZS_DTYPE_COUNT;
+                 : g->type == ZS_GGML_BF16 ? ZS_BF16 : g->type == ZS_GGML_Q8_0 ? ZS_Q8_0
+                 : g->type == ZS_GGML_Q4_0 ? ZS_Q4_0 : ZS_DTYPE_COUNT;
         t->ndim = g->n_dims;
         for (int k = 0; k < g->n_dims; k++) t->shape[k] = g->ne[g->n_dims - 1 - k];
         t->data = g->data;
@@ -479,21 +494,23 @@ fail:
 
 static int pack_one(const zs_slot *s, const src_ref *r, void *dst) {
     const zs_st_tensor *t = r->t;
-    size_t esz_src = zs_dtype_size(t->dtype), esz_dst = zs_dtype_size(s->dtype);
+    /* byte offsets of element counts that are whole rows (or whole blocks): block-aware */
+#define esz_src_at(n) zs_dtype_bytes(t->dtype, (size_t)(n))
+#define esz_dst_at(n) zs_dtype_bytes(s->dtype, (size_t)(n))
     if (r->kind == ZS_SRC_COPY && r->rope_heads > 0) {
         /* interleaved RoPE rows (pairs 2i, 2i+1) -> rotate_half rows (pairs i, i + hd/2): per
          * head, row j*hd/2 + i of ours is row 2i + j of the source */
         int64_t rows = s->shape[0], cols = s->shape[1], hd = rows / r->rope_heads, half = hd / 2;
         for (int64_t o = 0; o < rows; o++) {
             int64_t hb = o - o % hd, k = o % hd, src = hb + 2 * (k % half) + k / half;
-            zs_convert((char *)dst + (size_t)(o * cols) * esz_dst, s->dtype,
-                       (const char *)t->data + (size_t)(src * cols) * esz_src, t->dtype, (size_t)cols);
+            zs_convert((char *)dst + esz_dst_at(o * cols), s->dtype,
+                       (const char *)t->data + esz_src_at(src * cols), t->dtype, (size_t)cols);
         }
     } else if (r->kind == ZS_SRC_COPY) {
-        zs_convert(dst, s->dtype, (const char *)t->data + (size_t)r->elem0 * esz_src, t->dtype,
+        zs_convert(dst, s->dtype, (const char *)t->data + esz_src_at(r->elem0), t->dtype,
                    (size_t)(s->shape[0] * s->shape[1]));
     } else if (r->kind == ZS_SRC_VEC_SLICE) {
-        zs_convert(dst, s->dtype, (const char *)t->data + (size_t)r->col0 * esz_src, t->dtype,
+        zs_convert(dst, s->dtype, (const char *)t->data + esz_src_at(r->col0), t->dtype,
                    (size_t)s->shape[0]);
     } else { /* transpose columns [col0, col0+out) of a [in, cols] source into [out, in] */
         int64_t out_rows = s->shape[0], in = s->shape[1], cols = t->shape[1];
@@ -501,12 +518,14 @@ static int pack_one(const zs_slot *s, const src_ref *r, void *dst) {
         if (!row) return zs_err(ZS_ENOMEM, "out of memory packing %s", t->name);
         for (int64_t o = 0; o < out_rows; o++) {
             for (int64_t i = 0; i < in; i++)
-                zs_to_f32(&row[i], (const char *)t->data + ((size_t)(i * cols + r->col0 + o)) * esz_src,
+                zs_to_f32(&row[i], (const char *)t->data + esz_src_at(i * cols + r->col0 + o),
                           t->dtype, 1);
-            zs_convert((char *)dst + (size_t)(o * in) * esz_dst, s->dtype, row, ZS_F32, (size_t)in);
+            zs_convert((char *)dst + esz_dst_at(o * in), s->dtype, row, ZS_F32, (size_t)in);
         }
         free(row);
     }
+#undef esz_src_at
+#undef esz_dst_at
     return 0;
 }
 

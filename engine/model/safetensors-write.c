@@ -79,7 +79,7 @@ static int w_header(zs_st_writer *w, const zs_st_decl *decls, size_t n, const ch
             rc = zs_err(ZS_EINVAL, "%s: tensor '%s' declared twice", path, d->name);
             goto fail;
         }
-        if ((unsigned)d->dtype >= ZS_DTYPE_COUNT) {
+        if ((unsigned)d->dtype >= ZS_DTYPE_ELEM_COUNT) {
             rc = zs_err(ZS_EINVAL, "%s: tensor '%s' has an invalid dtype (%d)", path, d->name,
                         (int)d->dtype);
             goto fail;

@@ -168,6 +168,11 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     int rc;
     if ((rc = zs_device_resolve(o->device, &e->device)) < 0) goto fail;
     if ((rc = zs_model_open(o->model_dir, &o->model, &e->model)) < 0) goto fail;
+    if (e->device == ZS_DEVICE_CUDA && zs_model_quant_dtype(e->model) != ZS_DTYPE_COUNT) {
+        const char *qn = zs_model_quant_dtype(e->model) == ZS_Q8_0 ? "q8_0" : "q4_0";
+        rc = zs_err(ZS_EUNSUPPORTED, "%s weights are not supported on CUDA yet (use --device cpu, or --weight-dtype bf16)", qn);
+        goto fail;
+    }
     if ((rc = zs_model_tokenizer_load(o->model_dir, &e->tok)) < 0) goto fail;
     const zs_model_config *c = zs_model_config_get(e->model);
     if (zs_tokenizer_vocab_size(e->tok) > c->vocab_size) {
@@ -197,7 +202,9 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     }
     wo.gather.replicate = o->zero_stage == 1 || o->zero_stage == 2;
     if (!wo.gather.max_live_bytes && o->max_live_params > 0) {
-        size_t dsize = zs_dtype_size(zs_model_layout(e->model, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype);
+        /* bytes per parameter as stored (a block format: its block's bytes over its elements) */
+        zs_dtype wdt = zs_model_layout(e->model, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype;
+        size_t dsize = ZS_MAX(zs_dtype_size(wdt) / (size_t)zs_dtype_block(wdt), (size_t)1);
         size_t largest = 0;
         for (int b = 0; b < zs_model_n_buckets(e->model); b++)
             largest = ZS_MAX(largest, zs_partition_shard_bytes(e->model, b, world_ranks) * (size_t)world_ranks);

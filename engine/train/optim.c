@@ -165,7 +165,7 @@ int zs_adamw_update(float *master, float *m, float *v, const float *grad, size_t
     if (!(p->weight_decay >= 0) || !isfinite(p->weight_decay))
         return zs_err(ZS_EINVAL, "adamw: weight_decay %g must be >= 0", (double)p->weight_decay);
     if (!isfinite(lr) || lr < 0) return zs_err(ZS_EINVAL, "adamw: lr %g must be >= 0", (double)lr);
-    if (out && (unsigned)out_dtype >= ZS_DTYPE_COUNT)
+    if (out && (unsigned)out_dtype >= ZS_DTYPE_ELEM_COUNT)
         return zs_err(ZS_EINVAL, "adamw: bad output dtype %d", (int)out_dtype);
     if (n == 0) return 0;
     if (!master || !m || !v || !grad) return zs_err(ZS_EINVAL, "adamw: NULL array");

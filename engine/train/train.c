@@ -324,6 +324,10 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
         return zs_err(ZS_EINVAL, "training: batch size, sequence length (>= 2) and gradient accumulation must be positive");
     zs_model *m = zs_world_model(w);
     const zs_model_config *c = zs_model_config_get(m);
+    if (zs_model_quant_dtype(m) != ZS_DTYPE_COUNT)
+        return zs_err(ZS_EUNSUPPORTED, "training: the engine stores %s weights; training writes fp32 masters back into "
+                                       "the storage dtype and needs f32, f16 or bf16 (open it with --weight-dtype bf16)",
+                      zs_dtype_name(zs_model_quant_dtype(m)));
     if (o->seq_len > c->max_seq)
         return zs_err(ZS_ERANGE, "training: sequence length %d exceeds the model's context %d", o->seq_len, c->max_seq);
     zs_training *t = calloc(1, sizeof *t);

@@ -4,7 +4,10 @@
  * Weight rows are split into blocks that stay in cache while every token passes over them, and
  * the blocks are spread over the pool's threads. f16/bf16 rows are read as stored and widened in
  * registers by their own kernels (matmul-16-kern.h), so a 16-bit product reads half the bytes of
- * an f32 one; each element's order is fixed there, the same in the generic and AVX2 builds. */
+ * an f32 one; each element's order is fixed there, the same in the generic and AVX2 builds.
+ * Q8_0 and Q4_0 rows (ggml's 34- and 18-byte blocks of 32) are dequantized in registers by
+ * matmul-quant-kern.h in the same order, so such a product equals the f32 product over its
+ * dequantized weights. */
 #include "common.h"
 #include "matmul-16.h"
 #include "ops.h"
@@ -49,6 +52,59 @@ static inline zs_v8 zs_g16_f16x8(const uint16_t *p) {
 #undef KERN16_W1
 #undef KERN16_FMA8
 
+/* Q8_0 and Q4_0 without AVX2: the same order, lane by lane */
+static inline zs_v8 zs_gq8_w8(const uint8_t *b, int s, zs_v8 dv) {
+    const int8_t *q = (const int8_t *)(b + 2 + 8 * s);
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) r[i] = dv[i] * (float)q[i];
+    return r;
+}
+static inline zs_v8 zs_gq4_w8(const uint8_t *b, int s, zs_v8 dv) {
+    const uint8_t *q = b + 2 + 8 * (s & 1);
+    int sh = s >= 2 ? 4 : 0;
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) r[i] = dv[i] * (float)((q[i] >> sh & 15) - 8);
+    return r;
+}
+#define KQ8_D(h) zs_f16_to_f32(h)
+#define KQ8_FMA8(a, b, c)                                                      \
+    ({                                                                         \
+        zs_v8 fa_ = (a), fb_ = (b), fc_ = (c), fr_;                            \
+        for (int fi_ = 0; fi_ < 8; fi_++) fr_[fi_] = __builtin_fmaf(fa_[fi_], fb_[fi_], fc_[fi_]); \
+        fr_;                                                                   \
+    })
+#define KQ8_NAME(x) zs_kq8_generic_##x
+#define KQ8_BYTES ZS_Q8_0_BYTES
+#define KQ8_W8(b, s, dv) zs_gq8_w8((b), (s), (dv))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq4_generic_##x
+#define KQ8_BYTES ZS_Q4_0_BYTES
+#define KQ8_W8(b, s, dv) zs_gq4_w8((b), (s), (dv))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#undef KQ8_D
+#undef KQ8_FMA8
+
+void zs_matmul_block_q8_0_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq8_generic_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q4_0_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq4_generic_block(y, ldy, x, T, in, W, R);
+}
+
+zs_matmul_blockq8_fn zs_matmul_pick_quant(zs_dtype wdt) {
+    __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (wdt == ZS_Q8_0) return avx2 ? zs_matmul_block_q8_0_avx2 : zs_matmul_block_q8_0_generic;
+    if (wdt == ZS_Q4_0) return avx2 ? zs_matmul_block_q4_0_avx2 : zs_matmul_block_q4_0_generic;
+    return NULL;
+}
+
 void zs_matmul_block_bf16_generic(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R) {
     zs_kern16_generic_bf16_block(y, ldy, x, T, in, W, R);
 }
@@ -86,6 +142,7 @@ typedef struct {
     zs_dtype wdt;
     block_fn fn;                /* f32 weights */
     zs_matmul_block16_fn fn16;  /* bf16 and f16 weights */
+    zs_matmul_blockq8_fn fnq8;  /* Q8_0 and Q4_0 weights */
 } mm_job;
 
 static void mm_task(void *arg, int task) {
@@ -96,7 +153,9 @@ static void mm_task(void *arg, int task) {
         int tn = ZS_MIN(j->tok_tile, j->T - t0);
         float *y = j->y + (size_t)t0 * j->out + r0;
         const float *x = j->x + (size_t)t0 * j->in;
-        if (j->fn16)
+        if (j->fnq8)
+            j->fnq8(y, j->out, x, tn, j->in, (const uint8_t *)j->W + zs_dtype_bytes(j->wdt, (size_t)r0 * j->in), R);
+        else if (j->fn16)
             j->fn16(y, j->out, x, tn, j->in, (const uint16_t *)j->W + (size_t)r0 * j->in, R);
         else
             j->fn(y, j->out, x, tn, j->in, (const float *)j->W + (size_t)r0 * j->in, R);
@@ -105,10 +164,11 @@ static void mm_task(void *arg, int task) {
 
 void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
                   const float *bias) {
-    mm_job j = {y, x, T, in, out, 0, 0, W, wdt, pick_kernel(), wdt == ZS_F32 ? NULL : zs_matmul_pick16(wdt)};
+    mm_job j = {y, x, T, in, out, 0, 0, W, wdt, pick_kernel(), zs_matmul_pick16(wdt),
+                zs_matmul_pick_quant(wdt)};
     /* weight blocks of ~64 KiB as stored, a multiple of 4 rows (the blocking never changes an
      * element's arithmetic, only which thread computes it and when) */
-    int rows = (int)((64 * 1024 / zs_dtype_size(wdt)) / (size_t)ZS_MAX(in, 1));
+    int rows = (int)((64 * 1024) / ZS_MAX(zs_dtype_bytes(wdt, (size_t)in), (size_t)1));
     rows = ZS_MAX(4, rows & ~3);
     /* but enough blocks to keep every thread busy on small matrices */
     int threads = zs_pool_threads();

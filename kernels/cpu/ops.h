@@ -10,8 +10,9 @@
 
 #include "tensor.h"
 
-/* y[T,out] = x[T,in] · W[out,in]^T (+ bias[out] when bias != NULL). W in dtype wdt. Row t of
- * y depends only on row t of x (bit for bit), never on T or the other rows. */
+/* y[T,out] = x[T,in] · W[out,in]^T (+ bias[out] when bias != NULL). W in dtype wdt (a block
+ * format, Q8_0/Q4_0: rows of in/32 blocks, in a multiple of 32). Row t of y depends only on row
+ * t of x (bit for bit), never on T or the other rows. */
 void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
                   const float *bias);
 /* y[T,d] = x / rms(x) * w, per row (w in f32). y may alias x. */
@@ -33,7 +34,8 @@ void zs_op_swiglu(float *out, const float *gate, const float *up, size_t n);
 void zs_op_add(float *y, const float *x, size_t n);
 /* In-place softmax over n values. */
 void zs_op_softmax(float *x, int n);
-/* out[d] = row `id` of table[rows, d] (any dtype), converted to f32. */
+/* out[d] = row `id` of table[rows, d] (any dtype; a block format needs d a multiple of 32),
+ * converted (dequantized) to f32. */
 void zs_op_embed(float *out, const void *table, zs_dtype dt, int d, int id);
 
 #endif
