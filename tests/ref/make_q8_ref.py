@@ -10,7 +10,7 @@ are random normal blocks at many scales plus edge cases: an all-zero block, a bl
 rounding ties, values whose scale is an f16 subnormal, values near the f16 range, one-hot blocks.
 
 Needs numpy and gguf from PyPI (only to regenerate the file; make test reads the .bin):
-  python3 -m venv /tmp/qv && /tmp/qv/bin/pip install gguf numpy
+  python3 -m venv /tmp/qv && /tmp/qv/bin/pip install gguf==0.19.0 numpy==2.4.6
   /tmp/qv/bin/python tests/ref/make_q8_ref.py          # from the repository root
 """
 import os, struct
