@@ -17,7 +17,7 @@ void zs_engine_flags_init(zs_engine_flags *f) {
 int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
     zs_opt t[ZS_ENGINE_FLAG_COUNT] = {
         {"model", ZS_OPT_STR, &f->model, "model directory (Hugging Face layout)  [required]"},
-        {"weight-dtype", ZS_OPT_STR, &f->weight_dtype, "auto (as stored) | f32 | f16 | bf16 | q8_0 | q4_0"},
+        {"weight-dtype", ZS_OPT_STR, &f->weight_dtype, "auto (as stored) | f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 (quantized at load)"},
         {"context", ZS_OPT_INT, &f->context, "context length (default: the model's)"},
         {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
         {"device", ZS_OPT_STR, &f->device, "cpu | cuda (default: cuda when a device is visible)"},
@@ -89,7 +89,7 @@ int zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo) {
     eo->model.weight_dtype = ZS_DTYPE_COUNT;
     if (f->weight_dtype && strcmp(f->weight_dtype, "auto") != 0) {
         if (zs_dtype_parse(f->weight_dtype, &eo->model.weight_dtype) < 0)
-            return zs_err(ZS_EINVAL, "--weight-dtype: '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0", f->weight_dtype);
+            return zs_err(ZS_EINVAL, "--weight-dtype: '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1", f->weight_dtype);
     } else if (z.bf16 == 1) {
         eo->model.weight_dtype = ZS_BF16;
     } else if (z.fp16 == 1) {

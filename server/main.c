@@ -191,7 +191,7 @@ static int cmd_init_model(int argc, char **argv) {
     ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
     if (!out) return zs_err(ZS_EINVAL, "--out is required");
     if (zs_dtype_parse(dtype, &c->dtype) < 0 || zs_dtype_is_quant(c->dtype))
-        return zs_err(ZS_EINVAL, "--dtype: '%s' is not one of f32, f16, bf16 (quantize at load: --weight-dtype q8_0 or q4_0)", dtype);
+        return zs_err(ZS_EINVAL, "--dtype: '%s' is not one of f32, f16, bf16 (quantize at load: --weight-dtype q8_0, q4_0, q4_1, q5_0 or q5_1)", dtype);
     if (c->n_heads <= 0 || c->dim <= 0) return zs_err(ZS_EINVAL, "--heads and --dim must be positive");
     if (!kv_given && c->arch == ZS_ARCH_GPT2) c->n_kv_heads = c->n_heads;
     else if (!kv_given) c->n_kv_heads = ZS_MIN(c->n_kv_heads, c->n_heads);

@@ -178,7 +178,7 @@ static int write_synthetic(const char *path, const char *arch, int bad, const ch
     tensor(&w, "blk.0.attn_output.weight", ZS_GGML_BF16, 2, 32, SD);
     tensor(&w, "blk.0.ffn_norm.weight", ZS_GGML_F32, 1, SD, 1);
     if (bad != BAD_MISSING) tensor(&w, "blk.0.ffn_gate.weight", ZS_GGML_F32, 2, SD, SF);
-    tensor(&w, "blk.0.ffn_up.weight", bad == BAD_QUANT ? ZS_GGML_Q4_1 : ZS_GGML_F32, 2, SD, SF);
+    tensor(&w, "blk.0.ffn_up.weight", bad == BAD_QUANT ? ZS_GGML_Q8_1 : ZS_GGML_F32, 2, SD, SF);
     tensor(&w, "blk.0.ffn_down.weight", ZS_GGML_F32, 2, SF, SD);
     tensor(&w, "output_norm.weight", ZS_GGML_F32, 1, SD, 1);
     return gw_write(&w, path);
@@ -238,7 +238,7 @@ static void test_synthetic(void) {
     CHECK(write_synthetic(p, "llama", BAD_SHAPE, NULL) == 0, "write");
     CHECK_ERR(zs_model_open(p, NULL, &m), "m.gguf", "blk.0.attn_k.weight", "ne [32, 32]", "expected [32, 16]");
     CHECK(write_synthetic(p, "llama", BAD_QUANT, NULL) == 0, "write");
-    CHECK_ERR(zs_model_open(p, NULL, &m), "m.gguf", "blk.0.ffn_up.weight", "Q4_1",
+    CHECK_ERR(zs_model_open(p, NULL, &m), "m.gguf", "blk.0.ffn_up.weight", "Q8_1",
               "quantized GGUF tensors are not supported yet");
     CHECK(write_synthetic(p, "qwen2", BAD_NO_EPS, NULL) == 0, "write");
     CHECK_ERR(zs_model_open(p, NULL, &m), "m.gguf", "qwen2.attention.layer_norm_rms_epsilon", "missing");

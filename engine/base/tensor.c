@@ -1,4 +1,5 @@
-/* tensor.c — dtype sizes and names, f16/bf16 <-> f32 conversion, Q8_0/Q4_0 quantization. */
+/* tensor.c — dtype sizes and names, f16/bf16 <-> f32 conversion, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1
+ * quantization and dequantization, Q4_K/Q6_K dequantization (ggml's reference arithmetic). */
 #include <math.h>
 #include "tensor.h"
 
@@ -13,16 +14,24 @@ size_t zs_dtype_size(zs_dtype t) {
     case ZS_BF16: return 2;
     case ZS_Q8_0: return ZS_Q8_0_BYTES;
     case ZS_Q4_0: return ZS_Q4_0_BYTES;
+    case ZS_Q4_1: return ZS_Q4_1_BYTES;
+    case ZS_Q5_0: return ZS_Q5_0_BYTES;
+    case ZS_Q5_1: return ZS_Q5_1_BYTES;
+    case ZS_Q4_K: return ZS_Q4_K_BYTES;
+    case ZS_Q6_K: return ZS_Q6_K_BYTES;
     default: return 0;
     }
 }
 
 int zs_dtype_block(zs_dtype t) {
-    if (t == ZS_Q8_0 || t == ZS_Q4_0) return ZS_Q8_0_BLOCK;
+    if (t == ZS_Q4_K || t == ZS_Q6_K) return ZS_QK_K;
+    if (zs_dtype_is_quant(t)) return ZS_Q8_0_BLOCK;
     return (unsigned)t < ZS_DTYPE_COUNT ? 1 : 0;
 }
 
-int zs_dtype_is_quant(zs_dtype t) { return t == ZS_Q8_0 || t == ZS_Q4_0; }
+int zs_dtype_is_quant(zs_dtype t) { return t >= ZS_Q8_0 && t < ZS_DTYPE_COUNT; }
+
+int zs_dtype_can_quantize(zs_dtype t) { return t >= ZS_Q8_0 && t <= ZS_Q5_1; }
 
 size_t zs_dtype_bytes(zs_dtype t, size_t n) {
     int b = zs_dtype_block(t);
@@ -36,6 +45,11 @@ const char *zs_dtype_name(zs_dtype t) {
     case ZS_BF16: return "BF16";
     case ZS_Q8_0: return "Q8_0";
     case ZS_Q4_0: return "Q4_0";
+    case ZS_Q4_1: return "Q4_1";
+    case ZS_Q5_0: return "Q5_0";
+    case ZS_Q5_1: return "Q5_1";
+    case ZS_Q4_K: return "Q4_K";
+    case ZS_Q6_K: return "Q6_K";
     default: return "?";
     }
 }
@@ -46,6 +60,11 @@ int zs_dtype_parse(const char *name, zs_dtype *out) {
     else if (!strcmp(name, "BF16") || !strcmp(name, "bf16") || !strcmp(name, "bfloat16")) *out = ZS_BF16;
     else if (!strcmp(name, "Q8_0") || !strcmp(name, "q8_0")) *out = ZS_Q8_0;
     else if (!strcmp(name, "Q4_0") || !strcmp(name, "q4_0")) *out = ZS_Q4_0;
+    else if (!strcmp(name, "Q4_1") || !strcmp(name, "q4_1")) *out = ZS_Q4_1;
+    else if (!strcmp(name, "Q5_0") || !strcmp(name, "q5_0")) *out = ZS_Q5_0;
+    else if (!strcmp(name, "Q5_1") || !strcmp(name, "q5_1")) *out = ZS_Q5_1;
+    else if (!strcmp(name, "Q4_K") || !strcmp(name, "q4_k")) *out = ZS_Q4_K;
+    else if (!strcmp(name, "Q6_K") || !strcmp(name, "q6_k")) *out = ZS_Q6_K;
     else return ZS_EUNSUPPORTED;
     return 0;
 }
@@ -142,6 +161,155 @@ __attribute__((optimize("fp-contract=off"))) void zs_quantize_q4_0(void *dst, co
     }
 }
 
+/* Q4_1 and Q5_1 (bits 4 or 5, nmax 15 or 31): (x - min)·id and + 0.5 rounded separately, as
+ * ggml does: no fused multiply-add here */
+__attribute__((optimize("fp-contract=off"))) static void quantize_min(uint8_t *o, const float *src, size_t n,
+                                                                      int five) {
+    size_t bb = five ? ZS_Q5_1_BYTES : ZS_Q4_1_BYTES;
+    int nmax = five ? 31 : 15;
+    for (size_t b = 0; b < n / 32; b++, o += bb) {
+        const float *x = src + b * 32;
+        float min = 3.402823466e+38f, max = -3.402823466e+38f;
+        for (int j = 0; j < 32; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        float d = (max - min) / (float)nmax, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = zs_f32_to_f16(d), hm = zs_f32_to_f16(min);
+        memcpy(o, &h, 2);
+        memcpy(o + 2, &hm, 2);
+        uint8_t *qs = o + (five ? 8 : 4);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            float x0 = (x[j] - min) * id, x1 = (x[16 + j] - min) * id;
+            int q0 = (int8_t)(x0 + 0.5f), q1 = (int8_t)(x1 + 0.5f);
+            q0 = q0 < nmax ? q0 : nmax;
+            q1 = q1 < nmax ? q1 : nmax;
+            qs[j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
+            qh |= (uint32_t)(q0 >> 4 & 1) << j | (uint32_t)(q1 >> 4 & 1) << (j + 16);
+        }
+        if (five) memcpy(o + 4, &qh, 4); /* little-endian, as ggml writes it */
+    }
+}
+
+void zs_quantize_q4_1(void *dst, const float *src, size_t n) { quantize_min(dst, src, n, 0); }
+void zs_quantize_q5_1(void *dst, const float *src, size_t n) { quantize_min(dst, src, n, 1); }
+
+__attribute__((optimize("fp-contract=off"))) void zs_quantize_q5_0(void *dst, const float *src, size_t n) {
+    uint8_t *o = dst;
+    for (size_t b = 0; b < n / 32; b++, o += ZS_Q5_0_BYTES) {
+        const float *x = src + b * 32;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+        float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = zs_f32_to_f16(d);
+        memcpy(o, &h, 2);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            int q0 = (int8_t)(x[j] * id + 16.5f), q1 = (int8_t)(x[16 + j] * id + 16.5f);
+            q0 = q0 < 31 ? q0 : 31;
+            q1 = q1 < 31 ? q1 : 31;
+            o[6 + j] = (uint8_t)((q0 & 15) | (q1 & 15) << 4);
+            qh |= (uint32_t)(q0 >> 4 & 1) << j | (uint32_t)(q1 >> 4 & 1) << (j + 16);
+        }
+        memcpy(o + 2, &qh, 4);
+    }
+}
+
+int zs_quantize(zs_dtype dt, void *dst, const float *src, size_t n) {
+    switch (dt) {
+    case ZS_Q8_0: zs_quantize_q8_0(dst, src, n); return 0;
+    case ZS_Q4_0: zs_quantize_q4_0(dst, src, n); return 0;
+    case ZS_Q4_1: zs_quantize_q4_1(dst, src, n); return 0;
+    case ZS_Q5_0: zs_quantize_q5_0(dst, src, n); return 0;
+    case ZS_Q5_1: zs_quantize_q5_1(dst, src, n); return 0;
+    case ZS_Q4_K:
+    case ZS_Q6_K:
+        return zs_err(ZS_EUNSUPPORTED, "quantize: %s is read as stored from GGUF files; quantizing into it is not "
+                      "supported", zs_dtype_name(dt));
+    default: return zs_err(ZS_EINVAL, "quantize: dtype %s (%d) is not a block format", zs_dtype_name(dt), (int)dt);
+    }
+}
+
+/* Q4_1, Q5_0, Q5_1 blocks to f32, ggml's dequantize_row_*: weight k's q is its nibble (k < 16:
+ * low nibble of qs[k], else high nibble of qs[k - 16]) plus, for Q5, bit k of qh as 16;
+ * Q5_0 value = d * (q - 16) (one rounding), Q4_1/Q5_1 value = (d * q) + m (two roundings,
+ * never contracted into an fma) */
+__attribute__((optimize("fp-contract=off"))) static void q45_to_f32(float *dst, const uint8_t *s, size_t n, zs_dtype st) {
+    size_t bb = zs_dtype_size(st);
+    int has_m = st != ZS_Q5_0, five = st != ZS_Q4_1;
+    size_t qo = (size_t)(2 + 2 * has_m + 4 * five);
+    for (size_t b = 0; b < n / 32; b++, s += bb) {
+        uint16_t h, hm = 0;
+        uint32_t qh = 0;
+        memcpy(&h, s, 2);
+        if (has_m) memcpy(&hm, s + 2, 2);
+        if (five) memcpy(&qh, s + 2 + 2 * has_m, 4);
+        float d = zs_f16_to_f32(h), m = zs_f16_to_f32(hm);
+        for (int k = 0; k < 32; k++) {
+            int q = (k < 16 ? s[qo + k] & 15 : s[qo + k - 16] >> 4) | (int)(qh >> k & 1) << 4;
+            if (!has_m) {
+                dst[b * 32 + k] = d * (float)(q - 16);
+            } else {
+                float p = d * (float)q;
+                dst[b * 32 + k] = p + m;
+            }
+        }
+    }
+}
+
+/* Q4_K's 6-bit scale and min of group j (0..7): ggml's get_scale_min_k4 */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K and Q6_K super-blocks to f32, ggml's dequantize_row_q4_K/q6_K: group g of 32; Q4_K
+ * (d·sc)·q - (dmin·m), Q6_K (d·sc)·(q - 32), each operation rounded, none fused */
+__attribute__((optimize("fp-contract=off"))) static void qk_to_f32(float *dst, const uint8_t *s, size_t n, zs_dtype st) {
+    for (size_t b = 0; b < n / ZS_QK_K; b++) {
+        float *y = dst + b * ZS_QK_K;
+        uint16_t h;
+        if (st == ZS_Q4_K) {
+            const uint8_t *blk = s + b * ZS_Q4_K_BYTES;
+            uint16_t hm;
+            memcpy(&h, blk, 2);
+            memcpy(&hm, blk + 2, 2);
+            float d = zs_f16_to_f32(h), dmin = zs_f16_to_f32(hm);
+            for (int g = 0; g < 8; g++) {
+                int sc, m;
+                scale_min_k4(g, blk + 4, &sc, &m);
+                float d1 = d * (float)sc, m1 = dmin * (float)m;
+                const uint8_t *q = blk + 16 + 32 * (g >> 1);
+                for (int l = 0; l < 32; l++) {
+                    float p = d1 * (float)((q[l] >> (4 * (g & 1))) & 15);
+                    y[32 * g + l] = p - m1;
+                }
+            }
+        } else {
+            const uint8_t *blk = s + b * ZS_Q6_K_BYTES;
+            memcpy(&h, blk + 208, 2);
+            float d = zs_f16_to_f32(h);
+            for (int g = 0; g < 8; g++) {
+                int hn = g >> 2, gg = g & 3;
+                const uint8_t *ql = blk + 64 * hn + 32 * (gg & 1), *qh = blk + 128 + 32 * hn;
+                const int8_t *sc = (const int8_t *)(blk + 192) + 8 * hn + 2 * gg;
+                for (int l = 0; l < 32; l++) {
+                    int q = ((ql[l] >> (4 * (gg >> 1))) & 15) | ((qh[l] >> (2 * gg)) & 3) << 4;
+                    float ds = d * (float)sc[l / 16];
+                    y[32 * g + l] = ds * (float)(q - 32);
+                }
+            }
+        }
+    }
+}
+
 static void q4_0_to_f32(float *dst, const uint8_t *s, size_t n) {
     for (size_t b = 0; b < n / 32; b++, s += ZS_Q4_0_BYTES) {
         uint16_t h;
@@ -169,6 +337,10 @@ void zs_to_f32(float *dst, const void *src, zs_dtype st, size_t n) {
         q8_0_to_f32(dst, src, n);
     } else if (st == ZS_Q4_0) {
         q4_0_to_f32(dst, src, n);
+    } else if (st == ZS_Q4_1 || st == ZS_Q5_0 || st == ZS_Q5_1) {
+        q45_to_f32(dst, src, n, st);
+    } else if (st == ZS_Q4_K || st == ZS_Q6_K) {
+        qk_to_f32(dst, src, n, st);
     } else if (st == ZS_F32) {
         memmove(dst, src, n * 4);
     } else if (st == ZS_BF16) {
@@ -181,15 +353,15 @@ void zs_to_f32(float *dst, const void *src, zs_dtype st, size_t n) {
 }
 
 void zs_convert(void *dst, zs_dtype dt, const void *src, zs_dtype st, size_t n) {
-    if (dt == ZS_Q8_0 && st == ZS_F32) { zs_quantize_q8_0(dst, src, n); return; }
-    if (dt == ZS_Q4_0 && st == ZS_F32) { zs_quantize_q4_0(dst, src, n); return; }
+    if (zs_dtype_is_quant(dt) && st == ZS_F32) { zs_quantize(dt, dst, src, n); return; }
     if (dt == st) { memmove(dst, src, zs_dtype_bytes(dt, n)); return; }
     if (dt == ZS_F32) { zs_to_f32(dst, src, st, n); return; }
-    if (zs_dtype_is_quant(dt) || zs_dtype_is_quant(st)) { /* through f32, a block at a time */
-        float f[ZS_Q8_0_BLOCK];
-        for (size_t i = 0; i < n / ZS_Q8_0_BLOCK; i++) {
-            zs_to_f32(f, (const char *)src + zs_dtype_bytes(st, i * ZS_Q8_0_BLOCK), st, ZS_Q8_0_BLOCK);
-            zs_convert((char *)dst + zs_dtype_bytes(dt, i * ZS_Q8_0_BLOCK), dt, f, ZS_F32, ZS_Q8_0_BLOCK);
+    if (zs_dtype_is_quant(dt) || zs_dtype_is_quant(st)) { /* through f32, a (larger) block at a time */
+        float f[ZS_DTYPE_MAX_BLOCK];
+        size_t c = (size_t)(zs_dtype_block(st) > zs_dtype_block(dt) ? zs_dtype_block(st) : zs_dtype_block(dt));
+        for (size_t i = 0; i < n / c; i++) {
+            zs_to_f32(f, (const char *)src + zs_dtype_bytes(st, i * c), st, c);
+            zs_convert((char *)dst + zs_dtype_bytes(dt, i * c), dt, f, ZS_F32, c);
         }
         return;
     }

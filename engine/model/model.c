@@ -1,7 +1,7 @@
 /* model.c — opening a checkpoint as a model: the bucket layout of each architecture (with the
  * host embedding lookup tables of inference models), the mapping from Hugging Face tensor names
  * (a safetensors directory) or llama.cpp tensor names (a GGUF file with F32/F16/BF16 tensors,
- * Q8_0/Q4_0 matrices) to roles, validation of every tensor, packing buckets, and the pass order. */
+ * Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K matrices, each kept as stored) to roles, validation of every tensor, packing buckets, and the pass order. */
 #include "model.h"
 
 #include <errno.h>
@@ -38,6 +38,7 @@ struct zs_model {
     zs_st_tensor *gt;         /* [tensor count of gg] its tensors described as safetensors ones
                                  (HF dim order; dtype ZS_DTYPE_COUNT for a type we cannot load) */
     int n_buckets;
+    int as_stored;            /* layouts rebuilt "as stored": a matrix whose source is a block format keeps it */
     zs_bucket_layout *layout; /* [n_buckets] */
     zs_bucket_layout *glayout; /* [n_buckets] the same slots, every tensor f32 (gradients, master weights) */
     src_ref *src;             /* [n_buckets * ZS_MAX_ROLES] */
@@ -112,30 +113,41 @@ static void layout_finish(zs_bucket_layout *L, int64_t threshold, unsigned force
     L->resident_bytes = off_r;
 }
 
+/* the storage dtype of matrix `role` of bucket b: wd, or as stored (a checkpoint of mixed block
+ * formats, e.g. Q4_K_M's Q4_K and Q6_K, keeps each matrix's format; a matrix stored otherwise
+ * gets wd when it can be quantized into, else bf16) */
+static zs_dtype matrix_dtype(const zs_model *m, int b, int role, zs_dtype wd) {
+    if (!m->as_stored) return wd;
+    const zs_st_tensor *t = m->src[b * ZS_MAX_ROLES + role].t;
+    if (t && zs_dtype_is_quant(t->dtype)) return t->dtype;
+    return zs_dtype_is_quant(wd) && !zs_dtype_can_quantize(wd) ? ZS_BF16 : wd;
+}
+
 static void build_layouts(zs_model *m) {
     const zs_model_config *c = &m->cfg;
-    zs_dtype wd = m->opts.weight_dtype;
+    zs_dtype wd0 = m->opts.weight_dtype;
+#define WD(b, role) matrix_dtype(m, (b), (role), wd0)
     int64_t d = c->dim, q = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     int64_t f = c->ffn_dim;
     int gpt2 = c->arch == ZS_ARCH_GPT2;
 
     zs_bucket_layout *E = &m->layout[0];
     E->n_roles = ZS_R_EMB_COUNT;
-    slot_set(E, ZS_R_TOK_EMB, wd, 2, c->vocab_size, d);
-    if (gpt2) slot_set(E, ZS_R_POS_EMB, wd, 2, c->max_seq, d);
+    slot_set(E, ZS_R_TOK_EMB, WD(0, ZS_R_TOK_EMB), 2, c->vocab_size, d);
+    if (gpt2) slot_set(E, ZS_R_POS_EMB, WD(0, ZS_R_POS_EMB), 2, c->max_seq, d);
 
     for (int l = 0; l < c->n_layers; l++) {
         zs_bucket_layout *L = &m->layout[1 + l];
         L->n_roles = ZS_R_LAYER_COUNT;
         slot_set(L, ZS_R_ATTN_NORM_W, ZS_F32, 1, d, 1);
-        slot_set(L, ZS_R_WQ, wd, 2, q, d);
-        slot_set(L, ZS_R_WK, wd, 2, kvd, d);
-        slot_set(L, ZS_R_WV, wd, 2, kvd, d);
-        slot_set(L, ZS_R_WO, wd, 2, d, q);
+        slot_set(L, ZS_R_WQ, WD(1 + l, ZS_R_WQ), 2, q, d);
+        slot_set(L, ZS_R_WK, WD(1 + l, ZS_R_WK), 2, kvd, d);
+        slot_set(L, ZS_R_WV, WD(1 + l, ZS_R_WV), 2, kvd, d);
+        slot_set(L, ZS_R_WO, WD(1 + l, ZS_R_WO), 2, d, q);
         slot_set(L, ZS_R_FFN_NORM_W, ZS_F32, 1, d, 1);
-        if (!gpt2) slot_set(L, ZS_R_W_GATE, wd, 2, f, d);
-        slot_set(L, ZS_R_W_UP, wd, 2, f, d);
-        slot_set(L, ZS_R_W_DOWN, wd, 2, d, f);
+        if (!gpt2) slot_set(L, ZS_R_W_GATE, WD(1 + l, ZS_R_W_GATE), 2, f, d);
+        slot_set(L, ZS_R_W_UP, WD(1 + l, ZS_R_W_UP), 2, f, d);
+        slot_set(L, ZS_R_W_DOWN, WD(1 + l, ZS_R_W_DOWN), 2, d, f);
         if (gpt2) {
             slot_set(L, ZS_R_ATTN_NORM_B, ZS_F32, 1, d, 1);
             slot_set(L, ZS_R_FFN_NORM_B, ZS_F32, 1, d, 1);
@@ -156,7 +168,7 @@ static void build_layouts(zs_model *m) {
     H->n_roles = ZS_R_HEAD_COUNT;
     slot_set(H, ZS_R_OUT_NORM_W, ZS_F32, 1, d, 1);
     if (gpt2) slot_set(H, ZS_R_OUT_NORM_B, ZS_F32, 1, d, 1);
-    if (!c->tied_embeddings) slot_set(H, ZS_R_LM_HEAD, wd, 2, c->vocab_size, d);
+    if (!c->tied_embeddings) slot_set(H, ZS_R_LM_HEAD, WD(m->n_buckets - 1, ZS_R_LM_HEAD), 2, c->vocab_size, d);
 
     /* inference models: the tables that are only looked up are host-resident (model.h); a tied
      * token table stays sharded (it is the LM head too) */
@@ -173,6 +185,7 @@ static void build_layouts(zs_model *m) {
         for (int r = 0; r < m->glayout[b].n_roles; r++) m->glayout[b].slot[r].dtype = ZS_F32;
         layout_finish(&m->glayout[b], m->opts.persist_threshold, force);
     }
+#undef WD
 }
 
 /* ---- name mapping and validation ---- */
@@ -191,9 +204,9 @@ static int find_gguf(zs_model *m, const char *name, int ndim, const int64_t *sha
         int quant = zs_gguf_type_block((int)g->type, &be, &bb) == 0 && be > 1;
         if (quant)
             return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' has type %s: quantized GGUF tensors are "
-                          "not supported yet (only F32, F16, BF16, Q8_0, Q4_0)", path, name, tn ? tn : "?");
+                          "not supported yet (only F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)", path, name, tn ? tn : "?");
         return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' has type %s, which cannot hold weights "
-                      "(only F32, F16, BF16, Q8_0, Q4_0)", path, name, tn ? tn : "?");
+                      "(only F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)", path, name, tn ? tn : "?");
     }
     /* quantized blocks must be whole rows of a matrix (packing reads rows, never single elements) */
     if (zs_dtype_is_quant(t->dtype) && (ndim != 2 || t->ndim != 2 || t->shape[1] % zs_dtype_block(t->dtype)))
@@ -390,7 +403,9 @@ static int open_gguf(zs_model *m, const char *path) {
         t->name = g->name;
         t->dtype = g->type == ZS_GGML_F32 ? ZS_F32 : g->type == ZS_GGML_F16 ? ZS_F16
                  : g->type == ZS_GGML_BF16 ? ZS_BF16 : g->type == ZS_GGML_Q8_0 ? ZS_Q8_0
-                 : g->type == ZS_GGML_Q4_0 ? ZS_Q4_0 : ZS_DTYPE_COUNT;
+                 : g->type == ZS_GGML_Q4_0 ? ZS_Q4_0 : g->type == ZS_GGML_Q4_1 ? ZS_Q4_1
+                 : g->type == ZS_GGML_Q5_0 ? ZS_Q5_0 : g->type == ZS_GGML_Q5_1 ? ZS_Q5_1
+                 : g->type == ZS_GGML_Q4_K ? ZS_Q4_K : g->type == ZS_GGML_Q6_K ? ZS_Q6_K : ZS_DTYPE_COUNT;
         t->ndim = g->n_dims;
         for (int k = 0; k < g->n_dims; k++) t->shape[k] = g->ne[g->n_dims - 1 - k];
         t->data = g->data;
@@ -440,6 +455,12 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
     else zs_model_opts_default(&m->opts);
     m->opts.embed_lookup = !!m->opts.embed_lookup;
     if (!m->dir) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto fail; }
+    if (zs_dtype_is_quant(m->opts.weight_dtype) && !zs_dtype_can_quantize(m->opts.weight_dtype)) {
+        rc = zs_err(ZS_EUNSUPPORTED, "%s: weight dtype %s: quantizing into K-quants at load is not supported (a GGUF "
+                    "file's Q4_K/Q6_K tensors load as stored with --weight-dtype auto; to quantize at load use "
+                    "q8_0, q5_1, q5_0, q4_1 or q4_0)", dir, zs_dtype_name(m->opts.weight_dtype));
+        goto fail;
+    }
     struct stat sb;
     if (stat(dir, &sb) == 0 && S_ISREG(sb.st_mode)) { /* a file: GGUF */
         if ((rc = open_gguf(m, dir)) < 0) goto fail;
@@ -465,11 +486,16 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
         r->shape[0] = r->t->ndim > 0 ? r->t->shape[0] : 1;
         r->shape[1] = r->t->ndim > 1 ? r->t->shape[1] : 1;
     }
-    /* When the checkpoint's dtype is not the one config.json says, store as the checkpoint has it. */
+    /* When the checkpoint's dtype is not the one config.json says, store as the checkpoint has it
+     * (and with block formats, each matrix in its own: matrix_dtype). */
     if (!o || o->weight_dtype >= ZS_DTYPE_COUNT) {
         zs_dtype st_dt = m->src[ZS_R_TOK_EMB].t->dtype;
-        if (st_dt != m->opts.weight_dtype) {
+        int any_quant = 0;
+        for (int i = 0; i < m->n_buckets * ZS_MAX_ROLES; i++)
+            any_quant |= m->src[i].t && zs_dtype_is_quant(m->src[i].t->dtype);
+        if (st_dt != m->opts.weight_dtype || any_quant) {
             m->opts.weight_dtype = st_dt;
+            m->as_stored = any_quant;
             memset(m->layout, 0, (size_t)m->n_buckets * sizeof *m->layout);
             memset(m->glayout, 0, (size_t)m->n_buckets * sizeof *m->glayout);
             m->n_params = 0;

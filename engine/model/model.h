@@ -67,7 +67,7 @@ typedef struct {
 
 typedef struct {
     zs_dtype weight_dtype;     /* storage dtype of matrices; ZS_DTYPE_COUNT = as stored in the checkpoint;
-                                  ZS_Q8_0/ZS_Q4_0 quantize at load (matrices whose rows are not a multiple
+                                  ZS_Q8_0 .. ZS_Q5_1 quantize at load (matrices whose rows are not a multiple
                                   of 32 are kept in bf16; norms and biases are f32 whatever is asked) */
     int64_t persist_threshold; /* tensors with fewer elements stay resident (default 0: norms and biases) */
     int embed_lookup;          /* 1: an inference model: embedding lookup tables in host memory (see
@@ -108,7 +108,7 @@ const char *zs_model_dir(const zs_model *m);
 const char *zs_model_fingerprint(const zs_model *m);
 size_t zs_model_param_count(const zs_model *m);
 size_t zs_model_weight_bytes(const zs_model *m);   /* bytes of all buckets (data + resident) */
-/* the block format (ZS_Q8_0) some matrix is stored in, or ZS_DTYPE_COUNT when every slot holds
+/* the block format (ZS_Q8_0 .. ZS_Q5_1) some matrix is stored in, or ZS_DTYPE_COUNT when every slot holds
  * an element type; the CUDA path and training refuse a quantized model */
 zs_dtype zs_model_quant_dtype(const zs_model *m);
 /* Resident buffers owned by the model (after zs_model_load_resident; NULL before). */

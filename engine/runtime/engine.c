@@ -4,6 +4,7 @@
  * GGUF: it takes plain arrays, zs_tokenizer_spec). */
 #include "engine.h"
 
+#include <ctype.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -169,7 +170,9 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     if ((rc = zs_device_resolve(o->device, &e->device)) < 0) goto fail;
     if ((rc = zs_model_open(o->model_dir, &o->model, &e->model)) < 0) goto fail;
     if (e->device == ZS_DEVICE_CUDA && zs_model_quant_dtype(e->model) != ZS_DTYPE_COUNT) {
-        const char *qn = zs_model_quant_dtype(e->model) == ZS_Q8_0 ? "q8_0" : "q4_0";
+        char qn[8]; /* the --weight-dtype spelling: lower case */
+        snprintf(qn, sizeof qn, "%s", zs_dtype_name(zs_model_quant_dtype(e->model)));
+        for (char *p = qn; *p; p++) *p = (char)tolower((unsigned char)*p);
         rc = zs_err(ZS_EUNSUPPORTED, "%s weights are not supported on CUDA yet (use --device cpu, or --weight-dtype bf16)", qn);
         goto fail;
     }

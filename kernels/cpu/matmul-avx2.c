@@ -1,7 +1,7 @@
 /* matmul-avx2.c — the batch-invariant matmul kernels compiled for AVX2 + FMA (selected at run
  * time when the CPU has them): f32 (matmul-kern.h), and bf16 and f16 (matmul-16-kern.h, with
- * F16C for f16), which load the 16-bit weights and widen them in registers; Q8_0 and
- * Q4_0 (matmul-quant-kern.h), which dequantize ggml's blocks in registers. */
+ * F16C for f16), which load the 16-bit weights and widen them in registers; Q8_0, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q4_K and Q6_K (matmul-quant-kern.h), which dequantize ggml's blocks in registers. */
 #include "matmul-16.h"
 
 #pragma GCC push_options
@@ -57,18 +57,132 @@ static inline __m256 zs_q4x8_avx2(const uint8_t *b, int s, __m256 dv) {
     __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(v), _mm256_set1_epi32(8));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(q), dv);
 }
+/* Q4_1/Q5_0/Q5_1: the 8 nibbles of weights 8s..8s+7 (qs at the block's nibbles) as i32, and
+ * their fifth bits (bit 8s+i of qh) as 16 or 0 */
+static inline __m256i zs_nib8_avx2(const uint8_t *qs, int s) {
+    __m128i v = _mm_loadl_epi64((const __m128i *)(qs + 8 * (s & 1)));
+    if (s >= 2) v = _mm_srli_epi16(v, 4);
+    return _mm256_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(15)));
+}
+static inline __m256i zs_hi8_avx2(const uint8_t *qhp, int s) {
+    uint32_t qh;
+    memcpy(&qh, qhp, 4);
+    const __m256i bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    __m256i h = _mm256_and_si256(_mm256_set1_epi32((int)(qh >> (8 * s) & 0xffu)), bits);
+    return _mm256_and_si256(_mm256_cmpeq_epi32(h, bits), _mm256_set1_epi32(16));
+}
+/* d·q rounded, then + m rounded: the barrier keeps the compiler from fusing them */
+static inline __m256 zs_dqm_avx2(__m256i q, __m256 dv, __m256 mv) {
+    __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(q), dv);
+    ZS_NOFUSE(p);
+    return _mm256_add_ps(p, mv);
+}
+static inline __m256 zs_q41x8_avx2(const uint8_t *b, int s, __m256 dv, __m256 mv) {
+    return zs_dqm_avx2(zs_nib8_avx2(b + 4, s), dv, mv);
+}
+static inline __m256 zs_q50x8_avx2(const uint8_t *b, int s, __m256 dv) {
+    __m256i q = _mm256_or_si256(zs_nib8_avx2(b + 6, s), zs_hi8_avx2(b + 2, s));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(16))), dv);
+}
+static inline __m256 zs_q51x8_avx2(const uint8_t *b, int s, __m256 dv, __m256 mv) {
+    return zs_dqm_avx2(_mm256_or_si256(zs_nib8_avx2(b + 8, s), zs_hi8_avx2(b + 4, s)), dv, mv);
+}
+/* Q4_K: group g's nibbles (low for even g, high for odd) of bytes 32(g/2).., d1·q + (-m1) */
+static inline __m256 zs_q4kx8_avx2(const uint8_t *b, int g, int s, __m256 dv, __m256 mv) {
+    __m128i v = _mm_loadl_epi64((const __m128i *)(b + 16 + 32 * (g >> 1) + 8 * s));
+    if (g & 1) v = _mm_srli_epi16(v, 4);
+    return zs_dqm_avx2(_mm256_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(15))), dv, mv);
+}
+/* Q6_K: the low nibble of ql and the 2 bits of qh of weights 8s.. of group g, minus 32, times
+ * the scale of their 16 (d0 for s < 2, d1 after) */
+static inline __m256 zs_q6kx8_avx2(const uint8_t *b, int g, int s, __m256 d0, __m256 d1) {
+    int hn = g >> 2, gg = g & 3;
+    __m128i lo = _mm_loadl_epi64((const __m128i *)(b + 64 * hn + 32 * (gg & 1) + 8 * s));
+    __m128i hi = _mm_loadl_epi64((const __m128i *)(b + 128 + 32 * hn + 8 * s));
+    lo = _mm_and_si128(_mm_srl_epi16(lo, _mm_cvtsi32_si128(4 * (gg >> 1))), _mm_set1_epi8(15));
+    hi = _mm_and_si128(_mm_srl_epi16(hi, _mm_cvtsi32_si128(2 * gg)), _mm_set1_epi8(3));
+    __m128i q = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+    __m256i qi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(32));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(qi), s < 2 ? d0 : d1);
+}
+static inline int zs_q4k_sc(const uint8_t *q, int j, int *m) { /* get_scale_min_k4 */
+    if (j < 4) {
+        *m = q[j + 4] & 63;
+        return q[j] & 63;
+    }
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    return (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+}
+static inline zs_q8dm zs_q4k_dv_avx2(const uint8_t *b, int g) {
+    uint16_t h, hm;
+    memcpy(&h, b, 2);
+    memcpy(&hm, b + 2, 2);
+    int m, sc = zs_q4k_sc(b + 4, g, &m);
+    float d1 = _cvtsh_ss(h) * (float)sc, m1 = _cvtsh_ss(hm) * (float)m;
+    zs_q8dm v = {{d1, d1, d1, d1, d1, d1, d1, d1}, {-m1, -m1, -m1, -m1, -m1, -m1, -m1, -m1}};
+    return v;
+}
+static inline zs_q8dm zs_q6k_dv_avx2(const uint8_t *b, int g) {
+    uint16_t h;
+    memcpy(&h, b + 208, 2);
+    const int8_t *sc = (const int8_t *)(b + 192) + 8 * (g >> 2) + 2 * (g & 3);
+    float d = _cvtsh_ss(h), d0 = d * (float)sc[0], d1 = d * (float)sc[1];
+    zs_q8dm v = {{d0, d0, d0, d0, d0, d0, d0, d0}, {d1, d1, d1, d1, d1, d1, d1, d1}};
+    return v;
+}
 #define KQ8_D(h) _cvtsh_ss(h)
 #define KQ8_FMA8(a, b, c) ((zs_v8)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
 #define KQ8_NAME(x) zs_kq8_avx2_##x
 #define KQ8_BYTES 34
-#define KQ8_W8(b, s, dv) ((zs_v8)zs_q8x8_avx2((b), (s), (__m256)(dv)))
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q8x8_avx2((b), (s), (__m256)(dv).d))
 #include "matmul-quant-kern.h"
 #undef KQ8_NAME
 #undef KQ8_BYTES
 #undef KQ8_W8
 #define KQ8_NAME(x) zs_kq4_avx2_##x
 #define KQ8_BYTES 18
-#define KQ8_W8(b, s, dv) ((zs_v8)zs_q4x8_avx2((b), (s), (__m256)(dv)))
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q4x8_avx2((b), (s), (__m256)(dv).d))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq41_avx2_##x
+#define KQ8_BYTES 20
+#define KQ8_HAS_MIN 1
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q41x8_avx2((b), (s), (__m256)(dv).d, (__m256)(dv).m))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq50_avx2_##x
+#define KQ8_BYTES 22
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q50x8_avx2((b), (s), (__m256)(dv).d))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq51_avx2_##x
+#define KQ8_BYTES 24
+#define KQ8_HAS_MIN 1
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q51x8_avx2((b), (s), (__m256)(dv).d, (__m256)(dv).m))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq4k_avx2_##x
+#define KQ8_BYTES 144
+#define KQ8_SUB 8
+#define KQ8_DVG(b, g) zs_q4k_dv_avx2((b), (g))
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q4kx8_avx2((b), (g), (s), (__m256)(dv).d, (__m256)(dv).m))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq6k_avx2_##x
+#define KQ8_BYTES 210
+#define KQ8_SUB 8
+#define KQ8_DVG(b, g) zs_q6k_dv_avx2((b), (g))
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q6kx8_avx2((b), (g), (s), (__m256)(dv).d, (__m256)(dv).m))
 #include "matmul-quant-kern.h"
 #undef KQ8_NAME
 #undef KQ8_BYTES
@@ -77,11 +191,27 @@ static inline __m256 zs_q4x8_avx2(const uint8_t *b, int s, __m256 dv) {
 #undef KQ8_FMA8
 #undef KERN16_FMA8
 
+void zs_matmul_block_q4_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq4k_avx2_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q6_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq6k_avx2_block(y, ldy, x, T, in, W, R);
+}
+
 void zs_matmul_block_q8_0_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
     zs_kq8_avx2_block(y, ldy, x, T, in, W, R);
 }
 void zs_matmul_block_q4_0_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
     zs_kq4_avx2_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q4_1_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq41_avx2_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q5_0_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq50_avx2_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q5_1_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq51_avx2_block(y, ldy, x, T, in, W, R);
 }
 
 void zs_matmul_block_bf16_avx2(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R) {

@@ -1,11 +1,19 @@
 /* matmul-quant-kern.h — the inner kernel of the batch-invariant matrix product over ggml block
  * weights (blocks of 32 with an f16 scale d first: Q8_0, 34 bytes, 32 int8 q; Q4_0, 18 bytes,
- * 16 bytes of nibbles, weights 0..15 low, 16..31 high), included by matmul.c (generic build) and
+ * 16 bytes of nibbles, weights 0..15 low, 16..31 high; Q4_1, 20 bytes, d, an f16 min m, the
+ * nibbles; Q5_0, 22 bytes, d, a uint32 qh of fifth bits, the nibbles; Q5_1, 24 bytes, d, m, qh,
+ * the nibbles; K-quant super-blocks of 8 groups of 32: Q4_K, 144 bytes, group g scaled by
+ * d·sc[g] with min dmin·m[g]; Q6_K, 210 bytes, two scales d·sc per group, one per 16 weights),
+ * included by matmul.c (generic build) and
  * matmul-avx2.c (AVX2+FMA+F16C), once per format. The blocks are read as stored and dequantized
  * in registers, never written back to memory as f32.
  *
- * Each weight is widened as w = f32(d) · f32(q) (Q4_0: f32(d) · f32(q - 8)), one rounded f32
- * product (what zs_to_f32 gives for the tensor). The accumulation order of y[t][j] = Σ_k w[j][k]·x[t][k] (in a multiple of
+ * Each weight is widened as w = f32(d) · f32(q) (Q4_0: f32(d) · f32(q - 8), Q5_0: f32(d) ·
+ * f32(q - 16)), one rounded f32 product; Q4_1/Q5_1: w = (f32(d) · f32(q)) + f32(m), the product
+ * rounded and then the sum, never fused (ggml's dequantize_row_q4_1/q5_1: x*d + m) — what
+ * zs_to_f32 gives for the tensor in every case. Q4_K: w = (d1 · f32(q)) - m1, Q6_K: w = d1 ·
+ * f32(q - 32), where d1 = f32(d)·sc and m1 = f32(dmin)·m are rounded products made once per
+ * group (dequantize_row_q4_K/q6_K's order; the kernel adds -m1, which is the same bits). The accumulation order of y[t][j] = Σ_k w[j][k]·x[t][k] (in a multiple of
  * 32, so there is no tail) is that of matmul-16-kern.h:
  *   lane l = 0..7: a_l = 0, then for k = l, l+8, l+16, … < in in order: a_l = fma(w[j][k], x[t][k], a_l)
  *   y = ((a_0 + a_1) + (a_2 + a_3)) + ((a_4 + a_5) + (a_6 + a_7))
@@ -17,10 +25,15 @@
  *
  * The including file defines, then #undefs after the inclusion:
  *   KQ8_NAME(x)        the name of the kernel's functions
- *   KQ8_BYTES          bytes per block of 32 weights (34, 18)
+ *   KQ8_BYTES          bytes per stored block (34, 18, 20, 22, 24; Q4_K 144, Q6_K 210)
+ *   KQ8_SUB            (optional, default 1) groups of 32 weights per stored block (K-quants: 8)
+ *   KQ8_DVG(b, g)      (optional) the zs_q8dm of group g of the block at b; default: the f16 d
+ *                      at bytes 0..1 (and the min at 2..3 with KQ8_HAS_MIN), broadcast
  *   KQ8_D(h)           the f16 scale bits h (uint16_t) as a float (exact)
- *   KQ8_W8(b, s, dv)   weights 8s..8s+7 (s = 0..3) of the block at b (const uint8_t *) as f32,
- *                      multiplied lane-wise by dv, as a zs_q8v
+ *   KQ8_HAS_MIN        (optional, 0 or 1) the block has an f16 min m at bytes 2..3 (Q4_1, Q5_1)
+ *   KQ8_W8(b, g, s, dv) weights 8s..8s+7 (s = 0..3) of group g of the block at b (const uint8_t *) as f32,
+ *                      dv a zs_q8dm: multiplied lane-wise by dv.d (then dv.m added, for the
+ *                      formats with a min), as a zs_q8v
  *   KQ8_FMA8(a,b,c)    lane-wise a·b + c rounded once, as a zs_q8v */
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +43,13 @@
 #define ZS_MATMUL_QUANT_TYPES
 typedef float zs_q8v __attribute__((vector_size(32)));
 typedef float zs_q8vu __attribute__((vector_size(32), aligned(4), may_alias)); /* unaligned loads */
+typedef struct { zs_q8v d, m; } zs_q8dm; /* a block's scale and min (0 without one), broadcast */
+#endif
+#ifndef KQ8_HAS_MIN
+#define KQ8_HAS_MIN 0
+#endif
+#ifndef KQ8_SUB
+#define KQ8_SUB 1
 #endif
 
 static inline float KQ8_NAME(hsum)(zs_q8v a) {
@@ -38,50 +58,60 @@ static inline float KQ8_NAME(hsum)(zs_q8v a) {
 
 static inline zs_q8v KQ8_NAME(ldx)(const float *p) { return *(const zs_q8vu *)p; }
 
-static inline zs_q8v KQ8_NAME(dv)(const uint8_t *blk) {
-    uint16_t h;
+static inline zs_q8dm KQ8_NAME(dv)(const uint8_t *blk) {
+    uint16_t h, hm = 0;
     memcpy(&h, blk, 2);
-    float d = KQ8_D(h);
-    zs_q8v v = {d, d, d, d, d, d, d, d};
+    if (KQ8_HAS_MIN) memcpy(&hm, blk + 2, 2);
+    float d = KQ8_D(h), m = KQ8_HAS_MIN ? KQ8_D(hm) : 0.0f;
+    zs_q8dm v = {{d, d, d, d, d, d, d, d}, {m, m, m, m, m, m, m, m}};
     return v;
 }
+#ifndef KQ8_DVG
+#define KQ8_DVG(b, g) KQ8_NAME(dv)(b)
+#endif
 
-/* one block of one row against one token: 4 steps of 8 lanes */
-static inline zs_q8v KQ8_NAME(blk1)(const uint8_t *blk, const float *x, zs_q8v a) {
-    zs_q8v dv = KQ8_NAME(dv)(blk);
-    a = KQ8_FMA8(KQ8_W8(blk, 0, dv), KQ8_NAME(ldx)(x), a);
-    a = KQ8_FMA8(KQ8_W8(blk, 1, dv), KQ8_NAME(ldx)(x + 8), a);
-    a = KQ8_FMA8(KQ8_W8(blk, 2, dv), KQ8_NAME(ldx)(x + 16), a);
-    a = KQ8_FMA8(KQ8_W8(blk, 3, dv), KQ8_NAME(ldx)(x + 24), a);
+/* group kb (of 32 weights) of a row: its block, and the group in it */
+#define KQ8_AT(w, kb) ((w) + (size_t)((kb) / KQ8_SUB) * KQ8_BYTES), ((kb) % KQ8_SUB)
+
+/* one group of one row against one token: 4 steps of 8 lanes */
+static inline __attribute__((always_inline)) zs_q8v KQ8_NAME(blk1)(const uint8_t *blk, int g, const float *x, zs_q8v a) {
+    (void)g;
+    zs_q8dm dv = KQ8_DVG(blk, g);
+    a = KQ8_FMA8(KQ8_W8(blk, g, 0, dv), KQ8_NAME(ldx)(x), a);
+    a = KQ8_FMA8(KQ8_W8(blk, g, 1, dv), KQ8_NAME(ldx)(x + 8), a);
+    a = KQ8_FMA8(KQ8_W8(blk, g, 2, dv), KQ8_NAME(ldx)(x + 16), a);
+    a = KQ8_FMA8(KQ8_W8(blk, g, 3, dv), KQ8_NAME(ldx)(x + 24), a);
     return a;
 }
 
-/* one block of one row against two tokens, the widened weights shared */
-static inline void KQ8_NAME(blk2)(const uint8_t *blk, const float *xa, const float *xb, zs_q8v *a, zs_q8v *b) {
-    zs_q8v dv = KQ8_NAME(dv)(blk), u;
+/* one group of one row against two tokens, the widened weights shared */
+static inline __attribute__((always_inline)) void KQ8_NAME(blk2)(const uint8_t *blk, int g, const float *xa, const float *xb, zs_q8v *a, zs_q8v *b) {
+    (void)g;
+    zs_q8dm dv = KQ8_DVG(blk, g);
+    zs_q8v u;
     for (int s = 0; s < 4; s++) {
-        u = KQ8_W8(blk, s, dv);
+        u = KQ8_W8(blk, g, s, dv);
         *a = KQ8_FMA8(u, KQ8_NAME(ldx)(xa + 8 * s), *a);
         *b = KQ8_FMA8(u, KQ8_NAME(ldx)(xb + 8 * s), *b);
     }
 }
 
-/* y[t*ldy + j] = dot(row j of W, x[t*in ..]) for t < T, j < R; W holds R rows of in/32 blocks. */
+/* y[t*ldy + j] = dot(row j of W, x[t*in ..]) for t < T, j < R; W holds R rows of in/32 groups
+ * (in/(32·KQ8_SUB) stored blocks). */
 static void KQ8_NAME(block)(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
     int nb = in / 32;
-    size_t rb = (size_t)nb * KQ8_BYTES; /* bytes per row */
+    size_t rb = (size_t)(nb / KQ8_SUB) * KQ8_BYTES; /* bytes per row */
     int j = 0;
     for (; T == 1 && j + 8 <= R; j += 8) {
         const uint8_t *w0 = W + (size_t)j * rb, *w1 = w0 + rb, *w2 = w1 + rb, *w3 = w2 + rb;
         const uint8_t *w4 = w3 + rb, *w5 = w4 + rb, *w6 = w5 + rb, *w7 = w6 + rb;
         zs_q8v a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
         for (int kb = 0; kb < nb; kb++) {
-            size_t o = (size_t)kb * KQ8_BYTES;
             const float *xk = x + (size_t)kb * 32;
-            a0 = KQ8_NAME(blk1)(w0 + o, xk, a0); a1 = KQ8_NAME(blk1)(w1 + o, xk, a1);
-            a2 = KQ8_NAME(blk1)(w2 + o, xk, a2); a3 = KQ8_NAME(blk1)(w3 + o, xk, a3);
-            a4 = KQ8_NAME(blk1)(w4 + o, xk, a4); a5 = KQ8_NAME(blk1)(w5 + o, xk, a5);
-            a6 = KQ8_NAME(blk1)(w6 + o, xk, a6); a7 = KQ8_NAME(blk1)(w7 + o, xk, a7);
+            a0 = KQ8_NAME(blk1)(KQ8_AT(w0, kb), xk, a0); a1 = KQ8_NAME(blk1)(KQ8_AT(w1, kb), xk, a1);
+            a2 = KQ8_NAME(blk1)(KQ8_AT(w2, kb), xk, a2); a3 = KQ8_NAME(blk1)(KQ8_AT(w3, kb), xk, a3);
+            a4 = KQ8_NAME(blk1)(KQ8_AT(w4, kb), xk, a4); a5 = KQ8_NAME(blk1)(KQ8_AT(w5, kb), xk, a5);
+            a6 = KQ8_NAME(blk1)(KQ8_AT(w6, kb), xk, a6); a7 = KQ8_NAME(blk1)(KQ8_AT(w7, kb), xk, a7);
         }
         y[j + 0] = KQ8_NAME(hsum)(a0); y[j + 1] = KQ8_NAME(hsum)(a1);
         y[j + 2] = KQ8_NAME(hsum)(a2); y[j + 3] = KQ8_NAME(hsum)(a3);
@@ -95,11 +125,11 @@ static void KQ8_NAME(block)(float *y, int ldy, const float *x, int T, int in, co
             const float *xa = x + (size_t)t * in, *xb = xa + in;
             zs_q8v a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
             for (int kb = 0; kb < nb; kb++) {
-                size_t o = (size_t)kb * KQ8_BYTES, k = (size_t)kb * 32;
-                KQ8_NAME(blk2)(w0 + o, xa + k, xb + k, &a0, &b0);
-                KQ8_NAME(blk2)(w1 + o, xa + k, xb + k, &a1, &b1);
-                KQ8_NAME(blk2)(w2 + o, xa + k, xb + k, &a2, &b2);
-                KQ8_NAME(blk2)(w3 + o, xa + k, xb + k, &a3, &b3);
+                size_t k = (size_t)kb * 32;
+                KQ8_NAME(blk2)(KQ8_AT(w0, kb), xa + k, xb + k, &a0, &b0);
+                KQ8_NAME(blk2)(KQ8_AT(w1, kb), xa + k, xb + k, &a1, &b1);
+                KQ8_NAME(blk2)(KQ8_AT(w2, kb), xa + k, xb + k, &a2, &b2);
+                KQ8_NAME(blk2)(KQ8_AT(w3, kb), xa + k, xb + k, &a3, &b3);
             }
             float *ya = y + (size_t)t * ldy + j, *yb = ya + ldy;
             ya[0] = KQ8_NAME(hsum)(a0); ya[1] = KQ8_NAME(hsum)(a1); ya[2] = KQ8_NAME(hsum)(a2); ya[3] = KQ8_NAME(hsum)(a3);
@@ -109,10 +139,9 @@ static void KQ8_NAME(block)(float *y, int ldy, const float *x, int T, int in, co
             const float *xa = x + (size_t)t * in;
             zs_q8v a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
             for (int kb = 0; kb < nb; kb++) {
-                size_t o = (size_t)kb * KQ8_BYTES;
                 const float *xk = xa + (size_t)kb * 32;
-                a0 = KQ8_NAME(blk1)(w0 + o, xk, a0); a1 = KQ8_NAME(blk1)(w1 + o, xk, a1);
-                a2 = KQ8_NAME(blk1)(w2 + o, xk, a2); a3 = KQ8_NAME(blk1)(w3 + o, xk, a3);
+                a0 = KQ8_NAME(blk1)(KQ8_AT(w0, kb), xk, a0); a1 = KQ8_NAME(blk1)(KQ8_AT(w1, kb), xk, a1);
+                a2 = KQ8_NAME(blk1)(KQ8_AT(w2, kb), xk, a2); a3 = KQ8_NAME(blk1)(KQ8_AT(w3, kb), xk, a3);
             }
             float *ya = y + (size_t)t * ldy + j;
             ya[0] = KQ8_NAME(hsum)(a0); ya[1] = KQ8_NAME(hsum)(a1); ya[2] = KQ8_NAME(hsum)(a2); ya[3] = KQ8_NAME(hsum)(a3);
@@ -123,8 +152,12 @@ static void KQ8_NAME(block)(float *y, int ldy, const float *x, int T, int in, co
         for (int t = 0; t < T; t++) {
             const float *xa = x + (size_t)t * in;
             zs_q8v a0 = {0};
-            for (int kb = 0; kb < nb; kb++) a0 = KQ8_NAME(blk1)(w0 + (size_t)kb * KQ8_BYTES, xa + (size_t)kb * 32, a0);
+            for (int kb = 0; kb < nb; kb++) a0 = KQ8_NAME(blk1)(KQ8_AT(w0, kb), xa + (size_t)kb * 32, a0);
             y[(size_t)t * ldy + j] = KQ8_NAME(hsum)(a0);
         }
     }
 }
+#undef KQ8_HAS_MIN
+#undef KQ8_SUB
+#undef KQ8_DVG
+#undef KQ8_AT

@@ -5,7 +5,8 @@
  * the blocks are spread over the pool's threads. f16/bf16 rows are read as stored and widened in
  * registers by their own kernels (matmul-16-kern.h), so a 16-bit product reads half the bytes of
  * an f32 one; each element's order is fixed there, the same in the generic and AVX2 builds.
- * Q8_0 and Q4_0 rows (ggml's 34- and 18-byte blocks of 32) are dequantized in registers by
+ * Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 rows (ggml's 34-, 18-, 20-, 22- and 24-byte blocks of 32) and
+ * Q4_K/Q6_K rows (144- and 210-byte super-blocks of 256) are dequantized in registers by
  * matmul-quant-kern.h in the same order, so such a product equals the f32 product over its
  * dequantized weights. */
 #include "common.h"
@@ -52,7 +53,7 @@ static inline zs_v8 zs_g16_f16x8(const uint16_t *p) {
 #undef KERN16_W1
 #undef KERN16_FMA8
 
-/* Q8_0 and Q4_0 without AVX2: the same order, lane by lane */
+/* the block formats without AVX2: the same order, lane by lane */
 static inline zs_v8 zs_gq8_w8(const uint8_t *b, int s, zs_v8 dv) {
     const int8_t *q = (const int8_t *)(b + 2 + 8 * s);
     zs_v8 r;
@@ -66,6 +67,86 @@ static inline zs_v8 zs_gq4_w8(const uint8_t *b, int s, zs_v8 dv) {
     for (int i = 0; i < 8; i++) r[i] = dv[i] * (float)((q[i] >> sh & 15) - 8);
     return r;
 }
+/* Q4_1 (the nibbles at 4) and Q5_0/Q5_1 (qh at 2 or 4, the nibbles at 6 or 8): weight 8s + i */
+static inline int zs_gq5_q(const uint8_t *qs, uint32_t qh, int s, int i) {
+    return (qs[8 * (s & 1) + i] >> (s >= 2 ? 4 : 0) & 15) | (int)(qh >> (8 * s + i) & 1) << 4;
+}
+static inline zs_v8 zs_gq41_w8(const uint8_t *b, int s, zs_v8 dv, zs_v8 mv) {
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) {
+        float p = dv[i] * (float)zs_gq5_q(b + 4, 0, s, i);
+        ZS_NOFUSE(p);
+        r[i] = p + mv[i];
+    }
+    return r;
+}
+static inline zs_v8 zs_gq50_w8(const uint8_t *b, int s, zs_v8 dv) {
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) r[i] = dv[i] * (float)(zs_gq5_q(b + 6, qh, s, i) - 16);
+    return r;
+}
+static inline zs_v8 zs_gq51_w8(const uint8_t *b, int s, zs_v8 dv, zs_v8 mv) {
+    uint32_t qh;
+    memcpy(&qh, b + 4, 4);
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) {
+        float p = dv[i] * (float)zs_gq5_q(b + 8, qh, s, i);
+        ZS_NOFUSE(p);
+        r[i] = p + mv[i];
+    }
+    return r;
+}
+/* Q4_K and Q6_K: the group's scales (once per group of 32), then its weights */
+static inline void zs_q4k_sm(const uint8_t *q, int j, int *sc, int *m) { /* get_scale_min_k4 */
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+static inline __attribute__((always_inline)) zs_q8dm zs_gq4k_dv(const uint8_t *b, int g) {
+    uint16_t h, hm;
+    memcpy(&h, b, 2);
+    memcpy(&hm, b + 2, 2);
+    int sc, m;
+    zs_q4k_sm(b + 4, g, &sc, &m);
+    float d1 = zs_f16_to_f32(h) * (float)sc, m1 = zs_f16_to_f32(hm) * (float)m;
+    zs_q8dm v = {{d1, d1, d1, d1, d1, d1, d1, d1}, {-m1, -m1, -m1, -m1, -m1, -m1, -m1, -m1}};
+    return v;
+}
+static inline __attribute__((always_inline)) zs_v8 zs_gq4k_w8(const uint8_t *b, int g, int s, zs_v8 dv, zs_v8 mv) {
+    const uint8_t *q = b + 16 + 32 * (g >> 1) + 8 * s;
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) {
+        float p = dv[i] * (float)((q[i] >> (4 * (g & 1))) & 15);
+        ZS_NOFUSE(p);
+        r[i] = p + mv[i];
+    }
+    return r;
+}
+/* Q6_K: d·sc of the group's first 16 weights in .d, of its last 16 in .m */
+static inline __attribute__((always_inline)) zs_q8dm zs_gq6k_dv(const uint8_t *b, int g) {
+    uint16_t h;
+    memcpy(&h, b + 208, 2);
+    const int8_t *sc = (const int8_t *)(b + 192) + 8 * (g >> 2) + 2 * (g & 3);
+    float d = zs_f16_to_f32(h), d0 = d * (float)sc[0], d1 = d * (float)sc[1];
+    zs_q8dm v = {{d0, d0, d0, d0, d0, d0, d0, d0}, {d1, d1, d1, d1, d1, d1, d1, d1}};
+    return v;
+}
+static inline __attribute__((always_inline)) zs_v8 zs_gq6k_w8(const uint8_t *b, int g, int s, zs_v8 d0, zs_v8 d1) {
+    int hn = g >> 2, gg = g & 3;
+    const uint8_t *ql = b + 64 * hn + 32 * (gg & 1) + 8 * s, *qh = b + 128 + 32 * hn + 8 * s;
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) {
+        int q = ((ql[i] >> (4 * (gg >> 1))) & 15) | ((qh[i] >> (2 * gg)) & 3) << 4;
+        r[i] = (s < 2 ? d0[i] : d1[i]) * (float)(q - 32);
+    }
+    return r;
+}
 #define KQ8_D(h) zs_f16_to_f32(h)
 #define KQ8_FMA8(a, b, c)                                                      \
     ({                                                                         \
@@ -75,14 +156,55 @@ static inline zs_v8 zs_gq4_w8(const uint8_t *b, int s, zs_v8 dv) {
     })
 #define KQ8_NAME(x) zs_kq8_generic_##x
 #define KQ8_BYTES ZS_Q8_0_BYTES
-#define KQ8_W8(b, s, dv) zs_gq8_w8((b), (s), (dv))
+#define KQ8_W8(b, g, s, dv) zs_gq8_w8((b), (s), (dv).d)
 #include "matmul-quant-kern.h"
 #undef KQ8_NAME
 #undef KQ8_BYTES
 #undef KQ8_W8
 #define KQ8_NAME(x) zs_kq4_generic_##x
 #define KQ8_BYTES ZS_Q4_0_BYTES
-#define KQ8_W8(b, s, dv) zs_gq4_w8((b), (s), (dv))
+#define KQ8_W8(b, g, s, dv) zs_gq4_w8((b), (s), (dv).d)
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq41_generic_##x
+#define KQ8_BYTES ZS_Q4_1_BYTES
+#define KQ8_HAS_MIN 1
+#define KQ8_W8(b, g, s, dv) zs_gq41_w8((b), (s), (dv).d, (dv).m)
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq50_generic_##x
+#define KQ8_BYTES ZS_Q5_0_BYTES
+#define KQ8_W8(b, g, s, dv) zs_gq50_w8((b), (s), (dv).d)
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq51_generic_##x
+#define KQ8_BYTES ZS_Q5_1_BYTES
+#define KQ8_HAS_MIN 1
+#define KQ8_W8(b, g, s, dv) zs_gq51_w8((b), (s), (dv).d, (dv).m)
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq4k_generic_##x
+#define KQ8_BYTES ZS_Q4_K_BYTES
+#define KQ8_SUB 8
+#define KQ8_DVG(b, g) zs_gq4k_dv((b), (g))
+#define KQ8_W8(b, g, s, dv) zs_gq4k_w8((b), (g), (s), (dv).d, (dv).m)
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq6k_generic_##x
+#define KQ8_BYTES ZS_Q6_K_BYTES
+#define KQ8_SUB 8
+#define KQ8_DVG(b, g) zs_gq6k_dv((b), (g))
+#define KQ8_W8(b, g, s, dv) zs_gq6k_w8((b), (g), (s), (dv).d, (dv).m)
 #include "matmul-quant-kern.h"
 #undef KQ8_NAME
 #undef KQ8_BYTES
@@ -90,11 +212,26 @@ static inline zs_v8 zs_gq4_w8(const uint8_t *b, int s, zs_v8 dv) {
 #undef KQ8_D
 #undef KQ8_FMA8
 
+void zs_matmul_block_q4_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq4k_generic_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q6_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq6k_generic_block(y, ldy, x, T, in, W, R);
+}
 void zs_matmul_block_q8_0_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
     zs_kq8_generic_block(y, ldy, x, T, in, W, R);
 }
 void zs_matmul_block_q4_0_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
     zs_kq4_generic_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q4_1_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq41_generic_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q5_0_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq50_generic_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q5_1_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq51_generic_block(y, ldy, x, T, in, W, R);
 }
 
 zs_matmul_blockq8_fn zs_matmul_pick_quant(zs_dtype wdt) {
@@ -102,6 +239,11 @@ zs_matmul_blockq8_fn zs_matmul_pick_quant(zs_dtype wdt) {
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (wdt == ZS_Q8_0) return avx2 ? zs_matmul_block_q8_0_avx2 : zs_matmul_block_q8_0_generic;
     if (wdt == ZS_Q4_0) return avx2 ? zs_matmul_block_q4_0_avx2 : zs_matmul_block_q4_0_generic;
+    if (wdt == ZS_Q4_1) return avx2 ? zs_matmul_block_q4_1_avx2 : zs_matmul_block_q4_1_generic;
+    if (wdt == ZS_Q5_0) return avx2 ? zs_matmul_block_q5_0_avx2 : zs_matmul_block_q5_0_generic;
+    if (wdt == ZS_Q5_1) return avx2 ? zs_matmul_block_q5_1_avx2 : zs_matmul_block_q5_1_generic;
+    if (wdt == ZS_Q4_K) return avx2 ? zs_matmul_block_q4_k_avx2 : zs_matmul_block_q4_k_generic;
+    if (wdt == ZS_Q6_K) return avx2 ? zs_matmul_block_q6_k_avx2 : zs_matmul_block_q6_k_generic;
     return NULL;
 }
 
@@ -142,7 +284,7 @@ typedef struct {
     zs_dtype wdt;
     block_fn fn;                /* f32 weights */
     zs_matmul_block16_fn fn16;  /* bf16 and f16 weights */
-    zs_matmul_blockq8_fn fnq8;  /* Q8_0 and Q4_0 weights */
+    zs_matmul_blockq8_fn fnq8;  /* block weights (Q8_0 .. Q5_1) */
 } mm_job;
 
 static void mm_task(void *arg, int task) {

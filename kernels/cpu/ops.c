@@ -91,6 +91,6 @@ void zs_op_softmax(float *x, int n) {
 }
 
 void zs_op_embed(float *out, const void *table, zs_dtype dt, int d, int id) {
-    /* a row is whole blocks (model.c keeps a Q8_0 table's rows multiples of 32) */
+    /* a row is whole blocks (model.c keeps a block-format table's rows multiples of 32) */
     zs_to_f32(out, (const char *)table + zs_dtype_bytes(dt, (size_t)id * (size_t)d), dt, (size_t)d);
 }

@@ -11,7 +11,7 @@
 #include "tensor.h"
 
 /* y[T,out] = x[T,in] · W[out,in]^T (+ bias[out] when bias != NULL). W in dtype wdt (a block
- * format, Q8_0/Q4_0: rows of in/32 blocks, in a multiple of 32). Row t of y depends only on row
+ * format, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1: rows of in/32 blocks, in a multiple of 32). Row t of y depends only on row
  * t of x (bit for bit), never on T or the other rows. */
 void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
                   const float *bias);
