@@ -11,7 +11,7 @@
 #   gpu-kit/shared/models/{stories260K,gpt2-bytes}   the fixtures, copied from $ZS_SHARED
 #   gpu-kit/MANIFEST  what is in it, with sizes and the commit it was built from
 # The device tool carries at most 64 MiB (working tree included), so the kit must stay under
-# KIT_MAX_MIB (default 48). Then, with the device tool:
+# KIT_MAX_MIB (default 48); debug info is stripped unless KIT_DEBUG=1. Then, with the device tool:
 #   run(command="OUT=$OUT sh tests/gpu/run.sh", carry=["gpu-kit"], timeout_s=540)
 # Exit 0 kit written, 1 failed.
 set -u
@@ -32,6 +32,8 @@ done
 rm -rf "$KIT"
 mkdir -p "$KIT/bin" "$KIT/lib" "$KIT/shared/models" || exit 1
 for p in $PROGS; do cp "$p" "$KIT/bin/" || exit 1; done
+# debug info doubles the programs' size; KIT_DEBUG=1 keeps it (for cuda-gdb on the device)
+[ -n "${KIT_DEBUG:-}" ] || strip --strip-debug "$KIT"/bin/* || exit 1
 # the libraries: every resolved dependency except the C runtime every Linux has, and the CUDA
 # libraries (the machine's own, matched to its driver)
 base='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so'
