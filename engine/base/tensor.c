@@ -141,14 +141,24 @@ void zs_quantize_q8_0(void *dst, const float *src, size_t n) {
     }
 }
 
+/* The element of largest magnitude of a block of 32, with its sign (the first one on ties), as
+ * ggml's Q4_0/Q5_0 reference quantizers pick it. */
+static float signed_absmax32(const float *x) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++)
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    return max;
+}
+
 /* x·id and + 8.5 rounded separately, as ggml does: no fused multiply-add here */
 __attribute__((optimize("fp-contract=off"))) void zs_quantize_q4_0(void *dst, const float *src, size_t n) {
     uint8_t *o = dst;
     for (size_t b = 0; b < n / 32; b++, o += ZS_Q4_0_BYTES) {
         const float *x = src + b * 32;
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < 32; j++)
-            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+        float max = signed_absmax32(x);
         float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         uint16_t h = zs_f32_to_f16(d);
         memcpy(o, &h, 2);
@@ -199,9 +209,7 @@ __attribute__((optimize("fp-contract=off"))) void zs_quantize_q5_0(void *dst, co
     uint8_t *o = dst;
     for (size_t b = 0; b < n / 32; b++, o += ZS_Q5_0_BYTES) {
         const float *x = src + b * 32;
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < 32; j++)
-            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+        float max = signed_absmax32(x);
         float d = max / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         uint16_t h = zs_f32_to_f16(d);
         memcpy(o, &h, 2);

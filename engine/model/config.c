@@ -457,16 +457,22 @@ int zs_config_write(const zs_model_config *c, const char *path) {
 
 /* ---------------------------------------------------------------- GGUF metadata */
 
+/* Names <arch>.<key> in k and looks it up: 1 present, 0 absent (and not required), or
+ * ZS_ENOTFOUND when a required key is missing. */
+static int gg_key(const zs_gguf *g, const char *arch, const char *key, int required, char *k, size_t cap) {
+    snprintf(k, cap, "%s.%s", arch, key);
+    if (zs_gguf_find_key(g, k) >= 0) return 1;
+    return required ? zs_err(ZS_ENOTFOUND, "%s: required key '%s' is missing", zs_gguf_path(g), k) : 0;
+}
+
 /* <arch>.<key> as a positive int: absent -> def (or ZS_ENOTFOUND when required). */
 static int gg_int(const zs_gguf *g, const char *arch, const char *key, int required, int def,
                   int *out) {
     char k[160];
-    snprintf(k, sizeof k, "%s.%s", arch, key);
-    if (zs_gguf_find_key(g, k) < 0) {
-        if (required)
-            return zs_err(ZS_ENOTFOUND, "%s: required key '%s' is missing", zs_gguf_path(g), k);
-        *out = def;
-        return 0;
+    int rc = gg_key(g, arch, key, required, k, sizeof k);
+    if (rc <= 0) {
+        if (rc == 0) *out = def;
+        return rc;
     }
     int64_t v;
     ZS_CHECK(zs_gguf_get_i64(g, k, &v));
@@ -477,15 +483,14 @@ static int gg_int(const zs_gguf *g, const char *arch, const char *key, int requi
     return 0;
 }
 
+/* <arch>.<key> as a positive finite float: absent -> def (or ZS_ENOTFOUND when required). */
 static int gg_float(const zs_gguf *g, const char *arch, const char *key, int required, float def,
                     float *out) {
     char k[160];
-    snprintf(k, sizeof k, "%s.%s", arch, key);
-    if (zs_gguf_find_key(g, k) < 0) {
-        if (required)
-            return zs_err(ZS_ENOTFOUND, "%s: required key '%s' is missing", zs_gguf_path(g), k);
-        *out = def;
-        return 0;
+    int rc = gg_key(g, arch, key, required, k, sizeof k);
+    if (rc <= 0) {
+        if (rc == 0) *out = def;
+        return rc;
     }
     double d;
     ZS_CHECK(zs_gguf_get_f64(g, k, &d));
