@@ -264,7 +264,14 @@ static int cfg_parse_root(json_t *root, const char *origin, zs_model_config *out
             ZS_CHECK(cfg_bool(origin, root, "mlp_bias", 0, &c.mlp_bias));
         }
         c.act = 0;
-        /* sliding_window / use_sliding_window (Mistral, Qwen2) are accepted and ignored */
+        /* sliding_window (Mistral, Qwen2): accepted, not acted upon yet (full attention); said so
+         * when it would matter, i.e. when the window is shorter than the context */
+        json_t *sw = json_object_get(root, "sliding_window"), *usw = json_object_get(root, "use_sliding_window");
+        if (json_is_integer(sw) && json_integer_value(sw) > 0 && json_integer_value(sw) < c.max_seq &&
+            !json_is_false(usw))
+            zs_log_warn("%s: sliding_window %lld is ignored: attention is over the whole context (%d); "
+                        "results past %lld positions differ from the model's", origin,
+                        (long long)json_integer_value(sw), c.max_seq, (long long)json_integer_value(sw));
     }
     *out = c;
     return 0;
