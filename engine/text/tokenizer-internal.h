@@ -28,6 +28,8 @@ enum {
     ZS_TOK_SPLIT_GPT2 = 1,   /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
     ZS_TOK_SPLIT_LLAMA3 = 2, /* (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|... */
     ZS_TOK_SPLIT_QWEN2 = 3,  /* the Llama-3 pattern with \p{N} (single digits) instead of \p{N}{1,3} */
+    ZS_TOK_SPLIT_DIGITS = 4, /* the Digits pre-tokenizer, individual_digits: \p{N}|[^\p{N}]+ */
+    ZS_TOK_SPLIT_DIGIT_RUNS = 5, /* Digits without individual_digits: \p{N}+|[^\p{N}]+ */
 };
 /* Which splitter a Split pre-tokenizer's regex string asks for; 0 when it is not a known one. */
 int zs_tokenizer_split_kind(const char *pattern);

@@ -1,5 +1,6 @@
 /* tokenizer-pretok.c — hand-written matchers for the pre-tokenizer split regexes that
- * tokenizer.json files use (we link no regex library): GPT-2's, Llama 3's and Qwen2's.
+ * tokenizer.json files use (we link no regex library): GPT-2's, Llama 3's and Qwen2's, and the
+ * Digits pre-tokenizer's split (each digit, or each run of digits, apart from the text around it).
  * Each returns where the leftmost-first regex match starting at a given position ends; since
  * every pattern's alternatives together match any character, matches tile the text. */
 #include <string.h>
@@ -87,10 +88,17 @@ static size_t next_llama3(const uint32_t *cp, const uint8_t *cls, size_t n, size
     return spaces(cls, n, i);
 }
 
+static size_t run_not_digit(const uint8_t *cls, size_t n, size_t i) {
+    while (i < n && cls[i] != ZS_TOK_CL_N) i++;
+    return i;
+}
+
 size_t zs_tokenizer_split_next(int kind, const uint32_t *cp, const uint8_t *cls, size_t n, size_t i) {
     switch (kind) {
     case ZS_TOK_SPLIT_LLAMA3: return next_llama3(cp, cls, n, i, 3);
     case ZS_TOK_SPLIT_QWEN2: return next_llama3(cp, cls, n, i, 1);
+    case ZS_TOK_SPLIT_DIGITS: return cls[i] == ZS_TOK_CL_N ? i + 1 : run_not_digit(cls, n, i);
+    case ZS_TOK_SPLIT_DIGIT_RUNS: return cls[i] == ZS_TOK_CL_N ? run_of(cls, n, i, ZS_TOK_CL_N) : run_not_digit(cls, n, i);
     default: return next_gpt2(cp, cls, n, i);
     }
 }

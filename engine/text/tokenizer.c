@@ -473,6 +473,11 @@ static int parse_pretok(zs_tokenizer *t, const char *path, json_t *p, int depth)
         if (inv || (beh && strcmp(beh, "Isolated")))
             return zs_err(ZS_EUNSUPPORTED, "%s: pre-tokenizer Split behavior \"%s\"%s is not supported (only Isolated)",
                           path, beh ? beh : "?", inv ? " with invert" : "");
+    } else if (!strcmp(type, "Digits")) {
+        int ind = get_bool(path, "pre_tokenizer Digits", p, "individual_digits", 0);
+        if (ind < 0) return ZS_EFORMAT;
+        pt.kind = ZS_TOK_PT_SPLIT;
+        pt.split_kind = ind ? ZS_TOK_SPLIT_DIGITS : ZS_TOK_SPLIT_DIGIT_RUNS;
     } else if (!strcmp(type, "Metaspace")) {
         pt.kind = ZS_TOK_PT_METASPACE;
         ZS_CHECK(metaspace_repl(path, p, pt.repl));
@@ -1062,11 +1067,15 @@ static int from_spec(zs_tokenizer *t, const zs_tokenizer_spec *s) {
         int split = 0;
         if (!strcmp(pre, "llama-bpe") || !strcmp(pre, "llama3")) split = ZS_TOK_SPLIT_LLAMA3, t->ignore_merges = 1;
         else if (!strcmp(pre, "qwen2")) split = ZS_TOK_SPLIT_QWEN2;
+        /* llama.cpp's "smollm" (SmolLM/StarCoder vocabularies): each digit alone, then GPT-2's regex,
+         * as their tokenizer.json's Sequence[Digits(individual_digits), ByteLevel] does */
+        else if (!strcmp(pre, "smollm") || !strcmp(pre, "starcoder")) split = ZS_TOK_SPLIT_DIGITS;
         else if (strcmp(pre, "gpt2") && strcmp(pre, "default"))
             return zs_err(ZS_EUNSUPPORTED, "%s: pre-tokenizer \"%.60s\" is not supported (known: gpt2, "
-                          "llama-bpe, qwen2)", o, pre);
+                          "llama-bpe, qwen2, smollm, starcoder)", o, pre);
         if (split) ZS_CHECK(add_pretok(t, (zs_tok_pretok){.kind = ZS_TOK_PT_SPLIT, .split_kind = split}));
-        ZS_CHECK(add_pretok(t, (zs_tok_pretok){.kind = ZS_TOK_PT_BYTELEVEL, .use_regex = !split}));
+        int regex_split = split == ZS_TOK_SPLIT_LLAMA3 || split == ZS_TOK_SPLIT_QWEN2; /* replaces GPT-2's */
+        ZS_CHECK(add_pretok(t, (zs_tok_pretok){.kind = ZS_TOK_PT_BYTELEVEL, .use_regex = !regex_split}));
         t->byte_level = 1;
         st.s[st.n++] = (dec_step){.kind = DEC_BYTELEVEL};
     }
