@@ -21,6 +21,7 @@
 #include "common.h"
 #include "device.h"
 #include "engine.h"
+#include "quant-mix.h"
 #include "testutil.h"
 
 #define MIN_STEPS 8
@@ -90,7 +91,10 @@ static void run_case(json_t *c) {
     o.device = ZS_DEVICE_CPU;
     o.max_seqs = 1;
     o.max_context = 512;
-    if (strcmp(wd, "auto")) {
+    if (!strcmp(wd, "q4_k_m")) { /* as --weight-dtype q4_k_m (engine-flags.c) */
+        o.model.weight_dtype = ZS_Q4_K;
+        o.model.quant_mix = ZS_QUANT_MIX_Q4_K_M;
+    } else if (strcmp(wd, "auto")) {
         int rc = zs_dtype_parse(wd, &o.model.weight_dtype);
         CHECK(rc == 0, "%s: --weight-dtype %s: %s", name, wd, zs_errmsg());
         if (rc) return;

