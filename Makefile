@@ -4,6 +4,7 @@
 #   make serve      build and start the server on the default model (models/stories260K, in the repo)
 #   make demo-model train the demo model (a small Llama on generated stories) into models/demo
 #   make bench      run the benchmarks
+#   make bench-peers  zeroserve against llama.cpp (llama-cpp-python, built once into a cache) on the same GGUF files
 #   make gpu-kit    build gpu-kit/ for tests/gpu/run.sh on a bare GPU machine (README: "GPUs")
 #   make gpu-dry-run  run tests/gpu/run.sh from the kit in a bare Debian chroot with no network (root)
 #   make fuzz       run the libFuzzer harnesses (tests/fuzz/) for FUZZ_TIME seconds each (default 60; clang)
@@ -62,7 +63,7 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LIB_OBJ  += $(BUILD)/gen/playground.o
 ASAN_OBJ += $(BUILD)/asan/gen/playground.o
 
-.PHONY: all deps test test-unit serve demo-model bench clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz
+.PHONY: all deps test test-unit serve demo-model bench bench-peers clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz
 all: deps zeroserve
 
 deps:
@@ -132,6 +133,9 @@ demo-model: all
 
 bench: all
 	sh tests/bench/run.sh
+
+bench-peers: all
+	sh tests/bench/peers.sh
 
 gpu-kit: deps
 	BUILD=$(BUILD) ZS_SHARED=$${ZS_SHARED:-../shared} sh tests/gpu/make-kit.sh
