@@ -7,6 +7,7 @@
 #include "common.h"
 #include "device.h"
 #include "dsconfig.h"
+#include "quant-mix.h"
 
 void zs_engine_flags_init(zs_engine_flags *f) {
     memset(f, 0, sizeof *f);
@@ -17,7 +18,8 @@ void zs_engine_flags_init(zs_engine_flags *f) {
 int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
     zs_opt t[ZS_ENGINE_FLAG_COUNT] = {
         {"model", ZS_OPT_STR, &f->model, "model directory (Hugging Face layout)  [required]"},
-        {"weight-dtype", ZS_OPT_STR, &f->weight_dtype, "auto (as stored) | f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 (quantized at load)"},
+        {"weight-dtype", ZS_OPT_STR, &f->weight_dtype, "auto (as stored) | f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k | q6_k | q4_k_m (llama.cpp's mix; quantized at load)"},
+        {"kv-dtype", ZS_OPT_STR, &f->kv_dtype, "KV cache elements: f32 (default) | f16 | bf16 (half the bytes, twice the positions)"},
         {"context", ZS_OPT_INT, &f->context, "context length (default: the model's)"},
         {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
         {"device", ZS_OPT_STR, &f->device, "cpu | cuda (default: cuda when a device is visible)"},
@@ -85,11 +87,23 @@ int zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo) {
         return zs_err(ZS_EINVAL, "--aio-block-size must be a positive multiple of 4096");
     if (z.aio_block_size > 0) eo->gather.block_size = (size_t)z.aio_block_size;
     eo->gather.verify = f->verify;
+    eo->kv_dtype = ZS_F32;
+    if (f->kv_dtype) {
+        zs_dtype kt;
+        if (zs_dtype_parse(f->kv_dtype, &kt) < 0 || (kt != ZS_F32 && kt != ZS_F16 && kt != ZS_BF16))
+            return zs_err(ZS_EINVAL, "--kv-dtype: '%s' is not one of f32, f16, bf16", f->kv_dtype);
+        eo->kv_dtype = kt;
+    }
     /* precision: --weight-dtype, else bf16/fp16 from the config, else as stored */
     eo->model.weight_dtype = ZS_DTYPE_COUNT;
-    if (f->weight_dtype && strcmp(f->weight_dtype, "auto") != 0) {
+    eo->model.quant_mix = ZS_QUANT_MIX_NONE;
+    if (f->weight_dtype && (!strcmp(f->weight_dtype, "q4_k_m") || !strcmp(f->weight_dtype, "Q4_K_M"))) {
+        eo->model.weight_dtype = ZS_Q4_K; /* llama.cpp's Q4_K_M: Q4_K with Q6_K where it keeps more bits */
+        eo->model.quant_mix = ZS_QUANT_MIX_Q4_K_M;
+    } else if (f->weight_dtype && strcmp(f->weight_dtype, "auto") != 0) {
         if (zs_dtype_parse(f->weight_dtype, &eo->model.weight_dtype) < 0)
-            return zs_err(ZS_EINVAL, "--weight-dtype: '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1", f->weight_dtype);
+            return zs_err(ZS_EINVAL, "--weight-dtype: '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, "
+                          "q5_1, q4_k, q6_k, q4_k_m", f->weight_dtype);
     } else if (z.bf16 == 1) {
         eo->model.weight_dtype = ZS_BF16;
     } else if (z.fp16 == 1) {

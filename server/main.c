@@ -1,6 +1,7 @@
-/* main.c — the zeroserve command line: serve, generate, train, export, init-model, make-corpus,
- * bench. Under mpirun every process runs the same command line (cluster.h): serve and generate
- * run on process 0 with the others following, train runs on every process. */
+/* main.c — the zeroserve command line: serve, generate, train, export, convert, init-model,
+ * make-corpus, bench, perplexity. Under mpirun every process runs the same command line
+ * (cluster.h): serve, generate and perplexity run on process 0 with the others following, train
+ * runs on every process. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,8 @@
 
 int zs_cmd_train(int argc, char **argv);  /* train-cmd.c */
 int zs_cmd_export(int argc, char **argv); /* train-cmd.c */
+int zs_cmd_perplexity(int argc, char **argv); /* perplexity-cmd.c */
+int zs_cmd_convert(int argc, char **argv); /* convert-cmd.c */
 
 #include "corpus.h"
 
@@ -245,8 +248,10 @@ static void usage(void) {
             "  train        fine-tune a model on a JSONL file (ZeRO-3 through the same engine)\n"
             "  make-corpus  write simple generated stories as JSONL (the demo model's data)\n"
             "  export       write a training checkpoint as a Hugging Face model directory\n"
+            "  convert      write a Hugging Face model directory as a GGUF file (f32 .. q4_k_m) for llama.cpp\n"
             "  init-model   write a random-initialised model in Hugging Face layout\n"
-            "  bench        measure prefill/decode throughput against memory bandwidth\n");
+            "  bench        measure prefill/decode throughput against memory bandwidth\n"
+            "  perplexity   mean NLL and perplexity of the model on a text file (llama.cpp's method)\n");
 }
 
 int main(int argc, char **argv) {
@@ -264,9 +269,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(cmd, "train")) rc = zs_cmd_train(argc - 2, argv + 2);
     else if (!strcmp(cmd, "make-corpus")) rc = single_process(cmd) ?: cmd_make_corpus(argc - 2, argv + 2);
     else if (!strcmp(cmd, "export")) rc = single_process(cmd) ?: zs_cmd_export(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "convert")) rc = single_process(cmd) ?: zs_cmd_convert(argc - 2, argv + 2);
     else if (!strcmp(cmd, "generate")) rc = cmd_generate(argc - 2, argv + 2);
     else if (!strcmp(cmd, "init-model")) rc = single_process(cmd) ?: cmd_init_model(argc - 2, argv + 2);
     else if (!strcmp(cmd, "bench")) rc = single_process(cmd) ?: cmd_bench(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "perplexity")) rc = zs_cmd_perplexity(argc - 2, argv + 2);
     else {
         fprintf(stderr, "zeroserve: unknown command '%s'\n", cmd);
         usage();

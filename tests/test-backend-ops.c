@@ -4,9 +4,19 @@
  * residual/bias add, softmax and argmax (act.cu), the paged KV store and causal attention with
  * GQA for prefill, chunks and decode (attention.cu: the simple kernel, the tiled one and the
  * auto split of the two, each against a CPU reference of the paged layout written here, with
- * NaN in the cache slots no token may read; T up to 70000, past the old grid.y limit), the
+ * NaN in the cache slots no token may read; T up to 70000, past the old grid.y limit; and over
+ * a 16-bit (f16, bf16) cache: the store's rounding bit for bit, each kernel bit for bit against
+ * itself over an f32 cache of the widened values), the
  * refusals and their reasons (zs_cuda_take_error, zs_dev_error), and the cuBLAS matrix product
- * (f32, f16, bf16).
+ * (f32, f16, bf16). Block-format weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K; random blocks,
+ * matmul-quant.cu through zs_dev_gemm): decode (T = 1, 3, 8: the fused kernel) must give
+ * zs_op_matmul's bits, also with beta 1 and for a row alone against the same row in a batch;
+ * prefill (T = 9, 64, and 64 over 40000 rows, more than one 64 MiB chunk of bf16 weights: x and
+ * the dequantized weights rounded to bf16, cuBLAS) is compared with the CPU's f32 product over
+ * the same bf16-rounded operands under the f32 GEMM threshold 1e-4 (the products are exact in
+ * f32, only the summation order differs), and with the exact operands under bf16's 1e-2; the
+ * embedding lookup from block-format tables must give zs_op_embed's bits; bad shapes are refused
+ * with their reason.
  * Outputs in f32, f16 and bf16 are compared with the CPU result rounded to the same dtype, under
  * a normalised error max|gpu - cpu| / max|cpu| with thresholds fit to each dtype (bf16 keeps 8
  * bits of mantissa: 2^-8 = 3.9e-3 per rounding). The backward kernels of backward.cu (norms,
@@ -451,6 +461,104 @@ static void attention_case(const char *name, int nseq, const int *len, const int
     att_batch_free(&B);
 }
 
+/* The 16-bit KV cache (--kv-dtype f16 / bf16): kv_store_dt rounds the new rows as the host's
+ * zs_kv_write does (to nearest even; the device cache, widened, equals the host's bit for bit),
+ * and each kernel (simple, tiled, auto) over the 16-bit pool gives the bits it gives over an f32
+ * pool of the widened values (the kernels widen each value as they load it, then the arithmetic
+ * is the same), within the f32 tolerance of the CPU reference over those values. */
+static void attention_kv16_case(const char *name, int nseq, const int *len, const int *nnew, int nh, int nkv,
+                                int hd) {
+    att_batch B;
+    att_batch_make(&B, nseq, len, nnew);
+    int T = B.T, kvd = nkv * hd, qd = nh * hd, group = nh / nkv;
+    size_t pool_n = (size_t)B.n_blocks * 2 * ZS_KV_BLOCK * kvd, on = (size_t)T * qd;
+    float *pool = malloc(pool_n * 4), *pw = malloc(pool_n * 4);
+    for (size_t i = 0; i < pool_n; i++) pool[i] = NAN; /* never read: a kernel that does fails */
+    for (int s = 0; s < nseq; s++)
+        for (int p = 0; p < len[s]; p++) {
+            fill(pool + kv_index(&B, kvd, s, p, 0), (size_t)kvd, 1.0f);
+            fill(pool + kv_index(&B, kvd, s, p, 1), (size_t)kvd, 1.0f);
+        }
+    float *k = malloc((size_t)T * kvd * 4), *v = malloc((size_t)T * kvd * 4), *q = malloc(on * 4);
+    float *kr = malloc((size_t)T * kvd * 4), *vr = malloc((size_t)T * kvd * 4);
+    int64_t *off = malloc((size_t)T * 8);
+    fill(k, (size_t)T * kvd, 1.0f);
+    fill(v, (size_t)T * kvd, 1.0f);
+    fill(q, on, 2.0f);
+    for (int t = 0; t < T; t++) off[t] = (int64_t)kv_index(&B, kvd, B.seq[t], B.pos[t], 0);
+    float *dk = up(k, (size_t)T * kvd, ZS_F32), *dv = up(v, (size_t)T * kvd, ZS_F32), *dq = up(q, on, ZS_F32);
+    int32_t *dtab = up_raw(B.tab, (size_t)T * 4), *dtables = up_raw(B.tables, (size_t)B.n_blocks * 4);
+    int32_t *dpos = up_raw(B.pos, (size_t)T * 4);
+    int64_t *doff = up_raw(off, (size_t)T * 8);
+    float *ref = malloc(on * 4), *sc = malloc((size_t)B.maxlen * 4 + 4), scale = 1.0f / sqrtf((float)hd);
+    void *out = zs_dev_alloc(D, on * 4), *wout = zs_dev_alloc(D, on * 4);
+    ZS_ASSERT(out != NULL && wout != NULL);
+    for (int kd = 1; kd < 3; kd++) {
+        zs_dtype kt = DTS[kd];
+        const char *kn = zs_dtype_name(kt);
+        void *dp = up(pool, pool_n, kt); /* the cache before the step, rounded on the host */
+        /* the host's cache after the step: everything rounded to kt, then widened */
+        memcpy(pw, pool, pool_n * 4);
+        memcpy(kr, k, (size_t)T * kvd * 4);
+        memcpy(vr, v, (size_t)T * kvd * 4);
+        round_to(kr, (size_t)T * kvd, kt);
+        round_to(vr, (size_t)T * kvd, kt);
+        for (int t = 0; t < T; t++) {
+            memcpy(pw + kv_index(&B, kvd, B.seq[t], B.pos[t], 0), kr + (size_t)t * kvd, (size_t)kvd * 4);
+            memcpy(pw + kv_index(&B, kvd, B.seq[t], B.pos[t], 1), vr + (size_t)t * kvd, (size_t)kvd * 4);
+        }
+        round_to(pw, pool_n, kt);
+        CHECK(zs_cuda_kv_store_dt(dp, kt, dk, kvd, dv, kvd, doff, T, kvd, S) == 0, "kv_store %s launch: %s", kn,
+              cuda_why());
+        float *g = down(dp, pool_n, kt);
+        CHECK(memcmp(g, pw, pool_n * 4) == 0, "kv_store %s %s (%d kv heads x %d): the device cache differs from the "
+              "host's rounding", kn, name, nkv, hd);
+        free(g);
+        float *dpw = up(pw, pool_n, ZS_F32);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < nh; h++) {
+                const float *qq = q + (size_t)t * qd + (size_t)h * hd;
+                int kh = h / group;
+                for (int j = 0; j <= B.pos[t]; j++) {
+                    const float *kk = pw + kv_index(&B, kvd, B.seq[t], j, 0) + (size_t)kh * hd;
+                    float s = 0;
+                    for (int i = 0; i < hd; i++) s += qq[i] * kk[i];
+                    sc[j] = s * scale;
+                }
+                zs_op_softmax(sc, B.pos[t] + 1);
+                float *o = ref + (size_t)t * qd + (size_t)h * hd;
+                memset(o, 0, (size_t)hd * 4);
+                for (int j = 0; j <= B.pos[t]; j++) {
+                    const float *vv = pw + kv_index(&B, kvd, B.seq[t], j, 1) + (size_t)kh * hd;
+                    for (int i = 0; i < hd; i++) o[i] += sc[j] * vv[i];
+                }
+            }
+        for (int ii = 0; ii < 3; ii++) {
+            int impl = ATT_IMPLS[ii];
+            const char *in = zs_cuda_attention_mode_name(impl);
+            ZS_ASSERT(cudaMemsetAsync(out, 0xff, on * 4, (cudaStream_t)S) == cudaSuccess);
+            ZS_ASSERT(cudaMemsetAsync(wout, 0xff, on * 4, (cudaStream_t)S) == cudaSuccess);
+            CHECK(zs_cuda_attention_dt(impl, out, ZS_F32, dq, qd, dp, kt, dtables, dtab, dpos, T, nh, nkv, hd, scale,
+                                       S) == 0, "attention (%s) over %s launch: %s", in, kn, cuda_why());
+            CHECK(zs_cuda_attention_impl(impl, wout, ZS_F32, dq, qd, dpw, dtables, dtab, dpos, T, nh, nkv, hd, scale,
+                                         S) == 0, "attention (%s) launch: %s", in, cuda_why());
+            float *a = down(out, on, ZS_F32), *b = down(wout, on, ZS_F32);
+            size_t nd = 0;
+            for (size_t i = 0; i < on; i++) nd += memcmp(&a[i], &b[i], 4) != 0;
+            double ew = nerr(a, b, on), er = nerr(a, ref, on);
+            CHECK(nd == 0, "attention (%s) over a %s cache, %s, %d heads / %d kv heads x %d: %zu of %zu elements "
+                  "differ from the f32 cache of the widened values (error %.3g)", in, kn, name, nh, nkv, hd, nd, on, ew);
+            CHECK(er <= tol_of(ZS_F32) + 1e-5, "attention (%s) over a %s cache, %s, %d heads / %d kv heads x %d: "
+                  "error %.3g against the CPU", in, kn, name, nh, nkv, hd, er);
+            free(a); free(b);
+        }
+        rel(dp); rel(dpw);
+    }
+    free(pool); free(pw); free(k); free(v); free(q); free(kr); free(vr); free(off); free(ref); free(sc);
+    rel(out); rel(wout); rel(dk); rel(dv); rel(dq); rel(dtab); rel(dtables); rel(dpos); rel(doff);
+    att_batch_free(&B);
+}
+
 static void test_attention(void) {
     /* a batch of 3 sequences (37, 5 and 70 positions): prefill of all, and decode of the last */
     int len3[3] = {37, 5, 70}, one3[3] = {1, 1, 1};
@@ -490,6 +598,23 @@ static void test_attention(void) {
         for (int i = 0; i < n; i++) l[i] = 4;
         attention_case("70000 tokens", n, l, l, 2, 1, 64, 1);
         free(l);
+    }
+    /* a 16-bit KV cache: stories260K's shape, Llama 3 8B's (a serving batch: both kernels in
+     * auto), MQA at head_dim 256 (tiled: > 48 KiB of shared memory), a chunk after cached positions */
+    {
+        int lm[4] = {120, 33, 64, 20}, nm[4] = {40, 1, 1, 20}, l90 = 90, n37 = 37;
+        attention_kv16_case("prefill of 3 sequences", 3, len3, len3, 8, 4, 8);
+        attention_kv16_case("decode of 3 sequences", 3, len3, one3, 8, 4, 8);
+        attention_kv16_case("serving batch", 4, lm, nm, 32, 8, 128);
+        attention_kv16_case("prefill of 3 sequences", 3, len3, len3, 4, 1, 256);
+        attention_kv16_case("chunk of 37 after 53 cached", 1, &l90, &n37, 12, 2, 64);
+        CHECK(zs_cuda_attention_dt(ZS_CUDA_ATTN_AUTO, NULL, ZS_F32, NULL, 0, NULL, ZS_Q8_0, NULL, NULL, NULL, 4, 4, 4,
+                                   64, 1.0f, S) < 0, "attention over a Q8_0 cache was accepted");
+        const char *w = zs_cuda_take_error();
+        CHECK(w && strstr(w, "element type"), "attention over a Q8_0 cache: reason \"%s\"", w ? w : "(none)");
+        CHECK(zs_cuda_kv_store_dt(NULL, ZS_Q8_0, NULL, 0, NULL, 0, NULL, 4, 64, S) < 0, "kv store into Q8_0 was accepted");
+        w = zs_cuda_take_error();
+        CHECK(w && strstr(w, "element type"), "kv store into Q8_0: reason \"%s\"", w ? w : "(none)");
     }
     /* refused shapes: -1 before any launch, with the reason (zs_cuda_take_error, zs_dev_error) */
     CHECK(zs_cuda_attention_impl(ZS_CUDA_ATTN_AUTO, NULL, ZS_F32, NULL, 0, NULL, NULL, NULL, NULL, 4, 4, 4, 300, 1.0f,
@@ -539,6 +664,148 @@ static void test_gemm(void) {
             rel(dW); rel(dx); rel(dy);
         }
     }
+}
+
+/* ---- block-format weights (matmul-quant.cu, embed.cu) ---- */
+
+static const zs_dtype QDTS[7] = {ZS_Q8_0, ZS_Q4_0, ZS_Q4_1, ZS_Q5_0, ZS_Q5_1, ZS_Q4_K, ZS_Q6_K};
+
+/* n weights of dt as random bytes (every nibble, fifth-bit and scale pattern) with small f16
+ * scales (and mins) of either sign */
+static uint8_t *rand_blocks(zs_dtype dt, size_t n) {
+    size_t bytes = zs_dtype_bytes(dt, n), bb = zs_dtype_size(dt);
+    uint8_t *W = malloc(bytes + 4);
+    for (size_t i = 0; i < bytes; i++) W[i] = (uint8_t)urand(256);
+    int kq = dt == ZS_Q4_K || dt == ZS_Q6_K;
+    for (size_t b = 0; b < bytes / bb; b++) {
+        uint16_t d = zs_f32_to_f16(frand() * (kq ? 0.002f : 0.02f)), m = zs_f32_to_f16(frand() * 0.05f);
+        memcpy(W + b * bb + (dt == ZS_Q6_K ? 208 : 0), &d, 2);
+        if (dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K) memcpy(W + b * bb + 2, &m, 2);
+    }
+    return W;
+}
+
+/* decode: the fused kernel, bit for bit the CPU product */
+static void qmatmul_decode(zs_dtype dt, int T, int in, int out) {
+    const char *dn = zs_dtype_name(dt);
+    size_t nw = (size_t)out * in, xn = (size_t)T * in, yn = (size_t)T * out;
+    uint8_t *Wq = rand_blocks(dt, nw);
+    float *x = malloc(xn * 4), *y = malloc(yn * 4), *y0 = malloc(yn * 4);
+    fill(x, xn, 1.0f);
+    fill(y0, yn, 1.0f);
+    zs_op_matmul(y, x, T, in, Wq, dt, out, NULL);
+    void *dW = up_raw(Wq, zs_dtype_bytes(dt, nw));
+    float *dx = up(x, xn, ZS_F32), *dy = up(y0, yn, ZS_F32);
+    CHECK(zs_dev_gemm(D, dy, dx, T, in, dW, dt, out, 0.0f) == 0, "qgemm: %s", zs_errmsg());
+    float *g = down(dy, yn, ZS_F32);
+    size_t diff = 0;
+    for (size_t i = 0; i < yn; i++) diff += memcmp(&g[i], &y[i], 4) != 0;
+    CHECK(diff == 0, "%s decode T=%d %dx%d: %zu of %zu outputs differ from zs_op_matmul's bits (error %.3g)", dn, T, in,
+          out, diff, yn, nerr(g, y, yn));
+    free(g);
+    /* beta 1: the CPU's sum of the product and y0 */
+    ZS_ASSERT(zs_dev_upload(D, dy, y0, yn * 4) == 0);
+    CHECK(zs_dev_gemm(D, dy, dx, T, in, dW, dt, out, 1.0f) == 0, "qgemm: %s", zs_errmsg());
+    g = down(dy, yn, ZS_F32);
+    diff = 0;
+    for (size_t i = 0; i < yn; i++) {
+        float r = y[i] + y0[i];
+        diff += memcmp(&g[i], &r, 4) != 0;
+    }
+    CHECK(diff == 0, "%s decode (beta 1) T=%d %dx%d: %zu outputs differ from the CPU's product + y", dn, T, in, out,
+          diff);
+    free(g);
+    /* the last token alone gives its row of the batch */
+    if (T > 1) {
+        CHECK(zs_dev_gemm(D, dy, dx + (size_t)(T - 1) * in, 1, in, dW, dt, out, 0.0f) == 0, "qgemm: %s", zs_errmsg());
+        g = down(dy, (size_t)out, ZS_F32);
+        CHECK(memcmp(g, y + (size_t)(T - 1) * out, (size_t)out * 4) == 0,
+              "%s decode %dx%d: token %d alone differs from its row in a batch of %d", dn, in, out, T - 1, T);
+        free(g);
+    }
+    free(Wq); free(x); free(y); free(y0);
+    rel(dW); rel(dx); rel(dy);
+}
+
+/* prefill: bf16 operands through cuBLAS */
+static void qmatmul_prefill(zs_dtype dt, int T, int in, int out) {
+    const char *dn = zs_dtype_name(dt);
+    size_t nw = (size_t)out * in, xn = (size_t)T * in, yn = (size_t)T * out;
+    uint8_t *Wq = rand_blocks(dt, nw);
+    float *Wd = malloc(nw * 4), *x = malloc(xn * 4), *xr = malloc(xn * 4);
+    float *y = malloc(yn * 4), *ye = malloc(yn * 4);
+    fill(x, xn, 1.0f);
+    zs_to_f32(Wd, Wq, dt, nw);
+    zs_op_matmul(ye, x, T, in, Wd, ZS_F32, out, NULL); /* exact operands */
+    round_to(Wd, nw, ZS_BF16);
+    memcpy(xr, x, xn * 4);
+    round_to(xr, xn, ZS_BF16);
+    zs_op_matmul(y, xr, T, in, Wd, ZS_F32, out, NULL); /* the operands the device multiplies */
+    void *dW = up_raw(Wq, zs_dtype_bytes(dt, nw));
+    float *dx = up(x, xn, ZS_F32), *dy = zs_dev_alloc(D, yn * 4);
+    CHECK(zs_dev_gemm(D, dy, dx, T, in, dW, dt, out, 0.0f) == 0, "qgemm: %s", zs_errmsg());
+    float *g = down(dy, yn, ZS_F32);
+    double e = nerr(g, y, yn), ee = nerr(g, ye, yn);
+    CHECK(e <= 1e-4, "%s prefill T=%d %dx%d: error %.3g against the f32 product of the bf16-rounded operands", dn, T,
+          in, out, e);
+    CHECK(ee <= 1e-2, "%s prefill T=%d %dx%d: error %.3g against the exact operands' product", dn, T, in, out, ee);
+    fprintf(stderr, "  %s prefill T=%d %dx%d: error %.2g (bf16 operands), %.2g (exact operands)\n", dn, T, in, out, e,
+            ee);
+    free(g);
+    free(Wq); free(Wd); free(x); free(xr); free(y); free(ye);
+    rel(dW); rel(dx); rel(dy);
+}
+
+static void test_qembed(zs_dtype dt) {
+    int rows = 300, d = 512, T = 37;
+    size_t n = (size_t)rows * d;
+    uint8_t *tab = rand_blocks(dt, n), *ptab = rand_blocks(dt, n);
+    int32_t ids[37], pos[37];
+    for (int t = 0; t < T; t++) { ids[t] = (t * 131 + 7) % rows; pos[t] = t * 3; }
+    float *ref = malloc((size_t)T * d * 4), *tmp = malloc((size_t)d * 4);
+    for (int t = 0; t < T; t++) {
+        zs_op_embed(ref + (size_t)t * d, tab, dt, d, ids[t]);
+        zs_op_embed(tmp, ptab, dt, d, pos[t]);
+        zs_op_add(ref + (size_t)t * d, tmp, (size_t)d);
+    }
+    void *dtab = up_raw(tab, zs_dtype_bytes(dt, n)), *dpt = up_raw(ptab, zs_dtype_bytes(dt, n));
+    int32_t *dids = up_raw(ids, sizeof ids), *dpos = up_raw(pos, sizeof pos);
+    float *out = zs_dev_alloc(D, (size_t)T * d * 4);
+    CHECK(zs_cuda_embed(out, dtab, dt, dids, dpt, dt, dpos, T, d, S) == 0, "embed %s launch: %s", zs_dtype_name(dt),
+          cuda_why());
+    float *g = down(out, (size_t)T * d, ZS_F32);
+    CHECK(memcmp(g, ref, (size_t)T * d * 4) == 0, "embed %s: differs from zs_op_embed (error %.3g)", zs_dtype_name(dt),
+          nerr(g, ref, (size_t)T * d));
+    free(g); free(tab); free(ptab); free(ref); free(tmp);
+    rel(dtab); rel(dpt); rel(dids); rel(dpos); rel(out);
+}
+
+static void test_qmatmul(void) {
+    for (int q = 0; q < 7; q++) {
+        zs_dtype dt = QDTS[q];
+        qmatmul_decode(dt, 1, 1024, 300); /* 300 rows: the last kernel block is partly empty */
+        qmatmul_decode(dt, 1, 256, 1);
+        qmatmul_decode(dt, 3, 512, 77);
+        qmatmul_decode(dt, 8, 1024, 300);
+        qmatmul_prefill(dt, 9, 1024, 300);
+        qmatmul_prefill(dt, 64, 1024, 300);
+        test_qembed(dt);
+    }
+    qmatmul_prefill(ZS_Q4_K, 64, 1024, 40000); /* 40000 rows of bf16: two chunks */
+    /* refusals, with the reason */
+    uint8_t *buf = zs_dev_alloc(D, 1 << 16);
+    CHECK(zs_cuda_qgemv((float *)buf, 8, (float *)buf, 9, 256, buf, ZS_Q8_0, 8, 0.0f, S) < 0, "qgemv with T=9 accepted");
+    const char *w = zs_cuda_take_error();
+    CHECK(w && strstr(w, "9 tokens"), "qgemv with T=9: reason \"%s\"", w ? w : "(none)");
+    CHECK(zs_cuda_qgemv((float *)buf, 8, (float *)buf, 1, 128, buf, ZS_Q4_K, 8, 0.0f, S) < 0,
+          "qgemv over Q4_K rows of 128 accepted");
+    w = zs_cuda_take_error();
+    CHECK(w && strstr(w, "whole blocks of 256"), "qgemv over Q4_K rows of 128: reason \"%s\"", w ? w : "(none)");
+    CHECK(zs_cuda_dequant(buf, ZS_BF16, buf, ZS_BF16, 1, 64, S) < 0, "dequantize from bf16 accepted");
+    w = zs_cuda_take_error();
+    CHECK(w && strstr(w, "not a block format"), "dequantize from bf16: reason \"%s\"", w ? w : "(none)");
+    CHECK_ERR(zs_dev_gemm(D, (float *)buf, buf, 1, 100, buf, ZS_Q8_0, 4, 0.0f), "Q8_0", "rows of 100");
+    rel(buf);
 }
 
 /* ---- backward kernels (backward.cu) against the CPU ops of ops-backward.c, f32 ---- */
@@ -805,6 +1072,7 @@ int main(void) {
         test_act();
         test_attention();
         test_gemm();
+        test_qmatmul();
         test_norms_bwd();
         test_rope_bwd();
         test_act_bwd();

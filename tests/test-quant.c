@@ -13,9 +13,11 @@
  * decode step; training refuses a
  * quantized engine; a Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1) GGUF of stories260K, written here from the f32 one with our
  * quantizer, gives, as stored, the logits of --weight-dtype q8_0 (q4_0) on the safetensors
- * directory bit for bit. Q4_K and Q6_K (read as stored, never quantized here): the dequantizer gives
- * the gguf package's values of random super-blocks (tests/ref/q4_k-, q6_k-ref.bin) bit for bit,
- * the kernels the scalar loop's bits as above, and --weight-dtype q4_k/q6_k is refused by name. */
+ * directory bit for bit. Q4_K and Q6_K: the dequantizer gives the gguf package's values of random
+ * super-blocks (tests/ref/q4_k-, q6_k-ref.bin) bit for bit, and the kernels the scalar loop's bits
+ * as above (their quantizers and --weight-dtype q4_k/q6_k/q4_k_m: tests/test-quant-k.c).
+ * With a CUDA device: the CUDA engine runs stories260K at q8_0 and q5_1, its logits of 4 tokens
+ * within 0.5 of the CPU engine's (tests/test-backend-ops.c checks the kernels themselves). */
 #include <ctype.h>
 
 #include "backend.h"
@@ -25,6 +27,7 @@
 #include "gguf.h"
 #include "init-model.h"
 #include "matmul-16.h"
+#include "matmul-q8act.h"
 #include "ops.h"
 #include "train.h"
 #include "testutil.h"
@@ -54,7 +57,7 @@ static const struct {
     {ZS_Q4_1, "tests/ref/q4_1-ref.bin", "ZS41", zs_matmul_block_q4_1_generic, zs_matmul_block_q4_1_avx2, ZS_GGML_Q4_1},
     {ZS_Q5_0, "tests/ref/q5_0-ref.bin", "ZS50", zs_matmul_block_q5_0_generic, zs_matmul_block_q5_0_avx2, ZS_GGML_Q5_0},
     {ZS_Q5_1, "tests/ref/q5_1-ref.bin", "ZS51", zs_matmul_block_q5_1_generic, zs_matmul_block_q5_1_avx2, ZS_GGML_Q5_1},
-    /* K-quants: read as stored, never quantized here (their files hold bytes and the dequantized values) */
+    /* K-quants: their files hold random super-blocks and the dequantized values (the quantizer: test-quant-k.c) */
     {ZS_Q4_K, "tests/ref/q4_k-ref.bin", "ZS4K", zs_matmul_block_q4_k_generic, zs_matmul_block_q4_k_avx2, ZS_GGML_Q4_K},
     {ZS_Q6_K, "tests/ref/q6_k-ref.bin", "ZS6K", zs_matmul_block_q6_k_generic, zs_matmul_block_q6_k_avx2, ZS_GGML_Q6_K},
 };
@@ -112,16 +115,15 @@ static void check_kreference(zs_dtype dt) {
         zs_convert(q8, ZS_Q8_0, q, dt, n);
         zs_quantize_q8_0(q8w, want, n);
         CHECK(!memcmp(q8, q8w, zs_dtype_bytes(ZS_Q8_0, n)), "%s -> Q8_0 is quantize(dequantize)", dn);
-        CHECK_ERR(zs_quantize(dt, q, want, n), dn, "not supported");
     }
     CHECK(zs_dtype_block(dt) == 256 && zs_dtype_size(dt) == (dt == ZS_Q4_K ? 144u : 210u) &&
-              zs_dtype_bytes(dt, 512) == 2 * zs_dtype_size(dt) && zs_dtype_is_quant(dt) && !zs_dtype_can_quantize(dt),
+              zs_dtype_bytes(dt, 512) == 2 * zs_dtype_size(dt) && zs_dtype_is_quant(dt) && zs_dtype_can_quantize(dt),
           "%s super-block sizes", dn);
     free(q); free(q8); free(q8w); free(want); free(got); free(h);
 }
 
 static void check_reference(zs_dtype dt) {
-    if (!zs_dtype_can_quantize(dt)) { check_kreference(dt); return; }
+    if (zs_dtype_block(dt) == ZS_QK_K) { check_kreference(dt); return; }
     int q8 = dt == ZS_Q8_0, qi = qt_index(dt);
     /* with a min (Q4_1, Q5_1): the step is (max - min) / nmax, else |d| (d = amax/127, max/-8, max/-16) */
     int has_min = dt == ZS_Q4_1 || dt == ZS_Q5_1, nmax = dt == ZS_Q8_0 ? 127 : dt == ZS_Q4_0 ? 8 : dt == ZS_Q5_0 ? 16
@@ -233,8 +235,8 @@ static void check_matmul(zs_dtype dt, int T, int in, int out) {
     float *y = malloc((size_t)T * out * 4), *ref = malloc((size_t)T * out * 4), *y1 = malloc((size_t)out * 4);
     for (size_t i = 0; i < nw; i++) Wf[i] = frand() * (i % 97 == 0 ? 4.0f : 0.05f);
     for (size_t i = 0; i < (size_t)T * in; i++) x[i] = frand();
-    if (zs_dtype_can_quantize(dt)) quantize(dt, W, Wf, nw);
-    else make_kblocks(dt, W, nw);
+    if (zs_dtype_block(dt) == ZS_QK_K) make_kblocks(dt, W, nw); /* random super-blocks: every bit pattern */
+    else quantize(dt, W, Wf, nw);
     zs_to_f32(Wd, W, dt, nw);
     scalar_q(ref, x, T, in, Wd, out);
     zs_op_matmul(y, x, T, in, W, dt, out, NULL);
@@ -278,7 +280,7 @@ static void run_kernel_checks(void) {
     int kshapes[][3] = {{1, 256, 1}, {1, 256, 13}, {3, 512, 37}, {7, 256, 100}, {1, 1024, 300}, {5, 1024, 300}, {9, 512, 1030}};
     for (int q = 0; q < NQT; q++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            int k = !zs_dtype_can_quantize(QT[q].dt); /* K-quants: rows of whole super-blocks */
+            int k = zs_dtype_block(QT[q].dt) == ZS_QK_K; /* K-quants: rows of whole super-blocks */
             check_matmul(QT[q].dt, k ? kshapes[s][0] : shapes[s][0], k ? kshapes[s][1] : shapes[s][1],
                          k ? kshapes[s][2] : shapes[s][2]);
         }
@@ -360,7 +362,7 @@ static void check_stories(const char *nv, zs_dtype qt, int min_lead, double tol)
     const zs_model *m = zs_engine_model(e);
     const zs_bucket_layout *L = zs_model_layout(m, zs_bucket_layer(0));
     CHECK(L->slot[ZS_R_WQ].dtype == qt && L->slot[ZS_R_W_UP].dtype == qt, "rows of 64: %s", dn);
-    CHECK(L->slot[ZS_R_W_DOWN].dtype == ZS_BF16, "rows of 172 (not a multiple of 32): bf16");
+    CHECK(L->slot[ZS_R_W_DOWN].dtype == ZS_F16, "rows of 172 (not a multiple of 32): f16, as llama.cpp");
     CHECK(L->slot[ZS_R_ATTN_NORM_W].dtype == ZS_F32, "norms stay f32");
     int vocab = zs_model_config_get(m)->vocab_size;
     float *base = NULL;
@@ -501,7 +503,7 @@ static void check_gguf(const char *tmp, zs_dtype qt) {
         CHECK(rc == 0, "%s: open: %s", what[i], zs_errmsg());
         if (rc < 0) continue;
         const zs_bucket_layout *L = zs_model_layout(zs_engine_model(e), zs_bucket_layer(0));
-        CHECK(L->slot[ZS_R_WQ].dtype == qt && L->slot[ZS_R_W_DOWN].dtype == ZS_BF16, "%s: %s layout", what[i], dn);
+        CHECK(L->slot[ZS_R_WQ].dtype == qt && L->slot[ZS_R_W_DOWN].dtype == ZS_F16, "%s: %s layout", what[i], dn);
         rc = greedy(e, prompt, 5, 16, ids[i], lg[i], vocab);
         CHECK(rc == 0, "%s: greedy: %s", what[i], zs_errmsg());
         zs_engine_free(e);
@@ -534,7 +536,7 @@ static void check_gguf_mixed(const char *tmp) {
         if (rc < 0) continue;
         const zs_bucket_layout *L = zs_model_layout(zs_engine_model(e), zs_bucket_layer(0));
         CHECK(L->slot[ZS_R_WQ].dtype == ZS_Q8_0 && L->slot[ZS_R_W_UP].dtype == ZS_Q5_0 &&
-                  L->slot[ZS_R_W_GATE].dtype == ZS_Q5_0 && L->slot[ZS_R_W_DOWN].dtype == ZS_BF16,
+                  L->slot[ZS_R_W_GATE].dtype == ZS_Q5_0 && L->slot[ZS_R_W_DOWN].dtype == ZS_F16,
               "mixed GGUF: each matrix as stored (wq %s, w_up %s, w_down %s)", zs_dtype_name(L->slot[ZS_R_WQ].dtype),
               zs_dtype_name(L->slot[ZS_R_W_UP].dtype), zs_dtype_name(L->slot[ZS_R_W_DOWN].dtype));
         rc = greedy(e, prompt, 5, 16, ids[i], lg[i], vocab);
@@ -632,6 +634,8 @@ static void check_bytes(const char *tmp) {
 
 int main(int argc, char **argv) {
     (void)argv;
+    /* this file checks the exact f32-activation path (test-quant-q8act.c the 8-bit one) */
+    zs_op_matmul_quant_act(ZS_QUANT_ACT_F32);
     run_kernel_checks();
     if (argc >= 2) return tu_finish("test-quant (child)");
     char self[4096];
@@ -658,13 +662,6 @@ int main(int argc, char **argv) {
     check_stories(nv, ZS_Q4_1, 0, 6.0);
     check_stories(nv, ZS_Q5_0, 0, 6.0);
     check_stories(nv, ZS_Q5_1, 0, 6.0);
-    { /* K-quants are read as stored, never made at load: --weight-dtype q4_k is refused by name */
-        char dir[4096];
-        tu_model_dir(dir, sizeof dir, "stories260K");
-        zs_engine *e = NULL;
-        CHECK_ERR(open_engine(dir, 1, ZS_OFFLOAD_NONE, NULL, ZS_Q4_K, &e), "Q4_K", "quantizing into K-quants at load is not supported");
-        CHECK_ERR(open_engine(dir, 1, ZS_OFFLOAD_NONE, NULL, ZS_Q6_K, &e), "Q6_K", "not supported");
-    }
     check_bytes(tmp);
     check_gguf(tmp, ZS_Q8_0);
     check_gguf(tmp, ZS_Q4_0);
@@ -672,20 +669,49 @@ int main(int argc, char **argv) {
     check_gguf(tmp, ZS_Q5_0);
     check_gguf(tmp, ZS_Q5_1);
     check_gguf_mixed(tmp);
-    if (zs_backend_cuda_built() && zs_backend_cuda_devices() > 0) { /* the CUDA path refuses, clearly */
+    if (zs_backend_cuda_built() && zs_backend_cuda_devices() > 0) { /* the CUDA path runs them */
         char dir[4096];
         tu_model_dir(dir, sizeof dir, "stories260K");
-        zs_engine_opts o;
-        zs_engine_opts_default(&o);
-        o.model_dir = dir;
-        o.model.weight_dtype = ZS_Q8_0;
-        o.device = ZS_DEVICE_CUDA;
-        zs_engine *e = NULL;
-        CHECK_ERR(zs_engine_open(&o, &e), "q8_0 weights are not supported on CUDA yet");
-        o.model.weight_dtype = ZS_Q5_1;
-        CHECK_ERR(zs_engine_open(&o, &e), "q5_1 weights are not supported on CUDA yet");
+        zs_dtype qts[2] = {ZS_Q8_0, ZS_Q5_1};
+        for (int i = 0; i < 2; i++) {
+            zs_engine_opts o;
+            zs_engine_opts_default(&o);
+            o.model_dir = dir;
+            o.model.weight_dtype = qts[i];
+            o.device = ZS_DEVICE_CUDA;
+            o.model.embed_lookup = 1;
+            o.max_seqs = 2;
+            zs_engine *e = NULL, *ce = NULL;
+            int rc = zs_engine_open(&o, &e);
+            CHECK(rc == 0, "stories260K %s on CUDA: open: %s", zs_dtype_name(qts[i]), zs_errmsg());
+            if (rc == 0 && open_engine(dir, 1, ZS_OFFLOAD_NONE, NULL, qts[i], &ce) == 0) {
+                /* 4 tokens (the fused kernel: the CPU's products) against the CPU engine; the
+                 * w_down rows of 172 stay f16, multiplied by cuBLAS with f16 inputs there */
+                int32_t ids[4] = {1, 403, 407, 261}, pos[4] = {0, 1, 2, 3}, got[2];
+                float *lg = malloc(2 * 4 * 512 * 4);
+                for (int k = 0; k < 2; k++) {
+                    zs_engine *x = k ? ce : e;
+                    int seq;
+                    zs_kvcache *kv = zs_engine_kv(x);
+                    CHECK(zs_kv_seq_open(kv, &seq) == 0 && zs_kv_seq_reserve(kv, seq, 4) == 0, "kv");
+                    int32_t sq[4] = {seq, seq, seq, seq}, li[4] = {0, 1, 2, 3};
+                    zs_batch b = {4, ids, pos, sq, li, 4};
+                    CHECK(zs_engine_forward(x, &b, lg + (size_t)k * 4 * 512) == 0, "forward: %s", zs_errmsg());
+                    zs_kv_seq_close(kv, seq);
+                    got[k] = argmax(lg + (size_t)k * 4 * 512 + 3 * 512, 512);
+                }
+                double md = 0;
+                for (int j = 0; j < 4 * 512; j++) md = fmax(md, fabs(lg[j] - lg[4 * 512 + j]));
+                fprintf(stderr, "test-quant: stories260K %s on CUDA: max |logit - CPU| %.3g\n", zs_dtype_name(qts[i]), md);
+                CHECK(md < 0.5 && got[0] == got[1], "stories260K %s on CUDA: logits within 0.5 of the CPU's (%.3g), "
+                      "the same argmax (%d, CPU %d)", zs_dtype_name(qts[i]), md, got[0], got[1]);
+                free(lg);
+            }
+            zs_engine_free(ce);
+            zs_engine_free(e);
+        }
     } else {
-        fprintf(stderr, "test-quant: no CUDA device: the CUDA refusal is not exercised\n");
+        fprintf(stderr, "test-quant: no CUDA device: the CUDA path is not exercised\n");
     }
     tu_rmdir(nv);
     tu_rmdir(tmp);

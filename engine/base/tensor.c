@@ -1,5 +1,6 @@
 /* tensor.c — dtype sizes and names, f16/bf16 <-> f32 conversion, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1
- * quantization and dequantization, Q4_K/Q6_K dequantization (ggml's reference arithmetic). */
+ * quantization and dequantization, Q4_K/Q6_K dequantization (ggml's reference arithmetic; the
+ * K-quant quantizers are in quant-k.c). */
 #include <math.h>
 #include "tensor.h"
 
@@ -31,7 +32,7 @@ int zs_dtype_block(zs_dtype t) {
 
 int zs_dtype_is_quant(zs_dtype t) { return t >= ZS_Q8_0 && t < ZS_DTYPE_COUNT; }
 
-int zs_dtype_can_quantize(zs_dtype t) { return t >= ZS_Q8_0 && t <= ZS_Q5_1; }
+int zs_dtype_can_quantize(zs_dtype t) { return zs_dtype_is_quant(t); }
 
 size_t zs_dtype_bytes(zs_dtype t, size_t n) {
     int b = zs_dtype_block(t);
@@ -226,16 +227,17 @@ __attribute__((optimize("fp-contract=off"))) void zs_quantize_q5_0(void *dst, co
 }
 
 int zs_quantize(zs_dtype dt, void *dst, const float *src, size_t n) {
+    if (zs_dtype_is_quant(dt) && n % (size_t)zs_dtype_block(dt) != 0)
+        return zs_err(ZS_EINVAL, "quantize: %zu values are not whole %s blocks of %d", n, zs_dtype_name(dt),
+                      zs_dtype_block(dt));
     switch (dt) {
     case ZS_Q8_0: zs_quantize_q8_0(dst, src, n); return 0;
     case ZS_Q4_0: zs_quantize_q4_0(dst, src, n); return 0;
     case ZS_Q4_1: zs_quantize_q4_1(dst, src, n); return 0;
     case ZS_Q5_0: zs_quantize_q5_0(dst, src, n); return 0;
     case ZS_Q5_1: zs_quantize_q5_1(dst, src, n); return 0;
-    case ZS_Q4_K:
-    case ZS_Q6_K:
-        return zs_err(ZS_EUNSUPPORTED, "quantize: %s is read as stored from GGUF files; quantizing into it is not "
-                      "supported", zs_dtype_name(dt));
+    case ZS_Q4_K: zs_quantize_q4_k(dst, src, n); return 0;
+    case ZS_Q6_K: zs_quantize_q6_k(dst, src, n); return 0;
     default: return zs_err(ZS_EINVAL, "quantize: dtype %s (%d) is not a block format", zs_dtype_name(dt), (int)dt);
     }
 }

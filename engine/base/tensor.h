@@ -11,8 +11,8 @@
  * sc[g] and mins m[g] (get_scale_min_k4), then 128 bytes of nibbles (group 2i low nibbles, 2i+1
  * high nibbles of bytes 32i..32i+31; value (d·sc)·q - (dmin·m); 144 bytes); Q6_K 128 bytes ql
  * of low nibbles, 64 bytes qh of 2-bit highs, 16 int8 scales (one per 16 weights), then an f16
- * d (value (d·sc)·(q - 32); 210 bytes). K-quants are read as stored, never made here. Block
- * formats are storage formats only:
+ * d (value (d·sc)·(q - 32); 210 bytes). Every block format is made by a quantizer with ggml's
+ * reference bytes (the K-quants' in quant-k.c). Block formats are storage formats only:
  * arithmetic (reductions, optimizer outputs) takes element types alone.
  * Views never own memory. All functions are pure and thread-safe. */
 #ifndef ZS_TENSOR_H
@@ -61,9 +61,9 @@ float zs_bf16_to_f32(uint16_t h);
 uint16_t zs_f32_to_bf16(float f);  /* round to nearest even, NaN kept */
 
 /* Convert n elements between dtypes (src and dst must not overlap unless same dtype). Into a
- * block format this quantizes (zs_quantize_*; not into Q4_K/Q6_K: the caller refuses those), out
- * of it dequantizes; n must then be a multiple of the block. */
-int zs_dtype_can_quantize(zs_dtype t); /* zs_quantize makes this block format (not Q4_K, Q6_K) */
+ * block format this quantizes (zs_quantize_*), out of it dequantizes; n must then be a multiple
+ * of the block. */
+int zs_dtype_can_quantize(zs_dtype t); /* zs_quantize makes this block format (every one: Q8_0 .. Q6_K) */
 void zs_convert(void *dst, zs_dtype dt, const void *src, zs_dtype st, size_t n);
 /* Convert n elements of dtype st to f32 (blocks: n a multiple of 32; Q8_0 value = f32(d) * q,
  * Q4_0 value = f32(d) * (q - 8), Q5_0 value = f32(d) * (q - 16), one rounded f32 product each;
@@ -90,8 +90,18 @@ void zs_quantize_q5_1(void *dst, const float *src, size_t n);
 /* n (a multiple of 32) f32 values to Q5_0 blocks (quantize_row_q5_0_ref): max = the first x of
  * largest |x|, d = max / -16, id = d ? 1/d : 0, q = min(31, (int8)(x·id + 16.5)), d = fp16(d). */
 void zs_quantize_q5_0(void *dst, const float *src, size_t n);
-/* quantize n values into the block format dt (Q8_0 .. Q5_1); 0, or ZS_EINVAL for another dtype
- * (Q4_K and Q6_K included: they are loaded as stored, never made here) */
+/* n (a multiple of 256) f32 values to n/256 Q4_K / Q6_K super-blocks (quant-k.c), the bytes of
+ * ggml's quantize_row_q4_K_ref / quantize_row_q6_K_ref (no importance matrix). Q4_K: per group of
+ * 32, ggml's make_qkx2_quants (weights rms(group) + |x|; levels 0..15 with a scale and a min, the
+ * best of 21 least-squares refits), the 8 scales and mins as 6-bit multiples of d = fp16(max
+ * scale / 63) and dmin = fp16(max min / 63), then the levels again against those. Q6_K: per 16,
+ * make_qx_quants (levels -32..31, weights x², the best of 19 grids), the 16 scales as int8
+ * multiples of d = fp16(max_scale / -128), then the levels again. Every operation an f32 one
+ * rounded in ggml's order, none fused; rounding with ggml's nearest_int. */
+void zs_quantize_q4_k(void *dst, const float *src, size_t n);
+void zs_quantize_q6_k(void *dst, const float *src, size_t n);
+/* quantize n values into the block format dt (Q8_0 .. Q5_1: n a multiple of 32; Q4_K, Q6_K: of
+ * 256); 0, or ZS_EINVAL for another dtype or an n that is not a whole number of blocks */
 int zs_quantize(zs_dtype dt, void *dst, const float *src, size_t n);
 
 #endif

@@ -2,7 +2,7 @@
  * transformer block, final norm and LM head), for Llama-family and GPT-2 models, on the CPU; the
  * embedding rows come from the host lookup tables of an inference model (model.h) or from the
  * gathered embedding bucket. Attention runs in kernels/cpu/attention.c over block tables of the
- * paged cache. */
+ * paged cache, whose K/V elements are f32, f16 or bf16 (kvcache.h). */
 #include <math.h>
 #include <string.h>
 
@@ -18,7 +18,7 @@ struct zs_forward {
     /* the attention's view of the cache: per sequence slot, its block tables (grown on use) */
     zs_att_seq *views;
     unsigned *view_stamp; /* the call that last filled a slot's view */
-    const float **ptrs;
+    const void **ptrs;
     int n_views, n_ptrs;
     unsigned stamp;
 };
@@ -80,7 +80,7 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
         if (v) f->views = v;
         unsigned *st = v ? realloc(f->view_stamp, (size_t)ns * sizeof *st) : NULL;
         if (st) f->view_stamp = st;
-        const float **p = st ? realloc(f->ptrs, (size_t)nblk * 2 * sizeof *p) : NULL;
+        const void **p = st ? realloc(f->ptrs, (size_t)nblk * 2 * sizeof *p) : NULL;
         if (!p) return zs_err(ZS_ENOMEM, "forward: out of memory for the attention tables");
         f->ptrs = p;
         for (int s = f->n_views; s < ns; s++) f->view_stamp[s] = 0;
@@ -100,7 +100,7 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
         if (f->view_stamp[s] == stamp) continue;
         f->view_stamp[s] = stamp;
         int n = (zs_kv_seq_len(kv, s) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
-        const float **kp = f->ptrs + used, **vp = kp + n;
+        const void **kp = f->ptrs + used, **vp = kp + n;
         for (int j = 0; j < n; j++) {
             kp[j] = zs_kv_k(kv, layer, s, j * ZS_KV_BLOCK);
             vp[j] = zs_kv_v(kv, layer, s, j * ZS_KV_BLOCK);
@@ -109,7 +109,7 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
         f->views[s] = (zs_att_seq){kp, vp};
     }
     return zs_op_attention(f->att, f->q, b->n, b->seq, b->pos, f->views, c->n_heads, c->n_kv_heads, c->head_dim,
-                           c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, ZS_ATT_AUTO);
+                           c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, zs_kv_dtype(kv), ZS_ATT_AUTO);
 }
 
 static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b,
@@ -119,7 +119,7 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     const zs_bucket_layout *L = zs_model_layout(m, zs_bucket_layer(l));
     int n = b->n, d = c->dim, ff = c->ffn_dim;
     int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
-#define WD(r) L->slot[r].dtype /* per matrix: a quantized model keeps rows not a multiple of 32 in bf16 */
+#define WD(r) L->slot[r].dtype /* per matrix: a quantized model keeps rows not a multiple of 32 in f16 */
 
     norm(c, f->xn, f->x, WF(L, ZS_R_ATTN_NORM_W, data, res), WF(L, ZS_R_ATTN_NORM_B, data, res), n);
     zs_op_matmul(f->q, f->xn, n, d, W(L, ZS_R_WQ, data, res), WD(ZS_R_WQ), qd, WF(L, ZS_R_BQ, data, res));
@@ -131,8 +131,8 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
             zs_op_rope(q, c->n_heads, c->head_dim, b->pos[i], c->rope_theta);
             zs_op_rope(k, c->n_kv_heads, c->head_dim, b->pos[i], c->rope_theta);
         }
-        memcpy(zs_kv_k(kv, l, b->seq[i], b->pos[i]), k, (size_t)kvd * 4);
-        memcpy(zs_kv_v(kv, l, b->seq[i], b->pos[i]), f->v + (size_t)i * kvd, (size_t)kvd * 4);
+        /* into the cache in its element type (16-bit: rounded to nearest even) */
+        zs_kv_write(kv, l, b->seq[i], b->pos[i], k, f->v + (size_t)i * kvd);
     }
     int rc = attention(f, kv, l, b);
     if (rc < 0) return rc;

@@ -1,4 +1,5 @@
-/* kvcache.c — paged KV cache: a free list of blocks and a block table per sequence. */
+/* kvcache.c — paged KV cache: a free list of blocks and a block table per sequence; K/V pools of
+ * f32, f16 or bf16 elements (values rounded to nearest even on write). */
 #include "kvcache.h"
 
 #include <string.h>
@@ -14,32 +15,39 @@ typedef struct {
 
 struct zs_kvcache {
     int n_layers, kv_dim, n_blocks, max_seqs, max_len, max_bps;
-    float **pool;  /* [n_layers] -> n_blocks * 2 * ZS_KV_BLOCK * kv_dim floats */
+    zs_dtype dtype;
+    size_t esize;  /* bytes of one element: 4 or 2 */
+    char **pool;   /* [n_layers] -> n_blocks * 2 * ZS_KV_BLOCK * kv_dim elements */
     int *free_list;
     int n_free;
     kv_seq *seqs;
 };
 
-size_t zs_kv_block_bytes(int n_layers, int kv_dim) {
-    return (size_t)n_layers * 2 * ZS_KV_BLOCK * (size_t)kv_dim * sizeof(float);
+static int kv_dtype_ok(zs_dtype t) { return t == ZS_F32 || t == ZS_F16 || t == ZS_BF16; }
+
+size_t zs_kv_block_bytes(int n_layers, int kv_dim, zs_dtype dtype) {
+    size_t es = kv_dtype_ok(dtype) ? zs_dtype_size(dtype) : 0;
+    return (size_t)n_layers * 2 * ZS_KV_BLOCK * (size_t)kv_dim * es;
 }
 
-int zs_kv_blocks_for_bytes(int n_layers, int kv_dim, size_t bytes) {
-    size_t b = zs_kv_block_bytes(n_layers, kv_dim);
+int zs_kv_blocks_for_bytes(int n_layers, int kv_dim, zs_dtype dtype, size_t bytes) {
+    size_t b = zs_kv_block_bytes(n_layers, kv_dim, dtype);
     size_t n = b ? bytes / b : 0;
     return n > 1 << 24 ? 1 << 24 : (int)n;
 }
 
 int zs_kv_init(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len,
                zs_kvcache **out) {
-    return zs_kv_init_ex(n_layers, kv_dim, n_blocks, max_seqs, max_len, 1, out);
+    return zs_kv_init_ex(n_layers, kv_dim, n_blocks, max_seqs, max_len, ZS_F32, 1, out);
 }
 
-int zs_kv_init_ex(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len, int host_data,
-                  zs_kvcache **out) {
+int zs_kv_init_ex(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len, zs_dtype dtype,
+                  int host_data, zs_kvcache **out) {
     if (n_layers <= 0 || kv_dim <= 0 || n_blocks <= 0 || max_seqs <= 0 || max_len <= 0)
         return zs_err(ZS_EINVAL, "kv cache: invalid size (layers %d, kv_dim %d, blocks %d, seqs %d, len %d)",
                       n_layers, kv_dim, n_blocks, max_seqs, max_len);
+    if (!kv_dtype_ok(dtype))
+        return zs_err(ZS_EINVAL, "kv cache: element type %s (f32, f16 or bf16)", zs_dtype_name(dtype));
     zs_kvcache *kv = calloc(1, sizeof *kv);
     if (!kv) return zs_err(ZS_ENOMEM, "kv cache: out of memory");
     kv->n_layers = n_layers;
@@ -47,12 +55,14 @@ int zs_kv_init_ex(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_
     kv->n_blocks = n_blocks;
     kv->max_seqs = max_seqs;
     kv->max_len = max_len;
+    kv->dtype = dtype;
+    kv->esize = zs_dtype_size(dtype);
     kv->max_bps = (max_len + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
-    kv->pool = calloc((size_t)n_layers, sizeof(float *));
+    kv->pool = calloc((size_t)n_layers, sizeof(char *));
     kv->free_list = malloc((size_t)n_blocks * sizeof(int));
     kv->seqs = calloc((size_t)max_seqs, sizeof(kv_seq));
     int ok = kv->pool && kv->free_list && kv->seqs;
-    size_t per_layer = (size_t)n_blocks * 2 * ZS_KV_BLOCK * (size_t)kv_dim * sizeof(float);
+    size_t per_layer = (size_t)n_blocks * 2 * ZS_KV_BLOCK * (size_t)kv_dim * kv->esize;
     for (int l = 0; ok && host_data && l < n_layers; l++) {
         kv->pool[l] = zs_aligned_alloc(64, per_layer);
         ok = kv->pool[l] != NULL;
@@ -63,8 +73,8 @@ int zs_kv_init_ex(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_
     }
     if (!ok) {
         zs_kv_free(kv);
-        return zs_err(ZS_ENOMEM, "kv cache: cannot allocate %d blocks (%zu MiB)", n_blocks,
-                      per_layer * (size_t)n_layers >> 20);
+        return zs_err(ZS_ENOMEM, "kv cache: cannot allocate %d blocks (%zu MiB of %s)", n_blocks,
+                      per_layer * (size_t)n_layers >> 20, zs_dtype_name(dtype));
     }
     for (int i = 0; i < n_blocks; i++) kv->free_list[i] = n_blocks - 1 - i;
     kv->n_free = n_blocks;
@@ -126,17 +136,37 @@ int zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len) {
     return 0;
 }
 
-static inline float *kv_at(zs_kvcache *kv, int layer, int seq, int pos, int which) {
+static inline void *kv_at(zs_kvcache *kv, int layer, int seq, int pos, int which) {
     if (!kv->pool[layer]) return NULL; /* tables only (zs_kv_init_ex, host_data = 0) */
     const kv_seq *s = &kv->seqs[seq];
     int blk = s->blocks[pos / ZS_KV_BLOCK];
     size_t off = (((size_t)blk * 2 + (size_t)which) * ZS_KV_BLOCK + (size_t)(pos % ZS_KV_BLOCK)) *
                  (size_t)kv->kv_dim;
-    return kv->pool[layer] + off;
+    return kv->pool[layer] + off * kv->esize;
 }
 
-float *zs_kv_k(zs_kvcache *kv, int layer, int seq, int pos) { return kv_at(kv, layer, seq, pos, 0); }
-float *zs_kv_v(zs_kvcache *kv, int layer, int seq, int pos) { return kv_at(kv, layer, seq, pos, 1); }
+void *zs_kv_k(zs_kvcache *kv, int layer, int seq, int pos) { return kv_at(kv, layer, seq, pos, 0); }
+void *zs_kv_v(zs_kvcache *kv, int layer, int seq, int pos) { return kv_at(kv, layer, seq, pos, 1); }
+
+static void kv_store(void *dst, zs_dtype dt, const float *src, int n) {
+    if (dt == ZS_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *d = dst;
+    if (dt == ZS_F16)
+        for (int i = 0; i < n; i++) d[i] = zs_f32_to_f16(src[i]);
+    else
+        for (int i = 0; i < n; i++) d[i] = zs_f32_to_bf16(src[i]);
+}
+
+void zs_kv_write(zs_kvcache *kv, int layer, int seq, int pos, const float *k, const float *v) {
+    if (!kv->pool[layer]) return;
+    kv_store(kv_at(kv, layer, seq, pos, 0), kv->dtype, k, kv->kv_dim);
+    kv_store(kv_at(kv, layer, seq, pos, 1), kv->dtype, v, kv->kv_dim);
+}
+
+zs_dtype zs_kv_dtype(const zs_kvcache *kv) { return kv->dtype; }
 
 const int *zs_kv_seq_blocks(const zs_kvcache *kv, int seq) { return kv->seqs[seq].blocks; }
 int zs_kv_max_seqs(const zs_kvcache *kv) { return kv->max_seqs; }

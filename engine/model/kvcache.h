@@ -2,7 +2,10 @@
  * all sequences, with a block table per sequence (DESIGN.md §4).
  *
  * Memory: for each layer one pool of n_blocks blocks; a block holds K and V for ZS_KV_BLOCK
- * positions of all kv heads (f32). Ownership: the cache owns its pools and sequence tables.
+ * positions of all kv heads, in the cache's element type: f32 (the default), or f16 / bf16
+ * (half the bytes; zs_kv_write rounds each value to nearest even, as PyTorch's .half() and
+ * .to(torch.bfloat16) do, and the attention kernels widen them exactly when they read them).
+ * Ownership: the cache owns its pools and sequence tables.
  * Thread-safety: none; the engine thread that runs steps owns the cache (the scheduler
  * publishes block counts for metrics through zs_kv_used_blocks, which only reads an int). */
 #ifndef ZS_KVCACHE_H
@@ -11,20 +14,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tensor.h"
+
 #define ZS_KV_BLOCK 16
 
 typedef struct zs_kvcache zs_kvcache;
 
-/* kv_dim = n_kv_heads * head_dim. max_seqs sequence slots, each up to max_len positions. */
+/* kv_dim = n_kv_heads * head_dim. max_seqs sequence slots, each up to max_len positions. f32. */
 int  zs_kv_init(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len, zs_kvcache **out);
-/* The same with host_data = 0: block tables only, no host K/V pools (the data live on a
- * device, engine/forward-cuda.c); zs_kv_k / zs_kv_v then return NULL. */
-int  zs_kv_init_ex(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len, int host_data,
-                   zs_kvcache **out);
+/* The same in element type dtype (ZS_F32, ZS_F16 or ZS_BF16; anything else is ZS_EINVAL), and
+ * with host_data = 0 block tables only, no host K/V pools (the data live on a device,
+ * engine/forward-cuda.c, in the same layout and dtype); zs_kv_k / zs_kv_v then return NULL. */
+int  zs_kv_init_ex(int n_layers, int kv_dim, int n_blocks, int max_seqs, int max_len, zs_dtype dtype,
+                   int host_data, zs_kvcache **out);
 void zs_kv_free(zs_kvcache *kv);
-/* Blocks needed for a given number of bytes of cache memory. */
-int  zs_kv_blocks_for_bytes(int n_layers, int kv_dim, size_t bytes);
-size_t zs_kv_block_bytes(int n_layers, int kv_dim);
+/* Blocks that fit in bytes of cache memory, and the bytes of one block (K and V of ZS_KV_BLOCK
+ * positions, every layer), for elements of dtype (2 bytes for f16/bf16: twice the blocks). */
+int  zs_kv_blocks_for_bytes(int n_layers, int kv_dim, zs_dtype dtype, size_t bytes);
+size_t zs_kv_block_bytes(int n_layers, int kv_dim, zs_dtype dtype);
+zs_dtype zs_kv_dtype(const zs_kvcache *kv);
 
 /* Sequence slots. open gives a free slot (ZS_EBUSY if none). */
 int  zs_kv_seq_open(zs_kvcache *kv, int *seq);
@@ -36,9 +44,13 @@ int  zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len);
 /* Truncate the sequence to len positions (frees blocks beyond). */
 void zs_kv_seq_truncate(zs_kvcache *kv, int seq, int len);
 
-/* Pointers to K (or V) of (layer, seq, pos): kv_dim floats. pos must be < seq length. */
-float *zs_kv_k(zs_kvcache *kv, int layer, int seq, int pos);
-float *zs_kv_v(zs_kvcache *kv, int layer, int seq, int pos);
+/* Pointers to K (or V) of (layer, seq, pos): kv_dim elements of zs_kv_dtype (float for f32,
+ * uint16_t bits for f16/bf16); rows of one block follow each other. pos must be < seq length. */
+void *zs_kv_k(zs_kvcache *kv, int layer, int seq, int pos);
+void *zs_kv_v(zs_kvcache *kv, int layer, int seq, int pos);
+/* Stores the kv_dim f32 values of k and of v at (layer, seq, pos), rounded to the cache's dtype
+ * (nearest even; f32: copied). No-op without host pools. */
+void zs_kv_write(zs_kvcache *kv, int layer, int seq, int pos, const float *k, const float *v);
 
 /* The block ids of a sequence's positions [0, len) in order (ceil(len / ZS_KV_BLOCK) of them). */
 const int *zs_kv_seq_blocks(const zs_kvcache *kv, int seq);

@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "gguf.h"
+#include "quant-mix.h"
 #include "safetensors.h"
 
 
@@ -52,6 +53,7 @@ struct zs_model {
 
 void zs_model_opts_default(zs_model_opts *o) {
     o->weight_dtype = ZS_DTYPE_COUNT;
+    o->quant_mix = ZS_QUANT_MIX_NONE;
     o->persist_threshold = 0;
     o->embed_lookup = 0;
 }
@@ -87,7 +89,7 @@ zs_dtype zs_model_quant_dtype(const zs_model *m) {
 static void slot_set(zs_bucket_layout *L, int role, zs_dtype dt, int ndim, int64_t d0, int64_t d1) {
     zs_slot *s = &L->slot[role];
     /* a block format needs whole blocks per row: other matrices stay 16-bit (as llama.cpp does) */
-    if (zs_dtype_block(dt) > 1 && (ndim < 2 || d1 % zs_dtype_block(dt) != 0)) dt = ZS_BF16;
+    if (zs_dtype_block(dt) > 1 && (ndim < 2 || d1 % zs_dtype_block(dt) != 0)) dt = ZS_F16; /* as llama.cpp's converter and quantizer fall back */
     s->present = 1;
     s->dtype = dt;
     s->ndim = ndim;
@@ -115,12 +117,12 @@ static void layout_finish(zs_bucket_layout *L, int64_t threshold, unsigned force
 
 /* the storage dtype of matrix `role` of bucket b: wd, or as stored (a checkpoint of mixed block
  * formats, e.g. Q4_K_M's Q4_K and Q6_K, keeps each matrix's format; a matrix stored otherwise
- * gets wd when it can be quantized into, else bf16) */
+ * gets wd when that is a block of 32, else bf16: "as stored" never makes a K-quant at load) */
 static zs_dtype matrix_dtype(const zs_model *m, int b, int role, zs_dtype wd) {
     if (!m->as_stored) return wd;
     const zs_st_tensor *t = m->src[b * ZS_MAX_ROLES + role].t;
     if (t && zs_dtype_is_quant(t->dtype)) return t->dtype;
-    return zs_dtype_is_quant(wd) && !zs_dtype_can_quantize(wd) ? ZS_BF16 : wd;
+    return zs_dtype_block(wd) == ZS_QK_K ? ZS_BF16 : wd;
 }
 
 static void build_layouts(zs_model *m) {
@@ -169,6 +171,16 @@ static void build_layouts(zs_model *m) {
     slot_set(H, ZS_R_OUT_NORM_W, ZS_F32, 1, d, 1);
     if (gpt2) slot_set(H, ZS_R_OUT_NORM_B, ZS_F32, 1, d, 1);
     if (!c->tied_embeddings) slot_set(H, ZS_R_LM_HEAD, WD(m->n_buckets - 1, ZS_R_LM_HEAD), 2, c->vocab_size, d);
+    if (m->opts.quant_mix == ZS_QUANT_MIX_Q4_K_M) { /* llama.cpp's Q4_K_M: each matrix its own format */
+        unsigned fl = (c->tied_embeddings ? ZS_QMIX_TIED : 0u) | (gpt2 ? ZS_QMIX_FUSED_QKV : 0u);
+        for (int b = 0; b < m->n_buckets; b++)
+            for (int r = 0; r < m->layout[b].n_roles; r++) {
+                zs_slot *s = &m->layout[b].slot[r];
+                if (!s->present || s->ndim != 2) continue;
+                zs_dtype dt = zs_quant_mix_q4_k_m(b - 1, r, c->n_layers, s->shape[1], fl);
+                s->dtype = dt < ZS_DTYPE_COUNT ? dt : s->dtype;
+            }
+    }
 
     /* inference models: the tables that are only looked up are host-resident (model.h); a tied
      * token table stays sharded (it is the LM head too) */
@@ -455,10 +467,10 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
     else zs_model_opts_default(&m->opts);
     m->opts.embed_lookup = !!m->opts.embed_lookup;
     if (!m->dir) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto fail; }
-    if (zs_dtype_is_quant(m->opts.weight_dtype) && !zs_dtype_can_quantize(m->opts.weight_dtype)) {
-        rc = zs_err(ZS_EUNSUPPORTED, "%s: weight dtype %s: quantizing into K-quants at load is not supported (a GGUF "
-                    "file's Q4_K/Q6_K tensors load as stored with --weight-dtype auto; to quantize at load use "
-                    "q8_0, q5_1, q5_0, q4_1 or q4_0)", dir, zs_dtype_name(m->opts.weight_dtype));
+    if (m->opts.quant_mix != ZS_QUANT_MIX_NONE &&
+        (m->opts.quant_mix != ZS_QUANT_MIX_Q4_K_M || m->opts.weight_dtype != ZS_Q4_K)) {
+        rc = zs_err(ZS_EINVAL, "%s: quantization mix %d with weight dtype %s: the only mix is Q4_K_M (%d), with "
+                    "weight dtype Q4_K", dir, m->opts.quant_mix, zs_dtype_name(m->opts.weight_dtype), ZS_QUANT_MIX_Q4_K_M);
         goto fail;
     }
     struct stat sb;
@@ -508,7 +520,8 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
     /* everything that changes what a shard holds: the dtype, the resident split, and whether the
      * lookup tables are host-resident (e1: inference layout, e0: training layout) */
     snprintf(m->fingerprint, sizeof m->fingerprint, "%s-%s-p%lld-e%d-v2", fp,
-             zs_dtype_name(m->opts.weight_dtype), (long long)m->opts.persist_threshold, m->opts.embed_lookup);
+             m->opts.quant_mix ? "Q4_K_M" : zs_dtype_name(m->opts.weight_dtype), (long long)m->opts.persist_threshold,
+             m->opts.embed_lookup);
     *out = m;
     return 0;
 fail:

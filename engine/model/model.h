@@ -5,8 +5,9 @@
  * buckets 1..L the transformer blocks, bucket L+1 the final norm and LM head. Tensors with fewer
  * elements than the persistence threshold (norms, biases) are kept apart in a small "resident"
  * area per bucket that every rank holds in full; the rest of a bucket is the part that is
- * sharded, offloaded and gathered. Every layer has the same layout (same offsets), so a layer's
- * tensors are found from the two base pointers (bucket data, resident data).
+ * sharded, offloaded and gathered. A layer's tensors are found from the two base pointers (bucket
+ * data, resident data) and its bucket's layout; layers share one layout unless their matrices are
+ * stored in different block formats (a Q4_K_M mix, as stored or made at load).
  *
  * Embedding lookup tables (zs_model_opts.embed_lookup, inference engines): the forward pass reads
  * only the rows of the batch's tokens from the token table, so an inference model keeps the
@@ -67,8 +68,10 @@ typedef struct {
 
 typedef struct {
     zs_dtype weight_dtype;     /* storage dtype of matrices; ZS_DTYPE_COUNT = as stored in the checkpoint;
-                                  ZS_Q8_0 .. ZS_Q5_1 quantize at load (matrices whose rows are not a multiple
-                                  of 32 are kept in bf16; norms and biases are f32 whatever is asked) */
+                                  ZS_Q8_0 .. ZS_Q6_K quantize at load (matrices whose rows are not a multiple
+                                  of the block stay 16-bit; norms and biases are f32 whatever is asked) */
+    int quant_mix;             /* ZS_QUANT_MIX_Q4_K_M (quant-mix.h; with weight_dtype ZS_Q4_K): each matrix
+                                  gets llama.cpp's Q4_K_M choice, zs_quant_mix_q4_k_m; 0: weight_dtype for all */
     int64_t persist_threshold; /* tensors with fewer elements stay resident (default 0: norms and biases) */
     int embed_lookup;          /* 1: an inference model: embedding lookup tables in host memory (see
                                   above; set by serve, generate and bench); 0 (default): every table
@@ -108,8 +111,8 @@ const char *zs_model_dir(const zs_model *m);
 const char *zs_model_fingerprint(const zs_model *m);
 size_t zs_model_param_count(const zs_model *m);
 size_t zs_model_weight_bytes(const zs_model *m);   /* bytes of all buckets (data + resident) */
-/* the block format (ZS_Q8_0 .. ZS_Q5_1) some matrix is stored in, or ZS_DTYPE_COUNT when every slot holds
- * an element type; the CUDA path and training refuse a quantized model */
+/* the block format (ZS_Q8_0 .. ZS_Q6_K) some matrix is stored in, or ZS_DTYPE_COUNT when every slot holds
+ * an element type; training refuses a quantized model */
 zs_dtype zs_model_quant_dtype(const zs_model *m);
 /* Resident buffers owned by the model (after zs_model_load_resident; NULL before). */
 const void *zs_model_bucket_data(const zs_model *m, int b);

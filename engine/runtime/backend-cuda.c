@@ -98,6 +98,7 @@ int zs_dev_open(int cuda_device, zs_dev **out) {
     if (!d) return zs_err(ZS_ENOMEM, "out of memory");
     d->id = cuda_device;
     pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->qmu, NULL);
     cudaError_t e = cudaSetDevice(cuda_device);
     int rc = 0;
     if (e != cudaSuccess) rc = cuda_err(e, "cudaSetDevice", cuda_device);
@@ -135,6 +136,7 @@ void zs_dev_free(zs_dev *d) {
     free(d->blocks);
     free(d->ev);
     pthread_mutex_destroy(&d->mu);
+    pthread_mutex_destroy(&d->qmu);
     free(d);
 }
 
@@ -289,9 +291,68 @@ zs_dev_bufev *zs_dev_buf_events(zs_dev *d, const void *buf) {
     return r;
 }
 
+/* Bytes of bf16 weights dequantized per cuBLAS call of a block-format prefill: large enough that
+ * each GEMM is efficient, small enough that an LM head of 150k rows needs no GiB of scratch. */
+#define QCHUNK_BYTES ((size_t)64 << 20)
+
+/* The prefill scratch (device-impl.h) holds at least need bytes; called under qmu. A smaller one
+ * is given back to the pool only once the compute queue is done with it. */
+static int qscratch(zs_dev *d, size_t need) {
+    if (d->qs_cap >= need) return 0;
+    if (d->qs) {
+        cudaError_t e = cudaStreamSynchronize(d->q[ZS_Q_COMPUTE]);
+        if (e != cudaSuccess) return cuda_err(e, "cudaStreamSynchronize (growing the prefill scratch)", d->id);
+        zs_dev_release(d, d->qs);
+        d->qs = NULL;
+        d->qs_cap = 0;
+    }
+    if (!(d->qs = zs_dev_alloc(d, need)))
+        return zs_err_prefix(ZS_ENOMEM, "CUDA device %d: scratch of quantized prefill", d->id);
+    d->qs_cap = need;
+    return 0;
+}
+
+/* y = x W^T + beta y over block-format W (x f32): the fused kernel for a few tokens (the bits
+ * of the CPU product), else x and W rounded to bf16 and multiplied by cuBLAS (fp32 accumulation),
+ * W dequantized QCHUNK_BYTES at a time into the scratch. */
+static int gemm_quant(zs_dev *d, float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
+                      float beta) {
+    cudaStream_t s = d->q[ZS_Q_COMPUTE];
+    int blk = zs_dtype_block(wdt);
+    if (in <= 0 || in % blk)
+        return zs_err(ZS_EINVAL, "CUDA device %d: %s matrix with rows of %d weights (not whole blocks of %d)", d->id,
+                      zs_dtype_name(wdt), in, blk);
+    if (T <= ZS_CUDA_QGEMV_MAX_T)
+        return zs_cuda_qgemv(y, out, x, T, in, W, wdt, out, beta, s) == 0 ? 0 : zs_dev_error("quantized matmul kernel");
+    size_t row16 = (size_t)in * 2, xb = ZS_ALIGN_UP((size_t)T * row16, (size_t)256);
+    int chunk = (int)ZS_MIN((size_t)out, ZS_MAX(QCHUNK_BYTES / row16, (size_t)1));
+    const float alpha = 1.0f;
+    pthread_mutex_lock(&d->qmu);
+    int rc = qscratch(d, xb + (size_t)chunk * row16);
+    if (rc == 0 && zs_cuda_convert(d->qs, ZS_BF16, x, ZS_F32, (size_t)T * in, s) != 0)
+        rc = zs_dev_error("quantized prefill: activations to bf16");
+    void *wb = (char *)d->qs + xb;
+    for (int j0 = 0; rc == 0 && j0 < out; j0 += chunk) {
+        int rows = ZS_MIN(chunk, out - j0);
+        const char *wj = (const char *)W + zs_dtype_bytes(wdt, (size_t)j0 * (size_t)in);
+        if (zs_cuda_dequant(wb, ZS_BF16, wj, wdt, rows, in, s) != 0) {
+            rc = zs_dev_error("quantized prefill: weights to bf16");
+            break;
+        }
+        /* rows j0 .. j0+rows of W give columns j0 .. of row-major y: y + j0, row stride out */
+        cublasStatus_t st = cublasGemmEx(d->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, T, in, &alpha, wb, CUDA_R_16BF, in,
+                                         d->qs, CUDA_R_16BF, in, &beta, y + j0, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) rc = blas_err(st, "cublasGemmEx (quantized prefill)", d->id);
+    }
+    pthread_mutex_unlock(&d->qmu);
+    return rc;
+}
+
 int zs_dev_gemm(zs_dev *d, float *y, const void *x, int T, int in, const void *W, zs_dtype wdt, int out,
                 float beta) {
     if (T <= 0 || out <= 0) return 0;
+    if (zs_dtype_is_quant(wdt)) return gemm_quant(d, y, x, T, in, W, wdt, out, beta);
     cudaDataType_t t = wdt == ZS_F32 ? CUDA_R_32F : wdt == ZS_F16 ? CUDA_R_16F : CUDA_R_16BF;
     const float alpha = 1.0f;
     /* row-major y[T,out] = x[T,in] W[out,in]^T is column-major y'[out,T] = W'^T x' */

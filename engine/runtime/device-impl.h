@@ -33,6 +33,13 @@ struct zs_dev {
     size_t pool_bytes;
     zs_dev_bufev *ev;
     int n_ev, cap_ev;
+    /* prefill over block-format weights (zs_dev_gemm): x rounded to bf16, then the weights
+     * dequantized to bf16 a chunk of rows at a time, for cuBLAS; used by the compute queue only,
+     * under qmu from the first enqueue to the last (two threads' products must not interleave
+     * in it); grown on demand, kept until zs_dev_free */
+    pthread_mutex_t qmu;
+    void *qs;
+    size_t qs_cap;
 };
 
 /* The buffer's events (created on first use); NULL with a message on failure. */

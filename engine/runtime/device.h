@@ -57,7 +57,12 @@ int  zs_dev_sync(zs_dev *d);
 int  zs_dev_error(const char *what);
 
 /* y[T,out] (f32) = x[T,in] . W[out,in]^T + beta * y, on the compute queue; x and W in wdt
- * (f32: fp32 math, no TF32; f16/bf16: tensor cores with fp32 accumulation). */
+ * (f32: fp32 math, no TF32; f16/bf16: tensor cores with fp32 accumulation). A block format wdt
+ * (ZS_Q8_0 .. ZS_Q6_K, the bytes as stored; in whole blocks) takes x in f32: for T <= 8
+ * (ZS_CUDA_QGEMV_MAX_T) a fused kernel dequantizes each weight in registers and gives the bits of
+ * zs_op_matmul, whatever T; for larger T, x and the dequantized weights are rounded to bf16 and
+ * multiplied by cuBLAS with fp32 accumulation (the weights a chunk of rows at a time, into a
+ * scratch the device keeps; not bit-equal to the CPU, and not across the two paths). */
 int  zs_dev_gemm(zs_dev *d, float *y, const void *x, int T, int in, const void *W, zs_dtype wdt,
                  int out, float beta);
 
@@ -72,7 +77,7 @@ void zs_dev_gather_ops(zs_dev *d, zs_gather_dev *ops);
  * coordinator with device ops does); the resident parts of every bucket are copied to the
  * device at creation. kv is the host cache of this rank, used for its block tables only (open
  * it with zs_kv_init_ex(..., host_data = 0)); the K/V data live in device pools of the same
- * block layout, allocated here. Logits rows are copied to host memory (logits) at the end of
+ * block layout and element type (zs_kv_dtype), allocated here. Logits rows are copied to host memory (logits) at the end of
  * each run: sampling runs on the host. */
 typedef struct zs_forward_cuda zs_forward_cuda;
 int  zs_forward_cuda_new(const zs_model *m, int max_tokens, zs_dev *d, const zs_kvcache *kv,

@@ -4,7 +4,6 @@
  * GGUF: it takes plain arrays, zs_tokenizer_spec). */
 #include "engine.h"
 
-#include <ctype.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -169,13 +168,6 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     int rc;
     if ((rc = zs_device_resolve(o->device, &e->device)) < 0) goto fail;
     if ((rc = zs_model_open(o->model_dir, &o->model, &e->model)) < 0) goto fail;
-    if (e->device == ZS_DEVICE_CUDA && zs_model_quant_dtype(e->model) != ZS_DTYPE_COUNT) {
-        char qn[8]; /* the --weight-dtype spelling: lower case */
-        snprintf(qn, sizeof qn, "%s", zs_dtype_name(zs_model_quant_dtype(e->model)));
-        for (char *p = qn; *p; p++) *p = (char)tolower((unsigned char)*p);
-        rc = zs_err(ZS_EUNSUPPORTED, "%s weights are not supported on CUDA yet (use --device cpu, or --weight-dtype bf16)", qn);
-        goto fail;
-    }
     if ((rc = zs_model_tokenizer_load(o->model_dir, &e->tok)) < 0) goto fail;
     const zs_model_config *c = zs_model_config_get(e->model);
     if (zs_tokenizer_vocab_size(e->tok) > c->vocab_size) {
@@ -183,12 +175,16 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
                     o->model_dir, zs_tokenizer_vocab_size(e->tok), c->vocab_size);
         goto fail;
     }
+    if (o->kv_dtype != ZS_F32 && o->kv_dtype != ZS_F16 && o->kv_dtype != ZS_BF16) {
+        rc = zs_err(ZS_EINVAL, "KV cache element type %s: f32, f16 or bf16", zs_dtype_name(o->kv_dtype));
+        goto fail;
+    }
     e->context = o->max_context > 0 && o->max_context < c->max_seq ? o->max_context : c->max_seq;
     int kvd = c->n_kv_heads * c->head_dim;
     int per_seq = (e->context + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
     int n_blocks = per_seq * o->max_seqs;
     size_t cap = o->kv_bytes ? o->kv_bytes : (size_t)1 << 30;
-    int fit = zs_kv_blocks_for_bytes(c->n_layers, kvd, cap);
+    int fit = zs_kv_blocks_for_bytes(c->n_layers, kvd, o->kv_dtype, cap);
     if (n_blocks > fit) n_blocks = fit;
     if (n_blocks < per_seq && o->kv_bytes) {
         rc = zs_err(ZS_EINVAL, "kv cache of %zu bytes holds less than one full context (%d positions)",
@@ -196,8 +192,11 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
         goto fail;
     }
     if (n_blocks < 1) n_blocks = 1;
+    zs_log_info("KV cache: %d blocks of %d positions per rank (%.1f MiB of %s)", n_blocks, ZS_KV_BLOCK,
+                (double)zs_kv_block_bytes(c->n_layers, kvd, o->kv_dtype) * n_blocks / (1 << 20),
+                zs_dtype_name(o->kv_dtype));
     zs_world_opts wo = {o->ranks, o->nvme_path, o->gather, o->max_batch_tokens, n_blocks, o->max_seqs, e->context,
-                        e->device, o->spmd};
+                        e->device, o->spmd, o->kv_dtype};
     int world_ranks = o->ranks * zs_cluster_size();
     if (o->zero_stage < 0 || o->zero_stage > 3) {
         rc = zs_err(ZS_EINVAL, "zero_optimization.stage must be 1, 2 or 3 (got %d)", o->zero_stage);

@@ -33,6 +33,8 @@ typedef struct {
     int max_batch_tokens;  /* tokens per forward call (default 256) */
     int max_context;       /* 0 = the model's max_position_embeddings */
     size_t kv_bytes;       /* 0 = enough for max_seqs full contexts, capped at 1 GiB */
+    zs_dtype kv_dtype;     /* KV cache elements: ZS_F32 (default, 0), ZS_F16 or ZS_BF16 (half the
+                              bytes per position, so twice the positions in kv_bytes) */
     int ranks;             /* rank threads (default 1) */
     const char *nvme_path; /* shard directory for offload nvme */
     zs_gather_opts gather; /* tier (offload), live budget, slots, aio, verify */

@@ -3,16 +3,20 @@
  * projection -> residual -> norm -> MLP -> residual, then final norm and LM head; Llama family
  * and GPT-2), with weights handed out as device pointers by the weight source, activations and
  * the KV cache in device memory, matrix products in cuBLAS (tensor cores for f16/bf16 weights,
- * fp32 accumulation) and every other op a kernel of kernels/cuda. Everything is queued on the
- * rank's compute queue; a run ends by copying the logits rows to the host and waiting for the
- * queue (the step inputs and logits are then free for the next run).
+ * fp32 accumulation) or, for block-format weights (Q8_0 .. Q6_K, as stored), zs_dev_gemm's fused
+ * kernel (decode) and bf16 cuBLAS path (prefill), and every other op a kernel of kernels/cuda.
+ * Everything is queued on the rank's compute queue; a run ends by copying the logits rows to the
+ * host and waiting for the queue (the step inputs and logits are then free for the next run).
  *
- * Activations: the residual stream, q/k/v, the KV cache and matrix outputs are f32; the inputs
+ * Activations: the residual stream, q/k/v and matrix outputs are f32, the KV cache is the host
+ * cache's element type (zs_kv_dtype: f32, or f16 / bf16 rounded to nearest even); the inputs
  * of a matrix product (normed rows, attention output, MLP activation) are stored in the weight
- * dtype, as cuBLAS wants both operands in one type. RoPE reads a frequency table made once on
- * the host with the CPU op's formula; attention is zs_cuda_attention (tiled for prefill, simple
- * for decode; ZS_CUDA_ATTN=simple|tiled forces one). A failure of the gather's device hooks
- * (gather-cuda.h) fails the step like a failed acquire.
+ * dtype, as cuBLAS wants both operands in one type; in f32 in a layer (or head) with a matrix in a
+ * block format, whose products take f32 inputs (a matrix of an element type in such a layer, e.g.
+ * one kept in f16 because its rows are not whole blocks, gets its input converted into xc).
+ * RoPE reads a frequency table made once on the host with the CPU op's formula; attention is
+ * zs_cuda_attention (tiled for prefill, simple for decode; ZS_CUDA_ATTN=simple|tiled forces one).
+ * A failure of the gather's device hooks (gather-cuda.h) fails the step like a failed acquire.
  *
  * Embeddings of an inference model (embed_lookup, model.h): the lookup tables stay in host
  * memory (never uploaded whole); each run copies the T rows of its tokens (and positions) into
@@ -31,13 +35,16 @@ struct zs_forward_cuda {
     const zs_model *m;
     zs_dev *dev;
     int max_tokens, n_layers, d, qd, kvd, ff, vocab, n_blocks;
+    zs_dtype kv_dtype;   /* the K/V pools' elements (the host cache's zs_kv_dtype) */
     float *x, *q, *k, *v, *h1, *h2, *y, *logits;
     void *xn, *att, *act;
+    void *xc;            /* a matrix input converted to that matrix's dtype (layers whose matrices
+                            are not all of the activations' dtype); NULL when no layer needs it */
     void **res;          /* device copies of the buckets' resident parts (not bucket 0's with
                             embed_lookup: the lookup tables stay on the host) */
     int lookup;          /* zs_model_embed_lookup */
     size_t tok_row, pos_row; /* bytes of one row of the token / position table (lookup) */
-    float **kv;          /* [n_layers] K/V pools, host zs_kvcache layout */
+    void **kv;           /* [n_layers] K/V pools, host zs_kvcache layout and dtype */
     float *inv_freq;     /* RoPE frequencies for head_dim and rope_theta, made on the host
                             (zs_cuda_rope_inv_freq) once; NULL for GPT-2 */
     /* step inputs: staged in pinned host memory, one copy per run */
@@ -50,6 +57,31 @@ struct zs_forward_cuda {
         if ((call) != 0) return zs_dev_error(what);                                         \
     } while (0)
 
+/* the matrices of a layer */
+static const int LAYER_MATS[] = {ZS_R_WQ, ZS_R_WK, ZS_R_WV, ZS_R_WO, ZS_R_W_GATE, ZS_R_W_UP, ZS_R_W_DOWN};
+#define N_LAYER_MATS (sizeof LAYER_MATS / sizeof LAYER_MATS[0])
+
+/* The dtype a layer's matrix inputs are stored in: f32 when one of its matrices is in a block
+ * format (those products take f32), else WQ's dtype (cuBLAS: both operands in one type). */
+static zs_dtype layer_adt(const zs_bucket_layout *L) {
+    for (size_t i = 0; i < N_LAYER_MATS; i++)
+        if (L->slot[LAYER_MATS[i]].present && zs_dtype_is_quant(L->slot[LAYER_MATS[i]].dtype)) return ZS_F32;
+    return L->slot[ZS_R_WQ].dtype;
+}
+
+/* 1 when some layer has a matrix of an element type other than its inputs' (linear converts) */
+static int needs_xc(const zs_model *m) {
+    for (int l = 0; l < zs_model_config_get(m)->n_layers; l++) {
+        const zs_bucket_layout *L = zs_model_layout(m, zs_bucket_layer(l));
+        zs_dtype adt = layer_adt(L);
+        for (size_t i = 0; i < N_LAYER_MATS; i++) {
+            const zs_slot *sl = &L->slot[LAYER_MATS[i]];
+            if (sl->present && !zs_dtype_is_quant(sl->dtype) && sl->dtype != adt) return 1;
+        }
+    }
+    return 0;
+}
+
 void zs_forward_cuda_free(zs_forward_cuda *f) {
     if (!f) return;
     zs_dev *d = f->dev;
@@ -59,6 +91,7 @@ void zs_forward_cuda_free(zs_forward_cuda *f) {
     zs_dev_release(d, f->xn);
     zs_dev_release(d, f->att);
     zs_dev_release(d, f->act);
+    zs_dev_release(d, f->xc);
     if (f->res)
         for (int b = 0; b < zs_model_n_buckets(f->m); b++) zs_dev_release(d, f->res[b]);
     if (f->kv)
@@ -90,6 +123,7 @@ int zs_forward_cuda_new(const zs_model *m, int max_tokens, zs_dev *d, const zs_k
     f->ff = c->ffn_dim;
     f->vocab = c->vocab_size;
     f->n_blocks = zs_kv_total_blocks(kv);
+    f->kv_dtype = zs_kv_dtype(kv);
     size_t n = (size_t)max_tokens, wide = (size_t)ZS_MAX(f->d, f->qd);
     int ok = 1;
 #define A(ptr, bytes) ok = ok && ((ptr) = zs_dev_alloc(d, (bytes))) != NULL
@@ -104,15 +138,16 @@ int zs_forward_cuda_new(const zs_model *m, int max_tokens, zs_dev *d, const zs_k
     A(f->xn, n * wide * 4);
     A(f->att, n * f->qd * 4);
     A(f->act, n * f->ff * 4);
+    if (needs_xc(m)) A(f->xc, n * ZS_MAX(wide, (size_t)f->ff) * 4);
     int nb = zs_model_n_buckets(m);
     f->res = calloc((size_t)nb, sizeof(void *));
-    f->kv = calloc((size_t)f->n_layers, sizeof(float *));
+    f->kv = calloc((size_t)f->n_layers, sizeof(void *));
     if (!f->res || !f->kv) ok = 0;
     f->lookup = zs_model_embed_lookup(m);
     if (f->lookup) {
         const zs_bucket_layout *E = zs_model_layout(m, zs_bucket_embed());
-        f->tok_row = (size_t)f->d * zs_dtype_size(E->slot[ZS_R_TOK_EMB].dtype);
-        f->pos_row = E->slot[ZS_R_POS_EMB].present ? (size_t)f->d * zs_dtype_size(E->slot[ZS_R_POS_EMB].dtype) : 0;
+        f->tok_row = zs_dtype_bytes(E->slot[ZS_R_TOK_EMB].dtype, (size_t)f->d); /* a block format: whole blocks */
+        f->pos_row = E->slot[ZS_R_POS_EMB].present ? zs_dtype_bytes(E->slot[ZS_R_POS_EMB].dtype, (size_t)f->d) : 0;
         if (!zs_model_embed_table(m, ZS_R_TOK_EMB)) {
             zs_forward_cuda_free(f);
             return zs_err(ZS_EINVAL, "CUDA forward: the embedding lookup table is not loaded");
@@ -131,7 +166,7 @@ int zs_forward_cuda_new(const zs_model *m, int max_tokens, zs_dev *d, const zs_k
             return ZS_EDEVICE;
         }
     }
-    size_t per_layer = (size_t)f->n_blocks * 2 * ZS_KV_BLOCK * (size_t)f->kvd * 4;
+    size_t per_layer = (size_t)f->n_blocks * 2 * ZS_KV_BLOCK * (size_t)f->kvd * zs_dtype_size(f->kv_dtype);
     for (int l = 0; ok && l < f->n_layers; l++) A(f->kv[l], per_layer);
     if (ok && c->arch != ZS_ARCH_GPT2) {
         /* the CPU op's frequencies, bit for bit (the device powf is not glibc's) */
@@ -241,8 +276,16 @@ static int norm(zs_forward_cuda *f, void *y, zs_dtype ydt, const float *x, const
 }
 
 /* y = x W^T (+ bias) */
-static int linear(zs_forward_cuda *f, float *y, const void *x, int T, int in, const void *Wt, zs_dtype wdt,
-                  int out, const float *bias, void *s) {
+static int linear(zs_forward_cuda *f, float *y, const void *x, zs_dtype adt, int T, int in, const void *Wt,
+                  zs_dtype wdt, int out, const float *bias, void *s) {
+    /* x is stored in adt: a block-format W takes f32 (layer_adt made it so), an element-type W
+     * of another dtype gets x converted to its own first */
+    if (zs_dtype_is_quant(wdt) ? adt != ZS_F32 : wdt != adt) {
+        if (zs_dtype_is_quant(wdt) || !f->xc)
+            return zs_err(ZS_EINVAL, "CUDA forward: a %s matrix with inputs in %s", zs_dtype_name(wdt), zs_dtype_name(adt));
+        DCHK(zs_cuda_convert(f->xc, wdt, x, adt, (size_t)T * in, s), "matrix input conversion kernel");
+        x = f->xc;
+    }
     ZS_CHECK(zs_dev_gemm(f->dev, y, x, T, in, Wt, wdt, out, 0.0f));
     if (bias) DCHK(zs_cuda_add(y, NULL, bias, T, out, s), "bias kernel");
     return 0;
@@ -253,35 +296,36 @@ static int layer_forward(zs_forward_cuda *f, int l, int T, const step_in *in, co
     const zs_bucket_layout *L = zs_model_layout(f->m, zs_bucket_layer(l));
     void *s = f->dev->q[ZS_Q_COMPUTE];
     int d = f->d, ff = f->ff, qd = f->qd, kvd = f->kvd;
-    zs_dtype wd = L->slot[ZS_R_WQ].dtype;
+    zs_dtype wd = layer_adt(L); /* the matrix inputs' dtype */
+#define MAT(role) W(L, role, data, res), L->slot[role].dtype
 
     ZS_CHECK(norm(f, f->xn, wd, f->x, WF(L, ZS_R_ATTN_NORM_W, data, res), WF(L, ZS_R_ATTN_NORM_B, data, res), NULL, T, s));
-    ZS_CHECK(linear(f, f->q, f->xn, T, d, W(L, ZS_R_WQ, data, res), wd, qd, WF(L, ZS_R_BQ, data, res), s));
-    ZS_CHECK(linear(f, f->k, f->xn, T, d, W(L, ZS_R_WK, data, res), wd, kvd, WF(L, ZS_R_BK, data, res), s));
-    ZS_CHECK(linear(f, f->v, f->xn, T, d, W(L, ZS_R_WV, data, res), wd, kvd, WF(L, ZS_R_BV, data, res), s));
+    ZS_CHECK(linear(f, f->q, f->xn, wd, T, d, MAT(ZS_R_WQ), qd, WF(L, ZS_R_BQ, data, res), s));
+    ZS_CHECK(linear(f, f->k, f->xn, wd, T, d, MAT(ZS_R_WK), kvd, WF(L, ZS_R_BK, data, res), s));
+    ZS_CHECK(linear(f, f->v, f->xn, wd, T, d, MAT(ZS_R_WV), kvd, WF(L, ZS_R_BV, data, res), s));
     if (c->arch != ZS_ARCH_GPT2) {
         DCHK(zs_cuda_rope(f->q, T, qd, c->n_heads, c->head_dim, in->pos, f->inv_freq, s), "rope kernel");
         DCHK(zs_cuda_rope(f->k, T, kvd, c->n_kv_heads, c->head_dim, in->pos, f->inv_freq, s), "rope kernel");
     }
-    DCHK(zs_cuda_kv_store(f->kv[l], f->k, kvd, f->v, kvd, in->off, T, kvd, s), "kv store kernel");
-    DCHK(zs_cuda_attention(f->att, wd, f->q, qd, f->kv[l], in->tables, in->tab, in->pos, T, c->n_heads,
-                           c->n_kv_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim), s),
+    DCHK(zs_cuda_kv_store_dt(f->kv[l], f->kv_dtype, f->k, kvd, f->v, kvd, in->off, T, kvd, s), "kv store kernel");
+    DCHK(zs_cuda_attention_dt(zs_cuda_attention_mode(), f->att, wd, f->q, qd, f->kv[l], f->kv_dtype, in->tables,
+                              in->tab, in->pos, T, c->n_heads, c->n_kv_heads, c->head_dim,
+                              1.0f / sqrtf((float)c->head_dim), s),
          "attention kernel");
-    ZS_CHECK(zs_dev_gemm(f->dev, f->y, f->att, T, qd, W(L, ZS_R_WO, data, res), wd, d, 0.0f));
-    DCHK(zs_cuda_add(f->y, NULL, WF(L, ZS_R_BO, data, res), T, d, s), "bias kernel");
+    ZS_CHECK(linear(f, f->y, f->att, wd, T, qd, MAT(ZS_R_WO), d, WF(L, ZS_R_BO, data, res), s));
     DCHK(zs_cuda_add(f->x, f->y, NULL, T, d, s), "residual kernel");
 
     ZS_CHECK(norm(f, f->xn, wd, f->x, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), NULL, T, s));
     if (c->arch == ZS_ARCH_GPT2) {
-        ZS_CHECK(linear(f, f->h1, f->xn, T, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res), s));
+        ZS_CHECK(linear(f, f->h1, f->xn, wd, T, d, MAT(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res), s));
         DCHK(zs_cuda_gelu(f->act, wd, f->h1, (size_t)T * ff, s), "gelu kernel");
     } else {
-        ZS_CHECK(linear(f, f->h1, f->xn, T, d, W(L, ZS_R_W_GATE, data, res), wd, ff, WF(L, ZS_R_B_GATE, data, res), s));
-        ZS_CHECK(linear(f, f->h2, f->xn, T, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res), s));
+        ZS_CHECK(linear(f, f->h1, f->xn, wd, T, d, MAT(ZS_R_W_GATE), ff, WF(L, ZS_R_B_GATE, data, res), s));
+        ZS_CHECK(linear(f, f->h2, f->xn, wd, T, d, MAT(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res), s));
         DCHK(zs_cuda_swiglu(f->act, wd, f->h1, f->h2, (size_t)T * ff, s), "swiglu kernel");
     }
-    ZS_CHECK(zs_dev_gemm(f->dev, f->y, f->act, T, ff, W(L, ZS_R_W_DOWN, data, res), wd, d, 0.0f));
-    DCHK(zs_cuda_add(f->y, NULL, WF(L, ZS_R_B_DOWN, data, res), T, d, s), "bias kernel");
+    ZS_CHECK(linear(f, f->y, f->act, wd, T, ff, MAT(ZS_R_W_DOWN), d, WF(L, ZS_R_B_DOWN, data, res), s));
+#undef MAT
     DCHK(zs_cuda_add(f->x, f->y, NULL, T, d, s), "residual kernel");
     return 0;
 }
@@ -383,7 +427,9 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     const void *hres = f->res[hb];
     zs_dtype hdt = c->tied_embeddings ? E->slot[ZS_R_TOK_EMB].dtype : H->slot[ZS_R_LM_HEAD].dtype;
     if ((rc = acquire(src, hb, &data)) < 0) return rc;
-    rc = norm(f, f->xn, hdt, f->x, WF(H, ZS_R_OUT_NORM_W, data, hres), WF(H, ZS_R_OUT_NORM_B, data, hres), dv.sel, nl, s);
+    /* the head's input: f32 for a block-format head (zs_dev_gemm takes f32 x with it) */
+    rc = norm(f, f->xn, zs_dtype_is_quant(hdt) ? ZS_F32 : hdt, f->x, WF(H, ZS_R_OUT_NORM_W, data, hres),
+              WF(H, ZS_R_OUT_NORM_B, data, hres), dv.sel, nl, s);
     if (rc == 0 && !c->tied_embeddings && nl > 0)
         rc = zs_dev_gemm(f->dev, f->logits, f->xn, nl, f->d, W(H, ZS_R_LM_HEAD, data, hres), hdt, f->vocab, 0.0f);
     rrc = release(src, hb);

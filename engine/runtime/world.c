@@ -408,7 +408,7 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
         rc = zs_gather_new(m, w->first + r, w->size, R->comm, &go, &R->g);
         if (rc == 0)
             rc = zs_kv_init_ex(c->n_layers, c->n_kv_heads * c->head_dim, o->kv_blocks, o->max_seqs, o->context,
-                               R->dev == NULL, &R->kv);
+                               o->kv_dtype, R->dev == NULL, &R->kv);
         if (rc == 0)
             rc = R->dev ? zs_forward_cuda_new(m, o->max_tokens, R->dev, R->kv, &R->cfwd)
                         : zs_forward_new(m, o->max_tokens, &R->fwd);

@@ -39,6 +39,7 @@ typedef struct {
                               shards, buffers, KV cache and forward pass on the GPU; anything
                               else: the CPU device */
     int spmd;              /* several processes: every process drives the world (see above) */
+    zs_dtype kv_dtype;     /* KV cache elements (host or device): ZS_F32 (0), ZS_F16, ZS_BF16 */
 } zs_world_opts;
 
 typedef struct zs_world zs_world;

@@ -1070,8 +1070,8 @@ static int from_spec(zs_tokenizer *t, const zs_tokenizer_spec *s) {
         /* llama.cpp's "smollm" (SmolLM/StarCoder vocabularies): each digit alone, then GPT-2's regex,
          * as their tokenizer.json's Sequence[Digits(individual_digits), ByteLevel] does */
         else if (!strcmp(pre, "smollm") || !strcmp(pre, "starcoder")) split = ZS_TOK_SPLIT_DIGITS;
-        else if (strcmp(pre, "gpt2") && strcmp(pre, "default"))
-            return zs_err(ZS_EUNSUPPORTED, "%s: pre-tokenizer \"%.60s\" is not supported (known: gpt2, "
+        else if (strcmp(pre, "gpt2") && strcmp(pre, "gpt-2") && strcmp(pre, "default")) /* gpt-2: llama.cpp's */
+            return zs_err(ZS_EUNSUPPORTED, "%s: pre-tokenizer \"%.60s\" is not supported (known: gpt-2, "
                           "llama-bpe, qwen2, smollm, starcoder)", o, pre);
         if (split) ZS_CHECK(add_pretok(t, (zs_tok_pretok){.kind = ZS_TOK_PT_SPLIT, .split_kind = split}));
         int regex_split = split == ZS_TOK_SPLIT_LLAMA3 || split == ZS_TOK_SPLIT_QWEN2; /* replaces GPT-2's */

@@ -37,8 +37,9 @@ void zs_tokenizer_free(zs_tokenizer *t);
  *     <0xXX>; the text gets a leading U+2581 (unless add_space_prefix is 0) and spaces become
  *     U+2581; decoding maps U+2581 back to spaces and drops one leading space.
  *   ZS_TOK_SPEC_BPE: byte-level BPE (llama.cpp's "gpt2" vocab): tokens + merges ("a b").
- *     pre names the pre-tokenizer: NULL/"gpt2"/"default" (GPT-2's regex), "llama-bpe"/"llama3"
- *     (Llama 3's, with ignore_merges), "qwen2" (Qwen2's); another name -> ZS_EUNSUPPORTED.
+ *     pre names the pre-tokenizer: NULL/"gpt-2"/"gpt2"/"default" (GPT-2's regex),
+ *     "llama-bpe"/"llama3" (Llama 3's, with ignore_merges), "qwen2" (Qwen2's); another name ->
+ *     ZS_EUNSUPPORTED.
  * types (may be NULL): llama.cpp token types; 2 (unknown) and 3 (control) become special added
  * tokens (matched literally in text, like tokenizer.json's added_tokens), 4 (user defined)
  * plain added tokens. add_bos/add_eos: -1 = the kind's default (SPM: bos yes, eos no; BPE: no). */

@@ -1,11 +1,17 @@
-/* attention-kern.h — the inner loops of the CPU attention, included by attention.c twice: once
- * for the generic build (ATT_FMA8 fuses lane by lane with fmaf) and once compiled for AVX2+FMA
- * (ATT_FMA8 is vfmadd). Every multiply-add is an explicit fused one and every sum is written out
- * in its order, so both builds give the same bits. One call does one task: the rows (query token,
- * head) of one tile of one sequence's tokens that share one kv head, over that head's keys block
- * by block (a block of K or V is read once per tile from L2 and reused by all its rows from L1).
- * The order of each element is documented in attention.h; tiling only interleaves independent
- * elements. Needs att_task, zs_v8 and ATT_FMA8 defined. Not a public header. */
+/* attention-kern.h — the inner loops of the CPU attention, included by attention.c once per
+ * (build, cache element type): the generic build (ATT_FMA8 fuses lane by lane with fmaf) and the
+ * AVX2+FMA one (ATT_FMA8 is vfmadd), each for f32, f16 and bf16 keys/values. Every multiply-add
+ * is an explicit fused one and every sum is written out in its order, so all builds give the same
+ * bits, and a 16-bit cache (its elements widened exactly by KV_LD8 / KV_LD1 as they are loaded,
+ * never written back as f32) gives the bits of an f32 cache of the widened values. One call does
+ * one task: the rows (query token, head) of one tile of one sequence's tokens that share one kv
+ * head, over that head's keys block by block (a block of K or V is read once per tile from L2 and
+ * reused by all its rows from L1). The order of each element is documented in attention.h; tiling
+ * only interleaves independent elements. Needs att_task, zs_v8, ATT_FMA8, KERN_NAME and
+ *   KV_T        the cache's element type (float, or uint16_t holding f16 / bf16 bits)
+ *   KV_LD8(p)   the 8 elements at p (const KV_T *) widened, as a zs_v8
+ *   KV_LD1(p)   the element at p widened, as a float
+ * defined. Not a public header. */
 
 static inline zs_v8 KERN_NAME(ld)(const float *p) { return *(const zs_v8u *)p; }
 static inline void KERN_NAME(st)(float *p, zs_v8 v) { *(zs_v8u *)p = v; }
@@ -15,18 +21,18 @@ static inline float KERN_NAME(hsum)(zs_v8 a) {
 
 /* s[c * lds + j] = dot(q_c, k_j) · scale for rows c < nr (nr <= 2) and keys j < nk of one block
  * (key j's row at k + j * ks). */
-static void KERN_NAME(qk)(float *s, size_t lds, const float *const *q, int nr, const float *k, size_t ks, int nk,
+static void KERN_NAME(qk)(float *s, size_t lds, const float *const *q, int nr, const KV_T *k, size_t ks, int nk,
                           int hd, float scale) {
     int d8 = hd & ~7;
     const float *q0 = q[0], *q1 = nr > 1 ? q[1] : q[0];
     int j = 0;
     for (; j + 4 <= nk; j += 4) {
-        const float *k0 = k + (size_t)j * ks, *k1 = k0 + ks, *k2 = k1 + ks, *k3 = k2 + ks;
+        const KV_T *k0 = k + (size_t)j * ks, *k1 = k0 + ks, *k2 = k1 + ks, *k3 = k2 + ks;
         zs_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
         for (int d = 0; d < d8; d += 8) {
             zs_v8 x0 = KERN_NAME(ld)(q0 + d), x1 = KERN_NAME(ld)(q1 + d);
-            zs_v8 u0 = KERN_NAME(ld)(k0 + d), u1 = KERN_NAME(ld)(k1 + d);
-            zs_v8 u2 = KERN_NAME(ld)(k2 + d), u3 = KERN_NAME(ld)(k3 + d);
+            zs_v8 u0 = KV_LD8(k0 + d), u1 = KV_LD8(k1 + d);
+            zs_v8 u2 = KV_LD8(k2 + d), u3 = KV_LD8(k3 + d);
             a0 = ATT_FMA8(x0, u0, a0); a1 = ATT_FMA8(x0, u1, a1);
             a2 = ATT_FMA8(x0, u2, a2); a3 = ATT_FMA8(x0, u3, a3);
             b0 = ATT_FMA8(x1, u0, b0); b1 = ATT_FMA8(x1, u1, b1);
@@ -35,41 +41,42 @@ static void KERN_NAME(qk)(float *s, size_t lds, const float *const *q, int nr, c
         float r[8] = {KERN_NAME(hsum)(a0), KERN_NAME(hsum)(a1), KERN_NAME(hsum)(a2), KERN_NAME(hsum)(a3),
                       KERN_NAME(hsum)(b0), KERN_NAME(hsum)(b1), KERN_NAME(hsum)(b2), KERN_NAME(hsum)(b3)};
         for (int d = d8; d < hd; d++) {
-            r[0] = __builtin_fmaf(q0[d], k0[d], r[0]); r[1] = __builtin_fmaf(q0[d], k1[d], r[1]);
-            r[2] = __builtin_fmaf(q0[d], k2[d], r[2]); r[3] = __builtin_fmaf(q0[d], k3[d], r[3]);
-            r[4] = __builtin_fmaf(q1[d], k0[d], r[4]); r[5] = __builtin_fmaf(q1[d], k1[d], r[5]);
-            r[6] = __builtin_fmaf(q1[d], k2[d], r[6]); r[7] = __builtin_fmaf(q1[d], k3[d], r[7]);
+            float w0 = KV_LD1(k0 + d), w1 = KV_LD1(k1 + d), w2 = KV_LD1(k2 + d), w3 = KV_LD1(k3 + d);
+            r[0] = __builtin_fmaf(q0[d], w0, r[0]); r[1] = __builtin_fmaf(q0[d], w1, r[1]);
+            r[2] = __builtin_fmaf(q0[d], w2, r[2]); r[3] = __builtin_fmaf(q0[d], w3, r[3]);
+            r[4] = __builtin_fmaf(q1[d], w0, r[4]); r[5] = __builtin_fmaf(q1[d], w1, r[5]);
+            r[6] = __builtin_fmaf(q1[d], w2, r[6]); r[7] = __builtin_fmaf(q1[d], w3, r[7]);
         }
         for (int c = 0; c < 4; c++) s[j + c] = r[c] * scale;
         if (nr > 1)
             for (int c = 0; c < 4; c++) s[lds + j + c] = r[4 + c] * scale;
     }
     for (; j < nk; j++) {
-        const float *k0 = k + (size_t)j * ks;
+        const KV_T *k0 = k + (size_t)j * ks;
         for (int c = 0; c < nr; c++) {
             const float *qc = q[c];
             zs_v8 a0 = {0};
-            for (int d = 0; d < d8; d += 8) a0 = ATT_FMA8(KERN_NAME(ld)(qc + d), KERN_NAME(ld)(k0 + d), a0);
+            for (int d = 0; d < d8; d += 8) a0 = ATT_FMA8(KERN_NAME(ld)(qc + d), KV_LD8(k0 + d), a0);
             float r = KERN_NAME(hsum)(a0);
-            for (int d = d8; d < hd; d++) r = __builtin_fmaf(qc[d], k0[d], r);
+            for (int d = d8; d < hd; d++) r = __builtin_fmaf(qc[d], KV_LD1(k0 + d), r);
             s[(size_t)c * lds + j] = r * scale;
         }
     }
 }
 
 /* o[e] = fma(p[j], v_j[e], o[e]) for keys j < nk of one block in order (v_j at v + j * vs). */
-static void KERN_NAME(pv)(float *o, const float *p, const float *v, size_t vs, int nk, int hd) {
+static void KERN_NAME(pv)(float *o, const float *p, const KV_T *v, size_t vs, int nk, int hd) {
     int d8 = hd & ~7, d = 0;
     for (; d + 32 <= d8; d += 32) {
         zs_v8 o0 = KERN_NAME(ld)(o + d), o1 = KERN_NAME(ld)(o + d + 8);
         zs_v8 o2 = KERN_NAME(ld)(o + d + 16), o3 = KERN_NAME(ld)(o + d + 24);
         for (int j = 0; j < nk; j++) {
-            const float *vj = v + (size_t)j * vs + d;
+            const KV_T *vj = v + (size_t)j * vs + d;
             zs_v8 w = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
-            o0 = ATT_FMA8(w, KERN_NAME(ld)(vj), o0);
-            o1 = ATT_FMA8(w, KERN_NAME(ld)(vj + 8), o1);
-            o2 = ATT_FMA8(w, KERN_NAME(ld)(vj + 16), o2);
-            o3 = ATT_FMA8(w, KERN_NAME(ld)(vj + 24), o3);
+            o0 = ATT_FMA8(w, KV_LD8(vj), o0);
+            o1 = ATT_FMA8(w, KV_LD8(vj + 8), o1);
+            o2 = ATT_FMA8(w, KV_LD8(vj + 16), o2);
+            o3 = ATT_FMA8(w, KV_LD8(vj + 24), o3);
         }
         KERN_NAME(st)(o + d, o0); KERN_NAME(st)(o + d + 8, o1);
         KERN_NAME(st)(o + d + 16, o2); KERN_NAME(st)(o + d + 24, o3);
@@ -78,13 +85,13 @@ static void KERN_NAME(pv)(float *o, const float *p, const float *v, size_t vs, i
         zs_v8 o0 = KERN_NAME(ld)(o + d);
         for (int j = 0; j < nk; j++) {
             zs_v8 w = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
-            o0 = ATT_FMA8(w, KERN_NAME(ld)(v + (size_t)j * vs + d), o0);
+            o0 = ATT_FMA8(w, KV_LD8(v + (size_t)j * vs + d), o0);
         }
         KERN_NAME(st)(o + d, o0);
     }
     for (; d < hd; d++) {
         float x = o[d];
-        for (int j = 0; j < nk; j++) x = __builtin_fmaf(p[j], v[(size_t)j * vs + d], x);
+        for (int j = 0; j < nk; j++) x = __builtin_fmaf(p[j], KV_LD1(v + (size_t)j * vs + d), x);
         o[d] = x;
     }
 }
@@ -101,7 +108,7 @@ static void KERN_NAME(task)(const att_task *t, float *s, size_t lds) {
      * compute a few scores they never use) */
     for (int b0 = 0; b0 <= maxp; b0 += B) {
         int nk = maxp + 1 - b0 < B ? maxp + 1 - b0 : B;
-        const float *kb = sq->k[b0 / B] + koff;
+        const KV_T *kb = (const KV_T *)sq->k[b0 / B] + koff;
         for (int r = 0; r < nrows; r += 2) {
             int nr = nrows - r < 2 ? nrows - r : 2;
             const float *qr[2];
@@ -120,7 +127,7 @@ static void KERN_NAME(task)(const att_task *t, float *s, size_t lds) {
     }
     /* weighted sum of values: block by block, each row over its own keys 0..pos */
     for (int b0 = 0; b0 <= maxp; b0 += B) {
-        const float *vb = sq->v[b0 / B] + koff;
+        const KV_T *vb = (const KV_T *)sq->v[b0 / B] + koff;
         for (int r = 0; r < nrows; r++) {
             int ti = r / group, h = t->kh * group + r % group, tok = t->tok[ti], p = t->pos[tok];
             if (p < b0) continue;

@@ -4,18 +4,22 @@
  * per tile and reused by group × tile rows. Tasks run on the pool's threads; every output row is
  * written by exactly one task and its arithmetic is fixed (attention.h), so the bits depend on
  * neither the batch, the tile size nor the thread count. The inner loops (attention-kern.h) are
- * compiled twice, generic and AVX2+FMA, with the same fused operations in the same order. */
+ * compiled for each cache element type (f32; f16 and bf16, widened in registers as they are
+ * read) in two builds, generic and AVX2+FMA (+F16C for f16), with the same fused operations in
+ * the same order. */
 #include "attention.h"
 
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
 #include "ops.h"
 #include "pool.h"
+#include "tensor.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"
 
@@ -33,16 +37,61 @@ typedef struct {
     float scale;
 } att_task;
 
-/* generic: lane by lane fmaf (exact, so the same bits as vfmadd) */
+/* one bf16 widened: its 16 bits are the high half of the f32 (exact) */
+static inline float att_bf16_widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+typedef void (*att_task_fn)(const att_task *t, float *s, size_t lds);
+
+/* generic: lane by lane fmaf (exact, so the same bits as vfmadd); 16-bit elements widened one
+ * by one */
 #define ATT_FMA8(a, b, c)                                                                      \
     ({                                                                                         \
         zs_v8 fa_ = (a), fb_ = (b), fc_ = (c), fr_;                                            \
         for (int fi_ = 0; fi_ < 8; fi_++) fr_[fi_] = __builtin_fmaf(fa_[fi_], fb_[fi_], fc_[fi_]); \
         fr_;                                                                                   \
     })
+static inline zs_v8 att_g_f16x8(const uint16_t *p) {
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) r[i] = zs_f16_to_f32(p[i]);
+    return r;
+}
+static inline zs_v8 att_g_bf16x8(const uint16_t *p) {
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) r[i] = att_bf16_widen(p[i]);
+    return r;
+}
 #define KERN_NAME(x) zs_att_generic_##x
+#define KV_T float
+#define KV_LD8(p) (*(const zs_v8u *)(p))
+#define KV_LD1(p) (*(p))
 #include "attention-kern.h"
 #undef KERN_NAME
+#undef KV_T
+#undef KV_LD8
+#undef KV_LD1
+#define KERN_NAME(x) zs_att_generic_f16_##x
+#define KV_T uint16_t
+#define KV_LD8(p) att_g_f16x8(p)
+#define KV_LD1(p) zs_f16_to_f32(*(p))
+#include "attention-kern.h"
+#undef KERN_NAME
+#undef KV_T
+#undef KV_LD8
+#undef KV_LD1
+#define KERN_NAME(x) zs_att_generic_bf16_##x
+#define KV_T uint16_t
+#define KV_LD8(p) att_g_bf16x8(p)
+#define KV_LD1(p) att_bf16_widen(*(p))
+#include "attention-kern.h"
+#undef KERN_NAME
+#undef KV_T
+#undef KV_LD8
+#undef KV_LD1
 #undef ATT_FMA8
 
 #pragma GCC push_options
@@ -50,8 +99,39 @@ typedef struct {
 #include <immintrin.h>
 #define ATT_FMA8(a, b, c) ((zs_v8)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
 #define KERN_NAME(x) zs_att_avx2_##x
+#define KV_T float
+#define KV_LD8(p) (*(const zs_v8u *)(p))
+#define KV_LD1(p) (*(p))
 #include "attention-kern.h"
 #undef KERN_NAME
+#undef KV_T
+#undef KV_LD8
+#undef KV_LD1
+/* bf16 -> f32 by shift: 8 values zero-extended to 32 bits, moved to the high half (exact) */
+#define KERN_NAME(x) zs_att_avx2_bf16_##x
+#define KV_T uint16_t
+#define KV_LD8(p) \
+    ((zs_v8)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16)))
+#define KV_LD1(p) att_bf16_widen(*(p))
+#include "attention-kern.h"
+#undef KERN_NAME
+#undef KV_T
+#undef KV_LD8
+#undef KV_LD1
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+/* f16 -> f32 with F16C (exact) */
+#define KERN_NAME(x) zs_att_avx2_f16_##x
+#define KV_T uint16_t
+#define KV_LD8(p) ((zs_v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p))))
+#define KV_LD1(p) _cvtsh_ss(*(p))
+#include "attention-kern.h"
+#undef KERN_NAME
+#undef KV_T
+#undef KV_LD8
+#undef KV_LD1
 #undef ATT_FMA8
 #pragma GCC pop_options
 
@@ -90,7 +170,8 @@ typedef struct {
     const int *ord, *seq, *pos;
     const zs_att_seq *seqs;
     const att_tile *tiles;
-    int ntiles, nkv, group, hd, kv_stride, block, avx2;
+    int ntiles, nkv, group, hd, kv_stride, block;
+    att_task_fn fn;
     size_t qd;
     float scale;
     atomic_int failed;
@@ -107,8 +188,7 @@ static void att_run_task(void *arg, int task) {
     size_t lds = ((size_t)maxp + 1 + 7) & ~(size_t)7;
     float *s = scratch_get(lds * (size_t)t.nt * (size_t)j->group);
     if (!s) { atomic_store(&j->failed, 1); return; }
-    if (j->avx2) zs_att_avx2_task(&t, s, lds);
-    else zs_att_generic_task(&t, s, lds);
+    j->fn(&t, s, lds);
 }
 
 static int have_avx2(void) {
@@ -120,14 +200,30 @@ static int have_avx2(void) {
     return v;
 }
 
+static int have_f16c(void) {
+    static int v = -1;
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("f16c");
+    }
+    return v;
+}
+
 int zs_op_attention(float *out, const float *q, int T, const int *seq, const int *pos, const zs_att_seq *seqs,
-                    int nh, int nkv, int hd, int kv_stride, int block, int path) {
+                    int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path) {
     if (T <= 0) return 0;
     if (nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || kv_stride < nkv * hd || block <= 0)
         return zs_err(ZS_EINVAL, "attention: bad shape (heads %d, kv heads %d, head dim %d, stride %d, block %d)",
                       nh, nkv, hd, kv_stride, block);
-    int avx2 = path == ZS_ATT_AVX2 ? 1 : path == ZS_ATT_GENERIC ? 0 : have_avx2();
-    if (avx2 && !have_avx2()) return zs_err(ZS_EUNSUPPORTED, "attention: this CPU has no AVX2+FMA");
+    if (kv_dtype != ZS_F32 && kv_dtype != ZS_F16 && kv_dtype != ZS_BF16)
+        return zs_err(ZS_EINVAL, "attention: KV cache element type %d (f32, f16 or bf16)", kv_dtype);
+    int simd = have_avx2() && (kv_dtype != ZS_F16 || have_f16c());
+    int avx2 = path == ZS_ATT_AVX2 ? 1 : path == ZS_ATT_GENERIC ? 0 : simd;
+    if (avx2 && !simd)
+        return zs_err(ZS_EUNSUPPORTED, "attention: this CPU has no AVX2+FMA%s", kv_dtype == ZS_F16 ? "+F16C" : "");
+    att_task_fn fn = kv_dtype == ZS_F16  ? (avx2 ? zs_att_avx2_f16_task : zs_att_generic_f16_task)
+                     : kv_dtype == ZS_BF16 ? (avx2 ? zs_att_avx2_bf16_task : zs_att_generic_bf16_task)
+                                          : (avx2 ? zs_att_avx2_task : zs_att_generic_task);
     int group = nh / nkv;
     int *ord = malloc((size_t)T * sizeof(int));
     att_tile *tiles = malloc((size_t)T * sizeof(att_tile));
@@ -156,7 +252,7 @@ int zs_op_attention(float *out, const float *q, int T, const int *seq, const int
         if (qt == 1 || (size_t)ntiles * (size_t)nkv >= 4 * (size_t)threads) break;
         qt = ZS_MAX(1, qt / 2);
     }
-    att_job j = {out, q, ord, seq, pos, seqs, tiles, ntiles, nkv, group, hd, kv_stride, block, avx2,
+    att_job j = {out, q, ord, seq, pos, seqs, tiles, ntiles, nkv, group, hd, kv_stride, block, fn,
                  (size_t)nh * hd, 1.0f / sqrtf((float)hd), 0};
     zs_pool_run(att_run_task, &j, ntiles * nkv);
     free(ord);

@@ -3,7 +3,11 @@
  *
  * The cache is seen through per-sequence tables of block pointers, so this header knows nothing
  * of engine/model's cache object: block b of a sequence holds positions [b*block, (b+1)*block),
- * one row of kv_stride floats per position (kv head h at offset h*head_dim), K and V each.
+ * one row of kv_stride elements per position (kv head h at offset h*head_dim), K and V each. The
+ * elements are f32, or f16 / bf16 (kv_dtype): 16-bit elements are read as stored and widened
+ * exactly in registers (F16C, or a 16-bit shift for bf16; the generic build converts lane by
+ * lane), so a 16-bit cache gives the bits of an f32 cache holding the widened values: the order
+ * below is the same for every element type.
  *
  * The fixed order of every output element (query token i, head h, dim e), the same for every
  * batch, tiling and thread count, and in the generic and AVX2+FMA builds:
@@ -18,20 +22,23 @@
 #ifndef ZS_ATTENTION_H
 #define ZS_ATTENTION_H
 
-/* One sequence's view of the cache for one layer: k[b] / v[b] point at position b*block's row. */
+/* One sequence's view of the cache for one layer: k[b] / v[b] point at position b*block's row
+ * (elements of the call's kv_dtype). */
 typedef struct {
-    const float *const *k;
-    const float *const *v;
+    const void *const *k;
+    const void *const *v;
 } zs_att_seq;
 
 enum { ZS_ATT_AUTO = 0, ZS_ATT_GENERIC = 1, ZS_ATT_AVX2 = 2 };
 
 /* out[T, nh*hd] (written) from q[T, nh*hd]: token i belongs to seqs[seq[i]] and sits at position
  * pos[i]; it attends to that sequence's positions 0..pos[i], which must all be in the cache.
- * Query head h uses kv head h / (nh / nkv). path: ZS_ATT_AUTO (AVX2+FMA when the CPU has them),
- * or a forced kernel (tests; ZS_ATT_AVX2 on a CPU without it is an error). Returns 0, or
- * ZS_ENOMEM / ZS_EINVAL with a message. */
+ * Query head h uses kv head h / (nh / nkv). kv_dtype: the cache's elements, ZS_F32, ZS_F16 or
+ * ZS_BF16 (tensor.h). path: ZS_ATT_AUTO (AVX2+FMA when the CPU has them, and F16C too for f16),
+ * or a forced kernel (tests; ZS_ATT_AVX2 on a CPU without them is an error). Thread-safe (the
+ * work runs on the pool, pool.h). Returns 0, or ZS_ENOMEM / ZS_EINVAL / ZS_EUNSUPPORTED with a
+ * message. */
 int zs_op_attention(float *out, const float *q, int T, const int *seq, const int *pos, const zs_att_seq *seqs,
-                    int nh, int nkv, int hd, int kv_stride, int block, int path);
+                    int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path);
 
 #endif

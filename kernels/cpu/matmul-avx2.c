@@ -87,47 +87,69 @@ static inline __m256 zs_q50x8_avx2(const uint8_t *b, int s, __m256 dv) {
 static inline __m256 zs_q51x8_avx2(const uint8_t *b, int s, __m256 dv, __m256 mv) {
     return zs_dqm_avx2(_mm256_or_si256(zs_nib8_avx2(b + 8, s), zs_hi8_avx2(b + 4, s)), dv, mv);
 }
-/* Q4_K: group g's nibbles (low for even g, high for odd) of bytes 32(g/2).., d1·q + (-m1) */
+/* Q4_K: group g's nibbles (low for even g, high for odd) of bytes 32(g/2).., d1·q + (-m1). The
+ * bytes of weights 16(s/2).. are unpacked 16 at a time (steps s and s+1 compute the same vector;
+ * the compiler keeps one), then the 8 of step s widened. */
 static inline __m256 zs_q4kx8_avx2(const uint8_t *b, int g, int s, __m256 dv, __m256 mv) {
-    __m128i v = _mm_loadl_epi64((const __m128i *)(b + 16 + 32 * (g >> 1) + 8 * s));
+    __m128i v = _mm_loadu_si128((const __m128i *)(b + 16 + 32 * (g >> 1) + 16 * (s >> 1)));
     if (g & 1) v = _mm_srli_epi16(v, 4);
-    return zs_dqm_avx2(_mm256_cvtepu8_epi32(_mm_and_si128(v, _mm_set1_epi8(15))), dv, mv);
+    v = _mm_and_si128(v, _mm_set1_epi8(15));
+    if (s & 1) v = _mm_srli_si128(v, 8);
+    return zs_dqm_avx2(_mm256_cvtepu8_epi32(v), dv, mv);
 }
 /* Q6_K: the low nibble of ql and the 2 bits of qh of weights 8s.. of group g, minus 32, times
- * the scale of their 16 (d0 for s < 2, d1 after) */
+ * the scale of their 16 (d0 for s < 2, d1 after); unpacked 16 at a time as Q4_K's */
 static inline __m256 zs_q6kx8_avx2(const uint8_t *b, int g, int s, __m256 d0, __m256 d1) {
     int hn = g >> 2, gg = g & 3;
-    __m128i lo = _mm_loadl_epi64((const __m128i *)(b + 64 * hn + 32 * (gg & 1) + 8 * s));
-    __m128i hi = _mm_loadl_epi64((const __m128i *)(b + 128 + 32 * hn + 8 * s));
-    lo = _mm_and_si128(_mm_srl_epi16(lo, _mm_cvtsi32_si128(4 * (gg >> 1))), _mm_set1_epi8(15));
-    hi = _mm_and_si128(_mm_srl_epi16(hi, _mm_cvtsi32_si128(2 * gg)), _mm_set1_epi8(3));
-    __m128i q = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
-    __m256i qi = _mm256_sub_epi32(_mm256_cvtepu8_epi32(q), _mm256_set1_epi32(32));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(qi), s < 2 ? d0 : d1);
+    __m128i lo = _mm_loadu_si128((const __m128i *)(b + 64 * hn + 32 * (gg & 1) + 16 * (s >> 1)));
+    __m128i hi = _mm_loadu_si128((const __m128i *)(b + 128 + 32 * hn + 16 * (s >> 1)));
+    lo = _mm_and_si128(_mm_srli_epi16(lo, 4 * (gg >> 1)), _mm_set1_epi8(15));
+    hi = _mm_and_si128(_mm_srli_epi16(hi, 2 * gg), _mm_set1_epi8(3));
+    __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    if (s & 1) q = _mm_srli_si128(q, 8);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s < 2 ? d0 : d1);
 }
-static inline int zs_q4k_sc(const uint8_t *q, int j, int *m) { /* get_scale_min_k4 */
-    if (j < 4) {
-        *m = q[j + 4] & 63;
-        return q[j] & 63;
-    }
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    return (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-}
-static inline zs_q8dm zs_q4k_dv_avx2(const uint8_t *b, int g) {
+/* Once per super-block: the 8 groups' d1 = f32(d)·sc and -m1 = -(f32(dmin)·m) (Q4_K), or the 16
+ * scales d·sc of Q6_K, as vectors (the same rounded products as per group), kept for the group
+ * loop to broadcast from */
+typedef struct { float v[16]; } zs_qk_ctx;
+static inline zs_qk_ctx zs_q4k_prep_avx2(const uint8_t *b) {
     uint16_t h, hm;
     memcpy(&h, b, 2);
     memcpy(&hm, b + 2, 2);
-    int m, sc = zs_q4k_sc(b + 4, g, &m);
-    float d1 = _cvtsh_ss(h) * (float)sc, m1 = _cvtsh_ss(hm) * (float)m;
-    zs_q8dm v = {{d1, d1, d1, d1, d1, d1, d1, d1}, {-m1, -m1, -m1, -m1, -m1, -m1, -m1, -m1}};
-    return v;
+    /* get_scale_min_k4 for j = 0..7 on the three little-endian words of the 12 scale bytes: bytes
+     * 0-3 sc[0..3] (low 6 bits; their top 2 bits are sc[4..7]'s high bits), 4-7 m[0..3] (top 2 bits:
+     * m[4..7]'s), 8-11 the low nibbles of sc[4..7] and the high nibbles of m[4..7] */
+    uint32_t u[3], sc[2], mn[2];
+    memcpy(u, b + 4, 12);
+    sc[0] = u[0] & 0x3f3f3f3fu;
+    mn[0] = u[1] & 0x3f3f3f3fu;
+    sc[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+    mn[1] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+    __m256 s = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)));
+    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn)));
+    zs_qk_ctx c;
+    _mm256_storeu_ps(c.v, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h)), s));
+    _mm256_storeu_ps(c.v + 8, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(hm)), m), _mm256_set1_ps(-0.0f)));
+    return c;
 }
-static inline zs_q8dm zs_q6k_dv_avx2(const uint8_t *b, int g) {
+static inline zs_qk_ctx zs_q6k_prep_avx2(const uint8_t *b) {
     uint16_t h;
     memcpy(&h, b + 208, 2);
-    const int8_t *sc = (const int8_t *)(b + 192) + 8 * (g >> 2) + 2 * (g & 3);
-    float d = _cvtsh_ss(h), d0 = d * (float)sc[0], d1 = d * (float)sc[1];
-    zs_q8dm v = {{d0, d0, d0, d0, d0, d0, d0, d0}, {d1, d1, d1, d1, d1, d1, d1, d1}};
+    __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+    __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+    zs_qk_ctx c;
+    _mm256_storeu_ps(c.v, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc))));
+    _mm256_storeu_ps(c.v + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)))));
+    return c;
+}
+/* group g: Q4_K (d1[g], -m1[g]); Q6_K the scales of its two 16s, 2g and 2g + 1 */
+static inline zs_q8dm zs_q4k_dvc_avx2(const zs_qk_ctx *c, int g) {
+    zs_q8dm v = {(zs_q8v)_mm256_broadcast_ss(c->v + g), (zs_q8v)_mm256_broadcast_ss(c->v + 8 + g)};
+    return v;
+}
+static inline zs_q8dm zs_q6k_dvc_avx2(const zs_qk_ctx *c, int g) {
+    zs_q8dm v = {(zs_q8v)_mm256_broadcast_ss(c->v + 2 * g), (zs_q8v)_mm256_broadcast_ss(c->v + 2 * g + 1)};
     return v;
 }
 #define KQ8_D(h) _cvtsh_ss(h)
@@ -172,7 +194,9 @@ static inline zs_q8dm zs_q6k_dv_avx2(const uint8_t *b, int g) {
 #define KQ8_NAME(x) zs_kq4k_avx2_##x
 #define KQ8_BYTES 144
 #define KQ8_SUB 8
-#define KQ8_DVG(b, g) zs_q4k_dv_avx2((b), (g))
+#define KQ8_CTX zs_qk_ctx
+#define KQ8_PREP(b) zs_q4k_prep_avx2(b)
+#define KQ8_DVC(c, g) zs_q4k_dvc_avx2(&(c), (g))
 #define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q4kx8_avx2((b), (g), (s), (__m256)(dv).d, (__m256)(dv).m))
 #include "matmul-quant-kern.h"
 #undef KQ8_NAME
@@ -181,7 +205,10 @@ static inline zs_q8dm zs_q6k_dv_avx2(const uint8_t *b, int g) {
 #define KQ8_NAME(x) zs_kq6k_avx2_##x
 #define KQ8_BYTES 210
 #define KQ8_SUB 8
-#define KQ8_DVG(b, g) zs_q6k_dv_avx2((b), (g))
+#define KQ8_CTX zs_qk_ctx
+#define KQ8_PREP(b) zs_q6k_prep_avx2(b)
+#define KQ8_UNROLL 4 /* the shifts of a group (g & 3) become constants */
+#define KQ8_DVC(c, g) zs_q6k_dvc_avx2(&(c), (g))
 #define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q6kx8_avx2((b), (g), (s), (__m256)(dv).d, (__m256)(dv).m))
 #include "matmul-quant-kern.h"
 #undef KQ8_NAME

@@ -29,6 +29,13 @@
  *   KQ8_SUB            (optional, default 1) groups of 32 weights per stored block (K-quants: 8)
  *   KQ8_DVG(b, g)      (optional) the zs_q8dm of group g of the block at b; default: the f16 d
  *                      at bytes 0..1 (and the min at 2..3 with KQ8_HAS_MIN), broadcast
+ *   KQ8_CTX, KQ8_PREP(b), KQ8_DVC(c, g)  (optional, together) a block's scales worked out once:
+ *                      KQ8_PREP(b) gives a KQ8_CTX for the stored block at b (before its groups
+ *                      are read), KQ8_DVC(c, g) the zs_q8dm of its group g from it; default: the
+ *                      block pointer, and KQ8_DVG(b, g) per group. Only where the values are
+ *                      computed, never their order: the scales are the same rounded products.
+ *   KQ8_UNROLL         (optional, default 2) how many groups of a block one loop pass handles
+ *                      (constant group numbers let the weight decoding use immediate shifts)
  *   KQ8_D(h)           the f16 scale bits h (uint16_t) as a float (exact)
  *   KQ8_HAS_MIN        (optional, 0 or 1) the block has an f16 min m at bytes 2..3 (Q4_1, Q5_1)
  *   KQ8_W8(b, g, s, dv) weights 8s..8s+7 (s = 0..3) of group g of the block at b (const uint8_t *) as f32,
@@ -51,6 +58,18 @@ typedef struct { zs_q8v d, m; } zs_q8dm; /* a block's scale and min (0 without o
 #ifndef KQ8_SUB
 #define KQ8_SUB 1
 #endif
+/* the group loop is unrolled KQ8_UNROLL times (default 2: a group's parity is then a constant) */
+#ifndef KQ8_UNROLL
+#define KQ8_UNROLL 2
+#endif
+#define KQ8_STR2(x) #x
+#define KQ8_STR(x) KQ8_STR2(x)
+#define KQ8_UNROLL_GROUPS _Pragma(KQ8_STR(GCC unroll KQ8_UNROLL))
+#ifndef KQ8_PREP
+#define KQ8_CTX const uint8_t *
+#define KQ8_PREP(b) (b)
+#define KQ8_DVC(c, g) KQ8_DVG((c), (g))
+#endif
 
 static inline float KQ8_NAME(hsum)(zs_q8v a) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
@@ -70,13 +89,9 @@ static inline zs_q8dm KQ8_NAME(dv)(const uint8_t *blk) {
 #define KQ8_DVG(b, g) KQ8_NAME(dv)(b)
 #endif
 
-/* group kb (of 32 weights) of a row: its block, and the group in it */
-#define KQ8_AT(w, kb) ((w) + (size_t)((kb) / KQ8_SUB) * KQ8_BYTES), ((kb) % KQ8_SUB)
-
 /* one group of one row against one token: 4 steps of 8 lanes */
-static inline __attribute__((always_inline)) zs_q8v KQ8_NAME(blk1)(const uint8_t *blk, int g, const float *x, zs_q8v a) {
+static inline __attribute__((always_inline)) zs_q8v KQ8_NAME(blk1)(const uint8_t *blk, int g, zs_q8dm dv, const float *x, zs_q8v a) {
     (void)g;
-    zs_q8dm dv = KQ8_DVG(blk, g);
     a = KQ8_FMA8(KQ8_W8(blk, g, 0, dv), KQ8_NAME(ldx)(x), a);
     a = KQ8_FMA8(KQ8_W8(blk, g, 1, dv), KQ8_NAME(ldx)(x + 8), a);
     a = KQ8_FMA8(KQ8_W8(blk, g, 2, dv), KQ8_NAME(ldx)(x + 16), a);
@@ -85,9 +100,8 @@ static inline __attribute__((always_inline)) zs_q8v KQ8_NAME(blk1)(const uint8_t
 }
 
 /* one group of one row against two tokens, the widened weights shared */
-static inline __attribute__((always_inline)) void KQ8_NAME(blk2)(const uint8_t *blk, int g, const float *xa, const float *xb, zs_q8v *a, zs_q8v *b) {
+static inline __attribute__((always_inline)) void KQ8_NAME(blk2)(const uint8_t *blk, int g, zs_q8dm dv, const float *xa, const float *xb, zs_q8v *a, zs_q8v *b) {
     (void)g;
-    zs_q8dm dv = KQ8_DVG(blk, g);
     zs_q8v u;
     for (int s = 0; s < 4; s++) {
         u = KQ8_W8(blk, g, s, dv);
@@ -97,21 +111,38 @@ static inline __attribute__((always_inline)) void KQ8_NAME(blk2)(const uint8_t *
 }
 
 /* y[t*ldy + j] = dot(row j of W, x[t*in ..]) for t < T, j < R; W holds R rows of in/32 groups
- * (in/(32·KQ8_SUB) stored blocks). */
+ * (nsb = in/(32·KQ8_SUB) stored blocks). The loops walk the stored blocks of a row, and the groups
+ * of each in order (k ascending, as the order above requires). */
 static void KQ8_NAME(block)(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
-    int nb = in / 32;
-    size_t rb = (size_t)(nb / KQ8_SUB) * KQ8_BYTES; /* bytes per row */
+    int nsb = in / (32 * KQ8_SUB);
+    size_t rb = (size_t)nsb * KQ8_BYTES; /* bytes per row */
     int j = 0;
     for (; T == 1 && j + 8 <= R; j += 8) {
         const uint8_t *w0 = W + (size_t)j * rb, *w1 = w0 + rb, *w2 = w1 + rb, *w3 = w2 + rb;
         const uint8_t *w4 = w3 + rb, *w5 = w4 + rb, *w6 = w5 + rb, *w7 = w6 + rb;
         zs_q8v a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
-        for (int kb = 0; kb < nb; kb++) {
-            const float *xk = x + (size_t)kb * 32;
-            a0 = KQ8_NAME(blk1)(KQ8_AT(w0, kb), xk, a0); a1 = KQ8_NAME(blk1)(KQ8_AT(w1, kb), xk, a1);
-            a2 = KQ8_NAME(blk1)(KQ8_AT(w2, kb), xk, a2); a3 = KQ8_NAME(blk1)(KQ8_AT(w3, kb), xk, a3);
-            a4 = KQ8_NAME(blk1)(KQ8_AT(w4, kb), xk, a4); a5 = KQ8_NAME(blk1)(KQ8_AT(w5, kb), xk, a5);
-            a6 = KQ8_NAME(blk1)(KQ8_AT(w6, kb), xk, a6); a7 = KQ8_NAME(blk1)(KQ8_AT(w7, kb), xk, a7);
+        for (int sb = 0; sb < nsb; sb++) {
+            size_t o = (size_t)sb * KQ8_BYTES;
+            KQ8_CTX c0 = KQ8_PREP(w0 + o);
+            KQ8_CTX c1 = KQ8_PREP(w1 + o);
+            KQ8_CTX c2 = KQ8_PREP(w2 + o);
+            KQ8_CTX c3 = KQ8_PREP(w3 + o);
+            KQ8_CTX c4 = KQ8_PREP(w4 + o);
+            KQ8_CTX c5 = KQ8_PREP(w5 + o);
+            KQ8_CTX c6 = KQ8_PREP(w6 + o);
+            KQ8_CTX c7 = KQ8_PREP(w7 + o);
+KQ8_UNROLL_GROUPS
+            for (int g = 0; g < KQ8_SUB; g++) {
+                const float *xk = x + ((size_t)sb * KQ8_SUB + g) * 32;
+                a0 = KQ8_NAME(blk1)(w0 + o, g, KQ8_DVC(c0, g), xk, a0);
+                a1 = KQ8_NAME(blk1)(w1 + o, g, KQ8_DVC(c1, g), xk, a1);
+                a2 = KQ8_NAME(blk1)(w2 + o, g, KQ8_DVC(c2, g), xk, a2);
+                a3 = KQ8_NAME(blk1)(w3 + o, g, KQ8_DVC(c3, g), xk, a3);
+                a4 = KQ8_NAME(blk1)(w4 + o, g, KQ8_DVC(c4, g), xk, a4);
+                a5 = KQ8_NAME(blk1)(w5 + o, g, KQ8_DVC(c5, g), xk, a5);
+                a6 = KQ8_NAME(blk1)(w6 + o, g, KQ8_DVC(c6, g), xk, a6);
+                a7 = KQ8_NAME(blk1)(w7 + o, g, KQ8_DVC(c7, g), xk, a7);
+            }
         }
         y[j + 0] = KQ8_NAME(hsum)(a0); y[j + 1] = KQ8_NAME(hsum)(a1);
         y[j + 2] = KQ8_NAME(hsum)(a2); y[j + 3] = KQ8_NAME(hsum)(a3);
@@ -124,12 +155,20 @@ static void KQ8_NAME(block)(float *y, int ldy, const float *x, int T, int in, co
         for (; t + 2 <= T; t += 2) {
             const float *xa = x + (size_t)t * in, *xb = xa + in;
             zs_q8v a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
-            for (int kb = 0; kb < nb; kb++) {
-                size_t k = (size_t)kb * 32;
-                KQ8_NAME(blk2)(KQ8_AT(w0, kb), xa + k, xb + k, &a0, &b0);
-                KQ8_NAME(blk2)(KQ8_AT(w1, kb), xa + k, xb + k, &a1, &b1);
-                KQ8_NAME(blk2)(KQ8_AT(w2, kb), xa + k, xb + k, &a2, &b2);
-                KQ8_NAME(blk2)(KQ8_AT(w3, kb), xa + k, xb + k, &a3, &b3);
+            for (int sb = 0; sb < nsb; sb++) {
+                size_t o = (size_t)sb * KQ8_BYTES;
+                KQ8_CTX c0 = KQ8_PREP(w0 + o);
+                KQ8_CTX c1 = KQ8_PREP(w1 + o);
+                KQ8_CTX c2 = KQ8_PREP(w2 + o);
+                KQ8_CTX c3 = KQ8_PREP(w3 + o);
+KQ8_UNROLL_GROUPS
+                for (int g = 0; g < KQ8_SUB; g++) {
+                    size_t k = ((size_t)sb * KQ8_SUB + g) * 32;
+                    KQ8_NAME(blk2)(w0 + o, g, KQ8_DVC(c0, g), xa + k, xb + k, &a0, &b0);
+                    KQ8_NAME(blk2)(w1 + o, g, KQ8_DVC(c1, g), xa + k, xb + k, &a1, &b1);
+                    KQ8_NAME(blk2)(w2 + o, g, KQ8_DVC(c2, g), xa + k, xb + k, &a2, &b2);
+                    KQ8_NAME(blk2)(w3 + o, g, KQ8_DVC(c3, g), xa + k, xb + k, &a3, &b3);
+                }
             }
             float *ya = y + (size_t)t * ldy + j, *yb = ya + ldy;
             ya[0] = KQ8_NAME(hsum)(a0); ya[1] = KQ8_NAME(hsum)(a1); ya[2] = KQ8_NAME(hsum)(a2); ya[3] = KQ8_NAME(hsum)(a3);
@@ -138,10 +177,20 @@ static void KQ8_NAME(block)(float *y, int ldy, const float *x, int T, int in, co
         for (; t < T; t++) {
             const float *xa = x + (size_t)t * in;
             zs_q8v a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-            for (int kb = 0; kb < nb; kb++) {
-                const float *xk = xa + (size_t)kb * 32;
-                a0 = KQ8_NAME(blk1)(KQ8_AT(w0, kb), xk, a0); a1 = KQ8_NAME(blk1)(KQ8_AT(w1, kb), xk, a1);
-                a2 = KQ8_NAME(blk1)(KQ8_AT(w2, kb), xk, a2); a3 = KQ8_NAME(blk1)(KQ8_AT(w3, kb), xk, a3);
+            for (int sb = 0; sb < nsb; sb++) {
+                size_t o = (size_t)sb * KQ8_BYTES;
+                KQ8_CTX c0 = KQ8_PREP(w0 + o);
+                KQ8_CTX c1 = KQ8_PREP(w1 + o);
+                KQ8_CTX c2 = KQ8_PREP(w2 + o);
+                KQ8_CTX c3 = KQ8_PREP(w3 + o);
+KQ8_UNROLL_GROUPS
+                for (int g = 0; g < KQ8_SUB; g++) {
+                    const float *xk = xa + ((size_t)sb * KQ8_SUB + g) * 32;
+                    a0 = KQ8_NAME(blk1)(w0 + o, g, KQ8_DVC(c0, g), xk, a0);
+                    a1 = KQ8_NAME(blk1)(w1 + o, g, KQ8_DVC(c1, g), xk, a1);
+                    a2 = KQ8_NAME(blk1)(w2 + o, g, KQ8_DVC(c2, g), xk, a2);
+                    a3 = KQ8_NAME(blk1)(w3 + o, g, KQ8_DVC(c3, g), xk, a3);
+                }
             }
             float *ya = y + (size_t)t * ldy + j;
             ya[0] = KQ8_NAME(hsum)(a0); ya[1] = KQ8_NAME(hsum)(a1); ya[2] = KQ8_NAME(hsum)(a2); ya[3] = KQ8_NAME(hsum)(a3);
@@ -152,7 +201,13 @@ static void KQ8_NAME(block)(float *y, int ldy, const float *x, int T, int in, co
         for (int t = 0; t < T; t++) {
             const float *xa = x + (size_t)t * in;
             zs_q8v a0 = {0};
-            for (int kb = 0; kb < nb; kb++) a0 = KQ8_NAME(blk1)(KQ8_AT(w0, kb), xa + (size_t)kb * 32, a0);
+            for (int sb = 0; sb < nsb; sb++) {
+                size_t o = (size_t)sb * KQ8_BYTES;
+                KQ8_CTX c0 = KQ8_PREP(w0 + o);
+KQ8_UNROLL_GROUPS
+                for (int g = 0; g < KQ8_SUB; g++)
+                    a0 = KQ8_NAME(blk1)(w0 + o, g, KQ8_DVC(c0, g), xa + ((size_t)sb * KQ8_SUB + g) * 32, a0);
+            }
             y[(size_t)t * ldy + j] = KQ8_NAME(hsum)(a0);
         }
     }
@@ -160,4 +215,10 @@ static void KQ8_NAME(block)(float *y, int ldy, const float *x, int T, int in, co
 #undef KQ8_HAS_MIN
 #undef KQ8_SUB
 #undef KQ8_DVG
-#undef KQ8_AT
+#undef KQ8_CTX
+#undef KQ8_PREP
+#undef KQ8_DVC
+#undef KQ8_UNROLL
+#undef KQ8_UNROLL_GROUPS
+#undef KQ8_STR
+#undef KQ8_STR2

@@ -1,6 +1,7 @@
-// attention.cu — the paged KV cache on the device (f32 blocks of 16 positions, the host
-// zs_kvcache layout) and causal attention over it for prefill and decode alike, with GQA. Two
-// kernels compute the same thing (kernels.h: zs_cuda_attention_impl):
+// attention.cu — the paged KV cache on the device (blocks of 16 positions, the host zs_kvcache
+// layout, in f32, f16 or bf16: kv_store rounds to nearest even, the kernels widen each value as
+// they load it and compute in f32 alike) and causal attention over it for prefill and decode
+// alike, with GQA. Two kernels compute the same thing (kernels.h: zs_cuda_attention_impl):
 //
 // simple — one block per (query token, kv head, subgroup of up to GT query heads sharing that kv
 // head): its warps split the positions 0..pos[t] of the token's sequence, each keeping an online
@@ -33,22 +34,30 @@
 #define ZS_KV_BLK 16
 #define ATT_WARPS 4
 
-__global__ static void kv_store_kernel(float *pool, const float *k, int ldk, const float *v, int ldv,
+__global__ static void kv_store_kernel(void *pool, int kdt, const float *k, int ldk, const float *v, int ldv,
                                        const int64_t *off, int kvd) {
     int t = blockIdx.x;
-    float *kd = pool + off[t], *vd = kd + (size_t)ZS_KV_BLK * kvd;
+    size_t kd = (size_t)off[t], vd = kd + (size_t)ZS_KV_BLK * kvd;
     const float *ks = k + (size_t)t * ldk, *vs = v + (size_t)t * ldv;
     for (int i = threadIdx.x; i < kvd; i += blockDim.x) {
-        kd[i] = ks[i];
-        vd[i] = vs[i];
+        zs_st(pool, kdt, kd + i, ks[i]);
+        zs_st(pool, kdt, vd + i, vs[i]);
     }
+}
+
+static bool kv_dt_ok(int dt) { return dt == ZS_DT_F32 || dt == ZS_DT_F16 || dt == ZS_DT_BF16; }
+
+extern "C" int zs_cuda_kv_store_dt(void *pool, int kvdt, const float *k, int ldk, const float *v, int ldv,
+                                   const int64_t *off, int T, int kvd, void *stream) {
+    if (!kv_dt_ok(kvdt)) return zs_cuda_refuse("kv store: cache element type %d (f32, f16 or bf16)", kvdt);
+    if (T <= 0) return 0;
+    kv_store_kernel<<<T, 256, 0, (cudaStream_t)stream>>>(pool, kvdt, k, ldk, v, ldv, off, kvd);
+    return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_kv_store(float *pool, const float *k, int ldk, const float *v, int ldv,
                                 const int64_t *off, int T, int kvd, void *stream) {
-    if (T <= 0) return 0;
-    kv_store_kernel<<<T, 256, 0, (cudaStream_t)stream>>>(pool, k, ldk, v, ldv, off, kvd);
-    return zs_launch_ok();
+    return zs_cuda_kv_store_dt(pool, ZS_DT_F32, k, ldk, v, ldv, off, T, kvd, stream);
 }
 
 // Token t shares its block table (its sequence) with a neighbouring token of the batch: the
@@ -62,7 +71,7 @@ static __device__ __forceinline__ bool att_in_run(const int32_t *tab, int t, int
 
 template <int R, int GT>
 __global__ static void __launch_bounds__(ATT_WARPS * 32)
-attn_kernel(void *out, int odt, const float *q, int ldq, const float *pool, const int32_t *tables,
+attn_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int kdt, const int32_t *tables,
             const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale, int group,
             int nsub, int only_single) {
     __shared__ float s_acc[ATT_WARPS][GT][R * 32];
@@ -88,14 +97,14 @@ attn_kernel(void *out, int odt, const float *q, int ldq, const float *pool, cons
         l[g] = 0.0f;
     }
     for (int j = warp; j <= p; j += ATT_WARPS) {
-        const float *kb = pool + ((size_t)bt[j / ZS_KV_BLK] * 2 * ZS_KV_BLK + (j % ZS_KV_BLK)) * kvd + (size_t)kh * hd;
-        const float *vb = kb + (size_t)ZS_KV_BLK * kvd;
+        size_t kb = ((size_t)bt[j / ZS_KV_BLK] * 2 * ZS_KV_BLK + (j % ZS_KV_BLK)) * kvd + (size_t)kh * hd;
+        size_t vb = kb + (size_t)ZS_KV_BLK * kvd;
         float kr[R], vr[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int d = lane + 32 * r;
-            kr[r] = d < hd ? kb[d] : 0.0f;
-            vr[r] = d < hd ? vb[d] : 0.0f;
+            kr[r] = d < hd ? zs_ld(pool, kdt, kb + d) : 0.0f;
+            vr[r] = d < hd ? zs_ld(pool, kdt, vb + d) : 0.0f;
         }
 #pragma unroll
         for (int g = 0; g < GT; g++) {
@@ -139,27 +148,27 @@ attn_kernel(void *out, int odt, const float *q, int ldq, const float *pool, cons
 
 template <int R, int GT>
 static void attn_launch(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
-                        const float *pool, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
-                        int nh, int nkv, int hd, float scale, int group, int nsub, int only_single) {
-    attn_kernel<R, GT><<<grid, ATT_WARPS * 32, 0, s>>>(out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd,
+                        const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
+                        int T, int nh, int nkv, int hd, float scale, int group, int nsub, int only_single) {
+    attn_kernel<R, GT><<<grid, ATT_WARPS * 32, 0, s>>>(out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd,
                                                        scale, group, nsub, only_single);
 }
 
 template <int GT>
 static int attn_dispatch_r(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
-                           const float *pool, const int32_t *tables, const int32_t *tab, const int32_t *pos,
+                           const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
                            int T, int nh, int nkv, int hd, float scale, int group, int nsub, int only_single) {
-    if (hd <= 32) attn_launch<1, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
-    else if (hd <= 64) attn_launch<2, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
-    else if (hd <= 128) attn_launch<4, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
-    else if (hd <= 256) attn_launch<8, GT>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
+    if (hd <= 32) attn_launch<1, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
+    else if (hd <= 64) attn_launch<2, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
+    else if (hd <= 128) attn_launch<4, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
+    else if (hd <= 256) attn_launch<8, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
     else return zs_cuda_refuse("attention: head_dim %d (at most 256)", hd);
     return zs_launch_ok();
 }
 
-static int attn_simple(void *out, int odt, const float *q, int ldq, const float *pool, const int32_t *tables,
-                       const int32_t *tab, const int32_t *pos, int T, int n_heads, int n_kv_heads, int hd,
-                       float scale, int only_single, cudaStream_t s) {
+static int attn_simple(void *out, int odt, const float *q, int ldq, const void *pool, int kdt,
+                       const int32_t *tables, const int32_t *tab, const int32_t *pos, int T, int n_heads,
+                       int n_kv_heads, int hd, float scale, int only_single, cudaStream_t s) {
     int group = n_heads / n_kv_heads;
     int gt = group >= 4 ? 4 : group; // 1, 2 or 4 heads per block; a larger group is split
     int nsub = (group + gt - 1) / gt;
@@ -168,9 +177,9 @@ static int attn_simple(void *out, int odt, const float *q, int ldq, const float 
         return zs_cuda_refuse("attention (simple): %d kv heads x %d head subgroups = %lld blocks in grid y (limit 65535)",
                               n_kv_heads, nsub, gy);
     dim3 grid((unsigned)T, (unsigned)gy); // T <= INT_MAX < 2^31: within the grid's x limit
-    if (gt == 1) return attn_dispatch_r<1>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
-    if (gt == 2) return attn_dispatch_r<2>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
-    return attn_dispatch_r<4>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
+    if (gt == 1) return attn_dispatch_r<1>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
+    if (gt == 2) return attn_dispatch_r<2>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
+    return attn_dispatch_r<4>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
 }
 
 // ---- tiled ----
@@ -187,7 +196,7 @@ static size_t tl_smem_bytes(int D) { return (size_t)(TL_R * D + 2 * TL_BK * D) *
 // (warp r / TL_ROWS) is token t0 + r / gq and query head kh*group + sub*gq + r % gq.
 template <int D>
 __global__ static void __launch_bounds__(TL_WARPS * 32)
-attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const float *pool, const int32_t *tables,
+attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int kdt, const int32_t *tables,
                   const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale,
                   int group, int gq, int nsub, int bq, int only_runs) {
     constexpr int C = D / 32; // output columns per lane
@@ -247,10 +256,9 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const float *pool
                 int jj = idx / D, d = idx % D, j = j0 + jj;
                 float kv = 0.0f, vv = 0.0f;
                 if (j < kvlen && d < hd) {
-                    const float *kb = pool + ((size_t)bt[j / ZS_KV_BLK] * 2 * ZS_KV_BLK + (j % ZS_KV_BLK)) * kvd +
-                                      (size_t)kh * hd;
-                    kv = kb[d];
-                    vv = kb[(size_t)ZS_KV_BLK * kvd + d];
+                    size_t kb = ((size_t)bt[j / ZS_KV_BLK] * 2 * ZS_KV_BLK + (j % ZS_KV_BLK)) * kvd + (size_t)kh * hd;
+                    kv = zs_ld(pool, kdt, kb + d);
+                    vv = zs_ld(pool, kdt, kb + (size_t)ZS_KV_BLK * kvd + d);
                 }
                 sK[jj * D + (d ^ jj)] = kv; // D is a multiple of 32: d ^ jj stays in d's 32-column chunk
                 sV[idx] = vv;
@@ -332,8 +340,9 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const float *pool
 
 template <int D>
 static int tiled_launch(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
-                        const float *pool, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
-                        int nh, int nkv, int hd, float scale, int group, int gq, int nsub, int bq, int only_runs) {
+                        const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
+                        int T, int nh, int nkv, int hd, float scale, int group, int gq, int nsub, int bq,
+                        int only_runs) {
     size_t smem = tl_smem_bytes(D);
     if (smem > 48 * 1024) {
         // above the default 48 KiB: opt in (per device, so on every call; cheap)
@@ -345,14 +354,14 @@ static int tiled_launch(dim3 grid, cudaStream_t s, void *out, int odt, const flo
                                   cudaGetErrorString(e));
         }
     }
-    attn_tiled_kernel<D><<<grid, TL_WARPS * 32, smem, s>>>(out, odt, q, ldq, pool, tables, tab, pos, T, nh, nkv, hd,
-                                                           scale, group, gq, nsub, bq, only_runs);
+    attn_tiled_kernel<D><<<grid, TL_WARPS * 32, smem, s>>>(out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv,
+                                                           hd, scale, group, gq, nsub, bq, only_runs);
     return zs_launch_ok();
 }
 
-static int attn_tiled(void *out, int odt, const float *q, int ldq, const float *pool, const int32_t *tables,
-                      const int32_t *tab, const int32_t *pos, int T, int n_heads, int n_kv_heads, int hd,
-                      float scale, int only_runs, cudaStream_t s) {
+static int attn_tiled(void *out, int odt, const float *q, int ldq, const void *pool, int kdt,
+                      const int32_t *tables, const int32_t *tab, const int32_t *pos, int T, int n_heads,
+                      int n_kv_heads, int hd, float scale, int only_runs, cudaStream_t s) {
     int group = n_heads / n_kv_heads;
     int gq = group < TL_R ? group : TL_R; // query heads per block; a larger group is split
     int nsub = (group + gq - 1) / gq;
@@ -362,10 +371,10 @@ static int attn_tiled(void *out, int odt, const float *q, int ldq, const float *
         return zs_cuda_refuse("attention (tiled): %d kv heads x %d head subgroups = %lld blocks in grid y (limit 65535)",
                               n_kv_heads, nsub, gy);
     dim3 grid((unsigned)(((long long)T + bq - 1) / bq), (unsigned)gy);
-    if (hd <= 32) return tiled_launch<32>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
-    if (hd <= 64) return tiled_launch<64>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
-    if (hd <= 128) return tiled_launch<128>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
-    return tiled_launch<256>(grid, s, out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
+    if (hd <= 32) return tiled_launch<32>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
+    if (hd <= 64) return tiled_launch<64>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
+    if (hd <= 128) return tiled_launch<128>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
+    return tiled_launch<256>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
 }
 
 // ---- entry points ----
@@ -386,23 +395,31 @@ extern "C" const char *zs_cuda_attention_mode_name(int mode) {
     return mode == ZS_CUDA_ATTN_SIMPLE ? "simple" : mode == ZS_CUDA_ATTN_TILED ? "tiled" : "auto";
 }
 
-extern "C" int zs_cuda_attention_impl(int impl, void *out, int odt, const float *q, int ldq, const float *pool,
-                                      const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
-                                      int n_heads, int n_kv_heads, int hd, float scale, void *stream) {
+extern "C" int zs_cuda_attention_dt(int impl, void *out, int odt, const float *q, int ldq, const void *pool,
+                                    int kvdt, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                                    int n_heads, int n_kv_heads, int hd, float scale, void *stream) {
     if (T <= 0) return 0;
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || hd <= 0 || hd > 256)
         return zs_cuda_refuse("attention: %d heads / %d kv heads, head_dim %d (heads must be a multiple of kv heads, "
                               "head_dim 1..256)", n_heads, n_kv_heads, hd);
+    if (!kv_dt_ok(kvdt)) return zs_cuda_refuse("attention: KV cache element type %d (f32, f16 or bf16)", kvdt);
     cudaStream_t s = (cudaStream_t)stream;
     if (impl == ZS_CUDA_ATTN_SIMPLE)
-        return attn_simple(out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 0, s);
+        return attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 0, s);
     if (impl == ZS_CUDA_ATTN_TILED)
-        return attn_tiled(out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 0, s);
+        return attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 0, s);
     // auto: each token is exactly one kernel's (att_in_run decides the same way in both)
-    int rc = attn_simple(out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 1, s);
+    int rc = attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 1, s);
     if (rc == 0 && T > 1)
-        rc = attn_tiled(out, odt, q, ldq, pool, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 1, s);
+        rc = attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 1, s);
     return rc;
+}
+
+extern "C" int zs_cuda_attention_impl(int impl, void *out, int odt, const float *q, int ldq, const float *pool,
+                                      const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                                      int n_heads, int n_kv_heads, int hd, float scale, void *stream) {
+    return zs_cuda_attention_dt(impl, out, odt, q, ldq, pool, ZS_DT_F32, tables, tab, pos, T, n_heads, n_kv_heads,
+                                hd, scale, stream);
 }
 
 extern "C" int zs_cuda_attention(void *out, int odt, const float *q, int ldq, const float *pool,

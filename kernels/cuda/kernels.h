@@ -1,14 +1,16 @@
 /* kernels.h — the CUDA kernels of the forward pass behind a C API (no CUDA types: a stream is a
  * cudaStream_t passed as void*, NULL = the legacy default stream). Every pointer argument is
  * device memory unless it says otherwise. Storage dtypes are ZS_F32, ZS_F16 and ZS_BF16
- * (zs_dtype values); arithmetic is fp32. Each launcher returns 0, or -1 when the launch failed
+ * (zs_dtype values), and for weights the block formats where a function says so (embed.cu,
+ * matmul-quant.cu); arithmetic is fp32. Each launcher returns 0, or -1 when the launch failed
  * or an argument was refused; the reason (the CUDA error, read once with cudaGetLastError, or the
  * refused argument) is kept per thread and zs_cuda_take_error hands it over (zs_dev_error puts
  * it in the error message). Launchers are thread-safe; the work is ordered only by the stream.
  * One file per family: convert.cu (casts), embed.cu, norm.cu (RMSNorm, LayerNorm), rope.cu,
  * act.cu (GELU, SwiGLU, add, bias, softmax, argmax), attention.cu (paged KV store and causal
- * attention with GQA), backward.cu (the backward of all of these for training), launch.cu (the
- * per-thread launch error). */
+ * attention with GQA), matmul-quant.cu (products over ggml block weights, ZS_Q8_0 .. ZS_Q6_K),
+ * backward.cu (the backward of all of these for training), launch.cu (the per-thread launch
+ * error). */
 #ifndef ZS_CUDA_KERNELS_H
 #define ZS_CUDA_KERNELS_H
 
@@ -34,7 +36,8 @@ int zs_cuda_convert(void *dst, int ddt, const void *src, int sdt, size_t n, void
 int zs_cuda_read_probe(const void *src, size_t bytes, unsigned *sink, void *stream);
 
 /* embed.cu: out[t, :] = tok[ids[t], :] (+ pos_tab[pos[t], :] when pos_tab != NULL), as f32;
- * tables in dtype tdt / pdt, rows of d elements. */
+ * tables in dtype tdt / pdt, rows of d elements: f32/f16/bf16, or a block format (ZS_Q8_0 ..
+ * ZS_Q6_K; d whole blocks), dequantized with zs_to_f32's arithmetic (dequant.h). */
 int zs_cuda_embed(float *out, const void *tok, int tdt, const int32_t *ids, const void *pos_tab,
                   int pdt, const int32_t *pos, int T, int d, void *stream);
 
@@ -69,12 +72,15 @@ int zs_cuda_softmax(float *x, int R, int n, void *stream);
  * on the device. */
 int zs_cuda_argmax(int32_t *idx, const float *x, int R, int n, void *stream);
 
-/* attention.cu — the paged KV cache of one layer: pool is f32, block b holds K of 16 positions
- * at pool + (b*2)*16*kvd and V at pool + (b*2+1)*16*kvd (the host zs_kvcache layout).
- * kv_store writes k[t], v[t] (rows of kvd, row strides ldk/ldv) at pool + off[t] (the K row;
- * the V row is 16*kvd further). */
+/* attention.cu — the paged KV cache of one layer: pool holds elements of kvdt (ZS_F32, ZS_F16 or
+ * ZS_BF16), block b holds K of 16 positions at element (b*2)*16*kvd and V at (b*2+1)*16*kvd
+ * (the host zs_kvcache layout). kv_store writes k[t], v[t] (f32 rows of kvd, row strides
+ * ldk/ldv) at element off[t] of the pool (the K row; the V row is 16*kvd further), rounded to
+ * nearest even into a 16-bit kvdt (as the host's zs_kv_write). zs_cuda_kv_store is kvdt f32. */
 int zs_cuda_kv_store(float *pool, const float *k, int ldk, const float *v, int ldv,
                      const int64_t *off, int T, int kvd, void *stream);
+int zs_cuda_kv_store_dt(void *pool, int kvdt, const float *k, int ldk, const float *v, int ldv,
+                        const int64_t *off, int T, int kvd, void *stream);
 /* Causal attention over the cache for T query tokens: token t (query row q + t*ldq, n_heads
  * heads of hd) attends positions 0..pos[t] of its sequence, whose block table is
  * tables[tab[t] ...] (block ids); tokens with the same tab[t] are of one sequence (the batch
@@ -96,8 +102,29 @@ int zs_cuda_attention(void *out, int odt, const float *q, int ldq, const float *
 int zs_cuda_attention_impl(int impl, void *out, int odt, const float *q, int ldq, const float *pool,
                            const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
                            int n_heads, int n_kv_heads, int hd, float scale, void *stream);
+/* The same over a pool of kvdt elements (ZS_F32, ZS_F16, ZS_BF16; else -1 with the reason):
+ * each K/V value is widened to f32 as it is loaded (exactly), then the arithmetic is the f32
+ * pool's, so a 16-bit pool gives what an f32 pool of the widened values gives. */
+int zs_cuda_attention_dt(int impl, void *out, int odt, const float *q, int ldq, const void *pool, int kvdt,
+                         const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                         int n_heads, int n_kv_heads, int hd, float scale, void *stream);
 int zs_cuda_attention_mode(void);
 const char *zs_cuda_attention_mode_name(int mode); /* "auto", "simple", "tiled" */
+
+/* matmul-quant.cu — y = x . W^T over W[R, in] in a block format wdt (ZS_Q8_0, ZS_Q4_0, ZS_Q4_1,
+ * ZS_Q5_0, ZS_Q5_1: blocks of 32; ZS_Q4_K, ZS_Q6_K: super-blocks of 256; in whole blocks), the
+ * bytes as stored (tensor.h), rows of zs_dtype_bytes(wdt, in) bytes back to back at any byte
+ * alignment.
+ * zs_cuda_qgemv: the fused kernel for a few tokens (1 <= T <= ZS_CUDA_QGEMV_MAX_T): x [T, in] f32
+ * (row stride in), y[t*ldy + j] = dot(row j, x[t]) (+ beta * y[t*ldy + j], read only when beta
+ * != 0) for j < R, the bits of zs_op_matmul (the CPU kernel's order and dequantization; the same
+ * whatever T and whatever rows are in the call).
+ * zs_cuda_dequant: out [R, in] in odt (f32, f16, bf16; round to nearest even) = the weights as f32
+ * (zs_to_f32's values) rounded to odt: what prefill multiplies with cuBLAS. */
+#define ZS_CUDA_QGEMV_MAX_T 8
+int zs_cuda_qgemv(float *y, int ldy, const float *x, int T, int in, const void *W, int wdt, int R,
+                  float beta, void *stream);
+int zs_cuda_dequant(void *out, int odt, const void *W, int wdt, int R, int in, void *stream);
 
 /* backward.cu — the backward of the forward ops for training, matching the CPU ops of
  * kernels/cpu/train-ops.h (the reference: same formulas, same conventions). All f32. Gradients of

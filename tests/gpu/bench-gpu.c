@@ -8,7 +8,11 @@
  *   bf16 tensor-core peak measured with cublasGemmEx;
  *   the attention kernels alone (kernels/cuda/attention.cu) on a 2048-token prefill of the 8B
  *   shape (32 / 8 heads x 128): the simple and the tiled kernel, ms and TFLOP/s, and how far
- *   apart their outputs are (test-backend-ops checks both against the CPU).
+ *   apart their outputs are (test-backend-ops checks both against the CPU);
+ *   the block-format products alone (matmul-quant.cu through zs_dev_gemm) on the 8B MLP's
+ *   14336 x 4096 matrix in Q8_0, Q4_K and Q6_K: the fused decode kernel at T = 1 and 8 (GB/s of
+ *   weight bytes against the measured read bandwidth) and the bf16 prefill path at T = 512
+ *   (TFLOP/s against the measured bf16 peak).
  *
  *   bench-gpu mkmodel DIR [layers dim heads kv_heads ffn vocab]   writes a random bf16 Llama
  *       (default the 8B shape: 32 4096 32 8 14336 32000) fast: config and tokenizer from
@@ -254,6 +258,78 @@ static int bench_attention(json_t *j, int np) {
 #endif
 }
 
+/* The block-format products alone: random blocks (small f16 scales) of a 14336 x 4096 matrix;
+ * the median of 5 timed runs after a warm-up, each timed on the host around a device sync. */
+static int bench_qmatmul(json_t *j, double hbm, double peak) {
+#ifdef ZS_CUDA
+    int out = 14336, in = 4096, Ts[3] = {1, 8, 512};
+    zs_dtype dts[3] = {ZS_Q8_0, ZS_Q4_K, ZS_Q6_K};
+    zs_dev *d;
+    ZS_CHECK(zs_dev_open(0, &d));
+    size_t wmax = zs_dtype_bytes(ZS_Q8_0, (size_t)out * in);
+    uint8_t *hw = malloc(wmax);
+    float *hx = malloc((size_t)512 * in * 4);
+    void *W = zs_dev_alloc(d, wmax);
+    float *x = zs_dev_alloc(d, (size_t)512 * in * 4), *y = zs_dev_alloc(d, (size_t)512 * out * 4);
+    int rc = hw && hx && W && x && y ? 0 : zs_err(ZS_ENOMEM, "quantized matmul bench: out of memory");
+    uint64_t r = 987654321;
+    for (size_t i = 0; rc == 0 && i < (size_t)512 * in; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        hx[i] = (float)((r >> 40) & 0xffff) / 32768.0f - 1.0f;
+    }
+    if (rc == 0) rc = zs_dev_upload(d, x, hx, (size_t)512 * in * 4);
+    json_t *q = json_object();
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        zs_dtype dt = dts[k];
+        size_t wb = zs_dtype_bytes(dt, (size_t)out * in), bb = zs_dtype_size(dt);
+        for (size_t i = 0; i < wb; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            hw[i] = (uint8_t)(r >> 56);
+        }
+        uint16_t h = zs_f32_to_f16(0.001f);
+        for (size_t b = 0; b < wb / bb; b++) {
+            memcpy(hw + b * bb + (dt == ZS_Q6_K ? 208 : 0), &h, 2);
+            if (dt == ZS_Q4_K) memcpy(hw + b * bb + 2, &h, 2);
+        }
+        if ((rc = zs_dev_upload(d, W, hw, wb)) < 0) break;
+        for (int ti = 0; ti < 3 && rc == 0; ti++) {
+            int T = Ts[ti];
+            double tv[6];
+            for (int it = 0; it < 6 && rc == 0; it++) {
+                double t0 = zs_now();
+                rc = zs_dev_gemm(d, y, x, T, in, W, dt, out, 0.0f);
+                if (rc == 0) rc = zs_dev_sync(d);
+                tv[it] = zs_now() - t0;
+            }
+            if (rc < 0) break;
+            double t = median(tv + 1, 5);
+            char key[64];
+            if (T <= 8) {
+                printf("%s %dx%d T=%d (fused kernel): %8.1f us, %7.1f GB/s of weights (%.2f of the read bound)\n",
+                       zs_dtype_name(dt), out, in, T, t * 1e6, wb / t / 1e9, wb / t / 1e9 / hbm);
+                snprintf(key, sizeof key, "%s_t%d_gbps", zs_dtype_name(dt), T);
+                json_object_set_new(q, key, json_real(wb / t / 1e9));
+            } else {
+                double tf = 2.0 * T * (double)in * out / t / 1e12;
+                printf("%s %dx%d T=%d (bf16 cuBLAS): %8.1f us, %6.1f TFLOP/s (%.2f of the bf16 peak)\n",
+                       zs_dtype_name(dt), out, in, T, t * 1e6, tf, tf / peak);
+                snprintf(key, sizeof key, "%s_t%d_tflops", zs_dtype_name(dt), T);
+                json_object_set_new(q, key, json_real(tf));
+            }
+        }
+    }
+    json_object_set_new(j, "quant_matmul_14336x4096", q);
+    free(hw); free(hx);
+    zs_dev_free(d); /* the pool buffers go with it */
+    return rc;
+#else
+    (void)j;
+    (void)hbm;
+    (void)peak;
+    return 0;
+#endif
+}
+
 static int run(const char *dir, const char *out, int quick) {
     json_t *j = json_object();
     char name[256] = "";
@@ -277,6 +353,7 @@ static int run(const char *dir, const char *out, int quick) {
     json_object_set_new(j, "hbm_read_gbps", json_real(hbm));
     json_object_set_new(j, "bf16_gemm_tflops", json_real(peak));
     if ((rc = bench_attention(j, 2048)) < 0) return rc;
+    if ((rc = bench_qmatmul(j, hbm, peak)) < 0) return rc;
 
     /* --offload cpu: decode at batch 1, 8, 32, 128 */
     zs_engine *e;

@@ -1,0 +1,479 @@
+/* gguf-convert.c — Hugging Face checkpoint -> GGUF tensors and hyperparameters for llama.cpp: the
+ * tensor plan (names, types, sources from model.c's slot sources), llama-quantize's type rules,
+ * the metadata keys, and the data stream (chunks of rows converted on the CPU worker pool). See
+ * gguf-convert.h. */
+#include "gguf-convert.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "common.h"
+#include "model.h"
+#include "pool.h"
+#include "quant-mix.h"
+#include "safetensors.h"
+#include "tensor.h"
+
+typedef struct {
+    const zs_st_tensor *t;
+    int kind;       /* ZS_SRC_* */
+    int64_t col0;
+    int64_t n;      /* rows (2-D) or elements (1-D) this part gives */
+    int rope_heads; /* > 0: rows (elements) in rotate_half order of this many heads -> interleaved */
+} cv_part;
+
+typedef struct {
+    zs_gguf_conv_tensor pub;
+    cv_part part[3];
+    int n_parts;
+    int64_t rows, cols; /* rows x cols of row length cols (1-D: one row) */
+} cv_tensor;
+
+struct zs_gguf_conv {
+    char *dir;
+    zs_model_config cfg;
+    const char *arch;
+    zs_llama_ftype ftype;
+    zs_st_set *st;
+    cv_tensor *t;
+    size_t n, cap;
+};
+
+/* ---------------------------------------------------------------- file types */
+
+static const struct {
+    const char *name;
+    zs_llama_ftype f;
+} ftypes[] = {
+    {"f32", ZS_FTYPE_ALL_F32},     {"f16", ZS_FTYPE_MOSTLY_F16},   {"bf16", ZS_FTYPE_MOSTLY_BF16},
+    {"q8_0", ZS_FTYPE_MOSTLY_Q8_0}, {"q4_0", ZS_FTYPE_MOSTLY_Q4_0}, {"q4_1", ZS_FTYPE_MOSTLY_Q4_1},
+    {"q5_0", ZS_FTYPE_MOSTLY_Q5_0}, {"q5_1", ZS_FTYPE_MOSTLY_Q5_1}, {"q4_k_m", ZS_FTYPE_MOSTLY_Q4_K_M},
+};
+#define N_FTYPES (sizeof ftypes / sizeof ftypes[0])
+
+int zs_llama_ftype_parse(const char *name, zs_llama_ftype *out) {
+    for (size_t i = 0; name && i < N_FTYPES; i++)
+        if (!strcasecmp(name, ftypes[i].name)) {
+            *out = ftypes[i].f;
+            return 0;
+        }
+    return zs_err(ZS_EINVAL, "'%s' is not a GGUF file type (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k_m)",
+                  name ? name : "(null)");
+}
+
+const char *zs_llama_ftype_name(zs_llama_ftype f) {
+    for (size_t i = 0; i < N_FTYPES; i++)
+        if (ftypes[i].f == f) return ftypes[i].name;
+    return "?";
+}
+
+/* ---------------------------------------------------------------- types */
+
+static zs_dtype dtype_of(zs_ggml_type t) {
+    switch (t) {
+    case ZS_GGML_F32: return ZS_F32;
+    case ZS_GGML_F16: return ZS_F16;
+    case ZS_GGML_BF16: return ZS_BF16;
+    case ZS_GGML_Q8_0: return ZS_Q8_0;
+    case ZS_GGML_Q4_0: return ZS_Q4_0;
+    case ZS_GGML_Q4_1: return ZS_Q4_1;
+    case ZS_GGML_Q5_0: return ZS_Q5_0;
+    case ZS_GGML_Q5_1: return ZS_Q5_1;
+    case ZS_GGML_Q4_K: return ZS_Q4_K;
+    case ZS_GGML_Q6_K: return ZS_Q6_K;
+    default: return ZS_DTYPE_COUNT;
+    }
+}
+
+static int64_t blck(zs_ggml_type t) {
+    uint32_t b = 1;
+    zs_gguf_type_block((int)t, &b, NULL);
+    return b;
+}
+
+/* What a matrix is, for the type rules. */
+enum { M_TOKEN, M_OUTPUT, M_ATTN_V, M_FFN_DOWN, M_ATTN_QKV, M_OTHER, V_F32 /* 1-D or position table */ };
+
+static zs_ggml_type ggml_of(zs_dtype d) {
+    static const zs_ggml_type map[ZS_DTYPE_COUNT] = {
+        [ZS_F32] = ZS_GGML_F32,   [ZS_F16] = ZS_GGML_F16,   [ZS_BF16] = ZS_GGML_BF16, [ZS_Q8_0] = ZS_GGML_Q8_0,
+        [ZS_Q4_0] = ZS_GGML_Q4_0, [ZS_Q4_1] = ZS_GGML_Q4_1, [ZS_Q5_0] = ZS_GGML_Q5_0, [ZS_Q5_1] = ZS_GGML_Q5_1,
+        [ZS_Q4_K] = ZS_GGML_Q4_K, [ZS_Q6_K] = ZS_GGML_Q6_K,
+    };
+    return (unsigned)d < ZS_DTYPE_COUNT ? map[d] : ZS_GGML_TYPE_COUNT;
+}
+
+/* The type of a tensor (what: M_* / V_F32; layer: quant-mix.h's -1 embeddings, 0.. blocks,
+ * n_layers head; role: model.h's; cols: the row length). */
+static zs_ggml_type pick_type(const zs_gguf_conv *c, int what, int layer, int role, int64_t cols, const char **note) {
+    *note = NULL;
+    if (what == V_F32) return ZS_GGML_F32;
+    zs_llama_ftype f = c->ftype;
+    switch (f) {
+    case ZS_FTYPE_ALL_F32: return ZS_GGML_F32;
+    case ZS_FTYPE_MOSTLY_F16: return ZS_GGML_F16;
+    case ZS_FTYPE_MOSTLY_BF16: return ZS_GGML_BF16;
+    case ZS_FTYPE_MOSTLY_Q8_0: /* convert_hf_to_gguf.py: Q8_0, F16 for rows that are not whole blocks */
+        if (cols % 32) {
+            *note = "rows are not a multiple of 32: F16 (as convert_hf_to_gguf.py falls back)";
+            return ZS_GGML_F16;
+        }
+        return ZS_GGML_Q8_0;
+    case ZS_FTYPE_MOSTLY_Q4_K_M: { /* llama-quantize's mix, shared with the loader (quant-mix.h) */
+        unsigned fl = (c->cfg.tied_embeddings ? ZS_QMIX_TIED : 0) | (what == M_ATTN_QKV ? ZS_QMIX_FUSED_QKV : 0);
+        zs_ggml_type t = ggml_of(zs_quant_mix_q4_k_m(layer, role, c->cfg.n_layers, cols, fl));
+        int head = what == M_OUTPUT || (what == M_TOKEN && c->cfg.tied_embeddings);
+        if (t == ZS_GGML_F16) *note = "rows are not a multiple of 32: F16 (llama-quantize's last fallback)";
+        else if (t == ZS_GGML_Q5_0) *note = "rows are not a multiple of 256: Q5_0 instead of Q4_K (llama-quantize's fallback)";
+        else if (head) *note = t == ZS_GGML_Q6_K ? "the output tensor: Q6_K (Q4_K_M mix)"
+                                                 : "the output tensor: Q8_0 (Q4_K_M mix; rows are not a multiple of 256)";
+        else if (what == M_ATTN_QKV) *note = "fused attn_qkv: Q6_K (llama-quantize makes it Q5_K, which this build cannot make)";
+        else if (t == ZS_GGML_Q6_K) *note = "Q4_K_M mix: Q6_K in this layer";
+        else if (t == ZS_GGML_Q8_0) *note = "rows are not a multiple of 256: Q8_0 instead of Q6_K (llama-quantize's fallback)";
+        return t;
+    }
+    default: break;
+    }
+    zs_ggml_type t = f == ZS_FTYPE_MOSTLY_Q4_0 ? ZS_GGML_Q4_0 : f == ZS_FTYPE_MOSTLY_Q4_1 ? ZS_GGML_Q4_1
+                   : f == ZS_FTYPE_MOSTLY_Q5_0 ? ZS_GGML_Q5_0 : ZS_GGML_Q5_1;
+    if (what == M_OUTPUT || (what == M_TOKEN && c->cfg.tied_embeddings)) {
+        /* llama-quantize: the output tensor (a tied token table is it) gets Q6_K, Q8_0 when its rows are not 256s */
+        t = cols % 256 ? ZS_GGML_Q8_0 : ZS_GGML_Q6_K;
+        *note = cols % 256 ? "the output tensor: Q8_0 (rows are not a multiple of 256; llama-quantize's rule)"
+                           : "the output tensor: Q6_K (llama-quantize's rule)";
+    }
+    if (cols % blck(t)) {
+        t = ZS_GGML_F16;
+        *note = "rows are not a multiple of 32: F16 (llama-quantize refuses them; convert_hf_to_gguf.py's fallback)";
+    }
+    return t;
+}
+
+/* ---------------------------------------------------------------- the plan */
+
+static int add_tensor(zs_gguf_conv *c, zs_model *m, const char *name, int b, const int *roles, int n_roles,
+                      int what, int rope_heads) {
+    zs_slot_source src;
+    if (zs_model_slot_source(m, b, roles[0], &src) != 0) return 0; /* absent in this model */
+    if (c->n == c->cap) {
+        size_t nc = c->cap ? c->cap * 2 : 64;
+        cv_tensor *nt = realloc(c->t, nc * sizeof *nt);
+        if (!nt) return zs_err(ZS_ENOMEM, "out of memory");
+        c->t = nt;
+        c->cap = nc;
+    }
+    cv_tensor *t = &c->t[c->n];
+    memset(t, 0, sizeof *t);
+    snprintf(t->pub.name, sizeof t->pub.name, "%s", name);
+    const zs_slot *s0 = &zs_model_layout(m, b)->slot[roles[0]];
+    int two_d = s0->ndim == 2;
+    for (int k = 0; k < n_roles; k++) {
+        const zs_slot *s = &zs_model_layout(m, b)->slot[roles[k]];
+        if (k && zs_model_slot_source(m, b, roles[k], &src) != 0)
+            return zs_err(ZS_EINVAL, "%s: %s: a part is missing", c->dir, name);
+        cv_part *p = &t->part[k];
+        p->t = zs_st_find(c->st, src.name);
+        if (!p->t) return zs_err(ZS_ENOTFOUND, "%s: tensor '%s' not found", c->dir, src.name);
+        p->kind = src.kind;
+        p->col0 = src.col0;
+        p->n = s->shape[0];
+        p->rope_heads = rope_heads;
+        if (two_d) {
+            t->rows += s->shape[0];
+            t->cols = s->shape[1];
+        } else {
+            t->rows = 1;
+            t->cols += s->shape[0];
+        }
+    }
+    t->n_parts = n_roles;
+    t->pub.n_dims = two_d ? 2 : 1;
+    t->pub.ne[0] = t->cols;
+    t->pub.ne[1] = two_d ? t->rows : 1;
+    int mix_layer = b == zs_bucket_embed() ? -1 : b == zs_bucket_head(m) ? c->cfg.n_layers : b - 1;
+    t->pub.type = pick_type(c, two_d ? what : V_F32, mix_layer, roles[0], t->cols, &t->pub.note);
+    zs_dtype od = dtype_of(t->pub.type);
+    if (od == ZS_DTYPE_COUNT || (zs_dtype_is_quant(od) && !zs_dtype_can_quantize(od)))
+        return zs_err(ZS_EUNSUPPORTED, "%s: %s would be %s, which this build cannot quantize into", c->dir, name,
+                      zs_gguf_type_name((int)t->pub.type));
+    c->n++;
+    return 0;
+}
+
+static int plan(zs_gguf_conv *c, zs_model *m) {
+    const zs_model_config *g = &c->cfg;
+    int gpt2 = g->arch == ZS_ARCH_GPT2, perm = !strcmp(c->arch, "llama");
+    char nm[64];
+#define ADD(b, what, rope, ...)                                                                         \
+    do {                                                                                                \
+        const int roles_[] = {__VA_ARGS__};                                                             \
+        ZS_CHECK(add_tensor(c, m, nm, (b), roles_, (int)(sizeof roles_ / sizeof roles_[0]), (what), (rope))); \
+    } while (0)
+#define NAME(...) snprintf(nm, sizeof nm, __VA_ARGS__)
+    NAME("token_embd.weight");
+    ADD(0, M_TOKEN, 0, ZS_R_TOK_EMB);
+    NAME("position_embd.weight");
+    ADD(0, V_F32, 0, ZS_R_POS_EMB); /* GPT-2's learned positions: F32 (convert_hf_to_gguf.py) */
+    for (int l = 0; l < g->n_layers; l++) {
+        int b = zs_bucket_layer(l);
+        NAME("blk.%d.attn_norm.weight", l);
+        ADD(b, V_F32, 0, ZS_R_ATTN_NORM_W);
+        NAME("blk.%d.attn_norm.bias", l);
+        ADD(b, V_F32, 0, ZS_R_ATTN_NORM_B);
+        if (gpt2) {
+            NAME("blk.%d.attn_qkv.weight", l);
+            ADD(b, M_ATTN_QKV, 0, ZS_R_WQ, ZS_R_WK, ZS_R_WV);
+            NAME("blk.%d.attn_qkv.bias", l);
+            ADD(b, V_F32, 0, ZS_R_BQ, ZS_R_BK, ZS_R_BV);
+        } else {
+            NAME("blk.%d.attn_q.weight", l);
+            ADD(b, M_OTHER, perm ? g->n_heads : 0, ZS_R_WQ);
+            NAME("blk.%d.attn_k.weight", l);
+            ADD(b, M_OTHER, perm ? g->n_kv_heads : 0, ZS_R_WK);
+            NAME("blk.%d.attn_v.weight", l);
+            ADD(b, M_ATTN_V, 0, ZS_R_WV);
+            NAME("blk.%d.attn_q.bias", l);
+            ADD(b, V_F32, perm ? g->n_heads : 0, ZS_R_BQ);
+            NAME("blk.%d.attn_k.bias", l);
+            ADD(b, V_F32, perm ? g->n_kv_heads : 0, ZS_R_BK);
+            NAME("blk.%d.attn_v.bias", l);
+            ADD(b, V_F32, 0, ZS_R_BV);
+        }
+        NAME("blk.%d.attn_output.weight", l);
+        ADD(b, M_OTHER, 0, ZS_R_WO);
+        NAME("blk.%d.attn_output.bias", l);
+        ADD(b, V_F32, 0, ZS_R_BO);
+        NAME("blk.%d.ffn_norm.weight", l);
+        ADD(b, V_F32, 0, ZS_R_FFN_NORM_W);
+        NAME("blk.%d.ffn_norm.bias", l);
+        ADD(b, V_F32, 0, ZS_R_FFN_NORM_B);
+        NAME("blk.%d.ffn_gate.weight", l);
+        ADD(b, M_OTHER, 0, ZS_R_W_GATE);
+        NAME("blk.%d.ffn_up.weight", l);
+        ADD(b, M_OTHER, 0, ZS_R_W_UP);
+        NAME("blk.%d.ffn_up.bias", l);
+        ADD(b, V_F32, 0, ZS_R_B_UP);
+        NAME("blk.%d.ffn_down.weight", l);
+        ADD(b, M_FFN_DOWN, 0, ZS_R_W_DOWN);
+        NAME("blk.%d.ffn_down.bias", l);
+        ADD(b, V_F32, 0, ZS_R_B_DOWN);
+    }
+    int h = zs_bucket_head(m);
+    NAME("output_norm.weight");
+    ADD(h, V_F32, 0, ZS_R_OUT_NORM_W);
+    NAME("output_norm.bias");
+    ADD(h, V_F32, 0, ZS_R_OUT_NORM_B);
+    NAME("output.weight");
+    ADD(h, M_OUTPUT, 0, ZS_R_LM_HEAD);
+#undef ADD
+#undef NAME
+    return 0;
+}
+
+int zs_gguf_conv_open(const char *dir, zs_llama_ftype ftype, zs_gguf_conv **out) {
+    if (!dir || !out) return zs_err(ZS_EINVAL, "zs_gguf_conv_open: NULL argument");
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return zs_err(ZS_ENOTFOUND, "%s: no such model directory", dir);
+    if (!S_ISDIR(sb.st_mode))
+        return zs_err(ZS_EUNSUPPORTED, "%s: not a directory (convert reads a Hugging Face model directory: config.json, "
+                      "*.safetensors, tokenizer.json)", dir);
+    if (!strcmp(zs_llama_ftype_name(ftype), "?")) return zs_err(ZS_EINVAL, "convert: unknown file type %d", (int)ftype);
+    zs_gguf_conv *c = calloc(1, sizeof *c);
+    if (!c) return zs_err(ZS_ENOMEM, "out of memory");
+    c->ftype = ftype;
+    zs_model *m = NULL;
+    zs_model_opts o;
+    zs_model_opts_default(&o);
+    o.weight_dtype = ZS_F32; /* only the validation and the slot sources are used */
+    int rc = (c->dir = strdup(dir)) ? 0 : zs_err(ZS_ENOMEM, "out of memory");
+    if (rc == 0) rc = zs_model_open(dir, &o, &m);
+    if (rc == 0) {
+        c->cfg = *zs_model_config_get(m);
+        c->arch = c->cfg.arch == ZS_ARCH_GPT2 ? "gpt2" : !strcmp(c->cfg.arch_name, "Qwen2ForCausalLM") ? "qwen2" : "llama";
+        zs_model_close_checkpoint(m);
+        if (c->cfg.arch == ZS_ARCH_LLAMA && c->cfg.mlp_bias)
+            rc = zs_err(ZS_EUNSUPPORTED, "%s: MLP biases (mlp_bias) cannot be converted yet: zeroserve's GGUF reader "
+                        "does not read them back", dir);
+    }
+    if (rc == 0) rc = zs_st_open_dir(dir, &c->st);
+    if (rc == 0) rc = plan(c, m);
+    zs_model_free(m);
+    if (rc < 0) {
+        zs_gguf_conv_close(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void zs_gguf_conv_close(zs_gguf_conv *c) {
+    if (!c) return;
+    zs_st_close(c->st);
+    free(c->t);
+    free(c->dir);
+    free(c);
+}
+
+const zs_model_config *zs_gguf_conv_config(const zs_gguf_conv *c) { return &c->cfg; }
+const char *zs_gguf_conv_arch(const zs_gguf_conv *c) { return c->arch; }
+size_t zs_gguf_conv_count(const zs_gguf_conv *c) { return c->n; }
+const zs_gguf_conv_tensor *zs_gguf_conv_at(const zs_gguf_conv *c, size_t i) { return i < c->n ? &c->t[i].pub : NULL; }
+
+uint64_t zs_gguf_conv_data_bytes(const zs_gguf_conv *c) {
+    uint64_t s = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        size_t b = 0;
+        zs_gguf_tensor_nbytes((int)c->t[i].pub.type, c->t[i].pub.n_dims, c->t[i].pub.ne, &b);
+        s += b;
+    }
+    return s;
+}
+
+/* ---------------------------------------------------------------- metadata */
+
+int zs_gguf_conv_put_meta(const zs_gguf_conv *c, zs_gguf_writer *w, const char *name) {
+    const zs_model_config *g = &c->cfg;
+    const char *a = c->arch;
+    char base[256];
+    if (!name) {
+        size_t l = strlen(c->dir);
+        while (l > 1 && c->dir[l - 1] == '/') l--;
+        size_t s = l;
+        while (s > 0 && c->dir[s - 1] != '/') s--;
+        snprintf(base, sizeof base, "%.*s", (int)(l - s), c->dir + s);
+        name = base;
+    }
+    char k[128];
+#define K(key) (snprintf(k, sizeof k, "%s." key, a), k)
+    ZS_CHECK(zs_gguf_writer_kv_str(w, "general.architecture", a));
+    ZS_CHECK(zs_gguf_writer_kv_str(w, "general.type", "model"));
+    ZS_CHECK(zs_gguf_writer_kv_str(w, "general.name", name));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, "general.file_type", (uint32_t)c->ftype));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, "general.quantization_version", 2));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, "general.alignment", ZS_GGUF_DEFAULT_ALIGNMENT));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("block_count"), (uint32_t)g->n_layers));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("context_length"), (uint32_t)g->max_seq));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("embedding_length"), (uint32_t)g->dim));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("feed_forward_length"), (uint32_t)g->ffn_dim));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.head_count"), (uint32_t)g->n_heads));
+    if (g->arch == ZS_ARCH_GPT2) {
+        ZS_CHECK(zs_gguf_writer_kv_f32(w, K("attention.layer_norm_epsilon"), g->norm_eps));
+        return 0;
+    }
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.head_count_kv"), (uint32_t)g->n_kv_heads));
+    ZS_CHECK(zs_gguf_writer_kv_f32(w, K("rope.freq_base"), g->rope_theta));
+    ZS_CHECK(zs_gguf_writer_kv_f32(w, K("attention.layer_norm_rms_epsilon"), g->norm_eps));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.key_length"), (uint32_t)g->head_dim));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.value_length"), (uint32_t)g->head_dim));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("rope.dimension_count"), (uint32_t)g->head_dim));
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("vocab_size"), (uint32_t)g->vocab_size));
+#undef K
+    return 0;
+}
+
+/* ---------------------------------------------------------------- data */
+
+/* Hugging Face row (or element) of interleaved row o: per head, pairs (i, i + hd/2) become
+ * (2i, 2i + 1) (LlamaModel.permute). */
+static int64_t rope_src(int64_t o, int64_t n, int heads) {
+    int64_t hd = n / heads, half = hd / 2, hb = o - o % hd, k = o % hd;
+    return hb + (k % 2) * half + k / 2;
+}
+
+static void part_row(const cv_part *p, int64_t r, int64_t cols, float *dst) {
+    const zs_st_tensor *t = p->t;
+    size_t es = zs_dtype_size(t->dtype);
+    const char *d = t->data;
+    if (p->kind == ZS_SRC_TRANSPOSE_COLS) { /* column col0 + r of an [in, tcols] Conv1D weight */
+        int64_t tc = t->shape[1];
+        for (int64_t i = 0; i < cols; i++) zs_to_f32(&dst[i], d + (size_t)(i * tc + p->col0 + r) * es, t->dtype, 1);
+        return;
+    }
+    int64_t rr = p->rope_heads ? rope_src(r, p->n, p->rope_heads) : r;
+    zs_to_f32(dst, d + (size_t)(rr * cols) * es, t->dtype, (size_t)cols);
+}
+
+static void part_vec(const cv_part *p, float *dst) {
+    const zs_st_tensor *t = p->t;
+    size_t es = zs_dtype_size(t->dtype);
+    const char *d = (const char *)t->data + (p->kind == ZS_SRC_VEC_SLICE ? (size_t)p->col0 * es : 0);
+    if (!p->rope_heads) {
+        zs_to_f32(dst, d, t->dtype, (size_t)p->n);
+        return;
+    }
+    for (int64_t o = 0; o < p->n; o++) zs_to_f32(&dst[o], d + (size_t)rope_src(o, p->n, p->rope_heads) * es, t->dtype, 1);
+}
+
+/* One chunk of rows [r0, r0 + n) of a matrix, converted by the worker pool: task i reads row
+ * r0 + i into its own f32 slice and writes its own output row (rows are independent, so the bytes
+ * do not depend on the thread count). */
+typedef struct {
+    const cv_tensor *t;
+    int64_t r0;
+    float *f;     /* [n][cols] */
+    char *o;      /* [n][rb] */
+    size_t rb;
+    zs_dtype od;
+} cv_chunk;
+
+static void row_task(void *arg, int task) {
+    const cv_chunk *j = arg;
+    const cv_tensor *t = j->t;
+    int64_t r = j->r0 + task;
+    const cv_part *p = t->part;
+    while (r >= p->n) r -= p->n, p++; /* GPT-2's attn_qkv: rows of q, then k, then v */
+    float *f = j->f + (size_t)task * (size_t)t->cols;
+    part_row(p, r, t->cols, f);
+    zs_convert(j->o + (size_t)task * j->rb, j->od, f, ZS_F32, (size_t)t->cols); /* quantizes into a block format */
+}
+
+static int put_one(zs_gguf_writer *w, const cv_tensor *t, float *f, char *obuf, size_t fcap) {
+    zs_dtype od = dtype_of(t->pub.type);
+    size_t rb = 0;
+    int64_t one = t->cols;
+    ZS_CHECK(zs_gguf_tensor_nbytes((int)t->pub.type, 1, &one, &rb));
+    if (t->pub.n_dims == 1) {
+        float *v = f;
+        for (int k = 0; k < t->n_parts; k++) {
+            part_vec(&t->part[k], v);
+            v += t->part[k].n;
+        }
+        zs_convert(obuf, od, f, ZS_F32, (size_t)t->cols);
+        return zs_gguf_writer_write(w, obuf, rb);
+    }
+    int64_t per = ZS_MAX((int64_t)1, (int64_t)(fcap / ((size_t)t->cols * sizeof(float))));
+    for (int64_t r0 = 0; r0 < t->rows; r0 += per) {
+        int n = (int)ZS_MIN(per, t->rows - r0);
+        cv_chunk j = {t, r0, f, obuf, rb, od};
+        zs_pool_run(row_task, &j, n);
+        ZS_CHECK(zs_gguf_writer_write(w, obuf, (size_t)n * rb));
+    }
+    return 0;
+}
+
+int zs_gguf_conv_put_tensors(zs_gguf_conv *c, zs_gguf_writer *w) {
+    for (size_t i = 0; i < c->n; i++)
+        ZS_CHECK(zs_gguf_writer_add_tensor(w, c->t[i].pub.name, c->t[i].pub.type, c->t[i].pub.n_dims, c->t[i].pub.ne));
+    /* a chunk of rows: 8 MiB of f32 (at least one row, or one whole 1-D tensor) and its output */
+    int64_t maxc = 1;
+    for (size_t i = 0; i < c->n; i++) maxc = ZS_MAX(maxc, c->t[i].cols);
+    size_t fcap = ZS_MAX((size_t)8 << 20, (size_t)maxc * sizeof(float));
+    float *f = malloc(fcap);
+    char *obuf = malloc(fcap); /* no output type takes more than 4 bytes a value */
+    int rc = f && obuf ? 0 : zs_err(ZS_ENOMEM, "out of memory for the conversion buffers (%zu bytes)", 2 * fcap);
+    for (size_t i = 0; rc == 0 && i < c->n; i++) {
+        const cv_tensor *t = &c->t[i];
+        rc = put_one(w, t, f, obuf, fcap);
+        if (rc < 0) zs_err_prefix(rc, "while writing %s", t->pub.name);
+        for (int k = 0; k < t->n_parts; k++) zs_st_release(c->st, t->part[k].t); /* its pages are not needed again */
+        zs_log_debug("convert: %-28s %-5s [%lld, %lld]%s%s", t->pub.name, zs_gguf_type_name((int)t->pub.type),
+                     (long long)t->pub.ne[0], (long long)t->pub.ne[1], t->pub.note ? " — " : "",
+                     t->pub.note ? t->pub.note : "");
+    }
+    free(f);
+    free(obuf);
+    return rc;
+}

@@ -1,0 +1,45 @@
+/* quant-mix.h — per-tensor block formats of llama.cpp's mixed quantization types: which dtype
+ * each matrix of a model gets under Q4_K_M (llama-quantize's LLAMA_FTYPE_MOSTLY_Q4_K_M without an
+ * importance matrix, llama_tensor_get_type). Used by the loader (--weight-dtype q4_k_m, model.c)
+ * and by whoever writes such a GGUF file, so both make the same choice for every tensor.
+ * Pure functions of their arguments, thread-safe. */
+#ifndef ZS_QUANT_MIX_H
+#define ZS_QUANT_MIX_H
+
+#include <stdint.h>
+
+#include "tensor.h"
+
+/* zs_model_opts.quant_mix: none, or the Q4_K_M mix (with weight_dtype ZS_Q4_K) */
+enum { ZS_QUANT_MIX_NONE = 0, ZS_QUANT_MIX_Q4_K_M = 1 };
+
+/* flags of zs_quant_mix_q4_k_m */
+enum {
+    ZS_QMIX_TIED = 1,      /* the token table is also the LM head (there is no output.weight) */
+    ZS_QMIX_FUSED_QKV = 2, /* Q, K and V are one tensor in the file (GPT-2's attn_qkv) */
+};
+
+/* llama.cpp's use_more_bits(i, n): layer i of n gets more bits under the _M mixes — the first
+ * eighth, the last eighth, and every third layer between: i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2
+ * (integer division) */
+int zs_quant_mix_more_bits(int layer, int n_layers);
+
+/* The dtype of one tensor under Q4_K_M. The tensor is named by model.h's role in its bucket:
+ * layer -1 the embedding bucket (ZS_R_TOK_EMB, ZS_R_POS_EMB), 0..n_layers-1 a transformer block
+ * (ZS_R_WQ .. ZS_R_B_DOWN), n_layers the head bucket (ZS_R_OUT_NORM_W/B, ZS_R_LM_HEAD); row_len
+ * is its row length (GGUF ne[0]; the `in` of an [out, in] matrix). The choice, as llama.cpp's:
+ *   - LM head (output.weight), and the token table of a tied model: Q6_K (Q8_0 when row_len is
+ *     not a multiple of 256; F16 when not even of 32, where llama-quantize gives up);
+ *   - attention V (attn_v) and FFN down (ffn_down): Q6_K in the layers zs_quant_mix_more_bits
+ *     picks, Q4_K in the others;
+ *   - GPT-2's fused attn_qkv (ZS_QMIX_FUSED_QKV: its Q, K and V roles): llama.cpp makes it Q5_K,
+ *     which the engine does not have; here Q6_K (more bits, as llama.cpp intends);
+ *   - every other matrix (attn_q, attn_k, attn_output, ffn_gate, ffn_up, an untied token_embd): Q4_K;
+ *   - rows that are not a multiple of 256 fall back as llama-quantize does: Q4_K -> Q5_0,
+ *     Q6_K -> Q8_0, and F16 when row_len is not a multiple of 32 either;
+ *   - not quantized (norms, biases, GPT-2's position table, llama.cpp's pos_embd): ZS_F32.
+ * Not covered (no such models here): llama.cpp's 70B rule (attn_v Q5_K), the 8-expert MoE rules,
+ * Falcon's. ZS_DTYPE_COUNT for a role or layer outside those ranges. */
+zs_dtype zs_quant_mix_q4_k_m(int layer, int role, int n_layers, int64_t row_len, unsigned flags);
+
+#endif
