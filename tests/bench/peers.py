@@ -147,6 +147,7 @@ def main():
             for dt in ("bf16", "q4_0"):
                 if dt not in files:
                     continue
+                os.makedirs(os.path.join(nv, dt), exist_ok=True)
                 x = run_zs(files[dt], 16, 8, a.kv, a.threads,
                            ("--offload", "nvme", "--nvme-path", os.path.join(nv, dt), "--max-live-bytes", live))
                 out.setdefault(dt, []).append(x["decode_tok_s"])
