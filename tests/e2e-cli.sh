@@ -39,7 +39,7 @@ $Z init-model --arch llama --layers 3 --dim 64 --heads 4 --kv-heads 2 --ffn 96 -
 check "init-model is deterministic" 'cmp -s "$T/l/model.safetensors" "$T/l2/model.safetensors"'
 check "bench runs" '$Z bench --model "$T/l" --runs 1 --prefill 8 --decode 4 --json "$T/b.json" >/dev/null 2>&1 && grep -q decode_tok_s "$T/b.json"'
 mkdir -p "$T/nv"
-check "bench --offload nvme runs" '$Z bench --model "$T/l" --runs 1 --decode 4 --offload nvme --nvme-path "$T/nv" --ranks 2 >"$T/bo" 2>&1 && grep -q "overlap figure" "$T/bo"'
+check "bench --offload nvme runs (and writes --json)" '$Z bench --model "$T/l" --runs 1 --decode 4 --offload nvme --nvme-path "$T/nv" --ranks 2 --json "$T/bo.json" >"$T/bo" 2>&1 && grep -q "overlap figure" "$T/bo" && grep -q "\"overlap\"" "$T/bo.json"'
 
 echo '{"zero_optimization":{"stage":3,"offload_param":{"device":"cpu"},"bogus_key":1},"steps_per_print":10}' > "$T/ok.json"
 $Z generate --model "$M" --prompt hi --max-tokens 3 --config "$T/ok.json" --ranks 2 >/dev/null 2>"$T/err"; rc=$?

@@ -83,6 +83,8 @@ int zs_bench_offload(const zs_bench_opts *o) {
     ZS_CHECK(zs_engine_open(&o->engine, &e));
     zs_model *m = zs_engine_model(e);
     const zs_model_config *c = zs_model_config_get(m);
+    char arch[64]; /* kept: the engine (and its config) is freed before the JSON is written */
+    snprintf(arch, sizeof arch, "%s", c->arch_name);
     /* bytes one pass streams from the tier, all ranks together */
     int order[1100], n_order = zs_model_pass_order(m, order);
     double pass_bytes = 0;
@@ -133,16 +135,18 @@ int zs_bench_offload(const zs_bench_opts *o) {
     printf("%-44s %8.1f ms  (%.3f GB/s)\n", "I/O-only pass:", io_pass * 1e3, pass_bytes / io_pass / 1e9);
     printf("%-44s %8.1f ms\n", "compute-only step (resident, 1 rank):", comp * 1e3);
     printf("%-44s %8.2f  (step / max(I/O-only, compute-only))\n", "overlap figure:", overlap);
+    rc = 0;
     if (o->json_out) {
-        json_t *j = json_pack("{s:s, s:i, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i}", "model", c->arch_name,
+        json_t *j = json_pack("{s:s, s:i, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i}", "model", arch,
                               "ranks", ranks, "offload", zs_offload_name(tier), "bound_gbps", bound,
                               "stream_gbps", stream, "stream_ratio", stream / bound, "decode_tok_s", dec,
                               "io_pass_s", io_pass, "compute_step_s", comp, "overlap", overlap, "runs", runs);
         if (j && json_dump_file(j, o->json_out, JSON_INDENT(2)) != 0) rc = zs_err(ZS_EIO, "bench: cannot write %s", o->json_out);
+        if (!j) rc = zs_err(ZS_ENOMEM, "bench: cannot build the JSON figures");
         json_decref(j);
     }
     free(b);
-    return 0;
+    return rc;
 fail:
     free(b);
     zs_engine_free(e);
