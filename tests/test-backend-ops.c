@@ -39,6 +39,7 @@ int main(void) {
 #include "device.h"
 #include "kernels/cuda/kernels.h"
 #include "ops.h"
+#include "matmul-q8act.h"
 #include "tensor.h"
 #include "train-ops.h"
 
@@ -1051,6 +1052,9 @@ static void test_matmul_bwd(void) {
 }
 
 int main(void) {
+    /* the CUDA kernels reproduce the CPU's exact f32-activation path (matmul-q8act.h), not its
+     * default 8-bit-activation one */
+    zs_op_matmul_quant_act(ZS_QUANT_ACT_F32);
     if (zs_backend_cuda_devices() == 0) {
         fprintf(stderr, "test-backend-ops: no CUDA device visible; skipping\n");
         return 77;

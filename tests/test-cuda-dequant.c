@@ -19,6 +19,7 @@
 #include "common.h"
 #include "kernels/cuda/dequant.h"
 #include "ops.h"
+#include "matmul-q8act.h"
 #include "tensor.h"
 #include "testutil.h"
 
@@ -149,6 +150,9 @@ static void check_format(zs_dtype dt, int in, int R) {
 }
 
 int main(void) {
+    /* the CUDA kernels reproduce the CPU's exact f32-activation path (matmul-q8act.h), not its
+     * default 8-bit-activation one */
+    zs_op_matmul_quant_act(ZS_QUANT_ACT_F32);
     for (int q = 0; q < NQF; q++) {
         int k = zs_dtype_block(QF[q]) == ZS_QK_K;
         check_format(QF[q], k ? 256 : 32, 5);    /* one block per row, fewer rows than a kernel block */

@@ -18,6 +18,7 @@
 #include "common.h"
 #include "device.h"
 #include "engine.h"
+#include "matmul-q8act.h"
 #include "../testutil.h"
 
 typedef struct {
@@ -207,6 +208,9 @@ static void run_model(const char *name) {
 }
 
 int main(int argc, char **argv) {
+    /* the CUDA kernels reproduce the CPU's exact f32-activation path (matmul-q8act.h), not its
+     * default 8-bit-activation one */
+    zs_op_matmul_quant_act(ZS_QUANT_ACT_F32);
     if (zs_backend_cuda_devices() == 0) {
         fprintf(stderr, "e2e-gpu: no CUDA device visible (built with CUDA: %d); skipping\n", zs_backend_cuda_built());
         return 77;
