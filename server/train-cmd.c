@@ -118,6 +118,8 @@ int zs_cmd_train(int argc, char **argv) {
     zs_engine_opts_default(&eo);
     eo.max_seqs = 1;
     ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
+    if (eo.kv_dtype != ZS_F32) /* training's attention keeps its own f32 activations, no KV cache */
+        return zs_err(ZS_EINVAL, "--kv-dtype %s: training uses no KV cache (only f32 is accepted)", ef.kv_dtype);
     eo.model.embed_lookup = 0; /* a training engine: every table sharded (model.h) */
     eo.spmd = 1; /* under mpirun every process trains its ranks' share of every step */
     zs_engine *e;

@@ -58,6 +58,9 @@ check "bench --kv-dtype f16 runs" '$Z bench --model "$T/l" --runs 1 --prefill 8 
 check "serve lists --kv-dtype" '$Z serve --help 2>&1 | grep -q -- "--kv-dtype"'
 $Z generate --model "$M" --prompt hi --kv-dtype q8_0 >/dev/null 2>"$T/err"; rc=$?
 check "--kv-dtype q8_0 is refused by name" '[ $rc = 1 ] && grep -q -- "--kv-dtype: .q8_0. is not one of f32, f16, bf16" "$T/err"'
+echo '{"text":"Once upon a time"}' >"$T/d.jsonl"
+$Z train --model "$M" --data "$T/d.jsonl" --out "$T/tr" --steps 1 --kv-dtype f16 >/dev/null 2>"$T/err"; rc=$?
+check "train refuses --kv-dtype f16 (no KV cache in training)" '[ $rc = 1 ] && grep -q "training uses no KV cache" "$T/err" && [ ! -e "$T/tr" ]'
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
