@@ -428,6 +428,8 @@ static int add_chat(load_ctx *c, const json_t *msgs, long line) {
         break;
     case ZS_CHAT_LLAMA3: closing = "<|eot_id|>"; break;
     case ZS_CHAT_CHATML: closing = "<|im_end|>"; break;
+    case ZS_CHAT_GEMMA: closing = "<end_of_turn>"; break;
+    case ZS_CHAT_PHI3: closing = "<|end|>"; break;
     default: break;
     }
     size_t rlen = strlen(r), mlen = strlen(marker), clen = strlen(closing);

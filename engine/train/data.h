@@ -22,7 +22,7 @@
  *               tokenizer's bos/eos pieces) and encoded as one string (add_special only when the
  *               template does not write BOS itself). The loss covers each assistant turn: its
  *               content plus the template's end of turn (" </s>" llama-2, "<|eot_id|>" llama-3,
- *               "<|im_end|>" chatml); the plain template has no end-of-turn token, so the EOS id
+ *               "<|im_end|>" chatml, "<end_of_turn>" gemma, "<|end|>" phi3); the plain template has no end-of-turn token, so the EOS id
  *               is inserted after each assistant content (before the "\n") and counted.
  *   A token that straddles a boundary between prompt and answer text counts as the answer's.
  *   Boundaries are found by encoding the text up to each one (exact for every tokenizer); this
