@@ -8,6 +8,7 @@
 #include <sys/time.h>
 
 #include "common.h"
+#include "init-model.h"
 #include "config.h"
 #include "safetensors.h"
 #include "tensor.h"
@@ -597,9 +598,9 @@ static void test_config(void) {
     CHECK(rc == ZS_ENOTFOUND, "rc %d", rc);
     CHECK_ERR(rc, "config.json", "intermediate_size", "missing");
     rc = zs_config_parse("{\"architectures\": [\"LlamaForCausalLM\"], " LLAMA_BASE
-                         ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}}", o, &c);
+                         ", \"rope_scaling\": {\"type\": \"mrope\", \"factor\": 2.0}}", o, &c);
     CHECK(rc == ZS_EUNSUPPORTED, "rc %d", rc);
-    CHECK_ERR(rc, "config.json", "rope_scaling");
+    CHECK_ERR(rc, "config.json", "rope_scaling", "mrope");
     rc = zs_config_parse("{\"architectures\": [\"LlamaForCausalLM\"], " LLAMA_BASE
                          ", \"rms_norm_eps\": \"1e-5\"}", o, &c);
     CHECK_ERR(rc, "config.json", "rms_norm_eps", "number");
@@ -689,6 +690,101 @@ static void test_config(void) {
     CHECK(stat(p, &st) != 0, "no tmp left");
 }
 
+/* The newer families' config.json: what each key turns into, the defaults of transformers' config
+ * classes, and the combinations that are refused with the key named. */
+#define FAM(arch, extra) "{\"architectures\": [\"" arch "\"], " LLAMA_BASE extra "}"
+static void test_config_families(void) {
+    zs_model_config c;
+    const char *o = "x/config.json";
+    /* Llama 3.1 rope_scaling, the newer key name and the older 'type' */
+    CHECK(zs_config_parse(FAM("LlamaForCausalLM", ", \"max_position_embeddings\": 131072, \"rope_theta\": 500000.0, "
+                              "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                              "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}"), o, &c) == 0,
+          "llama3: %s", zs_errmsg());
+    CHECK(c.rope.type == ZS_ROPE_LLAMA3 && c.rope.factor == 8 && c.rope.orig_max_pos == 8192 && c.max_seq == 131072 &&
+          c.rope_theta == 500000.0f, "llama3 fields");
+    CHECK(zs_config_parse(FAM("LlamaForCausalLM", ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}, "
+                              "\"max_position_embeddings\": 4096"), o, &c) == 0, "dynamic: %s", zs_errmsg());
+    CHECK(c.rope.type == ZS_ROPE_DYNAMIC && c.rope.orig_max_pos == 4096 && c.max_seq == 8192,
+          "dynamic: the base grows past 4096, the context is 8192 (%d)", c.max_seq);
+    CHECK(zs_config_parse(FAM("Qwen2ForCausalLM", ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, "
+                              "\"original_max_position_embeddings\": 32768}"), o, &c) == 0, "qwen2 yarn: %s", zs_errmsg());
+    CHECK(c.rope.type == ZS_ROPE_YARN && c.rope.truncate == 1 && c.qkv_bias && !c.o_bias, "qwen2 yarn");
+    CHECK(zs_config_parse(FAM("LlamaForCausalLM", ", \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2.0, "
+                              "\"rope_theta\": 20000.0}"), o, &c) == 0 && c.rope.type == ZS_ROPE_LINEAR &&
+          c.rope_theta == 20000.0f, "rope_parameters: %s", zs_errmsg());
+    /* Qwen3: head_dim of its own (128 when absent), q/k norms */
+    CHECK(zs_config_parse(FAM("Qwen3ForCausalLM", ""), o, &c) == 0, "qwen3: %s", zs_errmsg());
+    CHECK(c.family == ZS_FAM_QWEN3 && c.qk_norm && c.head_dim == 128 && !c.qkv_bias && !c.sliding_window, "qwen3 fields");
+    /* Gemma 2: every piece, the alternating layers; nulls turn the soft-caps off */
+    CHECK(zs_config_parse(FAM("Gemma2ForCausalLM", ", \"max_position_embeddings\": 8192, \"head_dim\": 16"), o, &c) == 0,
+          "gemma2: %s", zs_errmsg());
+    CHECK(c.norm_offset == 1 && c.post_norms && c.act == 1 && c.tied_embeddings && c.attn_softcap == 50 &&
+          c.final_softcap == 30 && c.query_pre_attn_scalar == 256 && c.sliding_window == 4096 &&
+          c.embed_scale == 8.0f && c.layer_sliding[0] == 1 && c.layer_sliding[1] == 0, "gemma2 fields");
+    CHECK(zs_config_parse(FAM("Gemma2ForCausalLM", ", \"head_dim\": 16, \"attn_logit_softcapping\": null, "
+                              "\"final_logit_softcapping\": null, \"sliding_window\": 32"), o, &c) == 0 &&
+          c.attn_softcap == 0 && c.final_softcap == 0 && c.sliding_window == 32, "gemma2 nulls");
+    CHECK_ERR(zs_config_parse(FAM("Gemma2ForCausalLM", ", \"hidden_activation\": \"relu\""), o, &c), "hidden_activation", "relu");
+    /* Gemma 3: the 5:1 pattern over 2 layers, local RoPE base, q/k norms */
+    CHECK(zs_config_parse(FAM("Gemma3ForCausalLM", ", \"head_dim\": 16, \"sliding_window\": 64"), o, &c) == 0,
+          "gemma3: %s", zs_errmsg());
+    CHECK(c.qk_norm && c.rope_local_theta == 10000.0f && c.rope_theta == 1000000.0f && c.attn_softcap == 0 &&
+          c.layer_sliding[0] && c.layer_sliding[1], "gemma3 fields (layers 0 and 1 of a 6-pattern are local)");
+    CHECK(zs_config_parse(FAM("Gemma3ForCausalLM", ", \"head_dim\": 16, \"sliding_window\": 64, \"layer_types\": "
+                              "[\"sliding_attention\", \"full_attention\"]"), o, &c) == 0 && c.layer_sliding[0] &&
+          !c.layer_sliding[1], "gemma3 layer_types");
+    CHECK_ERR(zs_config_parse(FAM("Gemma3ForCausalLM", ", \"layer_types\": [\"full_attention\"]"), o, &c), "layer_types", "2");
+    CHECK_ERR(zs_config_parse(FAM("Gemma3ForCausalLM", ", \"layer_types\": [\"sliding_attention\", \"local\"]"), o, &c),
+              "layer_types[1]");
+    CHECK_ERR(zs_config_parse(FAM("Gemma3ForCausalLM", ", \"use_bidirectional_attention\": true"), o, &c),
+              "use_bidirectional_attention");
+    /* Phi-3: longrope with its top-level original length, partial rotary refused */
+    char phi[2048];
+    snprintf(phi, sizeof phi, FAM("Phi3ForCausalLM", ", \"max_position_embeddings\": 131072, "
+             "\"original_max_position_embeddings\": 4096, \"rope_scaling\": {\"type\": \"longrope\", "
+             "\"short_factor\": [1, 1, 1, 1], \"long_factor\": [1, 2, 3, 4]}, \"sliding_window\": 2047"));
+    CHECK(zs_config_parse(phi, o, &c) == 0, "phi3: %s", zs_errmsg());
+    CHECK(c.rope.type == ZS_ROPE_LONGROPE && c.rope.orig_max_pos == 4096 && c.rope.n_factors == 4 &&
+          c.rope.long_factor[3] == 4 && c.sliding_window == 2047 && c.layer_sliding[1], "phi3 fields");
+    CHECK_ERR(zs_config_parse(FAM("Phi3ForCausalLM", ", \"partial_rotary_factor\": 0.5"), o, &c), "partial_rotary_factor");
+    CHECK_ERR(zs_config_parse(FAM("Phi3ForCausalLM", ", \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1, 1], "
+                                  "\"long_factor\": [1, 2]}"), o, &c), "short_factor", "head_dim 8 needs 4");
+    CHECK_ERR(zs_config_parse(FAM("Phi3ForCausalLM", ", \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1, 1, 1, 1], "
+                                  "\"long_factor\": [1, 2, 0, 4]}"), o, &c), "long_factor[2]");
+    /* Mistral: transformers' default window; null turns it off */
+    CHECK(zs_config_parse(FAM("MistralForCausalLM", ", \"max_position_embeddings\": 32768"), o, &c) == 0 &&
+          c.sliding_window == 4096, "mistral default window");
+    CHECK(zs_config_parse(FAM("MistralForCausalLM", ", \"sliding_window\": null"), o, &c) == 0 && c.sliding_window == 0,
+          "mistral null window");
+    /* wrong combinations, each naming its key */
+    CHECK_ERR(zs_config_parse(FAM("MistralForCausalLM", ", \"max_position_embeddings\": 1024, \"sliding_window\": 4096"), o, &c),
+              "sliding_window", "larger than the context", "max_position_embeddings");
+    CHECK_ERR(zs_config_parse(FAM("LlamaForCausalLM", ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 0}"), o, &c),
+              "rope_scaling.factor");
+    CHECK_ERR(zs_config_parse(FAM("LlamaForCausalLM", ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": -2.0}"), o, &c),
+              "rope_scaling.factor");
+    CHECK_ERR(zs_config_parse(FAM("LlamaForCausalLM", ", \"rope_scaling\": {\"type\": \"linear\"}"), o, &c),
+              "rope_scaling.factor", "missing");
+    CHECK_ERR(zs_config_parse(FAM("LlamaForCausalLM", ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
+                                  "\"low_freq_factor\": 1.0, \"high_freq_factor\": 1.0, "
+                                  "\"original_max_position_embeddings\": 8192}"), o, &c), "high_freq_factor");
+    CHECK_ERR(zs_config_parse(FAM("LlamaForCausalLM", ", \"rope_scaling\": {\"factor\": 2.0}"), o, &c), "rope_type");
+    CHECK_ERR(zs_config_parse(FAM("LlamaForCausalLM", ", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 2.0, "
+                                  "\"beta_fast\": \"fast\"}"), o, &c), "rope_scaling.beta_fast");
+    CHECK_ERR(zs_config_parse(FAM("Qwen2ForCausalLM", ", \"use_sliding_window\": true, \"sliding_window\": 0"), o, &c),
+              "sliding_window");
+    /* a config written for each family reads back equal */
+    static const char *fams[] = {"mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        zs_init_opts io;
+        char p[4200];
+        snprintf(p, sizeof p, "%s/fam-%s.json", tmp, fams[i]);
+        CHECK(zs_init_opts_default(fams[i], &io) == 0, "%s defaults: %s", fams[i], zs_errmsg());
+        CHECK(zs_config_write(&io.cfg, p) == 0, "%s writes: %s", fams[i], zs_errmsg());
+    }
+}
+
 int main(void) {
     if (tu_tmpdir(tmp, sizeof tmp, "loader") != 0) {
         fprintf(stderr, "cannot create a scratch directory\n");
@@ -701,6 +797,7 @@ int main(void) {
     test_bad_files();
     test_fingerprint();
     test_config();
+    test_config_families();
     tu_rmdir(tmp);
     return tu_finish("test-loader");
 }

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "gguf.h"
+#include "rope.h"
 
 #define CFG_MAX_FILE ((off_t)64 * 1024 * 1024)
 
@@ -22,17 +22,28 @@ typedef struct {
     const char *cls;        /* architectures[0] */
     const char *model_type; /* model_type written back */
     zs_arch arch;
+    int family;
     int max_seq_default;
 } cfg_arch;
 
 static const cfg_arch cfg_archs[] = {
-    {"LlamaForCausalLM", "llama", ZS_ARCH_LLAMA, 2048},
-    {"MistralForCausalLM", "mistral", ZS_ARCH_LLAMA, 131072},
-    {"Qwen2ForCausalLM", "qwen2", ZS_ARCH_LLAMA, 32768},
-    {"GPT2LMHeadModel", "gpt2", ZS_ARCH_GPT2, 1024},
+    {"LlamaForCausalLM", "llama", ZS_ARCH_LLAMA, ZS_FAM_LLAMA, 2048},
+    {"MistralForCausalLM", "mistral", ZS_ARCH_LLAMA, ZS_FAM_MISTRAL, 131072},
+    {"Qwen2ForCausalLM", "qwen2", ZS_ARCH_LLAMA, ZS_FAM_QWEN2, 32768},
+    {"Qwen3ForCausalLM", "qwen3", ZS_ARCH_LLAMA, ZS_FAM_QWEN3, 32768},
+    {"Gemma2ForCausalLM", "gemma2", ZS_ARCH_LLAMA, ZS_FAM_GEMMA2, 8192},
+    {"Gemma3ForCausalLM", "gemma3_text", ZS_ARCH_LLAMA, ZS_FAM_GEMMA3, 131072},
+    {"Phi3ForCausalLM", "phi3", ZS_ARCH_LLAMA, ZS_FAM_PHI3, 4096},
+    {"GPT2LMHeadModel", "gpt2", ZS_ARCH_GPT2, ZS_FAM_GPT2, 1024},
 };
 #define CFG_NARCH (sizeof cfg_archs / sizeof cfg_archs[0])
-#define CFG_SUPPORTED "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel"
+#define CFG_SUPPORTED "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, " \
+                      "Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel"
+
+const char *zs_family_name(int f) {
+    static const char *n[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "gpt2"};
+    return f >= 0 && f < (int)(sizeof n / sizeof n[0]) ? n[f] : "?";
+}
 
 static const char *cfg_type(const json_t *v) {
     switch (json_typeof(v)) {
@@ -84,6 +95,22 @@ static int cfg_float(const char *origin, json_t *root, const char *key, float de
     return 0;
 }
 
+/* A number that may be any finite value (rope_scaling's fields). Absent or null: def. */
+static int cfg_num(const char *origin, json_t *root, const char *key, float def, float *out) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v))
+        return zs_err(ZS_EINVAL, "%s: '%s' must be a number, got %s", origin, key, cfg_type(v));
+    double d = json_number_value(v);
+    if (!isfinite(d) || !isfinite((float)d))
+        return zs_err(ZS_EINVAL, "%s: '%s' is %g, not a finite float", origin, key, d);
+    *out = (float)d;
+    return 0;
+}
+
 static int cfg_bool(const char *origin, json_t *root, const char *key, int def, int *out) {
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v)) {
@@ -123,6 +150,267 @@ static int cfg_str(const char *origin, json_t *root, const char *key, const char
     return 0;
 }
 
+/* rope_scaling (or rope_parameters): the type under 'rope_type' or the older 'type', and its fields. */
+static int cfg_rope(const char *origin, json_t *root, zs_model_config *c, float *theta) {
+    const char *key = "rope_scaling";
+    json_t *rs = json_object_get(root, key);
+    json_t *rp = json_object_get(root, "rope_parameters"); /* newer transformers */
+    if ((!rs || json_is_null(rs)) && rp && !json_is_null(rp)) {
+        rs = rp;
+        key = "rope_parameters";
+    }
+    if (!rs || json_is_null(rs)) return 0;
+    if (!json_is_object(rs)) return zs_err(ZS_EINVAL, "%s: '%s' must be an object or null", origin, key);
+    char k[64];
+    if (rs == rp) {
+        snprintf(k, sizeof k, "%s.rope_theta", key);
+        ZS_CHECK(cfg_float(origin, rs, "rope_theta", *theta, theta));
+    }
+    const char *t = NULL;
+    ZS_CHECK(cfg_str(origin, rs, "rope_type", &t));
+    if (!t) ZS_CHECK(cfg_str(origin, rs, "type", &t));
+    if (!t) return zs_err(ZS_EINVAL, "%s: '%s' has neither 'rope_type' nor 'type'", origin, key);
+    zs_rope_scaling *r = &c->rope;
+    memset(r, 0, sizeof *r);
+    if (!strcmp(t, "default")) r->type = ZS_ROPE_DEFAULT;
+    else if (!strcmp(t, "linear")) r->type = ZS_ROPE_LINEAR;
+    else if (!strcmp(t, "dynamic")) r->type = ZS_ROPE_DYNAMIC;
+    else if (!strcmp(t, "llama3")) r->type = ZS_ROPE_LLAMA3;
+    else if (!strcmp(t, "yarn")) r->type = ZS_ROPE_YARN;
+    else if (!strcmp(t, "longrope") || !strcmp(t, "su")) r->type = ZS_ROPE_LONGROPE;
+    else
+        return zs_err(ZS_EUNSUPPORTED, "%s: '%s' type '%s' is not supported (supported: default, linear, "
+                      "dynamic, llama3, yarn, longrope)", origin, key, t);
+    /* every field named in messages as rope_scaling.<field> */
+#define RF(field, def, dst)                                                        \
+    do {                                                                           \
+        snprintf(k, sizeof k, "%s.%s", key, field);                                \
+        json_t *fv_ = json_object_get(rs, field);                                  \
+        if (fv_ && !json_is_null(fv_) && !json_is_number(fv_))                     \
+            return zs_err(ZS_EINVAL, "%s: '%s' must be a number, got %s", origin, k, cfg_type(fv_)); \
+        ZS_CHECK(cfg_num(origin, rs, field, def, dst));                            \
+    } while (0)
+    float f;
+    if (r->type != ZS_ROPE_DEFAULT) {
+        RF("factor", 0, &r->factor);
+        if (r->type != ZS_ROPE_LONGROPE && !json_object_get(rs, "factor"))
+            return zs_err(ZS_EINVAL, "%s: '%s.factor' is missing (needed by %s)", origin, key, t);
+        if (json_object_get(rs, "factor") && !json_is_null(json_object_get(rs, "factor")) && !(r->factor > 0))
+            return zs_err(ZS_EINVAL, "%s: '%s.factor' is %g; it must be > 0", origin, key, (double)r->factor);
+    }
+    if (r->type == ZS_ROPE_LLAMA3) {
+        RF("low_freq_factor", 0, &r->low_freq_factor);
+        RF("high_freq_factor", 0, &r->high_freq_factor);
+        RF("original_max_position_embeddings", 0, &f);
+        r->orig_max_pos = (int)f;
+        if (!(f >= 1) || f != (float)r->orig_max_pos)
+            return zs_err(ZS_EINVAL, "%s: '%s.original_max_position_embeddings' must be a positive integer", origin, key);
+        if (!(r->low_freq_factor > 0) || !(r->high_freq_factor > 0))
+            return zs_err(ZS_EINVAL, "%s: '%s.low_freq_factor' and '%s.high_freq_factor' must be > 0", origin, key, key);
+    }
+    if (r->type == ZS_ROPE_YARN) {
+        RF("beta_fast", 0, &r->beta_fast);
+        RF("beta_slow", 0, &r->beta_slow);
+        RF("mscale", 0, &r->mscale);
+        RF("mscale_all_dim", 0, &r->mscale_all_dim);
+        RF("attention_factor", 0, &r->attention_factor);
+        RF("original_max_position_embeddings", 0, &f);
+        r->orig_max_pos = (int)f;
+        if (f < 0 || f != (float)r->orig_max_pos)
+            return zs_err(ZS_EINVAL, "%s: '%s.original_max_position_embeddings' must be a positive integer", origin, key);
+        if (json_object_get(rs, "attention_factor") && !json_is_null(json_object_get(rs, "attention_factor")) &&
+            !(r->attention_factor > 0))
+            return zs_err(ZS_EINVAL, "%s: '%s.attention_factor' is %g; it must be > 0", origin, key,
+                          (double)r->attention_factor);
+        r->truncate = 1;
+        ZS_CHECK(cfg_bool(origin, rs, "truncate", 1, &r->truncate));
+    }
+    if (r->type == ZS_ROPE_LONGROPE) {
+        RF("attention_factor", 0, &r->attention_factor);
+        const char *names[2] = {"short_factor", "long_factor"};
+        float *dst[2] = {r->short_factor, r->long_factor};
+        size_t n[2];
+        for (int w = 0; w < 2; w++) {
+            json_t *arr = json_object_get(rs, names[w]);
+            if (!json_is_array(arr))
+                return zs_err(ZS_EINVAL, "%s: '%s.%s' must be a list of numbers (longrope)", origin, key, names[w]);
+            n[w] = json_array_size(arr);
+            if (n[w] > ZS_ROPE_MAX_FACTORS)
+                return zs_err(ZS_EINVAL, "%s: '%s.%s' has %zu entries (at most %d)", origin, key, names[w], n[w],
+                              ZS_ROPE_MAX_FACTORS);
+            for (size_t e = 0; e < n[w]; e++) {
+                json_t *x = json_array_get(arr, e);
+                if (!json_is_number(x) || !(json_number_value(x) > 0) || !isfinite((float)json_number_value(x)))
+                    return zs_err(ZS_EINVAL, "%s: '%s.%s[%zu]' must be a positive number", origin, key, names[w], e);
+                dst[w][e] = (float)json_number_value(x);
+            }
+        }
+        if (n[0] != n[1])
+            return zs_err(ZS_EINVAL, "%s: '%s.short_factor' has %zu entries but 'long_factor' %zu", origin, key,
+                          n[0], n[1]);
+        r->n_factors = (int)n[0];
+        /* transformers takes the original length from the top-level key (Phi-3 always has one) */
+        int om = c->family == ZS_FAM_PHI3 ? 4096 : 0;
+        ZS_CHECK(cfg_int(origin, root, "original_max_position_embeddings", 0, om, 1, &om));
+        r->orig_max_pos = om;
+    }
+#undef RF
+    return 0;
+}
+
+/* The sliding layers: layer_types when given, else the family's rule. */
+static int cfg_layer_types(const char *origin, json_t *root, zs_model_config *c, int window_by_default) {
+    json_t *lt = json_object_get(root, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt) || (int)json_array_size(lt) != c->n_layers)
+            return zs_err(ZS_EINVAL, "%s: 'layer_types' must be a list of %d strings (one per layer)", origin,
+                          c->n_layers);
+        c->swa_pattern = 0;
+        for (int l = 0; l < c->n_layers; l++) {
+            const char *t = json_string_value(json_array_get(lt, l));
+            if (t && !strcmp(t, "sliding_attention")) c->layer_sliding[l] = 1;
+            else if (t && !strcmp(t, "full_attention")) c->layer_sliding[l] = 0;
+            else
+                return zs_err(ZS_EINVAL, "%s: 'layer_types[%d]' must be \"sliding_attention\" or \"full_attention\"",
+                              origin, l);
+        }
+        return 0;
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        c->layer_sliding[l] = c->swa_pattern > 0 ? ((l + 1) % c->swa_pattern != 0) : window_by_default;
+    return 0;
+}
+
+/* The llama family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3) after the sizes: activation,
+ * biases, RoPE and its scaling, sliding window, and the families' own pieces. */
+static int cfg_llama_family(const char *origin, json_t *root, const cfg_arch *a, zs_model_config *cp) {
+    zs_model_config c = *cp;
+    const char *s;
+    int fam = a->family, gemma = fam == ZS_FAM_GEMMA2 || fam == ZS_FAM_GEMMA3;
+    if (c.n_layers > ZS_MAX_LAYERS)
+        return zs_err(ZS_EINVAL, "%s: 'num_hidden_layers' is %d; at most %d are supported", origin, c.n_layers,
+                      ZS_MAX_LAYERS);
+    if (c.head_dim > 2 * ZS_ROPE_MAX_FACTORS)
+        return zs_err(ZS_EINVAL, "%s: 'head_dim' is %d; at most %d is supported", origin, c.head_dim,
+                      2 * ZS_ROPE_MAX_FACTORS);
+    /* activation: hidden_act (Gemma: hidden_activation, which wins when both are there) */
+    const char *akey = gemma && json_object_get(root, "hidden_activation") ? "hidden_activation" : "hidden_act";
+    ZS_CHECK(cfg_str(origin, root, akey, &s));
+    if (gemma) {
+        if (s && strcmp(s, "gelu_pytorch_tanh") && strcmp(s, "gelu_tanh"))
+            return zs_err(ZS_EUNSUPPORTED, "%s: '%s' is '%s' (supported for Gemma: gelu_pytorch_tanh)", origin, akey, s);
+        c.act = 1;
+    } else {
+        if (s && strcmp(s, "silu") && strcmp(s, "swish"))
+            return zs_err(ZS_EUNSUPPORTED, "%s: '%s' is '%s' (supported: silu)", origin, akey, s);
+        c.act = 0;
+    }
+    /* biases */
+    int ab;
+    switch (fam) {
+    case ZS_FAM_QWEN2: c.qkv_bias = 1; break; /* q, k, v have biases, o_proj and the MLP do not */
+    case ZS_FAM_MISTRAL:
+    case ZS_FAM_PHI3: break; /* no biases whatever the config says */
+    case ZS_FAM_LLAMA:
+        ZS_CHECK(cfg_bool(origin, root, "attention_bias", 0, &ab));
+        c.qkv_bias = c.o_bias = ab;
+        ZS_CHECK(cfg_bool(origin, root, "mlp_bias", 0, &c.mlp_bias));
+        break;
+    default: /* Qwen3, Gemma: attention_bias on q, k, v and o */
+        ZS_CHECK(cfg_bool(origin, root, "attention_bias", 0, &ab));
+        c.qkv_bias = c.o_bias = ab;
+    }
+    /* RoPE: rope_theta, rope_scaling / rope_parameters */
+    float theta = gemma && fam == ZS_FAM_GEMMA3 ? 1000000.0f : 10000.0f;
+    memset(&c.rope, 0, sizeof c.rope);
+    ZS_CHECK(cfg_rope(origin, root, &c, &theta));
+    ZS_CHECK(cfg_float(origin, root, "rope_theta", theta, &c.rope_theta));
+    if (fam == ZS_FAM_PHI3) {
+        float prf;
+        ZS_CHECK(cfg_float(origin, root, "partial_rotary_factor", 1.0f, &prf));
+        if (prf != 1.0f)
+            return zs_err(ZS_EUNSUPPORTED, "%s: 'partial_rotary_factor' is %g; RoPE over part of a head is not "
+                          "supported", origin, (double)prf);
+    }
+    if (c.rope.type == ZS_ROPE_DYNAMIC) {
+        /* dynamic NTK scales the base past max_position_embeddings: the context is factor times it */
+        double ext = (double)c.max_seq * (c.rope.factor > 1 ? c.rope.factor : 1.0);
+        c.rope.orig_max_pos = c.max_seq;
+        c.max_seq = ext > INT_MAX / 2 ? INT_MAX / 2 : (int)ext;
+    }
+    ZS_CHECK(zs_rope_check(&c, origin));
+    /* sliding window */
+    json_t *sw = json_object_get(root, "sliding_window");
+    int window = 0, by_default = 0;
+    if (sw && !json_is_null(sw)) ZS_CHECK(cfg_int(origin, root, "sliding_window", 1, 0, 1, &window));
+    switch (fam) {
+    case ZS_FAM_MISTRAL: /* every layer; transformers' MistralConfig defaults to 4096 */
+        if (!sw) window = 4096;
+        by_default = 1;
+        break;
+    case ZS_FAM_PHI3: by_default = 1; break; /* every layer */
+    case ZS_FAM_QWEN2:
+    case ZS_FAM_QWEN3: {
+        int use, mwl;
+        ZS_CHECK(cfg_bool(origin, root, "use_sliding_window", 0, &use));
+        ZS_CHECK(cfg_int(origin, root, "max_window_layers", 0, 28, 0, &mwl));
+        if (!use) window = 0;
+        if (window && !json_object_get(root, "layer_types"))
+            for (int l = 0; l < c.n_layers; l++) c.layer_sliding[l] = l >= mwl;
+        break;
+    }
+    case ZS_FAM_GEMMA2:
+    case ZS_FAM_GEMMA3:
+        if (!sw) window = 4096;
+        c.swa_pattern = fam == ZS_FAM_GEMMA2 ? 2 : 6;
+        if (fam == ZS_FAM_GEMMA3)
+            ZS_CHECK(cfg_int(origin, root, "sliding_window_pattern", 0, 6, 1, &c.swa_pattern));
+        break;
+    default: window = 0; /* Llama has no sliding window */
+    }
+    /* a default window (the key absent) at least as long as the context changes nothing: none */
+    if (!sw && window >= c.max_seq) window = 0;
+    if (window) {
+        int keep_q = fam == ZS_FAM_QWEN2 || fam == ZS_FAM_QWEN3;
+        if (!keep_q || json_object_get(root, "layer_types")) ZS_CHECK(cfg_layer_types(origin, root, &c, by_default));
+        if (window > c.max_seq)
+            return zs_err(ZS_EINVAL, "%s: 'sliding_window' (%d) is larger than the context "
+                          "'max_position_embeddings' (%d)", origin, window, c.max_seq);
+    } else {
+        memset(c.layer_sliding, 0, sizeof c.layer_sliding);
+        c.swa_pattern = 0;
+    }
+    c.sliding_window = window;
+    /* the families' own pieces */
+    c.qk_norm = fam == ZS_FAM_QWEN3 || fam == ZS_FAM_GEMMA3;
+    if (gemma) {
+        c.norm_offset = 1.0f;
+        c.post_norms = 1;
+        float e = (float)sqrt((double)c.dim);
+        c.embed_scale = c.dtype == ZS_BF16 ? zs_bf16_to_f32(zs_f32_to_bf16(e))
+                        : c.dtype == ZS_F16 ? zs_f16_to_f32(zs_f32_to_f16(e)) : e;
+        ZS_CHECK(cfg_float(origin, root, "query_pre_attn_scalar", 256.0f, &c.query_pre_attn_scalar));
+        json_t *ac = json_object_get(root, "attn_logit_softcapping"), *fc = json_object_get(root, "final_logit_softcapping");
+        float dflt_a = fam == ZS_FAM_GEMMA2 ? 50.0f : 0, dflt_f = fam == ZS_FAM_GEMMA2 ? 30.0f : 0;
+        if (ac && json_is_null(ac)) c.attn_softcap = 0;
+        else ZS_CHECK(cfg_float(origin, root, "attn_logit_softcapping", dflt_a, &c.attn_softcap));
+        if (fc && json_is_null(fc)) c.final_softcap = 0;
+        else ZS_CHECK(cfg_float(origin, root, "final_logit_softcapping", dflt_f, &c.final_softcap));
+        if (!ac && !dflt_a) c.attn_softcap = 0;
+        if (!fc && !dflt_f) c.final_softcap = 0;
+        if (fam == ZS_FAM_GEMMA3) {
+            ZS_CHECK(cfg_float(origin, root, "rope_local_base_freq", 10000.0f, &c.rope_local_theta));
+            int bidi;
+            ZS_CHECK(cfg_bool(origin, root, "use_bidirectional_attention", 0, &bidi));
+            if (bidi)
+                return zs_err(ZS_EUNSUPPORTED, "%s: 'use_bidirectional_attention' true is not supported (a causal "
+                              "language model is)", origin);
+        }
+    }
+    *cp = c;
+    return 0;
+}
+
 static int cfg_parse_root(json_t *root, const char *origin, zs_model_config *out) {
     zs_model_config c;
     memset(&c, 0, sizeof c);
@@ -154,6 +442,7 @@ static int cfg_parse_root(json_t *root, const char *origin, zs_model_config *out
         return zs_err(ZS_ENOTFOUND, "%s: required key 'architectures' is missing", origin);
     }
     c.arch = a->arch;
+    c.family = a->family;
     snprintf(c.arch_name, sizeof c.arch_name, "%s", a->cls);
 
     /* dtype: torch_dtype, or "dtype" (newer transformers) */
@@ -205,8 +494,6 @@ static int cfg_parse_root(json_t *root, const char *origin, zs_model_config *out
         c.qkv_bias = c.o_bias = c.mlp_bias = 1;
         c.act = 1;
     } else {
-        int qwen2 = !strcmp(a->cls, "Qwen2ForCausalLM") || (model_type && !strcmp(model_type, "qwen2"));
-        int mistral = !strcmp(a->cls, "MistralForCausalLM");
         ZS_CHECK(cfg_int(origin, root, "hidden_size", 1, 0, 1, &c.dim));
         ZS_CHECK(cfg_int(origin, root, "num_hidden_layers", 1, 0, 1, &c.n_layers));
         ZS_CHECK(cfg_int(origin, root, "num_attention_heads", 1, 0, 1, &c.n_heads));
@@ -215,10 +502,13 @@ static int cfg_parse_root(json_t *root, const char *origin, zs_model_config *out
         ZS_CHECK(cfg_int(origin, root, "max_position_embeddings", 0, a->max_seq_default, 1,
                          &c.max_seq));
         ZS_CHECK(cfg_float(origin, root, "rms_norm_eps", 1e-6f, &c.norm_eps));
-        ZS_CHECK(cfg_bool(origin, root, "tie_word_embeddings", 0, &c.tied_embeddings));
+        int gemma = a->family == ZS_FAM_GEMMA2 || a->family == ZS_FAM_GEMMA3;
+        ZS_CHECK(cfg_bool(origin, root, "tie_word_embeddings", gemma, &c.tied_embeddings));
         json_t *hd = json_object_get(root, "head_dim");
         if (hd && !json_is_null(hd)) {
             ZS_CHECK(cfg_int(origin, root, "head_dim", 1, 0, 1, &c.head_dim));
+        } else if (a->family == ZS_FAM_QWEN3 || gemma) { /* the config classes' own defaults */
+            c.head_dim = gemma ? 256 : 128;
         } else {
             if (c.dim % c.n_heads)
                 return zs_err(ZS_EINVAL,
@@ -233,45 +523,7 @@ static int cfg_parse_root(json_t *root, const char *origin, zs_model_config *out
             return zs_err(ZS_EINVAL,
                           "%s: 'num_attention_heads' (%d) is not a multiple of "
                           "'num_key_value_heads' (%d)", origin, c.n_heads, c.n_kv_heads);
-        ZS_CHECK(cfg_str(origin, root, "hidden_act", &s));
-        if (s && strcmp(s, "silu") && strcmp(s, "swish"))
-            return zs_err(ZS_EUNSUPPORTED, "%s: 'hidden_act' is '%s' (supported: silu)", origin,
-                          s);
-        json_t *rs = json_object_get(root, "rope_scaling");
-        if (rs && !json_is_null(rs))
-            return zs_err(ZS_EUNSUPPORTED, "%s: 'rope_scaling' is set; RoPE scaling is not "
-                          "supported (only null)", origin);
-        /* newer transformers: rope_parameters {"rope_type": "default", "rope_theta": ...} */
-        float theta_def = 10000.0f;
-        json_t *rp = json_object_get(root, "rope_parameters");
-        if (rp && !json_is_null(rp)) {
-            if (!json_is_object(rp))
-                return zs_err(ZS_EINVAL, "%s: 'rope_parameters' must be an object", origin);
-            const char *rt;
-            ZS_CHECK(cfg_str(origin, rp, "rope_type", &rt));
-            if (rt && strcmp(rt, "default"))
-                return zs_err(ZS_EUNSUPPORTED, "%s: 'rope_parameters.rope_type' is '%s' "
-                              "(supported: default)", origin, rt);
-            ZS_CHECK(cfg_float(origin, rp, "rope_theta", theta_def, &theta_def));
-        }
-        ZS_CHECK(cfg_float(origin, root, "rope_theta", theta_def, &c.rope_theta));
-        if (qwen2) {
-            c.qkv_bias = 1; /* Qwen2: q, k, v have biases, o_proj and the MLP do not */
-        } else if (!mistral) { /* Mistral has no biases whatever the config says */
-            int ab;
-            ZS_CHECK(cfg_bool(origin, root, "attention_bias", 0, &ab));
-            c.qkv_bias = c.o_bias = ab;
-            ZS_CHECK(cfg_bool(origin, root, "mlp_bias", 0, &c.mlp_bias));
-        }
-        c.act = 0;
-        /* sliding_window (Mistral, Qwen2): accepted, not acted upon yet (full attention); said so
-         * when it would matter, i.e. when the window is shorter than the context */
-        json_t *sw = json_object_get(root, "sliding_window"), *usw = json_object_get(root, "use_sliding_window");
-        if (json_is_integer(sw) && json_integer_value(sw) > 0 && json_integer_value(sw) < c.max_seq &&
-            !json_is_false(usw))
-            zs_log_warn("%s: sliding_window %lld is ignored: attention is over the whole context (%d); "
-                        "results past %lld positions differ from the model's", origin,
-                        (long long)json_integer_value(sw), c.max_seq, (long long)json_integer_value(sw));
+        ZS_CHECK(cfg_llama_family(origin, root, a, &c));
     }
     *out = c;
     return 0;
@@ -352,10 +604,45 @@ static double cfg_short(float f) {
 
 static int cfg_set(json_t *o, const char *k, json_t *v) { return json_object_set_new(o, k, v); }
 
+/* rope_scaling as transformers writes it (null for the default). */
+static json_t *cfg_rope_json(const zs_model_config *c) {
+    const zs_rope_scaling *r = &c->rope;
+    static const char *names[] = {"default", "linear", "dynamic", "llama3", "yarn", "longrope"};
+    if (r->type == ZS_ROPE_DEFAULT || r->type < 0 || r->type > ZS_ROPE_LONGROPE) return json_null();
+    json_t *o = json_object();
+    cfg_set(o, "rope_type", json_string(names[r->type]));
+    if (r->factor > 0) cfg_set(o, "factor", json_real(cfg_short(r->factor)));
+    if (r->type == ZS_ROPE_LLAMA3) {
+        cfg_set(o, "low_freq_factor", json_real(cfg_short(r->low_freq_factor)));
+        cfg_set(o, "high_freq_factor", json_real(cfg_short(r->high_freq_factor)));
+        cfg_set(o, "original_max_position_embeddings", json_integer(r->orig_max_pos));
+    }
+    if (r->type == ZS_ROPE_YARN) {
+        if (r->orig_max_pos > 0) cfg_set(o, "original_max_position_embeddings", json_integer(r->orig_max_pos));
+        if (r->beta_fast > 0) cfg_set(o, "beta_fast", json_real(cfg_short(r->beta_fast)));
+        if (r->beta_slow > 0) cfg_set(o, "beta_slow", json_real(cfg_short(r->beta_slow)));
+        if (r->mscale > 0) cfg_set(o, "mscale", json_real(cfg_short(r->mscale)));
+        if (r->mscale_all_dim > 0) cfg_set(o, "mscale_all_dim", json_real(cfg_short(r->mscale_all_dim)));
+        if (!r->truncate) cfg_set(o, "truncate", json_false());
+    }
+    if ((r->type == ZS_ROPE_YARN || r->type == ZS_ROPE_LONGROPE) && r->attention_factor > 0)
+        cfg_set(o, "attention_factor", json_real(cfg_short(r->attention_factor)));
+    if (r->type == ZS_ROPE_LONGROPE) {
+        json_t *sf = json_array(), *lf = json_array();
+        for (int i = 0; i < r->n_factors; i++) {
+            json_array_append_new(sf, json_real(cfg_short(r->short_factor[i])));
+            json_array_append_new(lf, json_real(cfg_short(r->long_factor[i])));
+        }
+        cfg_set(o, "short_factor", sf);
+        cfg_set(o, "long_factor", lf);
+    }
+    return o;
+}
+
 static json_t *cfg_id(int id) { return id < 0 ? json_null() : json_integer(id); }
 
-int zs_config_write(const zs_model_config *c, const char *path) {
-    if (!c || !path) return zs_err(ZS_EINVAL, "zs_config_write: NULL argument");
+/* c as a config.json object (*out, owned by the caller); a = its architecture entry. */
+static int cfg_build(const zs_model_config *c, const char *path, json_t **out, const cfg_arch **ap) {
     const cfg_arch *a = NULL;
     for (size_t i = 0; i < CFG_NARCH; i++)
         if (!strcmp(c->arch_name, cfg_archs[i].cls)) a = &cfg_archs[i];
@@ -392,20 +679,81 @@ int zs_config_write(const zs_model_config *c, const char *path) {
         cfg_set(r, "num_attention_heads", json_integer(c->n_heads));
         cfg_set(r, "num_key_value_heads", json_integer(c->n_kv_heads));
         cfg_set(r, "head_dim", json_integer(c->head_dim));
-        cfg_set(r, "max_position_embeddings", json_integer(c->max_seq));
+        cfg_set(r, "max_position_embeddings",
+                json_integer(c->rope.type == ZS_ROPE_DYNAMIC && c->rope.orig_max_pos > 0 ? c->rope.orig_max_pos : c->max_seq));
         cfg_set(r, "rms_norm_eps", json_real(cfg_short(c->norm_eps)));
         cfg_set(r, "rope_theta", json_real(cfg_short(c->rope_theta)));
-        cfg_set(r, "rope_scaling", json_null());
-        cfg_set(r, "hidden_act", json_string("silu"));
-        if (!strcmp(a->model_type, "llama")) { /* only plain llama has configurable biases */
+        cfg_set(r, "rope_scaling", cfg_rope_json(c));
+        int fam = c->family, gemma = fam == ZS_FAM_GEMMA2 || fam == ZS_FAM_GEMMA3;
+        cfg_set(r, gemma ? "hidden_activation" : "hidden_act", json_string(c->act ? "gelu_pytorch_tanh" : "silu"));
+        if (fam == ZS_FAM_LLAMA) { /* only plain llama has configurable MLP biases */
             cfg_set(r, "attention_bias", json_boolean(c->qkv_bias));
             cfg_set(r, "mlp_bias", json_boolean(c->mlp_bias));
+        } else if (fam == ZS_FAM_QWEN3 || gemma) {
+            cfg_set(r, "attention_bias", json_boolean(c->qkv_bias));
+        }
+        if (c->rope.type == ZS_ROPE_LONGROPE && c->rope.orig_max_pos > 0)
+            cfg_set(r, "original_max_position_embeddings", json_integer(c->rope.orig_max_pos));
+        if (fam == ZS_FAM_PHI3) /* its config class defaults to 32000, past a small vocabulary */
+            cfg_set(r, "pad_token_id", c->eos_id >= 0 ? json_integer(c->eos_id) : json_null());
+        if (fam == ZS_FAM_QWEN2 || fam == ZS_FAM_QWEN3) cfg_set(r, "use_sliding_window", json_boolean(c->sliding_window > 0));
+        if (fam != ZS_FAM_LLAMA) cfg_set(r, "sliding_window", c->sliding_window ? json_integer(c->sliding_window) : json_null());
+        if (c->sliding_window && fam != ZS_FAM_MISTRAL && fam != ZS_FAM_PHI3) {
+            json_t *lt = json_array();
+            for (int l = 0; l < c->n_layers; l++)
+                json_array_append_new(lt, json_string(c->layer_sliding[l] ? "sliding_attention" : "full_attention"));
+            cfg_set(r, "layer_types", lt);
+        }
+        if (gemma) {
+            cfg_set(r, "query_pre_attn_scalar", json_real(cfg_short(c->query_pre_attn_scalar)));
+            cfg_set(r, "attn_logit_softcapping", c->attn_softcap > 0 ? json_real(cfg_short(c->attn_softcap)) : json_null());
+            cfg_set(r, "final_logit_softcapping", c->final_softcap > 0 ? json_real(cfg_short(c->final_softcap)) : json_null());
+            if (fam == ZS_FAM_GEMMA3) {
+                cfg_set(r, "rope_local_base_freq", json_real(cfg_short(c->rope_local_theta)));
+                cfg_set(r, "sliding_window_pattern", json_integer(c->swa_pattern > 0 ? c->swa_pattern : 6));
+            }
         }
     }
     cfg_set(r, "tie_word_embeddings", json_boolean(c->tied_embeddings));
     cfg_set(r, "bos_token_id", cfg_id(c->bos_id));
     cfg_set(r, "eos_token_id", cfg_id(c->eos_id));
     cfg_set(r, "torch_dtype", json_string(dnames[c->dtype]));
+    *out = r;
+    *ap = a;
+    return 0;
+}
+
+int zs_config_override(zs_model_config *c, const char *json_text, const char *origin) {
+    if (!c || !json_text) return zs_err(ZS_EINVAL, "zs_config_override: NULL argument");
+    if (!origin) origin = "overrides";
+    json_error_t je;
+    json_t *ov = json_loads(json_text, 0, &je);
+    if (!ov) return zs_err(ZS_EFORMAT, "%s: not valid JSON (line %d, column %d: %s)", origin, je.line, je.column, je.text);
+    if (!json_is_object(ov)) {
+        json_decref(ov);
+        return zs_err(ZS_EFORMAT, "%s: not a JSON object", origin);
+    }
+    json_t *r;
+    const cfg_arch *a;
+    int rc = cfg_build(c, origin, &r, &a);
+    if (rc == 0 && json_object_update(r, ov) != 0) rc = zs_err(ZS_ENOMEM, "out of memory");
+    json_decref(ov);
+    if (rc < 0) {
+        json_decref(r);
+        return rc;
+    }
+    zs_model_config b;
+    rc = cfg_parse_root(r, origin, &b);
+    json_decref(r);
+    if (rc == 0) *c = b;
+    return rc;
+}
+
+int zs_config_write(const zs_model_config *c, const char *path) {
+    if (!c || !path) return zs_err(ZS_EINVAL, "zs_config_write: NULL argument");
+    json_t *r;
+    const cfg_arch *a;
+    ZS_CHECK(cfg_build(c, path, &r, &a));
     char *text = json_dumps(r, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
     json_decref(r);
     if (!text) return zs_err(ZS_ENOMEM, "out of memory");
@@ -425,8 +773,15 @@ int zs_config_write(const zs_model_config *c, const char *path) {
     CFG_SAME(head_dim) CFG_SAME(ffn_dim) CFG_SAME(vocab_size) CFG_SAME(max_seq)
     CFG_SAME(norm_eps) CFG_SAME(rope_theta) CFG_SAME(tied_embeddings) CFG_SAME(qkv_bias)
     CFG_SAME(o_bias) CFG_SAME(mlp_bias) CFG_SAME(bos_id) CFG_SAME(eos_id) CFG_SAME(dtype)
-    CFG_SAME(act)
+    CFG_SAME(act) CFG_SAME(family) CFG_SAME(rope_local_theta) CFG_SAME(qk_norm) CFG_SAME(norm_offset)
+    CFG_SAME(post_norms) CFG_SAME(embed_scale) CFG_SAME(attn_softcap) CFG_SAME(final_softcap)
+    CFG_SAME(query_pre_attn_scalar) CFG_SAME(sliding_window)
 #undef CFG_SAME
+    if (rc == 0 && memcmp(&b.rope, &c->rope, sizeof b.rope))
+        rc = zs_err(ZS_EINVAL, "%s: cannot write config: the RoPE scaling is not expressible for %s (it would "
+                    "read back differently)", path, a->cls);
+    if (rc == 0 && c->sliding_window && memcmp(b.layer_sliding, c->layer_sliding, (size_t)c->n_layers))
+        rc = zs_err(ZS_EINVAL, "%s: cannot write config: the sliding layers are not expressible for %s", path, a->cls);
     if (rc < 0) {
         free(text);
         return rc;
@@ -460,146 +815,4 @@ int zs_config_write(const zs_model_config *c, const char *path) {
     free(tmp);
     free(text);
     return rc;
-}
-
-/* ---------------------------------------------------------------- GGUF metadata */
-
-/* Names <arch>.<key> in k and looks it up: 1 present, 0 absent (and not required), or
- * ZS_ENOTFOUND when a required key is missing. */
-static int gg_key(const zs_gguf *g, const char *arch, const char *key, int required, char *k, size_t cap) {
-    snprintf(k, cap, "%s.%s", arch, key);
-    if (zs_gguf_find_key(g, k) >= 0) return 1;
-    return required ? zs_err(ZS_ENOTFOUND, "%s: required key '%s' is missing", zs_gguf_path(g), k) : 0;
-}
-
-/* <arch>.<key> as a positive int: absent -> def (or ZS_ENOTFOUND when required). */
-static int gg_int(const zs_gguf *g, const char *arch, const char *key, int required, int def,
-                  int *out) {
-    char k[160];
-    int rc = gg_key(g, arch, key, required, k, sizeof k);
-    if (rc <= 0) {
-        if (rc == 0) *out = def;
-        return rc;
-    }
-    int64_t v;
-    ZS_CHECK(zs_gguf_get_i64(g, k, &v));
-    if (v < 1 || v > INT_MAX)
-        return zs_err(ZS_EINVAL, "%s: '%s' is %lld; it must be a positive integer", zs_gguf_path(g),
-                      k, (long long)v);
-    *out = (int)v;
-    return 0;
-}
-
-/* <arch>.<key> as a positive finite float: absent -> def (or ZS_ENOTFOUND when required). */
-static int gg_float(const zs_gguf *g, const char *arch, const char *key, int required, float def,
-                    float *out) {
-    char k[160];
-    int rc = gg_key(g, arch, key, required, k, sizeof k);
-    if (rc <= 0) {
-        if (rc == 0) *out = def;
-        return rc;
-    }
-    double d;
-    ZS_CHECK(zs_gguf_get_f64(g, k, &d));
-    float f = (float)d;
-    if (!(d > 0) || !isfinite(f) || f == 0)
-        return zs_err(ZS_EINVAL, "%s: '%s' is %g, must be a positive float", zs_gguf_path(g), k, d);
-    *out = f;
-    return 0;
-}
-
-static int gg_token(const zs_gguf *g, const char *key, int *out) {
-    *out = -1;
-    if (zs_gguf_find_key(g, key) < 0) return 0;
-    uint32_t v;
-    ZS_CHECK(zs_gguf_get_u32(g, key, &v));
-    if (v > INT_MAX) return zs_err(ZS_ERANGE, "%s: '%s' is out of range", zs_gguf_path(g), key);
-    *out = (int)v;
-    return 0;
-}
-
-int zs_config_from_gguf(const zs_gguf *g, zs_model_config *out) {
-    if (!g || !out) return zs_err(ZS_EINVAL, "zs_config_from_gguf: NULL argument");
-    const char *path = zs_gguf_path(g), *arch;
-    if (zs_gguf_find_key(g, "general.architecture") < 0)
-        return zs_err(ZS_ENOTFOUND, "%s: required key 'general.architecture' is missing", path);
-    ZS_CHECK(zs_gguf_get_str(g, "general.architecture", &arch, NULL));
-    zs_model_config c;
-    memset(&c, 0, sizeof c);
-    int gpt2 = !strcmp(arch, "gpt2"), qwen2 = !strcmp(arch, "qwen2");
-    if (!gpt2 && !qwen2 && strcmp(arch, "llama"))
-        return zs_err(ZS_EUNSUPPORTED, "%s: general.architecture '%.60s' is not supported (supported: "
-                      "llama, qwen2, gpt2)", path, arch);
-    c.arch = gpt2 ? ZS_ARCH_GPT2 : ZS_ARCH_LLAMA;
-    snprintf(c.arch_name, sizeof c.arch_name, "%s",
-             gpt2 ? "GPT2LMHeadModel" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM");
-    ZS_CHECK(gg_int(g, arch, "context_length", 1, 0, &c.max_seq));
-    ZS_CHECK(gg_int(g, arch, "embedding_length", 1, 0, &c.dim));
-    ZS_CHECK(gg_int(g, arch, "block_count", 1, 0, &c.n_layers));
-    ZS_CHECK(gg_int(g, arch, "feed_forward_length", 1, 0, &c.ffn_dim));
-    ZS_CHECK(gg_int(g, arch, "attention.head_count", 1, 0, &c.n_heads));
-    ZS_CHECK(gg_int(g, arch, "attention.head_count_kv", 0, c.n_heads, &c.n_kv_heads));
-    /* vocab: the token list when there is one, else <arch>.vocab_size */
-    size_t nv = 0;
-    if (zs_gguf_find_key(g, "tokenizer.ggml.tokens") >= 0) {
-        ZS_CHECK(zs_gguf_get_arr(g, "tokenizer.ggml.tokens", NULL, &nv));
-        if (nv < 1 || nv > INT_MAX)
-            return zs_err(ZS_EINVAL, "%s: 'tokenizer.ggml.tokens' has %zu entries", path, nv);
-        c.vocab_size = (int)nv;
-    } else {
-        ZS_CHECK(gg_int(g, arch, "vocab_size", 1, 0, &c.vocab_size));
-    }
-    ZS_CHECK(gg_token(g, "tokenizer.ggml.bos_token_id", &c.bos_id));
-    ZS_CHECK(gg_token(g, "tokenizer.ggml.eos_token_id", &c.eos_id));
-    c.tied_embeddings = zs_gguf_find_tensor(g, "output.weight") == NULL;
-    const zs_gguf_tensor *te = zs_gguf_find_tensor(g, "token_embd.weight");
-    c.dtype = te && te->type == ZS_GGML_F16 ? ZS_F16 : te && te->type == ZS_GGML_BF16 ? ZS_BF16 : ZS_F32;
-    if (gpt2) {
-        ZS_CHECK(gg_float(g, arch, "attention.layer_norm_epsilon", 1, 0, &c.norm_eps));
-        if (c.dim % c.n_heads)
-            return zs_err(ZS_EINVAL, "%s: 'gpt2.attention.head_count' (%d) does not divide "
-                          "'gpt2.embedding_length' (%d)", path, c.n_heads, c.dim);
-        c.n_kv_heads = c.n_heads;
-        c.head_dim = c.dim / c.n_heads;
-        c.rope_theta = 0;
-        c.qkv_bias = c.o_bias = c.mlp_bias = 1;
-        c.act = 1;
-    } else {
-        ZS_CHECK(gg_float(g, arch, "attention.layer_norm_rms_epsilon", 1, 0, &c.norm_eps));
-        ZS_CHECK(gg_float(g, arch, "rope.freq_base", 0, 10000.0f, &c.rope_theta));
-        if (c.dim % c.n_heads && zs_gguf_find_key(g, qwen2 ? "qwen2.attention.key_length"
-                                                           : "llama.attention.key_length") < 0)
-            return zs_err(ZS_EINVAL, "%s: '%s.attention.head_count' (%d) does not divide "
-                          "'%s.embedding_length' (%d)", path, arch, c.n_heads, arch, c.dim);
-        ZS_CHECK(gg_int(g, arch, "attention.key_length", 0, c.dim / c.n_heads, &c.head_dim));
-        int vl, rd;
-        ZS_CHECK(gg_int(g, arch, "attention.value_length", 0, c.head_dim, &vl));
-        ZS_CHECK(gg_int(g, arch, "rope.dimension_count", 0, c.head_dim, &rd));
-        if (vl != c.head_dim)
-            return zs_err(ZS_EUNSUPPORTED, "%s: '%s.attention.value_length' (%d) differs from the key "
-                          "length (%d)", path, arch, vl, c.head_dim);
-        if (rd != c.head_dim)
-            return zs_err(ZS_EUNSUPPORTED, "%s: '%s.rope.dimension_count' is %d; RoPE over part of a "
-                          "head (head_dim %d) is not supported", path, arch, rd, c.head_dim);
-        char k[160];
-        snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
-        if (zs_gguf_find_key(g, k) >= 0) {
-            const char *st;
-            ZS_CHECK(zs_gguf_get_str(g, k, &st, NULL));
-            if (strcmp(st, "none"))
-                return zs_err(ZS_EUNSUPPORTED, "%s: '%s' is '%.40s'; RoPE scaling is not supported",
-                              path, k, st);
-        }
-        if (c.head_dim % 2)
-            return zs_err(ZS_EINVAL, "%s: head_dim (%d) must be even for RoPE", path, c.head_dim);
-        if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads)
-            return zs_err(ZS_EINVAL, "%s: '%s.attention.head_count' (%d) is not a multiple of "
-                          "'%s.attention.head_count_kv' (%d)", path, arch, c.n_heads, arch, c.n_kv_heads);
-        c.qkv_bias = qwen2;
-        if (!qwen2) /* llama: biases when the file has them */
-            c.qkv_bias = c.o_bias = zs_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
-        c.act = 0;
-    }
-    *out = c;
-    return 0;
 }

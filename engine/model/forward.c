@@ -1,5 +1,7 @@
 /* forward.c — the forward pass of a batch of tokens through every bucket (embeddings, each
- * transformer block, final norm and LM head), for Llama-family and GPT-2 models, on the CPU; the
+ * transformer block, final norm and LM head), for Llama-family models (with the pieces of Qwen3,
+ * Gemma 2/3, Phi-3 and Mistral: q/k norms, sandwich norms, GeGLU, soft-capping, sliding windows,
+ * scaled RoPE) and GPT-2 models, on the CPU; the
  * embedding rows come from the host lookup tables of an inference model (model.h) or from the
  * gathered embedding bucket. Attention runs in kernels/cpu/attention.c over block tables of the
  * paged cache, whose K/V elements are f32, f16 or bf16 (kvcache.h). */
@@ -10,10 +12,14 @@
 #include "common.h"
 #include "model.h"
 #include "ops.h"
+#include "rope.h"
 
 struct zs_forward {
     const zs_model *m;
     int max_tokens;
+    /* RoPE frequencies of the position-independent kinds: [0] global layers, [1] Gemma 3's local
+     * ones (rope.h); position-dependent types (dynamic, longrope) fill freq_tok per token */
+    float *freq[2], freq_af[2], *freq_tok;
     float *x, *xn, *q, *k, *v, *att, *h1, *h2;
     /* the attention's view of the cache: per sequence slot, its block tables (grown on use) */
     zs_att_seq *views;
@@ -41,7 +47,20 @@ int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
     f->att = zs_aligned_alloc(64, n * qd * 4);
     f->h1 = zs_aligned_alloc(64, n * wide * 4);
     f->h2 = zs_aligned_alloc(64, n * wide * 4);
-    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->h1 || !f->h2) {
+    size_t half = (size_t)ZS_MAX(c->head_dim / 2, 1);
+    f->freq[0] = malloc(half * sizeof(float));
+    f->freq[1] = malloc(half * sizeof(float));
+    f->freq_tok = malloc(half * sizeof(float));
+    if (f->freq[0] && f->freq[1] && c->arch != ZS_ARCH_GPT2) {
+        /* layer kinds: the first layer of each kind gives its table (position 0: the kinds here do
+         * not depend on it) */
+        for (int l = c->n_layers - 1; l >= 0; l--) {
+            int k = zs_rope_layer_local(c, l);
+            zs_rope_freqs(c, l, 0, f->freq[k], &f->freq_af[k]);
+        }
+    }
+    if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->h1 || !f->h2 || !f->freq[0] || !f->freq[1] ||
+        !f->freq_tok) {
         zs_forward_free(f);
         return zs_err(ZS_ENOMEM, "forward: cannot allocate scratch for %d tokens", max_tokens);
     }
@@ -53,6 +72,7 @@ void zs_forward_free(zs_forward *f) {
     if (!f) return;
     free(f->x); free(f->xn); free(f->q); free(f->k); free(f->v);
     free(f->att); free(f->h1); free(f->h2);
+    free(f->freq[0]); free(f->freq[1]); free(f->freq_tok);
     free(f->views); free(f->view_stamp); free(f->ptrs);
     free(f);
 }
@@ -67,12 +87,17 @@ static inline const void *W(const zs_bucket_layout *L, int role, const void *dat
 
 static void norm(const zs_model_config *c, float *y, const float *x, const float *w, const float *b, int n) {
     if (c->arch == ZS_ARCH_GPT2) zs_op_layernorm(y, x, w, b, n, c->dim, c->norm_eps);
-    else zs_op_rmsnorm(y, x, w, n, c->dim, c->norm_eps);
+    else zs_op_rmsnorm_off(y, x, w, n, c->dim, c->norm_eps, c->norm_offset);
 }
+
+
 
 /* Attention of the batch over the cache (kernels/cpu/attention.c): the kernel sees each
  * sequence of the batch through its table of block pointers, built here per layer. */
 static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b) {
+    const zs_model_config *mc = zs_model_config_get(f->m);
+    /* Gemma's scale and soft-cap, the window of a sliding layer */
+    zs_att_params ap = {zs_config_att_scale(mc), mc->attn_softcap, zs_config_layer_window(mc, layer)};
     const zs_model_config *c = zs_model_config_get(f->m);
     int ns = zs_kv_max_seqs(kv), nblk = zs_kv_total_blocks(kv);
     if (ns > f->n_views || nblk > f->n_ptrs) {
@@ -109,7 +134,7 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
         f->views[s] = (zs_att_seq){kp, vp};
     }
     return zs_op_attention(f->att, f->q, b->n, b->seq, b->pos, f->views, c->n_heads, c->n_kv_heads, c->head_dim,
-                           c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, zs_kv_dtype(kv), ZS_ATT_AUTO);
+                           c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, zs_kv_dtype(kv), ZS_ATT_AUTO, &ap);
 }
 
 static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b,
@@ -125,11 +150,24 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     zs_op_matmul(f->q, f->xn, n, d, W(L, ZS_R_WQ, data, res), WD(ZS_R_WQ), qd, WF(L, ZS_R_BQ, data, res));
     zs_op_matmul(f->k, f->xn, n, d, W(L, ZS_R_WK, data, res), WD(ZS_R_WK), kvd, WF(L, ZS_R_BK, data, res));
     zs_op_matmul(f->v, f->xn, n, d, W(L, ZS_R_WV, data, res), WD(ZS_R_WV), kvd, WF(L, ZS_R_BV, data, res));
+    if (c->qk_norm) { /* Qwen3, Gemma 3: RMSNorm over each head of q and k */
+        zs_op_rmsnorm_off(f->q, f->q, WF(L, ZS_R_Q_NORM, data, res), n * c->n_heads, c->head_dim, c->norm_eps,
+                          c->norm_offset);
+        zs_op_rmsnorm_off(f->k, f->k, WF(L, ZS_R_K_NORM, data, res), n * c->n_kv_heads, c->head_dim, c->norm_eps,
+                          c->norm_offset);
+    }
+    int kind = zs_rope_layer_local(c, l), per_tok = zs_rope_pos_dependent(c, l);
     for (int i = 0; i < n; i++) {
         float *q = f->q + (size_t)i * qd, *k = f->k + (size_t)i * kvd;
         if (c->arch != ZS_ARCH_GPT2) {
-            zs_op_rope(q, c->n_heads, c->head_dim, b->pos[i], c->rope_theta);
-            zs_op_rope(k, c->n_kv_heads, c->head_dim, b->pos[i], c->rope_theta);
+            const float *fr = f->freq[kind];
+            float af = f->freq_af[kind];
+            if (per_tok) {
+                zs_rope_freqs(c, l, b->pos[i], f->freq_tok, &af);
+                fr = f->freq_tok;
+            }
+            zs_op_rope_freq(q, c->n_heads, c->head_dim, b->pos[i], fr, af);
+            zs_op_rope_freq(k, c->n_kv_heads, c->head_dim, b->pos[i], fr, af);
         }
         /* into the cache in its element type (16-bit: rounded to nearest even) */
         zs_kv_write(kv, l, b->seq[i], b->pos[i], k, f->v + (size_t)i * kvd);
@@ -137,6 +175,7 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     int rc = attention(f, kv, l, b);
     if (rc < 0) return rc;
     zs_op_matmul(f->xn, f->att, n, qd, W(L, ZS_R_WO, data, res), WD(ZS_R_WO), d, WF(L, ZS_R_BO, data, res));
+    if (c->post_norms) norm(c, f->xn, f->xn, WF(L, ZS_R_POST_ATTN_NORM, data, res), NULL, n);
     zs_op_add(f->x, f->xn, (size_t)n * d);
 
     norm(c, f->xn, f->x, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), n);
@@ -146,9 +185,11 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     } else {
         zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_GATE, data, res), WD(ZS_R_W_GATE), ff, WF(L, ZS_R_B_GATE, data, res));
         zs_op_matmul(f->h2, f->xn, n, d, W(L, ZS_R_W_UP, data, res), WD(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res));
-        zs_op_swiglu(f->h1, f->h1, f->h2, (size_t)n * ff);
+        if (c->act) zs_op_geglu(f->h1, f->h1, f->h2, (size_t)n * ff); /* Gemma */
+        else zs_op_swiglu(f->h1, f->h1, f->h2, (size_t)n * ff);
     }
     zs_op_matmul(f->xn, f->h1, n, ff, W(L, ZS_R_W_DOWN, data, res), WD(ZS_R_W_DOWN), d, WF(L, ZS_R_B_DOWN, data, res));
+    if (c->post_norms) norm(c, f->xn, f->xn, WF(L, ZS_R_POST_FFN_NORM, data, res), NULL, n);
     zs_op_add(f->x, f->xn, (size_t)n * d);
 #undef WD
     return 0;
@@ -188,6 +229,8 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
             zs_op_embed(f->xn, pos_tab, E->slot[ZS_R_POS_EMB].dtype, d, b->pos[i]);
             zs_op_add(x, f->xn, (size_t)d);
         }
+        if (c->embed_scale > 0) /* Gemma: times sqrt(hidden) */
+            for (int e = 0; e < d; e++) x[e] *= c->embed_scale;
     }
     if (!lookup) src->release(src->ctx, eb);
 
@@ -221,5 +264,7 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
                          E->slot[ZS_R_TOK_EMB].dtype, c->vocab_size, NULL);
         src->release(src->ctx, eb);
     }
+    if (c->final_softcap > 0 && b->n_logits > 0) /* Gemma 2 */
+        zs_op_softcap(logits, (size_t)b->n_logits * (size_t)c->vocab_size, c->final_softcap);
     return 0;
 }

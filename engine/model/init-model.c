@@ -35,8 +35,49 @@ int zs_init_opts_default(const char *arch, zs_init_opts *o) {
         c->norm_eps = 1e-5f; c->tied_embeddings = 1; c->act = 1;
         c->qkv_bias = c->o_bias = c->mlp_bias = 1;
     } else {
-        return zs_err(ZS_EUNSUPPORTED, "init-model: unknown --arch '%s' (llama or gpt2)", arch);
+        /* the newer llama-family checkpoints: small, with their real ratios (GQA, head_dim 128 / 256
+         * independent of dim / heads where the family has it) */
+        static const struct {
+            const char *name, *cls;
+            int fam, layers, dim, heads, kv, hd, ffn, ctx, tied;
+            float eps, theta;
+        } F[] = {
+            {"mistral", "MistralForCausalLM", ZS_FAM_MISTRAL, 4, 256, 4, 1, 128, 688, 1024, 0, 1e-5f, 10000.0f},
+            {"qwen2", "Qwen2ForCausalLM", ZS_FAM_QWEN2, 4, 256, 4, 2, 64, 688, 1024, 0, 1e-6f, 1000000.0f},
+            {"qwen3", "Qwen3ForCausalLM", ZS_FAM_QWEN3, 4, 256, 4, 2, 128, 688, 1024, 1, 1e-6f, 1000000.0f},
+            {"gemma2", "Gemma2ForCausalLM", ZS_FAM_GEMMA2, 4, 256, 2, 1, 256, 1024, 1024, 1, 1e-6f, 10000.0f},
+            {"gemma3", "Gemma3ForCausalLM", ZS_FAM_GEMMA3, 6, 256, 2, 1, 256, 1024, 1024, 1, 1e-6f, 1000000.0f},
+            {"phi3", "Phi3ForCausalLM", ZS_FAM_PHI3, 4, 256, 4, 2, 64, 688, 1024, 0, 1e-5f, 10000.0f},
+        };
+        size_t i = 0;
+        while (i < sizeof F / sizeof F[0] && strcmp(arch, F[i].name)) i++;
+        if (i == sizeof F / sizeof F[0])
+            return zs_err(ZS_EUNSUPPORTED, "init-model: unknown --arch '%s' (llama, mistral, qwen2, qwen3, gemma2, "
+                          "gemma3, phi3 or gpt2)", arch);
+        c->arch = ZS_ARCH_LLAMA;
+        c->family = F[i].fam;
+        snprintf(c->arch_name, sizeof c->arch_name, "%s", F[i].cls);
+        c->n_layers = F[i].layers; c->dim = F[i].dim; c->n_heads = F[i].heads; c->n_kv_heads = F[i].kv;
+        c->head_dim = F[i].hd; c->ffn_dim = F[i].ffn; c->vocab_size = 512; c->max_seq = F[i].ctx;
+        c->norm_eps = F[i].eps; c->rope_theta = F[i].theta; c->tied_embeddings = F[i].tied;
+        if (c->family == ZS_FAM_QWEN2) c->qkv_bias = 1;
+        if (c->family == ZS_FAM_GEMMA2 || c->family == ZS_FAM_GEMMA3) {
+            c->act = 1; /* GeGLU */
+            c->query_pre_attn_scalar = (float)c->head_dim;
+            c->sliding_window = 128;
+            c->swa_pattern = c->family == ZS_FAM_GEMMA2 ? 2 : 6;
+            for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = (l + 1) % c->swa_pattern != 0;
+            if (c->family == ZS_FAM_GEMMA2) {
+                c->attn_softcap = 50.0f;
+                c->final_softcap = 30.0f;
+            } else {
+                c->rope_local_theta = 10000.0f;
+            }
+        }
+        /* the families' fixed pieces, as the config parser sets them */
+        return zs_config_override(c, "{}", "init-model");
     }
+    c->family = c->arch == ZS_ARCH_GPT2 ? ZS_FAM_GPT2 : ZS_FAM_LLAMA;
     return 0;
 }
 
@@ -58,7 +99,9 @@ static float rng_normal(rng_t *r) {
     return (float)(rad * cos(2 * M_PI * u2));
 }
 
-enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS };
+/* NORM: a norm's weight (1, or 0 where the model multiplies by 1 + w); BIAS: 0. With random_norms
+ * both get noise (base + 0.1·N(0,1), 0.02·N(0,1)) so that a reference check sees every one. */
+enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS, INIT_NORM, INIT_BIAS };
 
 typedef struct { zs_st_decl d; int init; char name[128]; } tdesc;
 
@@ -84,48 +127,65 @@ static int list_tensors(const zs_model_config *c, tdesc *t) {
         add(t, &n, INIT_NORMAL, 2, V, d, "transformer.wte.weight");
         add(t, &n, INIT_NORMAL, 2, c->max_seq, d, "transformer.wpe.weight");
         for (int l = 0; l < c->n_layers; l++) {
-            add(t, &n, INIT_ONES, 1, d, 0, "transformer.h.%d.ln_1.weight", l);
-            add(t, &n, INIT_ZEROS, 1, d, 0, "transformer.h.%d.ln_1.bias", l);
+            add(t, &n, INIT_NORM, 1, d, 0, "transformer.h.%d.ln_1.weight", l);
+            add(t, &n, INIT_BIAS, 1, d, 0, "transformer.h.%d.ln_1.bias", l);
             add(t, &n, INIT_NORMAL, 2, d, 3 * d, "transformer.h.%d.attn.c_attn.weight", l);
-            add(t, &n, INIT_ZEROS, 1, 3 * d, 0, "transformer.h.%d.attn.c_attn.bias", l);
+            add(t, &n, INIT_BIAS, 1, 3 * d, 0, "transformer.h.%d.attn.c_attn.bias", l);
             add(t, &n, INIT_NORMAL, 2, d, d, "transformer.h.%d.attn.c_proj.weight", l);
-            add(t, &n, INIT_ZEROS, 1, d, 0, "transformer.h.%d.attn.c_proj.bias", l);
-            add(t, &n, INIT_ONES, 1, d, 0, "transformer.h.%d.ln_2.weight", l);
-            add(t, &n, INIT_ZEROS, 1, d, 0, "transformer.h.%d.ln_2.bias", l);
+            add(t, &n, INIT_BIAS, 1, d, 0, "transformer.h.%d.attn.c_proj.bias", l);
+            add(t, &n, INIT_NORM, 1, d, 0, "transformer.h.%d.ln_2.weight", l);
+            add(t, &n, INIT_BIAS, 1, d, 0, "transformer.h.%d.ln_2.bias", l);
             add(t, &n, INIT_NORMAL, 2, d, f, "transformer.h.%d.mlp.c_fc.weight", l);
-            add(t, &n, INIT_ZEROS, 1, f, 0, "transformer.h.%d.mlp.c_fc.bias", l);
+            add(t, &n, INIT_BIAS, 1, f, 0, "transformer.h.%d.mlp.c_fc.bias", l);
             add(t, &n, INIT_NORMAL, 2, f, d, "transformer.h.%d.mlp.c_proj.weight", l);
-            add(t, &n, INIT_ZEROS, 1, d, 0, "transformer.h.%d.mlp.c_proj.bias", l);
+            add(t, &n, INIT_BIAS, 1, d, 0, "transformer.h.%d.mlp.c_proj.bias", l);
         }
-        add(t, &n, INIT_ONES, 1, d, 0, "transformer.ln_f.weight");
-        add(t, &n, INIT_ZEROS, 1, d, 0, "transformer.ln_f.bias");
+        add(t, &n, INIT_NORM, 1, d, 0, "transformer.ln_f.weight");
+        add(t, &n, INIT_BIAS, 1, d, 0, "transformer.ln_f.bias");
         if (!c->tied_embeddings) add(t, &n, INIT_NORMAL, 2, V, d, "lm_head.weight"); /* --untied */
     } else {
+        int phi3 = c->family == ZS_FAM_PHI3, gemma = c->post_norms;
         add(t, &n, INIT_NORMAL, 2, V, d, "model.embed_tokens.weight");
         for (int l = 0; l < c->n_layers; l++) {
             const char *p = "model.layers";
-            add(t, &n, INIT_ONES, 1, d, 0, "%s.%d.input_layernorm.weight", p, l);
-            add(t, &n, INIT_NORMAL, 2, q, d, "%s.%d.self_attn.q_proj.weight", p, l);
-            add(t, &n, INIT_NORMAL, 2, kv, d, "%s.%d.self_attn.k_proj.weight", p, l);
-            add(t, &n, INIT_NORMAL, 2, kv, d, "%s.%d.self_attn.v_proj.weight", p, l);
+            add(t, &n, INIT_NORM, 1, d, 0, "%s.%d.input_layernorm.weight", p, l);
+            if (phi3) {
+                add(t, &n, INIT_NORMAL, 2, q + 2 * kv, d, "%s.%d.self_attn.qkv_proj.weight", p, l);
+            } else {
+                add(t, &n, INIT_NORMAL, 2, q, d, "%s.%d.self_attn.q_proj.weight", p, l);
+                add(t, &n, INIT_NORMAL, 2, kv, d, "%s.%d.self_attn.k_proj.weight", p, l);
+                add(t, &n, INIT_NORMAL, 2, kv, d, "%s.%d.self_attn.v_proj.weight", p, l);
+            }
             if (c->qkv_bias) {
-                add(t, &n, INIT_ZEROS, 1, q, 0, "%s.%d.self_attn.q_proj.bias", p, l);
-                add(t, &n, INIT_ZEROS, 1, kv, 0, "%s.%d.self_attn.k_proj.bias", p, l);
-                add(t, &n, INIT_ZEROS, 1, kv, 0, "%s.%d.self_attn.v_proj.bias", p, l);
+                add(t, &n, INIT_BIAS, 1, q, 0, "%s.%d.self_attn.q_proj.bias", p, l);
+                add(t, &n, INIT_BIAS, 1, kv, 0, "%s.%d.self_attn.k_proj.bias", p, l);
+                add(t, &n, INIT_BIAS, 1, kv, 0, "%s.%d.self_attn.v_proj.bias", p, l);
+            }
+            if (c->qk_norm) {
+                add(t, &n, INIT_NORM, 1, c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, l);
+                add(t, &n, INIT_NORM, 1, c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, l);
             }
             add(t, &n, INIT_NORMAL, 2, d, q, "%s.%d.self_attn.o_proj.weight", p, l);
-            if (c->o_bias) add(t, &n, INIT_ZEROS, 1, d, 0, "%s.%d.self_attn.o_proj.bias", p, l);
-            add(t, &n, INIT_ONES, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l);
-            add(t, &n, INIT_NORMAL, 2, f, d, "%s.%d.mlp.gate_proj.weight", p, l);
-            add(t, &n, INIT_NORMAL, 2, f, d, "%s.%d.mlp.up_proj.weight", p, l);
+            if (c->o_bias) add(t, &n, INIT_BIAS, 1, d, 0, "%s.%d.self_attn.o_proj.bias", p, l);
+            add(t, &n, INIT_NORM, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+            if (gemma) {
+                add(t, &n, INIT_NORM, 1, d, 0, "%s.%d.pre_feedforward_layernorm.weight", p, l);
+                add(t, &n, INIT_NORM, 1, d, 0, "%s.%d.post_feedforward_layernorm.weight", p, l);
+            }
+            if (phi3) {
+                add(t, &n, INIT_NORMAL, 2, 2 * f, d, "%s.%d.mlp.gate_up_proj.weight", p, l);
+            } else {
+                add(t, &n, INIT_NORMAL, 2, f, d, "%s.%d.mlp.gate_proj.weight", p, l);
+                add(t, &n, INIT_NORMAL, 2, f, d, "%s.%d.mlp.up_proj.weight", p, l);
+            }
             add(t, &n, INIT_NORMAL, 2, d, f, "%s.%d.mlp.down_proj.weight", p, l);
             if (c->mlp_bias) {
-                add(t, &n, INIT_ZEROS, 1, f, 0, "%s.%d.mlp.gate_proj.bias", p, l);
-                add(t, &n, INIT_ZEROS, 1, f, 0, "%s.%d.mlp.up_proj.bias", p, l);
-                add(t, &n, INIT_ZEROS, 1, d, 0, "%s.%d.mlp.down_proj.bias", p, l);
+                add(t, &n, INIT_BIAS, 1, f, 0, "%s.%d.mlp.gate_proj.bias", p, l);
+                add(t, &n, INIT_BIAS, 1, f, 0, "%s.%d.mlp.up_proj.bias", p, l);
+                add(t, &n, INIT_BIAS, 1, d, 0, "%s.%d.mlp.down_proj.bias", p, l);
             }
         }
-        add(t, &n, INIT_ONES, 1, d, 0, "model.norm.weight");
+        add(t, &n, INIT_NORM, 1, d, 0, "model.norm.weight");
         if (!c->tied_embeddings) add(t, &n, INIT_NORMAL, 2, V, d, "lm_head.weight");
     }
     return n;
@@ -249,8 +309,8 @@ int zs_init_model_write(const zs_init_opts *o, const char *dir) {
     c.bos_id = c.eos_id = c.vocab_size - 1;
     ZS_CHECK(mkdir_p(dir));
 
-    tdesc *t = calloc((size_t)(8 + 20 * c.n_layers), sizeof *t);
-    zs_st_decl *decls = calloc((size_t)(8 + 20 * c.n_layers), sizeof *decls);
+    tdesc *t = calloc((size_t)(8 + 24 * c.n_layers), sizeof *t);
+    zs_st_decl *decls = calloc((size_t)(8 + 24 * c.n_layers), sizeof *decls);
     float *buf = malloc((size_t)1 << 22);
     uint16_t *buf16 = malloc((size_t)1 << 21);
     zs_st_writer *w = NULL;
@@ -273,9 +333,14 @@ int zs_init_model_write(const zs_init_opts *o, const char *dir) {
         size_t total = (size_t)t[i].d.shape[0] * (size_t)(t[i].d.ndim > 1 ? t[i].d.shape[1] : 1);
         for (size_t done = 0; done < total && rc == 0; done += chunk) {
             size_t m = ZS_MIN(chunk, total - done);
-            for (size_t k = 0; k < m; k++)
-                buf[k] = t[i].init == INIT_NORMAL ? rng_normal(&rng) * o->init_std
-                         : t[i].init == INIT_ONES ? 1.0f : 0.0f;
+            float nb = c.norm_offset != 0 ? 0.0f : 1.0f; /* Gemma: 1 + w */
+            for (size_t k = 0; k < m; k++) {
+                int it = t[i].init;
+                buf[k] = it == INIT_NORMAL ? rng_normal(&rng) * o->init_std
+                         : it == INIT_ONES ? 1.0f
+                         : it == INIT_NORM ? (o->random_norms ? nb + 0.1f * rng_normal(&rng) : nb)
+                         : it == INIT_BIAS && o->random_norms ? 0.02f * rng_normal(&rng) : 0.0f;
+            }
             if (c.dtype == ZS_F32) rc = zs_st_writer_write(w, buf, m * 4);
             else {
                 zs_convert(buf16, c.dtype, buf, ZS_F32, m);

@@ -12,9 +12,13 @@ typedef struct {
     zs_model_config cfg;  /* arch, arch_name, sizes, eps, theta, tied, biases, dtype */
     uint64_t seed;
     float init_std;       /* standard deviation of the normal init of matrices (default 0.02) */
+    int random_norms;     /* norms 1 + 0.1·N(0,1) (Gemma: 0.1·N(0,1)) and biases 0.02·N(0,1) instead of
+                             1 (0) and 0: for reference checks that must see every tensor */
 } zs_init_opts;
 
-/* Defaults for an architecture ("llama" or "gpt2"): a small model; sizes may then be changed. */
+/* Defaults for an architecture ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3" or
+ * "gpt2"): a small model with the family's ratios; sizes may then be changed (then pass the config
+ * through zs_config_override to re-derive what follows from them). */
 int zs_init_opts_default(const char *arch, zs_init_opts *o);
 /* Writes the model into dir (created if missing). Files are written atomically; the same
  * options and seed give byte-identical files. */

@@ -9,12 +9,15 @@
 typedef struct {
     int open;
     int len;
-    int n_blocks;
-    int *blocks; /* [max_blocks_per_seq] */
+    int n_blocks; /* entries of blocks[] in use: ceil(len / ZS_KV_BLOCK) */
+    int *blocks;  /* [max_blocks_per_seq]: the block of each table index */
+    int n_phys;   /* blocks the sequence owns (n_blocks, or at most ring with a window) */
+    int *phys;    /* [max(ring, 1)] with a window: the owned blocks; index j uses phys[j % ring] */
 } kv_seq;
 
 struct zs_kvcache {
     int n_layers, kv_dim, n_blocks, max_seqs, max_len, max_bps;
+    int window, ring; /* zs_kv_set_window: blocks per sequence (0: no window, a block per index) */
     zs_dtype dtype;
     size_t esize;  /* bytes of one element: 4 or 2 */
     char **pool;   /* [n_layers] -> n_blocks * 2 * ZS_KV_BLOCK * kv_dim elements */
@@ -87,7 +90,10 @@ void zs_kv_free(zs_kvcache *kv) {
     if (kv->pool)
         for (int l = 0; l < kv->n_layers; l++) free(kv->pool[l]);
     if (kv->seqs)
-        for (int s = 0; s < kv->max_seqs; s++) free(kv->seqs[s].blocks);
+        for (int s = 0; s < kv->max_seqs; s++) {
+            free(kv->seqs[s].blocks);
+            free(kv->seqs[s].phys);
+        }
     free(kv->pool);
     free(kv->free_list);
     free(kv->seqs);
@@ -100,6 +106,7 @@ int zs_kv_seq_open(zs_kvcache *kv, int *seq) {
             kv->seqs[s].open = 1;
             kv->seqs[s].len = 0;
             kv->seqs[s].n_blocks = 0;
+            kv->seqs[s].n_phys = 0;
             *seq = s;
             return 0;
         }
@@ -111,9 +118,36 @@ void zs_kv_seq_truncate(zs_kvcache *kv, int seq, int len) {
     if (len < 0) len = 0;
     if (len > s->len) return;
     int keep = (len + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
-    while (s->n_blocks > keep) kv->free_list[kv->n_free++] = s->blocks[--s->n_blocks];
+    if (kv->ring) { /* ring blocks are shared by table indices: only an empty sequence gives them back */
+        if (keep == 0)
+            while (s->n_phys > 0) kv->free_list[kv->n_free++] = s->phys[--s->n_phys];
+        s->n_blocks = keep;
+    } else {
+        while (s->n_blocks > keep) kv->free_list[kv->n_free++] = s->blocks[--s->n_blocks];
+    }
     s->len = len;
 }
+
+int zs_kv_set_window(zs_kvcache *kv, int window, int max_chunk) {
+    if (window <= 0 || max_chunk <= 0)
+        return zs_err(ZS_EINVAL, "kv cache: window %d and chunk %d must be positive", window, max_chunk);
+    for (int s = 0; s < kv->max_seqs; s++)
+        if (kv->seqs[s].open) return zs_err(ZS_EBUSY, "kv cache: the window is set before any sequence opens");
+    /* a chunk of max_chunk tokens at p0 reads positions p0 - window + 1 .. p0 + max_chunk - 1: that many
+     * consecutive positions touch at most ceil(span / block) + 1 blocks, which must be distinct */
+    long span = (long)window + max_chunk - 1, ring = (span + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK + 1;
+    if (ring >= kv->max_bps) return 0; /* no saving: every index keeps its own block */
+    for (int s = 0; s < kv->max_seqs; s++) {
+        int *p = realloc(kv->seqs[s].phys, (size_t)ring * sizeof(int));
+        if (!p) return zs_err(ZS_ENOMEM, "kv cache: out of memory");
+        kv->seqs[s].phys = p;
+    }
+    kv->window = window;
+    kv->ring = (int)ring;
+    return 0;
+}
+
+int zs_kv_ring(const zs_kvcache *kv) { return kv->ring; }
 
 void zs_kv_seq_close(zs_kvcache *kv, int seq) {
     if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].open) return;
@@ -128,7 +162,17 @@ int zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len) {
     if (new_len > kv->max_len)
         return zs_err(ZS_ERANGE, "sequence length %d exceeds the context length %d", new_len,
                       kv->max_len);
-    int need = (new_len + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK - s->n_blocks;
+    int nb = (new_len + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+    if (kv->ring) { /* a window: at most ring blocks, index j in phys[j % ring] */
+        int need = ZS_MIN(nb, kv->ring) - s->n_phys;
+        if (need > kv->n_free)
+            return zs_err(ZS_ENOSPC, "kv cache full: need %d more blocks, %d free", need, kv->n_free);
+        for (int i = 0; i < need; i++) s->phys[s->n_phys++] = kv->free_list[--kv->n_free];
+        for (; s->n_blocks < nb; s->n_blocks++) s->blocks[s->n_blocks] = s->phys[s->n_blocks % kv->ring];
+        if (new_len > s->len) s->len = new_len;
+        return 0;
+    }
+    int need = nb - s->n_blocks;
     if (need > kv->n_free)
         return zs_err(ZS_ENOSPC, "kv cache full: need %d more blocks, %d free", need, kv->n_free);
     for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = kv->free_list[--kv->n_free];

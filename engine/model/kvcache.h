@@ -41,8 +41,19 @@ int  zs_kv_seq_len(const zs_kvcache *kv, int seq);
 /* Makes room for positions [0, new_len): allocates blocks as needed (ZS_ENOSPC when the pool is
  * exhausted, leaving the sequence unchanged) and records new_len as the length. */
 int  zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len);
-/* Truncate the sequence to len positions (frees blocks beyond). */
+/* Truncate the sequence to len positions (frees blocks beyond; with a window, only truncating to 0
+ * gives blocks back, and positions older than the window are gone). */
 void zs_kv_seq_truncate(zs_kvcache *kv, int seq, int len);
+/* A sliding window for a model whose every layer attends through one (Mistral, Phi-3): a sequence
+ * then needs only the last `window` positions, so it owns at most a ring of
+ * ceil((window + max_chunk - 1) / ZS_KV_BLOCK) + 1 blocks and table index j uses ring block j % ring
+ * (zs_kv_seq_blocks lists them per index as before). max_chunk: the most tokens of one sequence in
+ * one forward call (the forward refuses more). Positions older than window are overwritten, so
+ * the attention must never read them (zs_att_params.window). Set before any sequence opens; no-op
+ * when the ring would not be smaller than a whole sequence. ZS_EINVAL / ZS_EBUSY / ZS_ENOMEM. */
+int  zs_kv_set_window(zs_kvcache *kv, int window, int max_chunk);
+/* Blocks per sequence with a window (0: none). */
+int  zs_kv_ring(const zs_kvcache *kv);
 
 /* Pointers to K (or V) of (layer, seq, pos): kv_dim elements of zs_kv_dtype (float for f32,
  * uint16_t bits for f16/bf16); rows of one block follow each other. pos must be < seq length. */

@@ -41,6 +41,12 @@ enum {
     ZS_R_WO, ZS_R_BO,
     ZS_R_FFN_NORM_W, ZS_R_FFN_NORM_B,
     ZS_R_W_GATE, ZS_R_B_GATE, ZS_R_W_UP, ZS_R_B_UP, ZS_R_W_DOWN, ZS_R_B_DOWN,
+    /* Qwen3 / Gemma 3: RMSNorm weights [head_dim] over each head of q and of k (qk_norm) */
+    ZS_R_Q_NORM, ZS_R_K_NORM,
+    /* Gemma 2/3 (post_norms): RMSNorm weights [dim] on the attention output and the MLP output
+     * before their residual adds (HF post_attention_layernorm / post_feedforward_layernorm; the MLP's
+     * input norm, pre_feedforward_layernorm, is ZS_R_FFN_NORM_W) */
+    ZS_R_POST_ATTN_NORM, ZS_R_POST_FFN_NORM,
     ZS_R_LAYER_COUNT
 };
 /* Embedding bucket and head bucket: */
@@ -147,10 +153,11 @@ typedef struct {
 zs_weight_source zs_model_resident_source(zs_model *m);
 /* Where a slot came from in the Hugging Face checkpoint (for export): the tensor name and shape,
  * and how our [out, in] slot was cut from it. */
-enum { ZS_SRC_COPY = 0, ZS_SRC_TRANSPOSE_COLS = 1, ZS_SRC_VEC_SLICE = 2 };
+enum { ZS_SRC_COPY = 0, ZS_SRC_TRANSPOSE_COLS = 1, ZS_SRC_VEC_SLICE = 2, ZS_SRC_ROW_SLICE = 3 };
 typedef struct {
     const char *name;   /* owned by the model */
-    int kind;           /* ZS_SRC_*: copy; columns [col0, col0+out) of an [in, cols] tensor, transposed; elements from col0 */
+    int kind;           /* ZS_SRC_*: copy; columns [col0, col0+out) of an [in, cols] tensor, transposed; elements from
+                           col0; rows [col0, col0+out) of a [rows, in] tensor (Phi-3's fused qkv_proj, gate_up_proj) */
     int64_t col0;
     int ndim;
     int64_t shape[2];
@@ -175,6 +182,7 @@ typedef struct {
 } zs_batch;
 
 typedef struct zs_forward zs_forward;   /* scratch of one forward executor */
+
 int  zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out);
 void zs_forward_free(zs_forward *f);
 /* Runs the batch through all buckets; writes n_logits rows of vocab_size floats to logits.

@@ -409,6 +409,11 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
         if (rc == 0)
             rc = zs_kv_init_ex(c->n_layers, c->n_kv_heads * c->head_dim, o->kv_blocks, o->max_seqs, o->context,
                                o->kv_dtype, R->dev == NULL, &R->kv);
+        if (rc == 0 && c->sliding_window > 0) { /* every layer windowed (Mistral, Phi-3): a ring per sequence */
+            int all = 1;
+            for (int l = 0; l < c->n_layers && all; l++) all = zs_config_layer_sliding(c, l);
+            if (all) rc = zs_kv_set_window(R->kv, c->sliding_window, o->max_tokens);
+        }
         if (rc == 0)
             rc = R->dev ? zs_forward_cuda_new(m, o->max_tokens, R->dev, R->kv, &R->cfwd)
                         : zs_forward_new(m, o->max_tokens, &R->fwd);

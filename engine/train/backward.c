@@ -1,6 +1,8 @@
 /* backward.c — training forward and backward over one micro-batch (backward.h): embeddings,
  * transformer blocks with activation checkpointing (each layer recomputed from its stored input
- * in the backward), final norm + LM head + masked cross-entropy, for Llama-family and GPT-2
+ * in the backward), final norm + LM head + masked cross-entropy, for Llama-family (with the
+ * pieces of Qwen3, Gemma 2/3, Phi-3 and Mistral: q/k norms, sandwich norms, GeGLU, soft-capping,
+ * sliding windows, scaled RoPE, scaled embeddings) and GPT-2
  * models on the CPU. The forward arithmetic is that of forward.c; the backward ops are in
  * kernels/cpu/ops-backward.c. */
 #include "backward.h"
@@ -10,6 +12,7 @@
 
 #include "common.h"
 #include "ops.h"
+#include "rope.h"
 #include "train-ops.h"
 
 /* pass steps, in order: 0 embed fwd, 1..L layer fwd, L+1 head, L+2..2L+1 layer bwd (L-1..0),
@@ -28,6 +31,11 @@ struct zs_trainer {
     /* their gradients */
     float *dxn, *dq, *dk, *dv, *datt, *dhg, *dhu, *dha;
     float *scores;          /* [2T] */
+    /* the newer families: q and k before their per-head norms (qk_norm), the attention and MLP
+     * outputs before their post-norms (post_norms), a gradient buffer for those, the soft-capped
+     * logits (final_softcap), RoPE frequencies ([0] global, [1] local layers; per token: tok) */
+    float *qraw, *kraw, *dqraw, *dkraw, *ao, *mo, *dtmp, *capped;
+    float *freq[2], freq_af[2], *freq_tok;
     float *logits;          /* [chunk * V] */
     int chunk;
     float *wscratch;        /* [ZS_MATMUL_BWD_BLOCK * max(in)] for f16/bf16 weights */
@@ -89,7 +97,27 @@ int zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out) {
     t->scores = talloc(t, 2 * (size_t)T);
     t->logits = talloc(t, (size_t)t->chunk * (size_t)t->V);
     t->wscratch = talloc(t, (size_t)ZS_MATMUL_BWD_BLOCK * wide);
-    if (!t->tokens || !t->pos || !t->xs || !t->dres || !t->xn1 || !t->q || !t->k || !t->v || !t->att ||
+    int extra_ok = 1;
+    if (c->qk_norm) {
+        extra_ok &= !!(t->qraw = talloc(t, N * qd));
+        extra_ok &= !!(t->kraw = talloc(t, N * kvd));
+        extra_ok &= !!(t->dqraw = talloc(t, N * qd));
+        extra_ok &= !!(t->dkraw = talloc(t, N * kvd));
+    }
+    if (c->post_norms) {
+        extra_ok &= !!(t->ao = talloc(t, N * d));
+        extra_ok &= !!(t->mo = talloc(t, N * d));
+    }
+    extra_ok &= !!(t->dtmp = talloc(t, N * d));
+    if (c->final_softcap > 0) extra_ok &= !!(t->capped = talloc(t, (size_t)t->chunk * (size_t)t->V));
+    size_t half = (size_t)ZS_MAX(c->head_dim / 2, 1);
+    extra_ok &= !!(t->freq[0] = talloc(t, half)) && !!(t->freq[1] = talloc(t, half)) && !!(t->freq_tok = talloc(t, half));
+    if (extra_ok && c->arch != ZS_ARCH_GPT2)
+        for (int l = c->n_layers - 1; l >= 0; l--) {
+            int k = zs_rope_layer_local(c, l);
+            zs_rope_freqs(c, l, 0, t->freq[k], &t->freq_af[k]);
+        }
+    if (!extra_ok || !t->tokens || !t->pos || !t->xs || !t->dres || !t->xn1 || !t->q || !t->k || !t->v || !t->att ||
         !t->xmid || !t->xn2 || !t->hg || !t->hu || !t->ha || !t->tmp || !t->dxn || !t->dq || !t->dk || !t->dv ||
         !t->datt || !t->dhg || !t->dhu || !t->dha || !t->scores || !t->logits || !t->wscratch) {
         zs_trainer_free(t);
@@ -105,7 +133,8 @@ void zs_trainer_free(zs_trainer *t) {
     if (!t) return;
     float *bufs[] = {t->xs, t->dres, t->xn1, t->q, t->k, t->v, t->att, t->xmid, t->xn2, t->hg, t->hu,
                      t->ha, t->tmp, t->dxn, t->dq, t->dk, t->dv, t->datt, t->dhg, t->dhu, t->dha,
-                     t->scores, t->logits, t->wscratch};
+                     t->scores, t->logits, t->wscratch, t->qraw, t->kraw, t->dqraw, t->dkraw, t->ao, t->mo, t->dtmp, t->capped,
+                     t->freq[0], t->freq[1], t->freq_tok};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(t->tokens);
     free(t->pos);
@@ -150,13 +179,34 @@ static int check_areas(const zs_bucket_layout *L, const void *data, const void *
 
 static void norm_fwd(const zs_model_config *c, float *y, const float *x, const float *w, const float *b, int n) {
     if (c->arch == ZS_ARCH_GPT2) zs_op_layernorm(y, x, w, b, n, c->dim, c->norm_eps);
-    else zs_op_rmsnorm(y, x, w, n, c->dim, c->norm_eps);
+    else zs_op_rmsnorm_off(y, x, w, n, c->dim, c->norm_eps, c->norm_offset);
 }
 
 static void norm_bwd(const zs_model_config *c, float *dx, float *dw, float *db, const float *dy, const float *x,
                      const float *w, int n) {
     if (c->arch == ZS_ARCH_GPT2) zs_op_layernorm_bwd(dx, dw, db, dy, x, w, n, c->dim, c->norm_eps);
-    else zs_op_rmsnorm_bwd(dx, dw, dy, x, w, n, c->dim, c->norm_eps);
+    else zs_op_rmsnorm_off_bwd(dx, dw, dy, x, w, n, c->dim, c->norm_eps, c->norm_offset);
+}
+
+/* RoPE of every token of the batch, forward or backward (the same frequencies) */
+static void rope_all(zs_trainer *t, int l, float *x, int nh, int ld, int bwd) {
+    const zs_model_config *c = t->c;
+    int kind = zs_rope_layer_local(c, l), per_tok = zs_rope_pos_dependent(c, l);
+    for (int i = 0; i < t->N; i++) {
+        const float *fr = t->freq[kind];
+        float af = t->freq_af[kind];
+        if (per_tok) {
+            zs_rope_freqs(c, l, t->pos[i], t->freq_tok, &af);
+            fr = t->freq_tok;
+        }
+        if (bwd) zs_op_rope_freq_bwd(x + (size_t)i * ld, nh, c->head_dim, t->pos[i], fr, af);
+        else zs_op_rope_freq(x + (size_t)i * ld, nh, c->head_dim, t->pos[i], fr, af);
+    }
+}
+
+static zs_att_params att_params(const zs_model_config *c, int l) {
+    zs_att_params p = {zs_config_att_scale(c), c->attn_softcap, zs_config_layer_window(c, l)};
+    return p;
 }
 
 /* The forward of layer l from x_in, keeping its activations in the workspace; writes the layer's
@@ -173,17 +223,29 @@ static void layer_compute(zs_trainer *t, int l, const void *data, const void *re
     zs_op_matmul(t->q, t->xn1, n, d, W(L, ZS_R_WQ, data, res), wd, qd, WF(L, ZS_R_BQ, data, res));
     zs_op_matmul(t->k, t->xn1, n, d, W(L, ZS_R_WK, data, res), wd, kvd, WF(L, ZS_R_BK, data, res));
     zs_op_matmul(t->v, t->xn1, n, d, W(L, ZS_R_WV, data, res), wd, kvd, WF(L, ZS_R_BV, data, res));
-    if (c->arch != ZS_ARCH_GPT2)
-        for (int i = 0; i < n; i++) {
-            zs_op_rope(t->q + (size_t)i * qd, c->n_heads, c->head_dim, t->pos[i], c->rope_theta);
-            zs_op_rope(t->k + (size_t)i * kvd, c->n_kv_heads, c->head_dim, t->pos[i], c->rope_theta);
-        }
+    if (c->qk_norm) { /* per-head RMSNorm of q and k (the inputs kept for the backward) */
+        memcpy(t->qraw, t->q, (size_t)n * qd * sizeof(float));
+        memcpy(t->kraw, t->k, (size_t)n * kvd * sizeof(float));
+        zs_op_rmsnorm_off(t->q, t->qraw, WF(L, ZS_R_Q_NORM, data, res), n * c->n_heads, c->head_dim, c->norm_eps,
+                          c->norm_offset);
+        zs_op_rmsnorm_off(t->k, t->kraw, WF(L, ZS_R_K_NORM, data, res), n * c->n_kv_heads, c->head_dim, c->norm_eps,
+                          c->norm_offset);
+    }
+    if (c->arch != ZS_ARCH_GPT2) {
+        rope_all(t, l, t->q, c->n_heads, qd, 0);
+        rope_all(t, l, t->k, c->n_kv_heads, kvd, 0);
+    }
+    zs_att_params ap = att_params(c, l);
     for (int b = 0; b < t->B; b++) {
         size_t o = (size_t)b * T;
         zs_op_attention_fwd(t->att + o * qd, t->q + o * qd, t->k + o * kvd, t->v + o * kvd, T, c->n_heads,
-                            c->n_kv_heads, c->head_dim, t->scores);
+                            c->n_kv_heads, c->head_dim, t->scores, &ap);
     }
     zs_op_matmul(t->tmp, t->att, n, qd, W(L, ZS_R_WO, data, res), wd, d, WF(L, ZS_R_BO, data, res));
+    if (c->post_norms) {
+        memcpy(t->ao, t->tmp, nd * sizeof(float));
+        norm_fwd(c, t->tmp, t->ao, WF(L, ZS_R_POST_ATTN_NORM, data, res), NULL, n);
+    }
     memcpy(t->xmid, x_in, nd * sizeof(float));
     zs_op_add(t->xmid, t->tmp, nd);
 
@@ -196,10 +258,17 @@ static void layer_compute(zs_trainer *t, int l, const void *data, const void *re
     } else {
         zs_op_matmul(t->hg, t->xn2, n, d, W(L, ZS_R_W_GATE, data, res), wd, ff, WF(L, ZS_R_B_GATE, data, res));
         zs_op_matmul(t->hu, t->xn2, n, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res));
-        zs_op_swiglu(t->ha, t->hg, t->hu, nf);
+        if (c->act) zs_op_geglu(t->ha, t->hg, t->hu, nf);
+        else zs_op_swiglu(t->ha, t->hg, t->hu, nf);
+    }
+    if (x_out || c->post_norms) {
+        zs_op_matmul(t->tmp, t->ha, n, ff, W(L, ZS_R_W_DOWN, data, res), wd, d, WF(L, ZS_R_B_DOWN, data, res));
+        if (c->post_norms) {
+            memcpy(t->mo, t->tmp, nd * sizeof(float));
+            norm_fwd(c, t->tmp, t->mo, WF(L, ZS_R_POST_FFN_NORM, data, res), NULL, n);
+        }
     }
     if (x_out) {
-        zs_op_matmul(t->tmp, t->ha, n, ff, W(L, ZS_R_W_DOWN, data, res), wd, d, WF(L, ZS_R_B_DOWN, data, res));
         memcpy(x_out, t->xmid, nd * sizeof(float));
         zs_op_add(x_out, t->tmp, nd);
     }
@@ -224,6 +293,8 @@ int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const i
             zs_op_embed(t->tmp, W(E, ZS_R_POS_EMB, data, res), E->slot[ZS_R_POS_EMB].dtype, d, t->pos[i]);
             zs_op_add(x, t->tmp, (size_t)d);
         }
+        if (t->c->embed_scale > 0) /* Gemma: times sqrt(hidden), as the inference pass */
+            for (int e = 0; e < d; e++) x[e] *= t->c->embed_scale;
     }
     t->next = 1;
     return 0;
@@ -285,7 +356,13 @@ int zs_train_head(zs_trainer *t, const void *head_data, const void *head_res, co
         if (!any) continue; /* every target masked: no loss, no gradient */
         const float *x = xf + (size_t)r0 * d;
         zs_op_matmul(t->logits, x, R, d, Wh, wdt, V, NULL);
+        size_t rv = (size_t)R * (size_t)V;
+        if (c->final_softcap > 0) { /* Gemma 2: the loss sees the capped logits */
+            zs_op_softcap(t->logits, rv, c->final_softcap);
+            if (!eval) memcpy(t->capped, t->logits, rv * sizeof(float));
+        }
         sum += zs_op_cross_entropy(eval ? NULL : t->logits, t->logits, targets + r0, R, V, scale);
+        if (!eval && c->final_softcap > 0) zs_op_softcap_bwd(t->logits, t->logits, t->capped, rv, c->final_softcap);
         if (!eval) zs_op_matmul_bwd(dxf + (size_t)r0 * d, gW, NULL, t->logits, x, Wh, wdt, R, d, V, t->wscratch);
     }
     *loss = count ? (float)(sum / count) : 0.0f;
@@ -318,15 +395,22 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
 
     layer_compute(t, layer, data, res, x_in, NULL);
 
-    /* MLP: x_out = xmid + down(act(xn2)) */
+    /* MLP: x_out = xmid + [post-norm] down(act(xn2)) */
+    const float *dm = t->dres;
+    if (c->post_norms) {
+        memset(t->dtmp, 0, nd * sizeof(float));
+        norm_bwd(c, t->dtmp, GR(ZS_R_POST_FFN_NORM), NULL, t->dres, t->mo, WF(L, ZS_R_POST_FFN_NORM, data, res), n);
+        dm = t->dtmp;
+    }
     memset(t->dha, 0, nf * sizeof(float));
-    zs_op_matmul_bwd(t->dha, GR(ZS_R_W_DOWN), GR(ZS_R_B_DOWN), t->dres, t->ha, W(L, ZS_R_W_DOWN, data, res), wd, n,
+    zs_op_matmul_bwd(t->dha, GR(ZS_R_W_DOWN), GR(ZS_R_B_DOWN), dm, t->ha, W(L, ZS_R_W_DOWN, data, res), wd, n,
                      ff, d, ws);
     memset(t->dxn, 0, nd * sizeof(float));
     if (c->arch == ZS_ARCH_GPT2) {
         zs_op_gelu_bwd(t->dhu, t->dha, t->hu, nf);
     } else {
-        zs_op_swiglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
+        if (c->act) zs_op_geglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
+        else zs_op_swiglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
         zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_GATE), GR(ZS_R_B_GATE), t->dhg, t->xn2, W(L, ZS_R_W_GATE, data, res),
                          wd, n, d, ff, ws);
     }
@@ -336,23 +420,40 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
     norm_bwd(c, t->dres, GR(ZS_R_FFN_NORM_W), GR(ZS_R_FFN_NORM_B), t->dxn, t->xmid,
              WF(L, ZS_R_FFN_NORM_W, data, res), n);
 
-    /* attention: xmid = x_in + o(attn(rope(q(xn1)), rope(k(xn1)), v(xn1))) */
+    /* attention: xmid = x_in + [post-norm] o(attn(rope(qn(q(xn1))), rope(kn(k(xn1))), v(xn1))) */
+    const float *dao = t->dres;
+    if (c->post_norms) {
+        memset(t->dtmp, 0, nd * sizeof(float));
+        norm_bwd(c, t->dtmp, GR(ZS_R_POST_ATTN_NORM), NULL, t->dres, t->ao, WF(L, ZS_R_POST_ATTN_NORM, data, res), n);
+        dao = t->dtmp;
+    }
     memset(t->datt, 0, (size_t)n * qd * sizeof(float));
-    zs_op_matmul_bwd(t->datt, GR(ZS_R_WO), GR(ZS_R_BO), t->dres, t->att, W(L, ZS_R_WO, data, res), wd, n, qd, d,
+    zs_op_matmul_bwd(t->datt, GR(ZS_R_WO), GR(ZS_R_BO), dao, t->att, W(L, ZS_R_WO, data, res), wd, n, qd, d,
                      ws);
     memset(t->dq, 0, (size_t)n * qd * sizeof(float));
     memset(t->dk, 0, (size_t)n * kvd * sizeof(float));
     memset(t->dv, 0, (size_t)n * kvd * sizeof(float));
+    zs_att_params ap = att_params(c, layer);
     for (int s = 0; s < t->B; s++) {
         size_t o = (size_t)s * T;
         zs_op_attention_bwd(t->dq + o * qd, t->dk + o * kvd, t->dv + o * kvd, t->datt + o * qd, t->q + o * qd,
-                            t->k + o * kvd, t->v + o * kvd, T, c->n_heads, c->n_kv_heads, c->head_dim, t->scores);
+                            t->k + o * kvd, t->v + o * kvd, T, c->n_heads, c->n_kv_heads, c->head_dim, t->scores, &ap);
     }
-    if (c->arch != ZS_ARCH_GPT2)
-        for (int i = 0; i < n; i++) {
-            zs_op_rope_bwd(t->dq + (size_t)i * qd, c->n_heads, c->head_dim, t->pos[i], c->rope_theta);
-            zs_op_rope_bwd(t->dk + (size_t)i * kvd, c->n_kv_heads, c->head_dim, t->pos[i], c->rope_theta);
-        }
+    if (c->arch != ZS_ARCH_GPT2) {
+        rope_all(t, layer, t->dq, c->n_heads, qd, 1);
+        rope_all(t, layer, t->dk, c->n_kv_heads, kvd, 1);
+    }
+    if (c->qk_norm) { /* through the per-head norms */
+        float *dqr = t->dqraw, *dkr = t->dkraw;
+        memset(dqr, 0, (size_t)n * qd * sizeof(float));
+        zs_op_rmsnorm_off_bwd(dqr, GR(ZS_R_Q_NORM), t->dq, t->qraw, WF(L, ZS_R_Q_NORM, data, res), n * c->n_heads,
+                              c->head_dim, c->norm_eps, c->norm_offset);
+        memcpy(t->dq, dqr, (size_t)n * qd * sizeof(float));
+        memset(dkr, 0, (size_t)n * kvd * sizeof(float));
+        zs_op_rmsnorm_off_bwd(dkr, GR(ZS_R_K_NORM), t->dk, t->kraw, WF(L, ZS_R_K_NORM, data, res), n * c->n_kv_heads,
+                              c->head_dim, c->norm_eps, c->norm_offset);
+        memcpy(t->dk, dkr, (size_t)n * kvd * sizeof(float));
+    }
     memset(t->dxn, 0, nd * sizeof(float));
     zs_op_matmul_bwd(t->dxn, GR(ZS_R_WQ), GR(ZS_R_BQ), t->dq, t->xn1, W(L, ZS_R_WQ, data, res), wd, n, d, qd, ws);
     zs_op_matmul_bwd(t->dxn, GR(ZS_R_WK), GR(ZS_R_BK), t->dk, t->xn1, W(L, ZS_R_WK, data, res), wd, n, d, kvd, ws);
@@ -371,6 +472,8 @@ int zs_train_embed_bwd(zs_trainer *t, const void *data, const void *res, float *
     (void)data; /* the embedding backward reads no weights */
     (void)res;
     ZS_CHECK(check_areas(GE, g_data, g_res, "embedding gradient"));
+    if (t->c->embed_scale > 0) /* the table's rows were scaled: so is their gradient */
+        for (size_t i = 0; i < (size_t)t->N * t->d; i++) t->dres[i] *= t->c->embed_scale;
     zs_op_embed_bwd(G(GE, ZS_R_TOK_EMB, g_data, g_res), t->dres, t->tokens, t->N, t->d);
     float *gp = G(GE, ZS_R_POS_EMB, g_data, g_res);
     if (gp) zs_op_embed_bwd(gp, t->dres, t->pos, t->N, t->d);

@@ -625,6 +625,8 @@ static int export_write(zs_training *t, const char *out_dir, int writer) {
                 memcpy(x->data, w, (size_t)(out * in) * sizeof(float));
             } else if (src.kind == ZS_SRC_VEC_SLICE) {
                 memcpy(x->data + src.col0, w, (size_t)out * sizeof(float));
+            } else if (src.kind == ZS_SRC_ROW_SLICE) { /* rows col0.. of a fused [rows, in] tensor */
+                memcpy(x->data + src.col0 * in, w, (size_t)(out * in) * sizeof(float));
             } else { /* our [out, in] rows are columns col0.. of an [in, cols] tensor */
                 int64_t cols = src.shape[1];
                 for (int64_t o = 0; o < out; o++)

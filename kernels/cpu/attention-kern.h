@@ -7,7 +7,10 @@
  * one task: the rows (query token, head) of one tile of one sequence's tokens that share one kv
  * head, over that head's keys block by block (a block of K or V is read once per tile from L2 and
  * reused by all its rows from L1). The order of each element is documented in attention.h; tiling
- * only interleaves independent elements. Needs att_task, zs_v8, ATT_FMA8, KERN_NAME and
+ * only interleaves independent elements. With a sliding window (att_task.window) each row's keys
+ * start at att_first_key, and blocks no row of the tile sees are skipped unread; the soft-cap is
+ * ops.c's zs_op_softcap on each row's visible scores. Needs att_task, att_first_key,
+ * att_block_seen, zs_v8, ATT_FMA8, KERN_NAME and
  *   KV_T        the cache's element type (float, or uint16_t holding f16 / bf16 bits)
  *   KV_LD8(p)   the 8 elements at p (const KV_T *) widened, as a zs_v8
  *   KV_LD1(p)   the element at p widened, as a float
@@ -97,16 +100,19 @@ static void KERN_NAME(pv)(float *o, const float *p, const KV_T *v, size_t vs, in
 }
 
 /* One task: rows r = ti * group + g (tile token ti, head kh * group + g); s: nrows * lds floats,
- * lds >= the tile's largest position + 1. */
+ * s[r * lds + j - base] the score of key j (base: the first position of the first block any row
+ * of the tile sees), lds >= the tile's largest position + 1 - base. */
 static void KERN_NAME(task)(const att_task *t, float *s, size_t lds) {
-    int hd = t->hd, B = t->block, group = t->group, nrows = t->nt * group;
+    int hd = t->hd, B = t->block, group = t->group, nrows = t->nt * group, W = t->window, base = t->base;
     size_t ks = (size_t)t->kv_stride, koff = (size_t)t->kh * hd;
     const zs_att_seq *sq = t->sq;
     int maxp = 0;
     for (int ti = 0; ti < t->nt; ti++) maxp = t->pos[t->tok[ti]] > maxp ? t->pos[t->tok[ti]] : maxp;
-    /* scores: block by block, every row against the block's keys (rows past their own position
-     * compute a few scores they never use) */
-    for (int b0 = 0; b0 <= maxp; b0 += B) {
+    /* scores: block by block, every row against the block's keys (rows past their own position,
+     * or with a window past this block, compute a few scores they never use); with a window, a
+     * block no row of the tile sees is not read */
+    for (int b0 = base; b0 <= maxp; b0 += B) {
+        if (W > 0 && !att_block_seen(t, b0, B)) continue;
         int nk = maxp + 1 - b0 < B ? maxp + 1 - b0 : B;
         const KV_T *kb = (const KV_T *)sq->k[b0 / B] + koff;
         for (int r = 0; r < nrows; r += 2) {
@@ -116,23 +122,35 @@ static void KERN_NAME(task)(const att_task *t, float *s, size_t lds) {
                 int ti = (r + c) / group, h = t->kh * group + (r + c) % group;
                 qr[c] = t->q + (size_t)t->tok[ti] * t->qd + (size_t)h * hd;
             }
-            KERN_NAME(qk)(s + (size_t)r * lds + b0, lds, qr, nr, kb, ks, nk, hd, t->scale);
+            KERN_NAME(qk)(s + (size_t)r * lds + (b0 - base), lds, qr, nr, kb, ks, nk, hd, t->scale);
         }
     }
+    /* each row's visible keys lo..pos: soft-capped (ops.c, the same function for every build),
+     * then the softmax */
     for (int r = 0; r < nrows; r++) {
-        int ti = r / group, h = t->kh * group + r % group, tok = t->tok[ti];
-        zs_op_softmax(s + (size_t)r * lds, t->pos[tok] + 1);
+        int ti = r / group, h = t->kh * group + r % group, tok = t->tok[ti], p = t->pos[tok];
+        int lo = att_first_key(p, W);
+        float *sr = s + (size_t)r * lds + (lo - base);
+        if (t->softcap > 0.0f) zs_op_softcap(sr, (size_t)(p + 1 - lo), t->softcap);
+        zs_op_softmax(sr, p + 1 - lo);
         float *o = t->out + (size_t)tok * t->qd + (size_t)h * hd;
         for (int e = 0; e < hd; e++) o[e] = 0.0f;
     }
-    /* weighted sum of values: block by block, each row over its own keys 0..pos */
-    for (int b0 = 0; b0 <= maxp; b0 += B) {
+    /* weighted sum of values: block by block, each row over its own keys lo..pos */
+    for (int b0 = base; b0 <= maxp; b0 += B) {
+        if (W > 0 && !att_block_seen(t, b0, B)) continue;
         const KV_T *vb = (const KV_T *)sq->v[b0 / B] + koff;
         for (int r = 0; r < nrows; r++) {
             int ti = r / group, h = t->kh * group + r % group, tok = t->tok[ti], p = t->pos[tok];
             if (p < b0) continue;
-            int nk = p + 1 - b0 < B ? p + 1 - b0 : B;
-            KERN_NAME(pv)(t->out + (size_t)tok * t->qd + (size_t)h * hd, s + (size_t)r * lds + b0, vb, ks, nk, hd);
+            int j0 = b0, lo = att_first_key(p, W);
+            if (lo > j0) {
+                if (lo >= b0 + B) continue;
+                j0 = lo;
+            }
+            int nk = p + 1 - j0 < b0 + B - j0 ? p + 1 - j0 : b0 + B - j0;
+            KERN_NAME(pv)(t->out + (size_t)tok * t->qd + (size_t)h * hd, s + (size_t)r * lds + (j0 - base),
+                          vb + (size_t)(j0 - b0) * ks, ks, nk, hd);
         }
     }
 }

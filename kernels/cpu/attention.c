@@ -6,7 +6,10 @@
  * neither the batch, the tile size nor the thread count. The inner loops (attention-kern.h) are
  * compiled for each cache element type (f32; f16 and bf16, widened in registers as they are
  * read) in two builds, generic and AVX2+FMA (+F16C for f16), with the same fused operations in
- * the same order. */
+ * the same order. The family parameters (zs_att_params) change the scores' multiplier, soft-cap
+ * the scores of each row before its softmax, and with a sliding window start each row's keys at
+ * pos - window + 1 (blocks no row of a tile sees are never read); without them the work is
+ * exactly the plain causal attention's. */
 #include "attention.h"
 
 #include <math.h>
@@ -34,8 +37,25 @@ typedef struct {
     const zs_att_seq *sq;
     int nt, kh, group, hd, kv_stride, block;
     size_t qd;
-    float scale;
+    float scale;   /* the dot products' multiplier */
+    float softcap; /* > 0: scores soft-capped */
+    int window;    /* > 0: a sliding window */
+    int base;      /* the first position of the first block the tile sees (0 without a window) */
 } att_task;
+
+/* the first key a query at position p sees (window 0: key 0) */
+static inline int att_first_key(int p, int window) {
+    return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+}
+
+/* 1 when some row of the task sees a key of the block [b0, b0 + B) */
+static inline int att_block_seen(const att_task *t, int b0, int B) {
+    for (int i = 0; i < t->nt; i++) {
+        int p = t->pos[t->tok[i]];
+        if (p >= b0 && att_first_key(p, t->window) < b0 + B) return 1;
+    }
+    return 0;
+}
 
 /* one bf16 widened: its 16 bits are the high half of the f32 (exact) */
 static inline float att_bf16_widen(uint16_t h) {
@@ -173,7 +193,8 @@ typedef struct {
     int ntiles, nkv, group, hd, kv_stride, block;
     att_task_fn fn;
     size_t qd;
-    float scale;
+    float scale, softcap;
+    int window;
     atomic_int failed;
 } att_job;
 
@@ -182,10 +203,15 @@ static void att_run_task(void *arg, int task) {
     /* the last tiles (the longest rows of a prefill chunk) first, for balance */
     const att_tile *tl = &j->tiles[j->ntiles - 1 - task / j->nkv];
     att_task t = {j->out, j->q, j->ord + tl->start, j->pos, &j->seqs[tl->seq], tl->nt, task % j->nkv, j->group,
-                  j->hd, j->kv_stride, j->block, j->qd, j->scale};
-    int maxp = 0;
-    for (int i = 0; i < t.nt; i++) maxp = ZS_MAX(maxp, j->pos[t.tok[i]]);
-    size_t lds = ((size_t)maxp + 1 + 7) & ~(size_t)7;
+                  j->hd, j->kv_stride, j->block, j->qd, j->scale, j->softcap, j->window, 0};
+    int maxp = 0, minlo = 0x7fffffff;
+    for (int i = 0; i < t.nt; i++) {
+        int p = j->pos[t.tok[i]];
+        maxp = ZS_MAX(maxp, p);
+        minlo = ZS_MIN(minlo, att_first_key(p, t.window));
+    }
+    if (t.window > 0) t.base = minlo / t.block * t.block;
+    size_t lds = ((size_t)(maxp + 1 - t.base) + 7) & ~(size_t)7;
     float *s = scratch_get(lds * (size_t)t.nt * (size_t)j->group);
     if (!s) { atomic_store(&j->failed, 1); return; }
     j->fn(&t, s, lds);
@@ -210,13 +236,24 @@ static int have_f16c(void) {
 }
 
 int zs_op_attention(float *out, const float *q, int T, const int *seq, const int *pos, const zs_att_seq *seqs,
-                    int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path) {
+                    int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path,
+                    const zs_att_params *ap) {
     if (T <= 0) return 0;
     if (nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || kv_stride < nkv * hd || block <= 0)
         return zs_err(ZS_EINVAL, "attention: bad shape (heads %d, kv heads %d, head dim %d, stride %d, block %d)",
                       nh, nkv, hd, kv_stride, block);
     if (kv_dtype != ZS_F32 && kv_dtype != ZS_F16 && kv_dtype != ZS_BF16)
         return zs_err(ZS_EINVAL, "attention: KV cache element type %d (f32, f16 or bf16)", kv_dtype);
+    float scale = 1.0f / sqrtf((float)hd), softcap = 0.0f;
+    int window = 0;
+    if (ap) {
+        if (!isfinite(ap->scale) || !(ap->softcap >= 0.0f) || isinf(ap->softcap) || ap->window < 0)
+            return zs_err(ZS_EINVAL, "attention: bad parameters (scale %g, soft-cap %g, window %d)",
+                          (double)ap->scale, (double)ap->softcap, ap->window);
+        if (ap->scale != 0.0f) scale = ap->scale;
+        softcap = ap->softcap;
+        window = ap->window;
+    }
     int simd = have_avx2() && (kv_dtype != ZS_F16 || have_f16c());
     int avx2 = path == ZS_ATT_AVX2 ? 1 : path == ZS_ATT_GENERIC ? 0 : simd;
     if (avx2 && !simd)
@@ -253,7 +290,7 @@ int zs_op_attention(float *out, const float *q, int T, const int *seq, const int
         qt = ZS_MAX(1, qt / 2);
     }
     att_job j = {out, q, ord, seq, pos, seqs, tiles, ntiles, nkv, group, hd, kv_stride, block, fn,
-                 (size_t)nh * hd, 1.0f / sqrtf((float)hd), 0};
+                 (size_t)nh * hd, scale, softcap, window, 0};
     zs_pool_run(att_run_task, &j, ntiles * nkv);
     free(ord);
     free(tiles);

@@ -31,6 +31,19 @@ typedef struct {
 
 enum { ZS_ATT_AUTO = 0, ZS_ATT_GENERIC = 1, ZS_ATT_AVX2 = 2 };
 
+/* What a model family changes in the scores (NULL or all zero: the plain causal attention above).
+ *   scale:   the scores' multiplier instead of 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar^-0.5);
+ *            0: 1/sqrt(head_dim) exactly as above;
+ *   softcap: score = softcap · tanhf(score / softcap) after the scaling (Gemma 2); 0: none;
+ *   window:  a sliding window: query position p sees keys p-window+1 .. p only (Mistral, Gemma,
+ *            Phi-3; transformers' sliding_window_overlay); 0: keys 0 .. p. Blocks wholly before
+ *            the window are never read (their table entries may be NULL). */
+typedef struct {
+    float scale;
+    float softcap;
+    int window;
+} zs_att_params;
+
 /* out[T, nh*hd] (written) from q[T, nh*hd]: token i belongs to seqs[seq[i]] and sits at position
  * pos[i]; it attends to that sequence's positions 0..pos[i], which must all be in the cache.
  * Query head h uses kv head h / (nh / nkv). kv_dtype: the cache's elements, ZS_F32, ZS_F16 or
@@ -39,6 +52,7 @@ enum { ZS_ATT_AUTO = 0, ZS_ATT_GENERIC = 1, ZS_ATT_AVX2 = 2 };
  * work runs on the pool, pool.h). Returns 0, or ZS_ENOMEM / ZS_EINVAL / ZS_EUNSUPPORTED with a
  * message. */
 int zs_op_attention(float *out, const float *q, int T, const int *seq, const int *pos, const zs_att_seq *seqs,
-                    int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path);
+                    int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path,
+                    const zs_att_params *ap);
 
 #endif

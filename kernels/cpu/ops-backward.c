@@ -1,5 +1,6 @@
 /* ops-backward.c — CPU backward of the forward ops (train-ops.h): matmul, norms, RoPE,
- * causal attention with GQA, activations, embedding, cross-entropy. Sums that reduce over a row
+ * causal attention with GQA (scale, soft-cap, sliding window), activations (GELU, SwiGLU, GeGLU,
+ * soft-cap), embedding, cross-entropy. Sums that reduce over a row
  * or over tokens accumulate in double where it is cheap; the forward parts (attention) are scalar
  * loops of their own (the inference attention of attention.c is the same math in SIMD). The
  * matrix products use our own fixed-order kernel (matmul-bwd-kern.h: per element, fused
@@ -170,22 +171,30 @@ void zs_op_matmul_bwd(float *dx, float *dW, float *db, const float *dy, const fl
     }
 }
 
-void zs_op_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, int T, int d,
-                       float eps) {
+void zs_op_rmsnorm_off_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, int T, int d,
+                           float eps, float off) {
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * d, *gr = dy + (size_t)t * d;
         float *dr = dx + (size_t)t * d;
         float ss = 0.0f;
         for (int i = 0; i < d; i++) ss += xr[i] * xr[i];
         float r = 1.0f / sqrtf(ss / (float)d + eps);
+        /* the weight as the forward sees it: w (off 0, zs_op_rmsnorm_bwd's bits) or off + w */
+#define RMS_W(i) (off == 0.0f ? w[i] : off + w[i])
         double dot = 0.0;
-        for (int i = 0; i < d; i++) dot += (double)gr[i] * w[i] * xr[i];
+        for (int i = 0; i < d; i++) dot += (double)gr[i] * RMS_W(i) * xr[i];
         float c = (float)(dot * r * r * r / d);
         for (int i = 0; i < d; i++) {
-            dr[i] += r * w[i] * gr[i] - c * xr[i];
+            dr[i] += r * RMS_W(i) * gr[i] - c * xr[i];
             if (dw) dw[i] += gr[i] * xr[i] * r;
         }
+#undef RMS_W
     }
+}
+
+void zs_op_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, int T, int d,
+                       float eps) {
+    zs_op_rmsnorm_off_bwd(dx, dw, dy, x, w, T, d, eps, 0.0f);
 }
 
 void zs_op_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
@@ -226,31 +235,70 @@ void zs_op_rope_bwd(float *dx, int n_heads, int head_dim, int pos, float theta) 
     }
 }
 
-/* The probabilities of query row i of head h (keys 0..i) into p, scalar; the forward and the
- * backward here share it (the inference attention, attention.c, is the same math in SIMD). */
-static void att_row_probs(float *p, const float *q, const float *k, int i, int kvd, int hd, float scale) {
-    for (int j = 0; j <= i; j++) {
-        const float *kr = k + (size_t)j * kvd;
-        float s = 0.0f;
-        for (int e = 0; e < hd; e++) s += q[e] * kr[e];
-        p[j] = s * scale;
+void zs_op_rope_freq_bwd(float *dx, int n_heads, int head_dim, int pos, const float *inv_freq, float attn_factor) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        /* the forward's c and s (factor included): the transpose of [c -s; s c] */
+        float ang = (float)pos * inv_freq[i];
+        float c = cosf(ang) * attn_factor, s = sinf(ang) * attn_factor;
+        for (int h = 0; h < n_heads; h++) {
+            float *v = dx + (size_t)h * head_dim;
+            float a = v[i], b = v[i + half];
+            v[i] = a * c + b * s;
+            v[i + half] = b * c - a * s;
+        }
     }
-    zs_op_softmax(p, i + 1);
+}
+
+void zs_op_softcap_bwd(float *dx, const float *dy, const float *y, size_t n, float cap) {
+    for (size_t i = 0; i < n; i++) {
+        float t = y[i] / cap;
+        dx[i] = dy[i] * (1.0f - t * t);
+    }
+}
+
+/* The attention parameters resolved: the scale (0: 1/sqrt(hd)), the soft-cap (0: none) and the
+ * window (0: none) */
+static void att_params(const zs_att_params *ap, int hd, float *scale, float *cap, int *window) {
+    *scale = ap && ap->scale != 0.0f ? ap->scale : 1.0f / sqrtf((float)hd);
+    *cap = ap && ap->softcap > 0.0f ? ap->softcap : 0.0f;
+    *window = ap && ap->window > 0 ? ap->window : 0;
+}
+
+/* the first key query i sees */
+static inline int att_lo(int i, int window) { return window > 0 && i - window + 1 > 0 ? i - window + 1 : 0; }
+
+static inline float att_dot(const float *q, const float *k, int hd) {
+    float s = 0.0f;
+    for (int e = 0; e < hd; e++) s += q[e] * k[e];
+    return s;
+}
+
+/* The probabilities of query row i of head h (keys lo..i; p[lo..i] written) into p, scalar; the
+ * forward and the backward here share it (the inference attention, attention.c, is the same math
+ * in SIMD). */
+static void att_row_probs(float *p, const float *q, const float *k, int i, int lo, int kvd, int hd, float scale,
+                          float cap) {
+    for (int j = lo; j <= i; j++) p[j] = att_dot(q, k + (size_t)j * kvd, hd) * scale;
+    if (cap > 0.0f) zs_op_softcap(p + lo, (size_t)(i + 1 - lo), cap);
+    zs_op_softmax(p + lo, i + 1 - lo);
 }
 
 void zs_op_attention_fwd(float *out, const float *q, const float *k, const float *v, int T, int nh, int nkv,
-                         int hd, float *scratch) {
-    int group = nh / nkv;
+                         int hd, float *scratch, const zs_att_params *ap) {
+    int group = nh / nkv, window;
     size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale, cap;
+    att_params(ap, hd, &scale, &cap, &window);
     for (int i = 0; i < T; i++) {
+        int lo = att_lo(i, window);
         for (int h = 0; h < nh; h++) {
             int kh = h / group;
-            att_row_probs(scratch, q + (size_t)i * qd + (size_t)h * hd, k + (size_t)kh * hd, i, (int)kvd, hd,
-                          scale);
+            att_row_probs(scratch, q + (size_t)i * qd + (size_t)h * hd, k + (size_t)kh * hd, i, lo, (int)kvd, hd,
+                          scale, cap);
             float *o = out + (size_t)i * qd + (size_t)h * hd;
             memset(o, 0, (size_t)hd * sizeof(float));
-            for (int j = 0; j <= i; j++) {
+            for (int j = lo; j <= i; j++) {
                 const float *vr = v + (size_t)j * kvd + (size_t)kh * hd;
                 float w = scratch[j];
                 for (int e = 0; e < hd; e++) o[e] += w * vr[e];
@@ -260,21 +308,23 @@ void zs_op_attention_fwd(float *out, const float *q, const float *k, const float
 }
 
 void zs_op_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                         const float *v, int T, int nh, int nkv, int hd, float *scratch) {
-    int group = nh / nkv;
+                         const float *v, int T, int nh, int nkv, int hd, float *scratch, const zs_att_params *ap) {
+    int group = nh / nkv, window;
     size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale, cap;
+    att_params(ap, hd, &scale, &cap, &window);
     float *p = scratch, *dp = scratch + T;
     for (int i = 0; i < T; i++) {
+        int lo = att_lo(i, window);
         for (int h = 0; h < nh; h++) {
             int kh = h / group;
             const float *qi = q + (size_t)i * qd + (size_t)h * hd;
             const float *go = dout + (size_t)i * qd + (size_t)h * hd;
             float *dqi = dq + (size_t)i * qd + (size_t)h * hd;
-            att_row_probs(p, qi, k + (size_t)kh * hd, i, (int)kvd, hd, scale);
+            att_row_probs(p, qi, k + (size_t)kh * hd, i, lo, (int)kvd, hd, scale, cap);
             /* dp_j = dout_i · v_j; softmax backward: ds_j = p_j (dp_j - Σ p dp) */
             double D = 0.0;
-            for (int j = 0; j <= i; j++) {
+            for (int j = lo; j <= i; j++) {
                 const float *vr = v + (size_t)j * kvd + (size_t)kh * hd;
                 float s = 0.0f;
                 for (int e = 0; e < hd; e++) s += go[e] * vr[e];
@@ -282,9 +332,16 @@ void zs_op_attention_bwd(float *dq, float *dk, float *dv, const float *dout, con
                 D += (double)p[j] * s;
             }
             float Df = (float)D;
-            for (int j = 0; j <= i; j++) {
-                float ds = p[j] * (dp[j] - Df) * scale;
+            for (int j = lo; j <= i; j++) {
                 const float *kr = k + (size_t)j * kvd + (size_t)kh * hd;
+                float ds = p[j] * (dp[j] - Df);
+                if (cap > 0.0f) {
+                    /* through the soft-cap: × (1 - tanh²) of the scaled score, recomputed (the
+                     * scratch holds p and dp only) */
+                    float t = tanhf(att_dot(qi, kr, hd) * scale / cap);
+                    ds *= 1.0f - t * t;
+                }
+                ds *= scale;
                 float *dkr = dk + (size_t)j * kvd + (size_t)kh * hd;
                 float *dvr = dv + (size_t)j * kvd + (size_t)kh * hd;
                 for (int e = 0; e < hd; e++) {
@@ -314,6 +371,17 @@ void zs_op_gelu_bwd(float *dx, const float *dy, const float *x, size_t n) {
         float th = tanhf(k * (v + 0.044715f * v * v * v));
         float d = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * v * v);
         dx[i] = dy[i] * d;
+    }
+}
+
+void zs_op_geglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up, size_t n) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (size_t i = 0; i < n; i++) {
+        float v = gate[i], u = up[i], y = dy[i];
+        float th = tanhf(k * (v + 0.044715f * v * v * v));
+        float d = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * v * v);
+        dgate[i] = y * u * d;
+        dup[i] = y * (0.5f * v * (1.0f + th));
     }
 }
 

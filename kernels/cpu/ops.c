@@ -1,4 +1,6 @@
-/* ops.c — CPU reference-quality implementations of the forward-pass operations. */
+/* ops.c — CPU reference-quality implementations of the forward-pass operations (ops.h): norms,
+ * RoPE (default or given frequencies), activations (GELU, SwiGLU, GeGLU), soft-capping, softmax,
+ * embedding rows. Scalar loops in a fixed order: the same bits on every CPU. */
 #include "ops.h"
 
 #include <math.h>
@@ -7,15 +9,24 @@
 
 #include "common.h"
 
-void zs_op_rmsnorm(float *y, const float *x, const float *w, int T, int d, float eps) {
+/* y = (x·s)·w' per row, s = 1/sqrtf(ss/d + eps), w' = w (off 0: zs_op_rmsnorm's bits, even for a
+ * weight of -0) or off + w (Gemma) */
+void zs_op_rmsnorm_off(float *y, const float *x, const float *w, int T, int d, float eps, float off) {
     for (int t = 0; t < T; t++) {
         const float *xr = x + (size_t)t * d;
         float *yr = y + (size_t)t * d;
         float ss = 0.0f;
         for (int i = 0; i < d; i++) ss += xr[i] * xr[i];
         float s = 1.0f / sqrtf(ss / (float)d + eps);
-        for (int i = 0; i < d; i++) yr[i] = xr[i] * s * w[i];
+        if (off == 0.0f)
+            for (int i = 0; i < d; i++) yr[i] = xr[i] * s * w[i];
+        else
+            for (int i = 0; i < d; i++) yr[i] = xr[i] * s * (off + w[i]);
     }
+}
+
+void zs_op_rmsnorm(float *y, const float *x, const float *w, int T, int d, float eps) {
+    zs_op_rmsnorm_off(y, x, w, T, d, eps, 0.0f);
 }
 
 void zs_op_layernorm_stats(const float *x, int d, float eps, float *mean, float *rstd) {
@@ -43,13 +54,18 @@ void zs_op_layernorm(float *y, const float *x, const float *w, const float *b, i
     }
 }
 
-void zs_op_rope(float *x, int n_heads, int head_dim, int pos, float theta) {
+/* gelu_tanh(v), shared by zs_op_gelu and zs_op_geglu (the same bits) */
+static inline float gelu1(float v) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+}
+
+/* pairs i0 .. i0+n-1 of every head rotated by pos·f[i - i0], cos and sin times af */
+static void rope_pairs(float *x, int n_heads, int head_dim, int pos, int i0, int n, const float *f, float af) {
     int half = head_dim / 2;
-    for (int i = 0; i < half; i++) {
-        /* same float32 arithmetic as the HF reference: inv_freq = 1 / theta^(2i/d) */
-        float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)head_dim);
-        float ang = (float)pos * inv_freq;
-        float c = cosf(ang), s = sinf(ang);
+    for (int i = i0; i < i0 + n; i++) {
+        float ang = (float)pos * f[i - i0];
+        float c = cosf(ang) * af, s = sinf(ang) * af;
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)h * head_dim;
             float a = v[i], b = v[i + half];
@@ -59,12 +75,34 @@ void zs_op_rope(float *x, int n_heads, int head_dim, int pos, float theta) {
     }
 }
 
-void zs_op_gelu(float *x, size_t n) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    for (size_t i = 0; i < n; i++) {
-        float v = x[i];
-        x[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+void zs_op_rope_freq(float *x, int n_heads, int head_dim, int pos, const float *inv_freq, float attn_factor) {
+    rope_pairs(x, n_heads, head_dim, pos, 0, head_dim / 2, inv_freq, attn_factor);
+}
+
+void zs_op_rope(float *x, int n_heads, int head_dim, int pos, float theta) {
+    /* same float32 arithmetic as the HF reference: inv_freq = 1 / theta^(2i/d), a chunk of the
+     * table at a time, then zs_op_rope_freq's rotation with the factor 1 (exact) */
+    enum { CHUNK = 128 };
+    float f[CHUNK];
+    int half = head_dim / 2;
+    for (int i0 = 0; i0 < half; i0 += CHUNK) {
+        int n = half - i0 < CHUNK ? half - i0 : CHUNK;
+        for (int i = 0; i < n; i++) f[i] = 1.0f / powf(theta, (float)(2 * (i0 + i)) / (float)head_dim);
+        rope_pairs(x, n_heads, head_dim, pos, i0, n, f, 1.0f);
     }
+}
+
+void zs_op_softcap(float *x, size_t n, float cap) {
+    /* the division, not a product with 1/cap: transformers' x / cap, tanh, * cap */
+    for (size_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
+void zs_op_geglu(float *out, const float *gate, const float *up, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = gelu1(gate[i]) * up[i];
+}
+
+void zs_op_gelu(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = gelu1(x[i]);
 }
 
 void zs_op_swiglu(float *out, const float *gate, const float *up, size_t n) {

@@ -17,6 +17,9 @@ void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dty
                   const float *bias);
 /* y[T,d] = x / rms(x) * w, per row (w in f32). y may alias x. */
 void zs_op_rmsnorm(float *y, const float *x, const float *w, int T, int d, float eps);
+/* The same with the weight offset of Gemma's RMSNorm: y = x / rms(x) * (off + w) (off 0: bit for bit
+ * zs_op_rmsnorm). y may alias x. */
+void zs_op_rmsnorm_off(float *y, const float *x, const float *w, int T, int d, float eps, float off);
 /* y[T,d] = (x - mean) / sqrt(var + eps) * w + b, per row. y may alias x. */
 /* The statistics of one LayerNorm row: its mean and 1/sqrt(variance + eps) (the forward and
  * the backward share them, so both see the same bits). */
@@ -26,6 +29,14 @@ void zs_op_layernorm(float *y, const float *x, const float *w, const float *b, i
 /* Rotary embedding, Hugging Face rotate_half convention: dims i and i+hd/2 form a pair.
  * x is [n_heads * head_dim] for one token at position pos. */
 void zs_op_rope(float *x, int n_heads, int head_dim, int pos, float theta);
+/* RoPE with given frequencies (rope.h: zs_rope_freqs): the pair (i, i + hd/2) of every head
+ * rotated by angle pos·inv_freq[i] (a float product), cos and sin (cosf, sinf) each multiplied by
+ * attn_factor (1: bit for bit zs_op_rope when inv_freq is the default table). */
+void zs_op_rope_freq(float *x, int n_heads, int head_dim, int pos, const float *inv_freq, float attn_factor);
+/* x[i] = cap · tanhf(x[i] / cap) (Gemma 2's logit soft-capping) */
+void zs_op_softcap(float *x, size_t n, float cap);
+/* out[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU; gelu_tanh as zs_op_gelu); out may alias gate */
+void zs_op_geglu(float *out, const float *gate, const float *up, size_t n);
 /* x[i] = gelu_tanh(x[i]) */
 void zs_op_gelu(float *x, size_t n);
 /* out[i] = silu(gate[i]) * up[i] */

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "attention.h" /* zs_att_params: scale, soft-cap and sliding window, as the inference attention */
 #include "tensor.h"
 
 /* Rows of W converted per block when W is f16/bf16: a scratch of
@@ -45,6 +46,11 @@ void zs_op_matmul_bwd(float *dx, float *dW, float *db, const float *dy, const fl
 void zs_op_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, int T, int d,
                        float eps);
 
+/* Backward of zs_op_rmsnorm_off (y = x / rms(x) * (off + w)): as zs_op_rmsnorm_bwd with the
+ * weight (off + w); dw[d] += Σ_t dy·x/rms (dw may be NULL). */
+void zs_op_rmsnorm_off_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, int T, int d,
+                           float eps, float off);
+
 /* Backward of zs_op_layernorm (y = (x-mean)/sqrt(var+eps)·w + b), recomputing the statistics:
  * dx += ∂L/∂x, dw += Σ_t dy·x̂, db += Σ_t dy (dw, db may be NULL). */
 void zs_op_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x, const float *w,
@@ -55,17 +61,30 @@ void zs_op_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const
  * PLACE (the transpose of a rotation is the rotation by -angle). */
 void zs_op_rope_bwd(float *dx, int n_heads, int head_dim, int pos, float theta);
 
+/* Backward of zs_op_rope_freq (the same frequencies and factor), IN PLACE: dx ← Rᵀ dx, where R is
+ * the forward's map (a rotation scaled by attn_factor). */
+void zs_op_rope_freq_bwd(float *dx, int n_heads, int head_dim, int pos, const float *inv_freq, float attn_factor);
+
+/* Backward of zs_op_softcap given its OUTPUT y (y = cap·tanh(x/cap)): WRITES dx[i] = dy[i]·(1 - (y/cap)²).
+ * dx may alias dy. */
+void zs_op_softcap_bwd(float *dx, const float *dy, const float *y, size_t n, float cap);
+
+/* Backward of zs_op_geglu (out = gelu_tanh(gate)·up): WRITES dgate = dy·up·gelu'(gate) and
+ * dup = dy·gelu(gate). dgate/dup may alias dy (not each other). */
+void zs_op_geglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up, size_t n);
+
 /* Training forward of causal self-attention over ONE sequence of T tokens (positions 0..T-1):
  * q[T, nh*hd], k/v[T, nkv*hd], query head h uses kv head h / (nh/nkv); out[T, nh*hd] is
  * WRITTEN. Scalar (scale 1/sqrt(hd) after the dot product, zs_op_softmax, weighted sum in key
  * order), the same math as the inference attention (attention.h) but not its SIMD order: no
- * test ties training logits to inference ones bit for bit. scratch: T floats. */
+ * test ties training logits to inference ones bit for bit. ap (NULL: plain): the scale, soft-cap
+ * and sliding window of zs_att_params, with the same meaning. scratch: T floats. */
 void zs_op_attention_fwd(float *out, const float *q, const float *k, const float *v, int T, int nh, int nkv,
-                         int hd, float *scratch);
+                         int hd, float *scratch, const zs_att_params *ap);
 /* Its backward: dq, dk, dv += (same shapes as q, k, v). The probabilities are recomputed row by
  * row from q and k (nothing of size T² is stored). scratch: 2*T floats. */
 void zs_op_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
-                         const float *v, int T, int nh, int nkv, int hd, float *scratch);
+                         const float *v, int T, int nh, int nkv, int hd, float *scratch, const zs_att_params *ap);
 
 /* Backward of zs_op_swiglu (out = silu(gate)·up): WRITES dgate[i] = dy·up·silu'(gate) and
  * dup[i] = dy·silu(gate). dgate/dup may alias dy (not each other). */
