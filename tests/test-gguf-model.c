@@ -6,12 +6,17 @@
  * non-ASCII, literal <s>, every piece of the vocab); small synthetic GGUFs load (llama with an
  * F16 tensor, qwen2 with biases, a byte-level BPE tokenizer with a pre-tokenizer and a control
  * token, a chat template) and fail with messages naming the problem (unknown architecture,
- * missing tensor, wrong shape, quantized tensor, missing hyperparameter). */
+ * missing tensor, wrong shape, quantized tensor, missing hyperparameter, RoPE scaling llama.cpp does
+ * not have); and random checkpoints of the newer families (Llama 3 RoPE, Mistral with YaRN, Qwen2, Qwen3,
+ * Gemma 2, Gemma 3 tied and untied, Phi-3 with LongRoPE and tied), converted by zeroserve convert and
+ * loaded back, have the checkpoint's configuration and give its greedy ids and logits. */
 #include "chat.h"
 #include "common.h"
+#include "convert.h"
 #include "device.h"
 #include "engine.h"
 #include "gguf.h"
+#include "init-model.h"
 #include "model.h"
 #include "testutil.h"
 
@@ -130,7 +135,7 @@ static int gw_write(gwriter *w, const char *path) {
 
 /* ---------- synthetic models ---------- */
 
-enum { BAD_NONE, BAD_ARCH, BAD_MISSING, BAD_SHAPE, BAD_QUANT, BAD_NO_EPS };
+enum { BAD_NONE, BAD_ARCH, BAD_MISSING, BAD_SHAPE, BAD_QUANT, BAD_NO_EPS, BAD_ROPE };
 
 #define SD 32 /* dim */
 #define SF 64 /* ffn */
@@ -153,6 +158,7 @@ static int write_synthetic(const char *path, const char *arch, int bad, const ch
     kv_u32(&w, AK("attention.head_count_kv"), 2);
     if (bad != BAD_NO_EPS) kv_f32(&w, AK("attention.layer_norm_rms_epsilon"), 1e-6f);
     kv_f32(&w, AK("rope.freq_base"), 1000000.0f);
+    if (bad == BAD_ROPE) kv_str(&w, AK("rope.scaling.type"), "dynamic");
 #undef AK
     static const char *const merges[2] = {"a b", "\xc4\xa0 a"};
     static const int32_t types[SV] = {1, 1, 1, 1, 1, 3};
@@ -242,6 +248,8 @@ static void test_synthetic(void) {
               "quantized GGUF tensors are not supported yet");
     CHECK(write_synthetic(p, "qwen2", BAD_NO_EPS, NULL) == 0, "write");
     CHECK_ERR(zs_model_open(p, NULL, &m), "m.gguf", "qwen2.attention.layer_norm_rms_epsilon", "missing");
+    CHECK(write_synthetic(p, "llama", BAD_ROPE, NULL) == 0, "write");
+    CHECK_ERR(zs_model_open(p, NULL, &m), "m.gguf", "llama.rope.scaling.type", "dynamic", "supported: none, linear, yarn");
     CHECK_ERR(zs_model_open("/nonexistent/x.gguf", NULL, &m), "/nonexistent/x.gguf");
     /* not a GGUF file at all */
     snprintf(p, sizeof p, "%s/junk.gguf", g_tmp);
@@ -452,6 +460,116 @@ static void test_generate(const char *dir, const char *gguf) {
     json_decref(ref);
 }
 
+/* ---------- the newer families: a random checkpoint, converted, loaded back ---------- */
+
+/* zeroserve init-model --arch A --random-norms --set JSON, then zeroserve convert (f32): the
+ * configuration read back from the GGUF file (what llama.cpp hard-codes included) is the checkpoint's,
+ * with Gemma's norm_offset 0 (the + 1 is in the weights) and Llama 3's RoPE as per-frequency factors,
+ * and the engine gives the same greedy ids and the same logits (bit for bit; Llama 3's RoPE, computed
+ * from the factors, within 1e-5). */
+static void test_families(void) {
+    static const struct {
+        const char *arch, *set;
+    } F[] = {
+        {"llama", "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+                  "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 64}}"},
+        {"mistral", "{\"sliding_window\": 1024, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8, "
+                    "\"original_max_position_embeddings\": 32, \"mscale\": 1, \"mscale_all_dim\": 0.5}}"},
+        {"qwen2", "{\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4}}"},
+        {"qwen3", "{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4, \"original_max_position_embeddings\": 64, "
+                  "\"attention_factor\": 1.3}}"},
+        {"gemma2", "{\"sliding_window\": 16, \"attn_logit_softcapping\": 0.1, \"final_logit_softcapping\": 0.5}"},
+        {"gemma3", "{\"sliding_window\": 16, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 8}}"},
+        {"gemma3", "{\"sliding_window\": 16, \"tie_word_embeddings\": false}"},
+        {"phi3", "{\"max_position_embeddings\": 2048, \"original_max_position_embeddings\": 32, \"sliding_window\": 24, "
+                 "\"rope_scaling\": {\"rope_type\": \"longrope\", \"short_factor\": [1.5, 2, 1, 3, 1.25, 2, 1, 1, 1.5, "
+                 "2, 1, 3, 1.25, 2, 1, 1, 1.5, 2, 1, 3, 1.25, 2, 1, 1, 1.5, 2, 1, 3, 1.25, 2, 1, 1], \"long_factor\": "
+                 "[4, 8, 2, 16, 4, 8, 2, 16, 4, 8, 2, 16, 4, 8, 2, 16, 4, 8, 2, 16, 4, 8, 2, 16, 4, 8, 2, 16, 4, 8, 2, "
+                 "16]}}"},
+        {"phi3", "{\"tie_word_embeddings\": true}"},
+    };
+    for (size_t i = 0; i < sizeof F / sizeof F[0]; i++) {
+        char dir[4200], gguf[4300];
+        snprintf(dir, sizeof dir, "%s/fam%zu-%s", g_tmp, i, F[i].arch);
+        snprintf(gguf, sizeof gguf, "%s.gguf", dir);
+        zs_init_opts io;
+        int rc = zs_init_opts_default(F[i].arch, &io);
+        io.random_norms = 1;
+        io.seed = 100 + i;
+        if (rc == 0) rc = zs_config_override(&io.cfg, F[i].set, F[i].arch);
+        if (rc == 0) rc = zs_init_model_write(&io, dir);
+        zs_convert_opts co = {.model_dir = dir, .out_path = gguf, .ftype = ZS_FTYPE_ALL_F32, .name = "zs-test"};
+        zs_convert_result cr;
+        if (rc == 0 && (rc = zs_convert_run(&co, &cr)) == 0) zs_gguf_conv_close(cr.plan);
+        CHECK(rc == 0, "%s %s: init-model + convert: %s", F[i].arch, F[i].set, zs_errmsg());
+        if (rc) continue;
+        zs_model *a = NULL, *b = NULL;
+        rc = zs_model_open(dir, NULL, &a);
+        if (rc == 0) rc = zs_model_open(gguf, NULL, &b);
+        CHECK(rc == 0, "%s: open: %s", F[i].arch, zs_errmsg());
+        int llama3 = 0;
+        if (rc == 0) {
+            const zs_model_config *x = zs_model_config_get(a), *y = zs_model_config_get(b);
+            int gemma = x->family == ZS_FAM_GEMMA2 || x->family == ZS_FAM_GEMMA3;
+            llama3 = x->rope.type == ZS_ROPE_LLAMA3;
+            /* Mistral is llama in GGUF */
+            CHECK(y->family == (x->family == ZS_FAM_MISTRAL ? ZS_FAM_LLAMA : x->family), "%s: family %d", F[i].arch,
+                  y->family);
+            CHECK(x->dim == y->dim && x->n_layers == y->n_layers && x->n_heads == y->n_heads &&
+                      x->n_kv_heads == y->n_kv_heads && x->head_dim == y->head_dim && x->ffn_dim == y->ffn_dim &&
+                      x->max_seq == y->max_seq && x->norm_eps == y->norm_eps && x->rope_theta == y->rope_theta &&
+                      x->tied_embeddings == y->tied_embeddings && x->qkv_bias == y->qkv_bias &&
+                      x->o_bias == y->o_bias && x->act == y->act && x->qk_norm == y->qk_norm &&
+                      x->post_norms == y->post_norms && x->query_pre_attn_scalar == y->query_pre_attn_scalar &&
+                      x->attn_softcap == y->attn_softcap && x->final_softcap == y->final_softcap &&
+                      x->rope_local_theta == y->rope_local_theta,
+                  "%s: the same configuration", F[i].arch);
+            CHECK(y->norm_offset == 0 && x->norm_offset == (gemma ? 1.0f : 0.0f), "%s: norm offset %g / %g", F[i].arch,
+                  (double)x->norm_offset, (double)y->norm_offset);
+            CHECK(x->embed_scale == y->embed_scale && y->embed_scale == (gemma ? sqrtf((float)y->dim) : 0),
+                  "%s: embed scale %g", F[i].arch, (double)y->embed_scale);
+            /* Mistral's window is not in a llama GGUF (llama.cpp's llama has none): here it covers the context */
+            int win = x->family == ZS_FAM_MISTRAL ? 0 : x->sliding_window;
+            CHECK(y->sliding_window == win && (!win || !memcmp(x->layer_sliding, y->layer_sliding, (size_t)x->n_layers)),
+                  "%s: sliding window %d / %d", F[i].arch, x->sliding_window, y->sliding_window);
+            if (llama3) {
+                CHECK(y->rope.type == ZS_ROPE_LONGROPE && y->rope.n_factors == y->head_dim / 2 &&
+                          !memcmp(y->rope.short_factor, y->rope.long_factor, sizeof(float) * (size_t)y->rope.n_factors) &&
+                          y->rope.attention_factor == 1.0f,
+                      "llama3: RoPE as rope_freqs factors");
+            } else {
+                CHECK(y->rope.type == x->rope.type && y->rope.factor == x->rope.factor, "%s: RoPE type %d / %d",
+                      F[i].arch, x->rope.type, y->rope.type);
+            }
+        }
+        zs_model_free(a);
+        zs_model_free(b);
+        if (rc) continue;
+        /* the same ids and logits: 40 prompt positions (past the windows and the original contexts) */
+        int32_t prompt[40], got[2][8];
+        for (int k = 0; k < 40; k++) prompt[k] = (int32_t)((k * 37 + 11) % 500);
+        float *lg[2];
+        int ng[2];
+        for (int k = 0; k < 2; k++) {
+            zs_engine *e = NULL;
+            lg[k] = calloc((size_t)40 * 512, sizeof(float));
+            rc = open_engine(k ? gguf : dir, 1, ZS_OFFLOAD_NONE, NULL, &e);
+            CHECK(rc == 0, "%s: engine %d: %s", F[i].arch, k, zs_errmsg());
+            ng[k] = rc == 0 ? gen(e, prompt, 40, 8, got[k], lg[k]) : -1;
+            zs_engine_free(e);
+        }
+        double worst = 0;
+        for (size_t k = 0; k < (size_t)40 * 512; k++) worst = fmax(worst, fabs((double)lg[0][k] - lg[1][k]));
+        CHECK(ng[0] == 8 && ng[1] == 8 && !memcmp(got[0], got[1], sizeof got[0]), "%s: the same greedy ids", F[i].arch);
+        CHECK(llama3 ? worst <= 1e-5 : worst == 0, "%s %s: logits differ by %g from the checkpoint's", F[i].arch,
+              F[i].set, worst);
+        fprintf(stderr, "%-8s %-60.60s GGUF vs checkpoint: same ids %d, max |dlogit| %g\n", F[i].arch, F[i].set,
+                ng[0] == 8 && ng[1] == 8 && !memcmp(got[0], got[1], sizeof got[0]), worst);
+        free(lg[0]);
+        free(lg[1]);
+    }
+}
+
 int main(void) {
     if (tu_tmpdir(g_tmp, sizeof g_tmp, "ggufm") != 0) {
         fprintf(stderr, "cannot create a scratch directory\n");
@@ -464,6 +582,7 @@ int main(void) {
     same_packing(dir, gguf);
     test_tokenizer(dir, gguf);
     test_generate(dir, gguf);
+    test_families();
     tu_rmdir(g_tmp);
     return tu_finish("test-gguf-model");
 }

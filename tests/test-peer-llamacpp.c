@@ -19,10 +19,21 @@
  *     cases run zeroserve's exact f32-activation path against llama.cpp's f32 arithmetic; the
  *     tolerances below are the measured differences with headroom);
  *   - SmolLM2's vocabulary tokenizes a list of hard strings to the same ids as llama.cpp's
- *     tokenizer and PyPI's `tokenizers` (the reference holds both, which agree). */
+ *     tokenizer and PyPI's `tokenizers` (the reference holds both, which agree);
+ *   - the newer families (tests/ref/llamacpp-family-ref.json, made by
+ *     tests/ref/make_family_llamacpp_ref.py): random checkpoints made here with init-model's library
+ *     calls (llama with Llama 3 and linear RoPE scaling, Mistral with YaRN and mscale, Qwen2 with YaRN,
+ *     Qwen3 with YaRN and an attention factor, Gemma 2 with a window of 32 and both softcaps, Gemma 3
+ *     with a window of 32 and linear scaling of its global layers, also at q4_k_m, Phi-3 with LongRoPE,
+ *     also at q8_0), converted here (zeroserve convert's library call) into the very file llama.cpp ran
+ *     (its checksum is in the reference), then the same comparison of greedy ids and logits over 96
+ *     prompt ids and 16 generated, and every feature of a case (RoPE scaling, window, softcapping,
+ *     ...) must have moved llama.cpp's own logits by at least FEATURE_MARGIN tolerances. */
 #include "common.h"
+#include "convert.h"
 #include "device.h"
 #include "engine.h"
+#include "init-model.h"
 #include "matmul-q8act.h"
 #include "quant-mix.h"
 #include "testutil.h"
@@ -83,6 +94,60 @@ static int ids_equal(const int32_t *a, size_t na, json_t *arr) {
     return 1;
 }
 
+/* zeroserve's greedy decoding of the prompt ids p against llama.cpp's case c (ids, steps): the ids
+ * step by step until a near tie of llama.cpp's own top two (or both stop at the end of the sequence),
+ * and at every compared step the logits at llama.cpp's top ids and the logsumexp within tol; at least
+ * min_steps steps compared. *worst_out (if not NULL): the largest |dlogit|. */
+static void compare_case(const char *name, zs_engine *e, const int32_t *p, size_t np, json_t *c, double tol,
+                         int min_steps, double *worst_out) {
+    json_t *ref_ids = json_object_get(c, "ids"), *steps = json_object_get(c, "steps");
+    int n_ref = (int)json_array_size(ref_ids);
+    zs_gen_params gp = {.max_tokens = n_ref};
+    zs_sampler_params_default(&gp.sampling);
+    gp.sampling.temperature = 0;
+    logit_log lg = {0};
+    gp.on_logits = on_logits;
+    gp.logits_ud = &lg;
+    zs_gen_result res = {0};
+    int rc = zs_engine_generate(e, p, (int)np, &gp, NULL, NULL, &res);
+    CHECK(rc == 0, "%s: generate: %s", name, zs_errmsg());
+    double worst = 0, worst_lse = 0;
+    int compared = 0, tie_stop = 0;
+    for (int i = 0; rc == 0 && i < n_ref && i < lg.n; i++) {
+        json_t *st = json_array_get(steps, i);
+        json_t *tid = json_object_get(st, "top_ids"), *tl = json_object_get(st, "top_logits");
+        const float *row = lg.rows + (size_t)i * lg.vocab;
+        for (size_t k = 0; k < json_array_size(tid); k++) {
+            double d = fabs(row[json_integer_value(json_array_get(tid, k))] - json_real_value(json_array_get(tl, k)));
+            if (d > worst) worst = d;
+        }
+        double m = row[0], s = 0;
+        for (int v = 1; v < lg.vocab; v++) m = row[v] > m ? row[v] : m;
+        for (int v = 0; v < lg.vocab; v++) s += exp((double)row[v] - m);
+        double dl = fabs(m + log(s) - json_real_value(json_object_get(st, "logsumexp")));
+        if (dl > worst_lse) worst_lse = dl;
+        compared++;
+        int want = (int)json_integer_value(json_array_get(ref_ids, i));
+        double margin = json_real_value(json_array_get(tl, 0)) - json_real_value(json_array_get(tl, 1));
+        if (i == res.n_generated && res.finish == ZS_FINISH_STOP && zs_tokenizer_is_eos(zs_engine_tokenizer(e), want))
+            break; /* both stopped at the end-of-sequence token (zeroserve does not list it) */
+        if (i >= res.n_generated || res.ids[i] != want) {
+            if (margin < 2 * tol) tie_stop = 1;
+            else CHECK(0, "%s: step %d: greedy id %d, llama.cpp %d (its margin %.4f)", name, i,
+                       i < res.n_generated ? res.ids[i] : -1, want, margin);
+            break;
+        }
+    }
+    CHECK(worst <= tol, "%s: logits differ from llama.cpp's by %.5f (tolerance %.5f)", name, worst, tol);
+    CHECK(worst_lse <= tol, "%s: logsumexp differs by %.5f (tolerance %.5f)", name, worst_lse, tol);
+    CHECK(compared >= min_steps || (compared == n_ref && !tie_stop), "%s: only %d steps compared", name, compared);
+    fprintf(stderr, "%-20s %2d/%2d steps equal%s, max |dlogit| %.2g, |dlogsumexp| %.2g (tolerance %.3g)\n", name,
+            compared - tie_stop, n_ref, tie_stop ? " (then a near tie)" : "", worst, worst_lse, tol);
+    if (worst_out) *worst_out = worst;
+    free(res.ids);
+    free(lg.rows);
+}
+
 static void run_case(json_t *c) {
     const char *name = json_string_value(json_object_get(c, "name"));
     const char *wd = json_string_value(json_object_get(c, "weight_dtype"));
@@ -119,53 +184,9 @@ static void run_case(json_t *c) {
     size_t np = 0;
     rc = zs_tokenizer_encode(zs_engine_tokenizer(e), prompt, strlen(prompt), 1, &p, &np);
     CHECK(rc == 0 && ids_equal(p, np, json_object_get(c, "prompt_ids")), "%s: prompt ids differ from llama.cpp's", name);
-    json_t *ref_ids = json_object_get(c, "ids"), *steps = json_object_get(c, "steps");
-    int n_ref = (int)json_array_size(ref_ids);
-    zs_gen_params gp = {.max_tokens = n_ref};
-    zs_sampler_params_default(&gp.sampling);
-    gp.sampling.temperature = 0;
-    logit_log lg = {0};
-    gp.on_logits = on_logits;
-    gp.logits_ud = &lg;
-    zs_gen_result res = {0};
-    if (rc == 0) rc = zs_engine_generate(e, p, (int)np, &gp, NULL, NULL, &res);
-    CHECK(rc == 0, "%s: generate: %s", name, zs_errmsg());
-    double tol = tolerance(name, wd, pw), worst = 0, worst_lse = 0;
-    int compared = 0, tie_stop = 0;
-    for (int i = 0; rc == 0 && i < n_ref && i < lg.n; i++) {
-        json_t *st = json_array_get(steps, i);
-        json_t *tid = json_object_get(st, "top_ids"), *tl = json_object_get(st, "top_logits");
-        const float *row = lg.rows + (size_t)i * lg.vocab;
-        for (size_t k = 0; k < json_array_size(tid); k++) {
-            double d = fabs(row[json_integer_value(json_array_get(tid, k))] - json_real_value(json_array_get(tl, k)));
-            if (d > worst) worst = d;
-        }
-        double m = row[0], s = 0;
-        for (int v = 1; v < lg.vocab; v++) m = row[v] > m ? row[v] : m;
-        for (int v = 0; v < lg.vocab; v++) s += exp((double)row[v] - m);
-        double dl = fabs(m + log(s) - json_real_value(json_object_get(st, "logsumexp")));
-        if (dl > worst_lse) worst_lse = dl;
-        compared++;
-        int want = (int)json_integer_value(json_array_get(ref_ids, i));
-        double margin = json_real_value(json_array_get(tl, 0)) - json_real_value(json_array_get(tl, 1));
-        if (i == res.n_generated && res.finish == ZS_FINISH_STOP && zs_tokenizer_is_eos(zs_engine_tokenizer(e), want))
-            break; /* both stopped at the end-of-sequence token (zeroserve does not list it) */
-        if (i >= res.n_generated || res.ids[i] != want) {
-            if (margin < 2 * tol) tie_stop = 1;
-            else CHECK(0, "%s: step %d: greedy id %d, llama.cpp %d (its margin %.4f)", name, i,
-                       i < res.n_generated ? res.ids[i] : -1, want, margin);
-            break;
-        }
-    }
-    CHECK(worst <= tol, "%s: logits differ from llama.cpp's by %.5f (tolerance %.5f)", name, worst, tol);
-    CHECK(worst_lse <= tol, "%s: logsumexp differs by %.5f (tolerance %.5f)", name, worst_lse, tol);
+    double tol = tolerance(name, wd, pw);
     int f32_both = exact || (!strcmp(wd, "auto") && !strstr(name, "smollm2")); /* f32 weights or dequantized */
-    int min_steps = f32_both ? MIN_STEPS : MIN_STEPS_STORED;
-    CHECK(compared >= min_steps || (compared == n_ref && !tie_stop), "%s: only %d steps compared", name, compared);
-    fprintf(stderr, "%-20s %2d/%2d steps equal%s, max |dlogit| %.5f, |dlogsumexp| %.5f (tolerance %.3g)\n", name,
-            compared - tie_stop, n_ref, tie_stop ? " (then a near tie)" : "", worst, worst_lse, tol);
-    free(res.ids);
-    free(lg.rows);
+    if (rc == 0) compare_case(name, e, p, np, c, tol, f32_both ? MIN_STEPS : MIN_STEPS_STORED, NULL);
     free(p);
     zs_engine_free(e);
 }
@@ -196,6 +217,112 @@ static void check_tokenize(json_t *t) {
     zs_tokenizer_free(tk);
 }
 
+/* ---- the newer families: models made here, converted here, against llama.cpp on the same file ---- */
+
+/* Limits on max |dlogit| of the family cases, from the differences measured on 2026-12-01 (in brackets;
+ * the logits of these random models span about 2). Both sides compute in f32 with an f32 KV cache, but
+ * ggml's CPU GELU reads an f16 table (input and output rounded to f16), which Gemma's GeGLU goes
+ * through. */
+#define TOL_FAMILY 1e-4 /* [3e-6] llama, mistral, qwen2, qwen3, phi3 */
+#define TOL_GELU 2e-3   /* [3e-4] gemma2, gemma3 */
+#define FEATURE_MARGIN 10 /* a feature must move llama.cpp's logits by this many tolerances */
+
+/* The checksum of make_family_llamacpp_ref.py: sum over the file's little-endian 64-bit words w[i]
+ * (zero-padded) of w[i] * (2i + 1), mod 2^64. */
+static int file_checksum(const char *path, char *hex, size_t n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    uint64_t h = 0, i = 0;
+    unsigned char b[8];
+    size_t got;
+    while ((got = fread(b, 1, 8, f)) > 0) {
+        uint64_t w = 0;
+        for (size_t k = 0; k < got; k++) w |= (uint64_t)b[k] << (8 * k);
+        h += w * (2 * i + 1);
+        i++;
+        if (got < 8) break;
+    }
+    fclose(f);
+    snprintf(hex, n, "%016llx", (unsigned long long)h);
+    return 0;
+}
+
+/* The case's checkpoint as `zeroserve init-model --arch A --random-norms --seed S --set JSON` writes it
+ * and its GGUF file as `zeroserve convert --dtype D --name zs-peer` does. */
+static int make_family_gguf(json_t *c, const char *tmp, char *gguf, size_t n) {
+    const char *name = json_string_value(json_object_get(c, "name"));
+    const char *arch = json_string_value(json_object_get(c, "arch"));
+    const char *dtype = json_string_value(json_object_get(c, "dtype"));
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/%s", tmp, name);
+    snprintf(gguf, n, "%s/%s.gguf", tmp, name);
+    zs_init_opts io;
+    ZS_CHECK(zs_init_opts_default(arch, &io));
+    io.seed = (uint64_t)json_integer_value(json_object_get(c, "seed"));
+    io.random_norms = 1;
+    char *set = json_dumps(json_object_get(c, "set"), JSON_COMPACT);
+    if (!set) return zs_err(ZS_ENOMEM, "out of memory");
+    int rc = zs_config_override(&io.cfg, set, name);
+    free(set);
+    ZS_CHECK(rc);
+    ZS_CHECK(zs_init_model_write(&io, dir));
+    zs_llama_ftype ft;
+    ZS_CHECK(zs_llama_ftype_parse(dtype, &ft));
+    zs_convert_opts o = {.model_dir = dir, .out_path = gguf, .ftype = ft, .name = "zs-peer"};
+    zs_convert_result r;
+    ZS_CHECK(zs_convert_run(&o, &r));
+    zs_gguf_conv_close(r.plan);
+    return 0;
+}
+
+static void run_family_case(json_t *c, const char *tmp) {
+    const char *name = json_string_value(json_object_get(c, "name"));
+    const char *arch = json_string_value(json_object_get(c, "arch"));
+    const char *pw = json_string_value(json_object_get(c, "peer_weights"));
+    char gguf[4300], sum[32] = "";
+    int rc = make_family_gguf(c, tmp, gguf, sizeof gguf);
+    CHECK(rc == 0, "%s: init-model + convert: %s", name, zs_errmsg());
+    if (rc) return;
+    const char *want = json_string_value(json_object_get(c, "gguf_checksum"));
+    CHECK(file_checksum(gguf, sum, sizeof sum) == 0 && want && !strcmp(sum, want),
+          "%s: the GGUF file (checksum %s) is not the one llama.cpp ran (%s): init-model or convert changed; "
+          "regenerate tests/ref/llamacpp-family-ref.json with tests/ref/make_family_llamacpp_ref.py", name, sum,
+          want ? want : "?");
+    /* f32 files and the dequantized peers: zeroserve's exact f32-activation path */
+    int exact = pw && !strcmp(pw, "dequantized to f32");
+    zs_op_matmul_quant_act(ZS_QUANT_ACT_F32);
+    zs_engine_opts o;
+    zs_engine_opts_default(&o);
+    o.model_dir = gguf;
+    o.device = ZS_DEVICE_CPU;
+    o.max_seqs = 1;
+    o.max_context = 512;
+    zs_engine *e = NULL;
+    rc = zs_engine_open(&o, &e);
+    CHECK(rc == 0, "%s: open %s: %s", name, gguf, zs_errmsg());
+    if (rc) return;
+    json_t *pj = json_object_get(c, "prompt_ids");
+    size_t np = json_array_size(pj);
+    int32_t *p = malloc(np * sizeof *p);
+    for (size_t i = 0; p && i < np; i++) p[i] = (int32_t)json_integer_value(json_array_get(pj, i));
+    double tol = strstr(arch, "gemma") ? TOL_GELU : TOL_FAMILY;
+    char label[96];
+    snprintf(label, sizeof label, "%s%s", name, exact ? " (dequantized)" : "");
+    if (p) compare_case(label, e, p, np, c, tol, MIN_STEPS, NULL);
+    /* what each feature changes in llama.cpp's logits: far above the tolerance, or the case could not
+     * tell an engine without it */
+    json_t *fs = json_object_get(c, "features");
+    for (size_t k = 0; k < json_array_size(fs); k++) {
+        json_t *f = json_array_get(fs, k);
+        double d = json_number_value(json_object_get(f, "delta"));
+        const char *what = json_string_value(json_object_get(f, "what"));
+        CHECK(d >= FEATURE_MARGIN * tol, "%s: %s moves llama.cpp's logits by only %.3g", name, what, d);
+        fprintf(stderr, "%-20s   without %s: llama.cpp's logits move by %.3g (%.0f tolerances)\n", "", what, d, d / tol);
+    }
+    free(p);
+    zs_engine_free(e);
+}
+
 int main(void) {
     char path[4096];
     snprintf(path, sizeof path, "tests/ref/llamacpp-ref.json");
@@ -206,6 +333,17 @@ int main(void) {
     json_t *cases = json_object_get(ref, "cases");
     for (size_t i = 0; i < json_array_size(cases); i++) run_case(json_array_get(cases, i));
     check_tokenize(json_object_get(ref, "tokenize"));
+    json_decref(ref);
+    /* the newer families (tests/ref/llamacpp-family-ref.json, tests/ref/make_family_llamacpp_ref.py) */
+    snprintf(path, sizeof path, "tests/ref/llamacpp-family-ref.json");
+    ref = json_load_file(path, 0, &je);
+    CHECK(ref != NULL, "%s: %s", path, je.text);
+    char tmp[4096];
+    if (ref && tu_tmpdir(tmp, sizeof tmp, "peerfam") == 0) {
+        cases = json_object_get(ref, "cases");
+        for (size_t i = 0; i < json_array_size(cases); i++) run_family_case(json_array_get(cases, i), tmp);
+        tu_rmdir(tmp);
+    }
     json_decref(ref);
     return tu_finish("test-peer-llamacpp");
 }

@@ -459,13 +459,16 @@ static int write_quant_gguf(const char *src, const char *dst, zs_dtype qt0) {
         ok = p > 0;
         if (!ok) break;
         int quant = t->type == ZS_GGML_F32 && t->n_dims == 2 && t->ne[0] % 32 == 0;
+        /* matrices whose rows are not whole blocks fall back to F16, as llama-quantize's do */
+        int half = t->type == ZS_GGML_F32 && t->n_dims == 2 && !quant;
         zs_dtype qt = g_qt_ffn != ZS_DTYPE_COUNT && strstr(t->name, "ffn_") ? g_qt_ffn : qt0;
-        uint32_t type = quant ? QT[qt_index(qt)].ggml : (uint32_t)t->type;
+        uint32_t type = quant ? QT[qt_index(qt)].ggml : half ? (uint32_t)ZS_GGML_F16 : (uint32_t)t->type;
         uint64_t o = off;
         memcpy(hdr + p + 4 + 8 * (size_t)t->n_dims, &type, 4);
         memcpy(hdr + p + 8 + 8 * (size_t)t->n_dims, &o, 8);
-        size_t nb = quant ? zs_dtype_bytes(qt, t->nbytes / 4) : t->nbytes;
+        size_t nb = quant ? zs_dtype_bytes(qt, t->nbytes / 4) : half ? t->nbytes / 2 : t->nbytes;
         if (quant) quantize(qt, data + off, t->data, t->nbytes / 4);
+        else if (half) zs_convert(data + off, ZS_F16, t->data, ZS_F32, t->nbytes / 4);
         else memcpy(data + off, t->data, t->nbytes);
         off = ZS_ALIGN_UP(off + nb, al);
     }

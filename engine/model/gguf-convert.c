@@ -1,9 +1,10 @@
 /* gguf-convert.c — Hugging Face checkpoint -> GGUF tensors and hyperparameters for llama.cpp: the
- * tensor plan (names, types, sources from model.c's slot sources), llama-quantize's type rules,
- * the metadata keys, and the data stream (chunks of rows converted on the CPU worker pool). See
- * gguf-convert.h. */
+ * tensor plan (names, types, sources from model.c's slot sources, the computed RoPE factor tensors),
+ * llama-quantize's type rules, what llama.cpp can represent per architecture, the metadata keys, and
+ * the data stream (chunks of rows converted on the CPU worker pool). See gguf-convert.h. */
 #include "gguf-convert.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@ typedef struct {
     int64_t col0;
     int64_t n;      /* rows (2-D) or elements (1-D) this part gives */
     int rope_heads; /* > 0: rows (elements) in rotate_half order of this many heads -> interleaved */
+    int add_one;    /* Gemma's norms: w + 1 (in the checkpoint's f16, or in f32), as Gemma*Model.modify_tensors */
 } cv_part;
 
 typedef struct {
@@ -30,6 +32,7 @@ typedef struct {
     cv_part part[3];
     int n_parts;
     int64_t rows, cols; /* rows x cols of row length cols (1-D: one row) */
+    float *fixed;       /* a computed 1-D tensor (rope_freqs, rope_factors_*): its values; owned */
 } cv_tensor;
 
 struct zs_gguf_conv {
@@ -154,20 +157,28 @@ static zs_ggml_type pick_type(const zs_gguf_conv *c, int what, int layer, int ro
 
 /* ---------------------------------------------------------------- the plan */
 
-static int add_tensor(zs_gguf_conv *c, zs_model *m, const char *name, int b, const int *roles, int n_roles,
-                      int what, int rope_heads) {
-    zs_slot_source src;
-    if (zs_model_slot_source(m, b, roles[0], &src) != 0) return 0; /* absent in this model */
+enum { T_ADD_ONE = 1 }; /* add_tensor flags */
+
+static cv_tensor *new_tensor(zs_gguf_conv *c, const char *name) {
     if (c->n == c->cap) {
         size_t nc = c->cap ? c->cap * 2 : 64;
         cv_tensor *nt = realloc(c->t, nc * sizeof *nt);
-        if (!nt) return zs_err(ZS_ENOMEM, "out of memory");
+        if (!nt) return NULL;
         c->t = nt;
         c->cap = nc;
     }
     cv_tensor *t = &c->t[c->n];
     memset(t, 0, sizeof *t);
     snprintf(t->pub.name, sizeof t->pub.name, "%s", name);
+    return t;
+}
+
+static int add_tensor(zs_gguf_conv *c, zs_model *m, const char *name, int b, const int *roles, int n_roles,
+                      int what, int rope_heads, unsigned flags) {
+    zs_slot_source src;
+    if (zs_model_slot_source(m, b, roles[0], &src) != 0) return 0; /* absent in this model */
+    cv_tensor *t = new_tensor(c, name);
+    if (!t) return zs_err(ZS_ENOMEM, "out of memory");
     const zs_slot *s0 = &zs_model_layout(m, b)->slot[roles[0]];
     int two_d = s0->ndim == 2;
     for (int k = 0; k < n_roles; k++) {
@@ -181,6 +192,7 @@ static int add_tensor(zs_gguf_conv *c, zs_model *m, const char *name, int b, con
         p->col0 = src.col0;
         p->n = s->shape[0];
         p->rope_heads = rope_heads;
+        p->add_one = !!(flags & T_ADD_ONE);
         if (two_d) {
             t->rows += s->shape[0];
             t->cols = s->shape[1];
@@ -203,74 +215,267 @@ static int add_tensor(zs_gguf_conv *c, zs_model *m, const char *name, int b, con
     return 0;
 }
 
+/* A computed F32 vector (convert_hf_to_gguf.py's generate_extra_tensors). */
+static int add_fixed(zs_gguf_conv *c, const char *name, const float *v, int n, const char *note) {
+    cv_tensor *t = new_tensor(c, name);
+    if (!t || !(t->fixed = malloc((size_t)n * sizeof(float)))) return zs_err(ZS_ENOMEM, "out of memory");
+    memcpy(t->fixed, v, (size_t)n * sizeof(float));
+    t->rows = 1;
+    t->cols = n;
+    t->pub.n_dims = 1;
+    t->pub.ne[0] = n;
+    t->pub.ne[1] = 1;
+    t->pub.type = ZS_GGML_F32;
+    t->pub.note = note;
+    c->n++;
+    return 0;
+}
+
+/* Llama 3.1's RoPE as llama.cpp applies it: per frequency, the divisor of its angle (rope_freqs), as
+ * LlamaModel.generate_extra_tensors computes it in float32 (1 for the high frequencies, factor for
+ * the low ones, smoothed between), with the original context of rope_scaling (the converter reads
+ * a top-level original_max_position_embeddings, default 8192: the same value for Llama 3.x). */
+static void llama3_factors(const zs_model_config *g, float *out) {
+    const zs_rope_scaling *r = &g->rope;
+    int dim = g->head_dim;
+    float lw = (float)((double)r->orig_max_pos / r->low_freq_factor);
+    float hw = (float)((double)r->orig_max_pos / r->high_freq_factor);
+    for (int i = 0; i < dim / 2; i++) {
+        float freq = 1.0f / powf(g->rope_theta, (float)(2 * i) / (float)dim);
+        float wl = (float)(2 * M_PI) / freq;
+        if (wl < hw) out[i] = 1.0f;
+        else if (wl > lw) out[i] = r->factor;
+        else {
+            float sm = ((float)r->orig_max_pos / wl - r->low_freq_factor) /
+                       (float)((double)r->high_freq_factor - (double)r->low_freq_factor);
+            out[i] = 1.0f / ((1.0f - sm) / r->factor + sm);
+        }
+    }
+}
+
 static int plan(zs_gguf_conv *c, zs_model *m) {
     const zs_model_config *g = &c->cfg;
     int gpt2 = g->arch == ZS_ARCH_GPT2, perm = !strcmp(c->arch, "llama");
+    int phi3 = g->family == ZS_FAM_PHI3, gemma = g->family == ZS_FAM_GEMMA2 || g->family == ZS_FAM_GEMMA3;
+    unsigned nf = gemma ? T_ADD_ONE : 0; /* Gemma's norms are written + 1 */
     char nm[64];
-#define ADD(b, what, rope, ...)                                                                         \
-    do {                                                                                                \
-        const int roles_[] = {__VA_ARGS__};                                                             \
-        ZS_CHECK(add_tensor(c, m, nm, (b), roles_, (int)(sizeof roles_ / sizeof roles_[0]), (what), (rope))); \
+#define ADD(b, what, rope, fl, ...)                                                                           \
+    do {                                                                                                      \
+        const int roles_[] = {__VA_ARGS__};                                                                   \
+        ZS_CHECK(add_tensor(c, m, nm, (b), roles_, (int)(sizeof roles_ / sizeof roles_[0]), (what), (rope), (fl))); \
     } while (0)
 #define NAME(...) snprintf(nm, sizeof nm, __VA_ARGS__)
+    /* the computed tensors first, as the converter yields them */
+    if (g->rope.type == ZS_ROPE_LLAMA3) {
+        float f[ZS_ROPE_MAX_FACTORS];
+        llama3_factors(g, f);
+        ZS_CHECK(add_fixed(c, "rope_freqs.weight", f, g->head_dim / 2, "Llama 3 RoPE scaling as per-frequency divisors"));
+    }
+    if (g->rope.type == ZS_ROPE_LONGROPE) {
+        ZS_CHECK(add_fixed(c, "rope_factors_long.weight", g->rope.long_factor, g->rope.n_factors, "LongRoPE long_factor"));
+        ZS_CHECK(add_fixed(c, "rope_factors_short.weight", g->rope.short_factor, g->rope.n_factors, "LongRoPE short_factor"));
+    }
     NAME("token_embd.weight");
-    ADD(0, M_TOKEN, 0, ZS_R_TOK_EMB);
+    ADD(0, M_TOKEN, 0, 0, ZS_R_TOK_EMB);
     NAME("position_embd.weight");
-    ADD(0, V_F32, 0, ZS_R_POS_EMB); /* GPT-2's learned positions: F32 (convert_hf_to_gguf.py) */
+    ADD(0, V_F32, 0, 0, ZS_R_POS_EMB); /* GPT-2's learned positions: F32 (convert_hf_to_gguf.py) */
     for (int l = 0; l < g->n_layers; l++) {
         int b = zs_bucket_layer(l);
         NAME("blk.%d.attn_norm.weight", l);
-        ADD(b, V_F32, 0, ZS_R_ATTN_NORM_W);
+        ADD(b, V_F32, 0, nf, ZS_R_ATTN_NORM_W);
         NAME("blk.%d.attn_norm.bias", l);
-        ADD(b, V_F32, 0, ZS_R_ATTN_NORM_B);
+        ADD(b, V_F32, 0, 0, ZS_R_ATTN_NORM_B);
         if (gpt2) {
             NAME("blk.%d.attn_qkv.weight", l);
-            ADD(b, M_ATTN_QKV, 0, ZS_R_WQ, ZS_R_WK, ZS_R_WV);
+            ADD(b, M_ATTN_QKV, 0, 0, ZS_R_WQ, ZS_R_WK, ZS_R_WV);
             NAME("blk.%d.attn_qkv.bias", l);
-            ADD(b, V_F32, 0, ZS_R_BQ, ZS_R_BK, ZS_R_BV);
+            ADD(b, V_F32, 0, 0, ZS_R_BQ, ZS_R_BK, ZS_R_BV);
+        } else if (phi3) { /* llama.cpp keeps Phi-3's fused qkv_proj */
+            NAME("blk.%d.attn_qkv.weight", l);
+            ADD(b, M_ATTN_QKV, 0, 0, ZS_R_WQ, ZS_R_WK, ZS_R_WV);
         } else {
             NAME("blk.%d.attn_q.weight", l);
-            ADD(b, M_OTHER, perm ? g->n_heads : 0, ZS_R_WQ);
+            ADD(b, M_OTHER, perm ? g->n_heads : 0, 0, ZS_R_WQ);
             NAME("blk.%d.attn_k.weight", l);
-            ADD(b, M_OTHER, perm ? g->n_kv_heads : 0, ZS_R_WK);
+            ADD(b, M_OTHER, perm ? g->n_kv_heads : 0, 0, ZS_R_WK);
             NAME("blk.%d.attn_v.weight", l);
-            ADD(b, M_ATTN_V, 0, ZS_R_WV);
+            ADD(b, M_ATTN_V, 0, 0, ZS_R_WV);
             NAME("blk.%d.attn_q.bias", l);
-            ADD(b, V_F32, perm ? g->n_heads : 0, ZS_R_BQ);
+            ADD(b, V_F32, perm ? g->n_heads : 0, 0, ZS_R_BQ);
             NAME("blk.%d.attn_k.bias", l);
-            ADD(b, V_F32, perm ? g->n_kv_heads : 0, ZS_R_BK);
+            ADD(b, V_F32, perm ? g->n_kv_heads : 0, 0, ZS_R_BK);
             NAME("blk.%d.attn_v.bias", l);
-            ADD(b, V_F32, 0, ZS_R_BV);
+            ADD(b, V_F32, 0, 0, ZS_R_BV);
         }
+        NAME("blk.%d.attn_q_norm.weight", l); /* Qwen3, Gemma 3 */
+        ADD(b, V_F32, 0, nf, ZS_R_Q_NORM);
+        NAME("blk.%d.attn_k_norm.weight", l);
+        ADD(b, V_F32, 0, nf, ZS_R_K_NORM);
         NAME("blk.%d.attn_output.weight", l);
-        ADD(b, M_OTHER, 0, ZS_R_WO);
+        ADD(b, M_OTHER, 0, 0, ZS_R_WO);
         NAME("blk.%d.attn_output.bias", l);
-        ADD(b, V_F32, 0, ZS_R_BO);
-        NAME("blk.%d.ffn_norm.weight", l);
-        ADD(b, V_F32, 0, ZS_R_FFN_NORM_W);
+        ADD(b, V_F32, 0, 0, ZS_R_BO);
+        NAME("blk.%d.post_attention_norm.weight", l); /* Gemma 2/3 */
+        ADD(b, V_F32, 0, nf, ZS_R_POST_ATTN_NORM);
+        NAME("blk.%d.ffn_norm.weight", l); /* Gemma: pre_feedforward_layernorm */
+        ADD(b, V_F32, 0, nf, ZS_R_FFN_NORM_W);
         NAME("blk.%d.ffn_norm.bias", l);
-        ADD(b, V_F32, 0, ZS_R_FFN_NORM_B);
-        NAME("blk.%d.ffn_gate.weight", l);
-        ADD(b, M_OTHER, 0, ZS_R_W_GATE);
-        NAME("blk.%d.ffn_up.weight", l);
-        ADD(b, M_OTHER, 0, ZS_R_W_UP);
+        ADD(b, V_F32, 0, 0, ZS_R_FFN_NORM_B);
+        NAME("blk.%d.post_ffw_norm.weight", l);
+        ADD(b, V_F32, 0, nf, ZS_R_POST_FFN_NORM);
+        if (phi3) { /* and its fused gate_up_proj: rows of the gate, then of up */
+            NAME("blk.%d.ffn_up.weight", l);
+            ADD(b, M_OTHER, 0, 0, ZS_R_W_GATE, ZS_R_W_UP);
+        } else {
+            NAME("blk.%d.ffn_gate.weight", l);
+            ADD(b, M_OTHER, 0, 0, ZS_R_W_GATE);
+            NAME("blk.%d.ffn_up.weight", l);
+            ADD(b, M_OTHER, 0, 0, ZS_R_W_UP);
+        }
         NAME("blk.%d.ffn_up.bias", l);
-        ADD(b, V_F32, 0, ZS_R_B_UP);
+        ADD(b, V_F32, 0, 0, ZS_R_B_UP);
         NAME("blk.%d.ffn_down.weight", l);
-        ADD(b, M_FFN_DOWN, 0, ZS_R_W_DOWN);
+        ADD(b, M_FFN_DOWN, 0, 0, ZS_R_W_DOWN);
         NAME("blk.%d.ffn_down.bias", l);
-        ADD(b, V_F32, 0, ZS_R_B_DOWN);
+        ADD(b, V_F32, 0, 0, ZS_R_B_DOWN);
     }
     int h = zs_bucket_head(m);
     NAME("output_norm.weight");
-    ADD(h, V_F32, 0, ZS_R_OUT_NORM_W);
+    ADD(h, V_F32, 0, nf, ZS_R_OUT_NORM_W);
     NAME("output_norm.bias");
-    ADD(h, V_F32, 0, ZS_R_OUT_NORM_B);
+    ADD(h, V_F32, 0, 0, ZS_R_OUT_NORM_B);
     NAME("output.weight");
-    ADD(h, M_OUTPUT, 0, ZS_R_LM_HEAD);
+    ADD(h, M_OUTPUT, 0, 0, ZS_R_LM_HEAD);
 #undef ADD
 #undef NAME
     return 0;
+}
+
+/* ---------------------------------------------------------------- what llama.cpp can represent */
+
+/* HF's YaRN attention factor (rope.c's). */
+static double yarn_attn(const zs_rope_scaling *r) {
+    if (r->attention_factor > 0) return r->attention_factor;
+#define MS(s, k) ((s) <= 1 ? 1.0 : 0.1 * (k) * log(s) + 1.0)
+    if (r->mscale > 0 && r->mscale_all_dim > 0) return MS(r->factor, r->mscale) / MS(r->factor, r->mscale_all_dim);
+    return MS(r->factor, 1.0);
+#undef MS
+}
+
+/* LongRoPE's attention factor (rope.c's). */
+static double longrope_attn(const zs_model_config *g) {
+    const zs_rope_scaling *r = &g->rope;
+    int orig = r->orig_max_pos > 0 ? r->orig_max_pos : g->max_seq;
+    double factor = r->orig_max_pos > 0 ? (double)g->max_seq / r->orig_max_pos : r->factor;
+    if (r->attention_factor > 0) return r->attention_factor;
+    return factor <= 1.0 ? 1.0 : sqrt(1 + log(factor) / log((double)orig));
+}
+
+/* The configuration against what llama.cpp (llama-cpp-python 0.3.16's) reads for the architecture
+ * and what it hard-codes: ZS_EUNSUPPORTED naming what a GGUF file cannot say, rather than a file
+ * that llama.cpp would run differently. */
+static int conv_check(const zs_gguf_conv *c) {
+    const zs_model_config *g = &c->cfg;
+    const zs_rope_scaling *r = &g->rope;
+    const char *d = c->dir, *a = c->arch;
+    int fam = g->family, gemma = fam == ZS_FAM_GEMMA2 || fam == ZS_FAM_GEMMA3;
+    if (g->arch == ZS_ARCH_GPT2) return 0;
+    if (g->mlp_bias)
+        return zs_err(ZS_EUNSUPPORTED, "%s: MLP biases (mlp_bias) cannot be converted yet: zeroserve's GGUF reader "
+                      "does not read them back", d);
+    if ((g->qkv_bias || g->o_bias) && fam != ZS_FAM_LLAMA && fam != ZS_FAM_QWEN2)
+        return zs_err(ZS_EUNSUPPORTED, "%s: attention biases (attention_bias) of %s: llama.cpp's '%s' architecture has "
+                      "none", d, g->arch_name, a);
+    /* RoPE scaling: llama.cpp reads rope.scaling.{type,factor,original_context_length,attn_factor} for every
+     * architecture, per-frequency divisors (rope_freqs) for llama, LongRoPE factors for phi3 */
+    switch (r->type) {
+    case ZS_ROPE_DEFAULT: break;
+    case ZS_ROPE_LINEAR:
+        break;
+    case ZS_ROPE_DYNAMIC:
+        return zs_err(ZS_EUNSUPPORTED, "%s: rope_scaling type 'dynamic' (dynamic NTK): llama.cpp has no dynamic NTK "
+                      "RoPE scaling, a GGUF file cannot express it", d);
+    case ZS_ROPE_LLAMA3:
+        if (strcmp(a, "llama"))
+            return zs_err(ZS_EUNSUPPORTED, "%s: rope_scaling type 'llama3' with %s: llama.cpp reads its rope_freqs "
+                          "tensor only for the llama architecture", d, g->arch_name);
+        break;
+    case ZS_ROPE_YARN:
+        if (fam == ZS_FAM_GEMMA3 || fam == ZS_FAM_PHI3) /* gemma3: YaRN's attention factor would reach the local layers */
+            return zs_err(ZS_EUNSUPPORTED, "%s: rope_scaling type 'yarn' with %s is not supported by llama.cpp's '%s' "
+                          "(%s)", d, g->arch_name, a, fam == ZS_FAM_PHI3 ? "it reads LongRoPE factors" :
+                          "its converter scales the global layers only linearly");
+        if ((r->beta_fast > 0 && r->beta_fast != 32) || (r->beta_slow > 0 && r->beta_slow != 1))
+            return zs_err(ZS_EUNSUPPORTED, "%s: rope_scaling.beta_fast %g / beta_slow %g: llama.cpp reads no such key from "
+                          "a GGUF file (it uses 32 and 1)", d, r->beta_fast > 0 ? (double)r->beta_fast : 32.0,
+                          r->beta_slow > 0 ? (double)r->beta_slow : 1.0);
+        if (!r->truncate)
+            return zs_err(ZS_EUNSUPPORTED, "%s: rope_scaling.truncate false: llama.cpp always rounds YaRN's "
+                          "correction range to whole dimensions", d);
+        break;
+    case ZS_ROPE_LONGROPE:
+        if (fam != ZS_FAM_PHI3)
+            return zs_err(ZS_EUNSUPPORTED, "%s: rope_scaling type 'longrope' with %s: llama.cpp reads LongRoPE factors "
+                          "only for the phi3 architecture", d, g->arch_name);
+        break;
+    default:
+        return zs_err(ZS_EUNSUPPORTED, "%s: rope_scaling type %d", d, r->type);
+    }
+    if (fam == ZS_FAM_PHI3 && r->type != ZS_ROPE_DEFAULT && r->type != ZS_ROPE_LONGROPE && r->type != ZS_ROPE_LINEAR)
+        return zs_err(ZS_EUNSUPPORTED, "%s: Phi-3 RoPE scaling other than longrope or linear", d);
+    if (gemma) {
+        /* llama.cpp: the embedding is always the head for gemma2; the attention scale is head_dim^-0.5, or
+         * (dim / heads)^-0.5 for the 27B sizes (46 layers for Gemma 2, 62 for Gemma 3) */
+        int big = g->n_layers == (fam == ZS_FAM_GEMMA2 ? 46 : 62);
+        int want = big ? g->dim / g->n_heads : g->head_dim, pat = fam == ZS_FAM_GEMMA2 ? 2 : 6;
+        if (g->query_pre_attn_scalar != (float)want)
+            return zs_err(ZS_EUNSUPPORTED, "%s: query_pre_attn_scalar is %g; llama.cpp's '%s' hard-codes %d for %d layers "
+                          "(%s)", d, (double)g->query_pre_attn_scalar, a, want, g->n_layers,
+                          big ? "hidden_size / num_attention_heads" : "head_dim");
+        if (!g->sliding_window)
+            return zs_err(ZS_EUNSUPPORTED, "%s: %s without a sliding window: llama.cpp's '%s' always has sliding layers",
+                          d, g->arch_name, a);
+        for (int l = 0; l < g->n_layers; l++)
+            if (!!g->layer_sliding[l] != ((l + 1) % pat != 0))
+                return zs_err(ZS_EUNSUPPORTED, "%s: layer %d is %s: llama.cpp's '%s' hard-codes every %s layer as the full one",
+                              d, l, g->layer_sliding[l] ? "sliding" : "full", a, pat == 2 ? "second" : "sixth");
+    }
+    if (fam == ZS_FAM_GEMMA2) {
+        if (!g->tied_embeddings)
+            return zs_err(ZS_EUNSUPPORTED, "%s: Gemma 2 with a separate lm_head: llama.cpp's 'gemma2' always uses the "
+                          "embedding as the head (its converter drops lm_head.weight)", d);
+        if (!(g->attn_softcap > 0) || !(g->final_softcap > 0))
+            return zs_err(ZS_EUNSUPPORTED, "%s: Gemma 2 without %s softcapping: llama.cpp's 'gemma2' always caps", d,
+                          g->attn_softcap > 0 ? "final logit" : "attention logit");
+    }
+    if (fam == ZS_FAM_GEMMA3) {
+        if (g->attn_softcap > 0 || g->final_softcap > 0)
+            return zs_err(ZS_EUNSUPPORTED, "%s: Gemma 3 with %s softcapping: llama.cpp's 'gemma3' has none", d,
+                          g->attn_softcap > 0 ? "attention logit" : "final logit");
+        if (g->rope_local_theta != 10000.0f)
+            return zs_err(ZS_EUNSUPPORTED, "%s: rope_local_base_freq is %g: llama.cpp's 'gemma3' hard-codes 10000 for the "
+                          "sliding layers", d, (double)g->rope_local_theta);
+        if (r->type != ZS_ROPE_DEFAULT && r->type != ZS_ROPE_LINEAR)
+            return zs_err(ZS_EUNSUPPORTED, "%s: Gemma 3 RoPE scaling other than linear", d);
+    }
+    if (g->sliding_window > 0 && g->sliding_window < g->max_seq && (!strcmp(a, "llama") || !strcmp(a, "qwen2") ||
+                                                                     !strcmp(a, "qwen3")))
+        zs_log_warn("%s: sliding_window %d: llama.cpp's '%s' architecture has no sliding window (convert_hf_to_gguf.py "
+                    "drops it): the GGUF file attends to the whole context, so outputs differ from the checkpoint's "
+                    "past %d tokens", d, g->sliding_window, a, g->sliding_window);
+    return 0;
+}
+
+static const char *arch_of(const zs_model_config *g) {
+    switch (g->family) {
+    case ZS_FAM_GPT2: return "gpt2";
+    case ZS_FAM_QWEN2: return "qwen2";
+    case ZS_FAM_QWEN3: return "qwen3";
+    case ZS_FAM_GEMMA2: return "gemma2";
+    case ZS_FAM_GEMMA3: return "gemma3";
+    case ZS_FAM_PHI3: return "phi3";
+    default: return g->arch == ZS_ARCH_GPT2 ? "gpt2" : "llama"; /* llama, mistral */
+    }
 }
 
 int zs_gguf_conv_open(const char *dir, zs_llama_ftype ftype, zs_gguf_conv **out) {
@@ -292,11 +497,9 @@ int zs_gguf_conv_open(const char *dir, zs_llama_ftype ftype, zs_gguf_conv **out)
     if (rc == 0) rc = zs_model_open(dir, &o, &m);
     if (rc == 0) {
         c->cfg = *zs_model_config_get(m);
-        c->arch = c->cfg.arch == ZS_ARCH_GPT2 ? "gpt2" : !strcmp(c->cfg.arch_name, "Qwen2ForCausalLM") ? "qwen2" : "llama";
+        c->arch = arch_of(&c->cfg);
         zs_model_close_checkpoint(m);
-        if (c->cfg.arch == ZS_ARCH_LLAMA && c->cfg.mlp_bias)
-            rc = zs_err(ZS_EUNSUPPORTED, "%s: MLP biases (mlp_bias) cannot be converted yet: zeroserve's GGUF reader "
-                        "does not read them back", dir);
+        rc = conv_check(c);
     }
     if (rc == 0) rc = zs_st_open_dir(dir, &c->st);
     if (rc == 0) rc = plan(c, m);
@@ -312,6 +515,7 @@ int zs_gguf_conv_open(const char *dir, zs_llama_ftype ftype, zs_gguf_conv **out)
 void zs_gguf_conv_close(zs_gguf_conv *c) {
     if (!c) return;
     zs_st_close(c->st);
+    for (size_t i = 0; i < c->n; i++) free(c->t[i].fixed);
     free(c->t);
     free(c->dir);
     free(c);
@@ -336,6 +540,7 @@ uint64_t zs_gguf_conv_data_bytes(const zs_gguf_conv *c) {
 
 int zs_gguf_conv_put_meta(const zs_gguf_conv *c, zs_gguf_writer *w, const char *name) {
     const zs_model_config *g = &c->cfg;
+    const zs_rope_scaling *r = &g->rope;
     const char *a = c->arch;
     char base[256];
     if (!name) {
@@ -346,6 +551,7 @@ int zs_gguf_conv_put_meta(const zs_gguf_conv *c, zs_gguf_writer *w, const char *
         snprintf(base, sizeof base, "%.*s", (int)(l - s), c->dir + s);
         name = base;
     }
+    int fam = g->family, gemma = fam == ZS_FAM_GEMMA2 || fam == ZS_FAM_GEMMA3, phi3 = fam == ZS_FAM_PHI3;
     char k[128];
 #define K(key) (snprintf(k, sizeof k, "%s." key, a), k)
     ZS_CHECK(zs_gguf_writer_kv_str(w, "general.architecture", a));
@@ -364,12 +570,47 @@ int zs_gguf_conv_put_meta(const zs_gguf_conv *c, zs_gguf_writer *w, const char *
         return 0;
     }
     ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.head_count_kv"), (uint32_t)g->n_kv_heads));
+    /* (Gemma 2's converter leaves rope.freq_base out, llama.cpp's default 10000; written here so that
+     * another base is not lost: llama.cpp reads the key for every architecture) */
     ZS_CHECK(zs_gguf_writer_kv_f32(w, K("rope.freq_base"), g->rope_theta));
     ZS_CHECK(zs_gguf_writer_kv_f32(w, K("attention.layer_norm_rms_epsilon"), g->norm_eps));
-    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.key_length"), (uint32_t)g->head_dim));
-    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.value_length"), (uint32_t)g->head_dim));
-    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("rope.dimension_count"), (uint32_t)g->head_dim));
-    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("vocab_size"), (uint32_t)g->vocab_size));
+    /* Phi3MiniModel writes no key/value length (llama.cpp takes dim / heads): only when they differ */
+    if (!phi3 || g->head_dim * g->n_heads != g->dim) {
+        ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.key_length"), (uint32_t)g->head_dim));
+        ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.value_length"), (uint32_t)g->head_dim));
+    }
+    /* LlamaModel and Phi3MiniModel write the rotary dimensions, LlamaModel the vocabulary size (the
+     * others leave them to llama.cpp's defaults: head_dim, the token list) */
+    if (!strcmp(a, "llama") || phi3) ZS_CHECK(zs_gguf_writer_kv_u32(w, K("rope.dimension_count"), (uint32_t)g->head_dim));
+    if (!strcmp(a, "llama")) ZS_CHECK(zs_gguf_writer_kv_u32(w, K("vocab_size"), (uint32_t)g->vocab_size));
+    /* RoPE scaling (llama.cpp reads these keys for every architecture; llama3 and longrope are tensors) */
+    if (r->type == ZS_ROPE_LINEAR) {
+        ZS_CHECK(zs_gguf_writer_kv_str(w, K("rope.scaling.type"), "linear"));
+        ZS_CHECK(zs_gguf_writer_kv_f32(w, K("rope.scaling.factor"), r->factor));
+    } else if (r->type == ZS_ROPE_YARN) {
+        ZS_CHECK(zs_gguf_writer_kv_str(w, K("rope.scaling.type"), "yarn"));
+        ZS_CHECK(zs_gguf_writer_kv_f32(w, K("rope.scaling.factor"), r->factor));
+        ZS_CHECK(zs_gguf_writer_kv_u32(w, K("rope.scaling.original_context_length"),
+                                       (uint32_t)(r->orig_max_pos > 0 ? r->orig_max_pos : g->max_seq)));
+        /* llama.cpp multiplies cos and sin by attn_factor * (1 + 0.1 ln factor); the converter writes no
+         * attn_factor (right for the default): here only when the checkpoint's factor is another */
+        double af = yarn_attn(r) / (1.0 + 0.1 * log((double)r->factor));
+        if (fabs(af - 1.0) > 1e-6) ZS_CHECK(zs_gguf_writer_kv_f32(w, K("rope.scaling.attn_factor"), (float)af));
+    }
+    if (phi3) {
+        ZS_CHECK(zs_gguf_writer_kv_u32(w, K("rope.scaling.original_context_length"),
+                                       (uint32_t)(r->type == ZS_ROPE_LONGROPE && r->orig_max_pos > 0 ? r->orig_max_pos
+                                                                                                     : g->max_seq)));
+        if (r->type == ZS_ROPE_LONGROPE) ZS_CHECK(zs_gguf_writer_kv_f32(w, K("rope.scaling.attn_factor"), (float)longrope_attn(g)));
+        ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.sliding_window"), (uint32_t)g->sliding_window));
+    }
+    if (gemma) {
+        if (fam == ZS_FAM_GEMMA2) {
+            ZS_CHECK(zs_gguf_writer_kv_f32(w, K("attn_logit_softcapping"), g->attn_softcap));
+            ZS_CHECK(zs_gguf_writer_kv_f32(w, K("final_logit_softcapping"), g->final_softcap));
+        }
+        ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.sliding_window"), (uint32_t)g->sliding_window));
+    }
 #undef K
     return 0;
 }
@@ -392,19 +633,29 @@ static void part_row(const cv_part *p, int64_t r, int64_t cols, float *dst) {
         for (int64_t i = 0; i < cols; i++) zs_to_f32(&dst[i], d + (size_t)(i * tc + p->col0 + r) * es, t->dtype, 1);
         return;
     }
+    /* ROW_SLICE: rows from col0 of a fused [rows, in] tensor (Phi-3's qkv_proj, gate_up_proj) */
     int64_t rr = p->rope_heads ? rope_src(r, p->n, p->rope_heads) : r;
+    if (p->kind == ZS_SRC_ROW_SLICE) rr += p->col0;
     zs_to_f32(dst, d + (size_t)(rr * cols) * es, t->dtype, (size_t)cols);
+}
+
+/* Gemma's w + 1: torch adds in the checkpoint's dtype when it is f16 (the converter turns bf16 into
+ * f32 first), in f32 otherwise. */
+static void add_one(float *v, int64_t n, zs_dtype src) {
+    for (int64_t i = 0; i < n; i++) {
+        float x = v[i] + 1.0f;
+        v[i] = src == ZS_F16 ? zs_f16_to_f32(zs_f32_to_f16(x)) : x;
+    }
 }
 
 static void part_vec(const cv_part *p, float *dst) {
     const zs_st_tensor *t = p->t;
     size_t es = zs_dtype_size(t->dtype);
     const char *d = (const char *)t->data + (p->kind == ZS_SRC_VEC_SLICE ? (size_t)p->col0 * es : 0);
-    if (!p->rope_heads) {
-        zs_to_f32(dst, d, t->dtype, (size_t)p->n);
-        return;
-    }
-    for (int64_t o = 0; o < p->n; o++) zs_to_f32(&dst[o], d + (size_t)rope_src(o, p->n, p->rope_heads) * es, t->dtype, 1);
+    if (!p->rope_heads) zs_to_f32(dst, d, t->dtype, (size_t)p->n);
+    else
+        for (int64_t o = 0; o < p->n; o++) zs_to_f32(&dst[o], d + (size_t)rope_src(o, p->n, p->rope_heads) * es, t->dtype, 1);
+    if (p->add_one) add_one(dst, p->n, t->dtype);
 }
 
 /* One chunk of rows [r0, r0 + n) of a matrix, converted by the worker pool: task i reads row
@@ -435,6 +686,10 @@ static int put_one(zs_gguf_writer *w, const cv_tensor *t, float *f, char *obuf, 
     size_t rb = 0;
     int64_t one = t->cols;
     ZS_CHECK(zs_gguf_tensor_nbytes((int)t->pub.type, 1, &one, &rb));
+    if (t->fixed) {
+        zs_convert(obuf, od, t->fixed, ZS_F32, (size_t)t->cols);
+        return zs_gguf_writer_write(w, obuf, rb);
+    }
     if (t->pub.n_dims == 1) {
         float *v = f;
         for (int k = 0; k < t->n_parts; k++) {

@@ -1,23 +1,47 @@
 /* gguf-convert.h — a Hugging Face model directory (config.json + safetensors, an architecture the
- * engine loads: Llama/Mistral, Qwen2, GPT-2) as the hyperparameters and tensors of a GGUF file
- * for llama.cpp, the way its convert_hf_to_gguf.py (f32, f16, bf16, q8_0) and, from an f32
- * conversion, llama-quantize (q4_0, q4_1, q5_0, q5_1, q4_k_m) write them. The tokenizer is not
- * here (engine/text has it as arrays; the caller adds its keys).
+ * engine loads: Llama/Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, GPT-2) as the hyperparameters
+ * and tensors of a GGUF file for llama.cpp, the way its convert_hf_to_gguf.py (f32, f16, bf16, q8_0)
+ * and, from an f32 conversion, llama-quantize (q4_0, q4_1, q5_0, q5_1, q4_k_m) write them. The
+ * tokenizer is not here (engine/text has it as arrays; the caller adds its keys).
  *
- * Tensors: llama.cpp's names (token_embd.weight, blk.N.attn_q.weight, ..., output_norm.weight,
+ * Architectures (general.architecture): llama (Llama, Mistral), qwen2, qwen3, gemma2, gemma3, phi3,
+ * gpt2. Tensors: llama.cpp's names (token_embd.weight, blk.N.attn_q.weight, ..., output_norm.weight,
  * output.weight — absent when the head is tied) in GGUF dim order (ne[0] = the row length).
  * Llama's Q and K rows (and biases) are permuted per head from Hugging Face's rotate_half order
  * to the interleaved order, as convert_hf_to_gguf.py's LlamaModel.permute does (model.c undoes it
- * when loading); Qwen2 is stored unpermuted; GPT-2's Conv1D weights are transposed and its q, k,
- * v fused into attn_qkv.
+ * when loading); the other architectures are stored unpermuted; GPT-2's Conv1D weights are
+ * transposed and its q, k, v fused into attn_qkv. Per family, as the converter's model classes:
+ *   - Qwen3, Gemma 3: blk.N.attn_q_norm / attn_k_norm; Gemma 2/3: post_attention_norm, ffn_norm (the
+ *     pre-feedforward norm), post_ffw_norm, and every norm weight written + 1 (in f16 for an F16
+ *     checkpoint, else in f32, as torch adds it), Gemma 2 always tied (lm_head dropped);
+ *   - Phi-3: qkv_proj and gate_up_proj kept fused (blk.N.attn_qkv, blk.N.ffn_up of 2 x ffn rows);
+ *   - Llama 3 RoPE: rope_freqs.weight (per-frequency divisors, LlamaModel.generate_extra_tensors, from
+ *     rope_scaling's original_max_position_embeddings); LongRoPE (Phi-3): rope_factors_long/short.weight.
+ * Keys: <arch>.context_length, embedding_length, block_count, feed_forward_length, attention.head_count,
+ * head_count_kv, layer_norm_rms_epsilon, rope.freq_base, key/value_length (Phi-3: only when not dim /
+ * heads), rope.dimension_count and vocab_size (llama; phi3 the former); Gemma 2 attn_logit_softcapping,
+ * final_logit_softcapping; Gemma 2/3 and Phi-3 attention.sliding_window; RoPE scaling: linear
+ * (rope.scaling.type, factor), yarn (type, factor, original_context_length, and attn_factor when the
+ * checkpoint's attention factor is not YaRN's default), Phi-3 rope.scaling.original_context_length
+ * and attn_factor. llama.cpp reads the rope.scaling keys for every architecture; its converter writes
+ * them only for some (linear: llama, gemma3; yarn: qwen2/3): here for every one, so that a scaling is
+ * not lost (and Gemma 2's rope.freq_base, which its converter leaves to llama.cpp's default 10000).
+ * What llama.cpp (llama-cpp-python 0.3.16's) cannot represent is refused (ZS_EUNSUPPORTED, naming it):
+ * dynamic NTK; llama3 scaling outside llama, LongRoPE outside phi3, YaRN on gemma3/phi3 or with
+ * beta_fast/beta_slow/truncate other than 32/1/true; attention biases outside llama/qwen2; Gemma's
+ * query_pre_attn_scalar other than llama.cpp's hard-coded head_dim (dim / heads for the 27B sizes),
+ * no sliding window or layers other than its every-2nd / every-6th full one; Gemma 2 untied or without
+ * both softcaps; Gemma 3 with softcapping, a local RoPE base other than 10000, or non-linear scaling.
+ * A sliding window of llama (Mistral), qwen2 or qwen3 shorter than the context is dropped with a
+ * warning, as convert_hf_to_gguf.py does (llama.cpp's architectures have none).
  *
- * Types: 1-D tensors (norms, biases) and GPT-2's position table stay F32. Matrices take the file
- * type's block format, except
+ * Types: 1-D tensors (norms, biases, RoPE factors) and GPT-2's position table stay F32. Matrices take
+ * the file type's block format, except
  *   - q4_0 .. q5_1 and q4_k_m: output.weight, or token_embd.weight of a tied model, is Q6_K (Q8_0
  *     when its rows are not a multiple of 256), as llama-quantize does;
  *   - q4_k_m: llama-quantize's mix (quant-mix.h, the loader's too) — Q6_K for attn_v and ffn_down
  *     of the layers use_more_bits picks (the first and last eighth and every third between), Q4_K
- *     elsewhere; GPT-2's fused attn_qkv Q6_K (llama-quantize: Q5_K, which is not made here);
+ *     elsewhere; GPT-2's and Phi-3's fused attn_qkv Q6_K (llama-quantize: Q5_K, which is not made here);
  *   - rows that are not a multiple of the block: q8_0 .. q5_1 fall back to F16 (convert_hf_to_gguf
  *     .py's rule for q8_0; llama-quantize refuses such tensors for these types); K-quants as
  *     llama-quantize does, Q4_K -> Q5_0 and Q6_K -> Q8_0, then F16.
@@ -69,12 +93,13 @@ typedef struct zs_gguf_conv zs_gguf_conv;
 /* Reads and validates the directory (config.json and every tensor, as zs_model_open does) and
  * chooses each output tensor's type; reads no weight data. Errors of zs_model_open, and
  * ZS_EUNSUPPORTED for what cannot be converted (a GGUF file as input; Llama MLP biases, which
- * zeroserve's GGUF reader does not read back). */
+ * zeroserve's GGUF reader does not read back; what llama.cpp cannot represent, above). */
 int zs_gguf_conv_open(const char *dir, zs_llama_ftype ftype, zs_gguf_conv **out);
 void zs_gguf_conv_close(zs_gguf_conv *c);
 
 const zs_model_config *zs_gguf_conv_config(const zs_gguf_conv *c);
-const char *zs_gguf_conv_arch(const zs_gguf_conv *c); /* general.architecture: llama, qwen2, gpt2 */
+/* general.architecture: llama (Llama, Mistral), qwen2, qwen3, gemma2, gemma3, phi3, gpt2 */
+const char *zs_gguf_conv_arch(const zs_gguf_conv *c);
 size_t zs_gguf_conv_count(const zs_gguf_conv *c);
 const zs_gguf_conv_tensor *zs_gguf_conv_at(const zs_gguf_conv *c, size_t i);
 /* Total bytes of tensor data (unpadded). */

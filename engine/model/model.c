@@ -115,13 +115,13 @@ static void layout_finish(zs_bucket_layout *L, int64_t threshold, unsigned force
     L->resident_bytes = off_r;
 }
 
-/* the storage dtype of matrix `role` of bucket b: wd, or as stored (a checkpoint of mixed block
- * formats, e.g. Q4_K_M's Q4_K and Q6_K, keeps each matrix's format; a matrix stored otherwise
- * gets wd when that is a block of 32, else bf16: "as stored" never makes a K-quant at load) */
+/* the storage dtype of matrix `role` of bucket b: wd, or as stored (a checkpoint of mixed formats,
+ * e.g. Q4_K_M's Q4_K and Q6_K with F16 fallbacks, keeps each matrix's own: "as stored" never
+ * converts at load; without a source tensor, wd when that is a block of 32, else bf16) */
 static zs_dtype matrix_dtype(const zs_model *m, int b, int role, zs_dtype wd) {
     if (!m->as_stored) return wd;
     const zs_st_tensor *t = m->src[b * ZS_MAX_ROLES + role].t;
-    if (t && zs_dtype_is_quant(t->dtype)) return t->dtype;
+    if (t && t->dtype < ZS_DTYPE_COUNT) return t->dtype;
     return zs_dtype_block(wd) == ZS_QK_K ? ZS_BF16 : wd;
 }
 
@@ -160,6 +160,14 @@ static void build_layouts(zs_model *m) {
             slot_set(L, ZS_R_BV, ZS_F32, 1, kvd, 1);
         }
         if (gpt2 || c->o_bias) slot_set(L, ZS_R_BO, ZS_F32, 1, d, 1);
+        if (c->qk_norm) {
+            slot_set(L, ZS_R_Q_NORM, ZS_F32, 1, c->head_dim, 1);
+            slot_set(L, ZS_R_K_NORM, ZS_F32, 1, c->head_dim, 1);
+        }
+        if (c->post_norms) {
+            slot_set(L, ZS_R_POST_ATTN_NORM, ZS_F32, 1, d, 1);
+            slot_set(L, ZS_R_POST_FFN_NORM, ZS_F32, 1, d, 1);
+        }
         if (gpt2 || c->mlp_bias) {
             if (!gpt2) slot_set(L, ZS_R_B_GATE, ZS_F32, 1, f, 1);
             slot_set(L, ZS_R_B_UP, ZS_F32, 1, f, 1);
@@ -267,18 +275,48 @@ static int map_llama(zs_model *m) {
         ZS_CHECK(find_src(m, nm, nd, a0, a1, &S[(b)*ZS_MAX_ROLES + (role)].t));            \
         S[(b)*ZS_MAX_ROLES + (role)].kind = ZS_SRC_COPY;                                      \
     } while (0)
+    int phi3 = c->family == ZS_FAM_PHI3, gemma = c->post_norms;
     GET(0, ZS_R_TOK_EMB, 2, c->vocab_size, d, "model.embed_tokens.weight");
     for (int l = 0; l < c->n_layers; l++) {
         int b = 1 + l;
         const char *p = "model.layers";
+        src_ref *R = &S[b * ZS_MAX_ROLES];
         GET(b, ZS_R_ATTN_NORM_W, 1, d, 0, "%s.%d.input_layernorm.weight", p, l);
-        GET(b, ZS_R_WQ, 2, q, d, "%s.%d.self_attn.q_proj.weight", p, l);
-        GET(b, ZS_R_WK, 2, kvd, d, "%s.%d.self_attn.k_proj.weight", p, l);
-        GET(b, ZS_R_WV, 2, kvd, d, "%s.%d.self_attn.v_proj.weight", p, l);
+        if (phi3) { /* fused [q; k; v] and [gate; up] rows, split here */
+            GET(b, ZS_R_WQ, 2, q + 2 * kvd, d, "%s.%d.self_attn.qkv_proj.weight", p, l);
+            R[ZS_R_WK] = R[ZS_R_WV] = R[ZS_R_WQ];
+            R[ZS_R_WQ].kind = R[ZS_R_WK].kind = R[ZS_R_WV].kind = ZS_SRC_ROW_SLICE;
+            R[ZS_R_WK].col0 = q;
+            R[ZS_R_WV].col0 = q + kvd;
+            GET(b, ZS_R_W_GATE, 2, 2 * f, d, "%s.%d.mlp.gate_up_proj.weight", p, l);
+            R[ZS_R_W_UP] = R[ZS_R_W_GATE];
+            R[ZS_R_W_GATE].kind = R[ZS_R_W_UP].kind = ZS_SRC_ROW_SLICE;
+            R[ZS_R_W_UP].col0 = f;
+        } else {
+            int rc = 0;
+            snprintf(nm, sizeof nm, "%s.%d.self_attn.q_proj.weight", p, l);
+            if ((rc = find_src(m, nm, 2, q, d, &R[ZS_R_WQ].t)) == ZS_ESHAPE)
+                return zs_err_prefix(ZS_ESHAPE, "'num_attention_heads' (%d) x 'head_dim' (%d) = %lld rows do not "
+                                     "match q_proj", c->n_heads, c->head_dim, (long long)q);
+            ZS_CHECK(rc);
+            R[ZS_R_WQ].kind = ZS_SRC_COPY;
+            GET(b, ZS_R_WK, 2, kvd, d, "%s.%d.self_attn.k_proj.weight", p, l);
+            GET(b, ZS_R_WV, 2, kvd, d, "%s.%d.self_attn.v_proj.weight", p, l);
+            GET(b, ZS_R_W_GATE, 2, f, d, "%s.%d.mlp.gate_proj.weight", p, l);
+            GET(b, ZS_R_W_UP, 2, f, d, "%s.%d.mlp.up_proj.weight", p, l);
+        }
         GET(b, ZS_R_WO, 2, d, q, "%s.%d.self_attn.o_proj.weight", p, l);
-        GET(b, ZS_R_FFN_NORM_W, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l);
-        GET(b, ZS_R_W_GATE, 2, f, d, "%s.%d.mlp.gate_proj.weight", p, l);
-        GET(b, ZS_R_W_UP, 2, f, d, "%s.%d.mlp.up_proj.weight", p, l);
+        if (gemma) { /* Gemma: the MLP's input norm is pre_feedforward_layernorm */
+            GET(b, ZS_R_FFN_NORM_W, 1, d, 0, "%s.%d.pre_feedforward_layernorm.weight", p, l);
+            GET(b, ZS_R_POST_ATTN_NORM, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+            GET(b, ZS_R_POST_FFN_NORM, 1, d, 0, "%s.%d.post_feedforward_layernorm.weight", p, l);
+        } else {
+            GET(b, ZS_R_FFN_NORM_W, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l);
+        }
+        if (c->qk_norm) {
+            GET(b, ZS_R_Q_NORM, 1, c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, l);
+            GET(b, ZS_R_K_NORM, 1, c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, l);
+        }
         GET(b, ZS_R_W_DOWN, 2, d, f, "%s.%d.mlp.down_proj.weight", p, l);
         if (c->qkv_bias) {
             GET(b, ZS_R_BQ, 1, q, 0, "%s.%d.self_attn.q_proj.bias", p, l);
@@ -337,16 +375,18 @@ static int map_gpt2(zs_model *m) {
     return 0;
 }
 
-/* llama.cpp's names (llama, qwen2, gpt2). A GGUF [ne0 = in, ne1 = out] matrix is laid out as our
- * [out, in], so every weight is a copy, except: llama's Q and K rows (and biases) are per head in
- * the interleaved RoPE order (convert_hf_to_gguf.py permutes them; qwen2 is stored in
- * rotate_half order already), and gpt2's q, k, v are row blocks of one fused attn_qkv. */
+/* llama.cpp's names (llama, qwen2, qwen3, gemma2, gemma3, phi3, gpt2). A GGUF [ne0 = in, ne1 = out]
+ * matrix is laid out as our [out, in], so every weight is a copy, except: llama's Q and K rows (and
+ * biases) are per head in the interleaved RoPE order (convert_hf_to_gguf.py permutes them; the other
+ * architectures are stored in rotate_half order), gpt2's q, k, v are row blocks of one fused
+ * attn_qkv, and phi3's q, k, v rows of attn_qkv and gate, up rows of ffn_up (llama.cpp keeps
+ * Phi-3's fused tensors). Gemma's norms hold 1 + w (config: norm_offset 0). */
 static int map_gguf(zs_model *m) {
     const zs_model_config *c = &m->cfg;
     int64_t d = c->dim, q = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     int64_t f = c->ffn_dim;
-    int gpt2 = c->arch == ZS_ARCH_GPT2;
-    int perm = !gpt2 && !strcmp(c->arch_name, "LlamaForCausalLM");
+    int gpt2 = c->arch == ZS_ARCH_GPT2, phi3 = c->family == ZS_FAM_PHI3;
+    int perm = !gpt2 && c->family == ZS_FAM_LLAMA;
     char nm[256];
     src_ref *S = m->src;
     GET(0, ZS_R_TOK_EMB, 2, c->vocab_size, d, "token_embd.weight");
@@ -357,9 +397,9 @@ static int map_gguf(zs_model *m) {
         GET(b, ZS_R_ATTN_NORM_W, 1, d, 0, "blk.%d.attn_norm.weight", l);
         GET(b, ZS_R_FFN_NORM_W, 1, d, 0, "blk.%d.ffn_norm.weight", l);
         GET(b, ZS_R_WO, 2, d, q, "blk.%d.attn_output.weight", l);
-        GET(b, ZS_R_W_UP, 2, f, d, "blk.%d.ffn_up.weight", l);
         GET(b, ZS_R_W_DOWN, 2, d, f, "blk.%d.ffn_down.weight", l);
         if (gpt2) {
+            GET(b, ZS_R_W_UP, 2, f, d, "blk.%d.ffn_up.weight", l);
             GET(b, ZS_R_ATTN_NORM_B, 1, d, 0, "blk.%d.attn_norm.bias", l);
             GET(b, ZS_R_FFN_NORM_B, 1, d, 0, "blk.%d.ffn_norm.bias", l);
             GET(b, ZS_R_WQ, 2, 3 * d, d, "blk.%d.attn_qkv.weight", l);
@@ -373,10 +413,35 @@ static int map_gguf(zs_model *m) {
             GET(b, ZS_R_B_DOWN, 1, d, 0, "blk.%d.ffn_down.bias", l);
             continue;
         }
-        GET(b, ZS_R_WQ, 2, q, d, "blk.%d.attn_q.weight", l);
-        GET(b, ZS_R_WK, 2, kvd, d, "blk.%d.attn_k.weight", l);
-        GET(b, ZS_R_WV, 2, kvd, d, "blk.%d.attn_v.weight", l);
-        GET(b, ZS_R_W_GATE, 2, f, d, "blk.%d.ffn_gate.weight", l);
+        snprintf(nm, sizeof nm, "blk.%d.attn_qkv.weight", l);
+        if (phi3 && zs_gguf_find_tensor(m->gg, nm)) { /* [q; k; v] rows (llama.cpp also takes them apart) */
+            GET(b, ZS_R_WQ, 2, q + 2 * kvd, d, "blk.%d.attn_qkv.weight", l);
+            R[ZS_R_WK] = R[ZS_R_WV] = R[ZS_R_WQ];
+            R[ZS_R_WQ].kind = R[ZS_R_WK].kind = R[ZS_R_WV].kind = ZS_SRC_ROW_SLICE;
+            R[ZS_R_WK].col0 = q;
+            R[ZS_R_WV].col0 = q + kvd;
+        } else {
+            GET(b, ZS_R_WQ, 2, q, d, "blk.%d.attn_q.weight", l);
+            GET(b, ZS_R_WK, 2, kvd, d, "blk.%d.attn_k.weight", l);
+            GET(b, ZS_R_WV, 2, kvd, d, "blk.%d.attn_v.weight", l);
+        }
+        if (phi3) { /* ffn_up: [gate; up] rows, no ffn_gate */
+            GET(b, ZS_R_W_GATE, 2, 2 * f, d, "blk.%d.ffn_up.weight", l);
+            R[ZS_R_W_UP] = R[ZS_R_W_GATE];
+            R[ZS_R_W_GATE].kind = R[ZS_R_W_UP].kind = ZS_SRC_ROW_SLICE;
+            R[ZS_R_W_UP].col0 = f;
+        } else {
+            GET(b, ZS_R_W_GATE, 2, f, d, "blk.%d.ffn_gate.weight", l);
+            GET(b, ZS_R_W_UP, 2, f, d, "blk.%d.ffn_up.weight", l);
+        }
+        if (c->qk_norm) {
+            GET(b, ZS_R_Q_NORM, 1, c->head_dim, 0, "blk.%d.attn_q_norm.weight", l);
+            GET(b, ZS_R_K_NORM, 1, c->head_dim, 0, "blk.%d.attn_k_norm.weight", l);
+        }
+        if (c->post_norms) {
+            GET(b, ZS_R_POST_ATTN_NORM, 1, d, 0, "blk.%d.post_attention_norm.weight", l);
+            GET(b, ZS_R_POST_FFN_NORM, 1, d, 0, "blk.%d.post_ffw_norm.weight", l);
+        }
         if (c->qkv_bias) {
             GET(b, ZS_R_BQ, 1, q, 0, "blk.%d.attn_q.bias", l);
             GET(b, ZS_R_BK, 1, kvd, 0, "blk.%d.attn_k.bias", l);
@@ -551,6 +616,9 @@ static int pack_one(const zs_slot *s, const src_ref *r, void *dst) {
     } else if (r->kind == ZS_SRC_VEC_SLICE) {
         zs_convert(dst, s->dtype, (const char *)t->data + esz_src_at(r->col0), t->dtype,
                    (size_t)s->shape[0]);
+    } else if (r->kind == ZS_SRC_ROW_SLICE) { /* rows [col0, col0 + out) of an [rows, in] tensor */
+        zs_convert(dst, s->dtype, (const char *)t->data + esz_src_at(r->col0 * s->shape[1]), t->dtype,
+                   (size_t)(s->shape[0] * s->shape[1]));
     } else { /* transpose columns [col0, col0+out) of a [in, cols] source into [out, in] */
         int64_t out_rows = s->shape[0], in = s->shape[1], cols = t->shape[1];
         float *row = malloc((size_t)in * sizeof(float));
