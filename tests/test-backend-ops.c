@@ -1,12 +1,19 @@
 /* test-backend-ops.c — every device op against the CPU op on random inputs, on every CUDA device
  * present: dtype casts (convert.cu), embedding (embed.cu), RMSNorm and LayerNorm (norm.cu),
  * RoPE at theta 10000 and 500000 with the host-made frequency table (rope.cu), GELU, SwiGLU,
- * residual/bias add, softmax and argmax (act.cu), the paged KV store and causal attention with
+ * residual/bias add, softmax and argmax (act.cu); the model-family pieces: RMSNorm with Gemma's
+ * weight offset and per head in place (qk_norm), RoPE with given frequencies (YaRN's table and
+ * attention factor, LongRoPE's rows per token, from zs_rope_freqs) and its backward, the default
+ * table with factor 1 giving zs_cuda_rope's bits, GeGLU, soft-capping, the embedding scale (the
+ * CPU's bits); the paged KV store and causal attention with
  * GQA for prefill, chunks and decode (attention.cu: the simple kernel, the tiled one and the
  * auto split of the two, each against a CPU reference of the paged layout written here, with
  * NaN in the cache slots no token may read; T up to 70000, past the old grid.y limit; and over
  * a 16-bit (f16, bf16) cache: the store's rounding bit for bit, each kernel bit for bit against
- * itself over an f32 cache of the widened values), the
+ * itself over an f32 cache of the widened values), and with the family parameters
+ * (zs_cuda_attention_ex: Gemma's scale, a soft-cap, sliding windows of 1 to longer than the
+ * context, the cache before every window NaN and its table entries naming a block of NaN; with
+ * all off the plain kernels' bits), the
  * refusals and their reasons (zs_cuda_take_error, zs_dev_error), and the cuBLAS matrix product
  * (f32, f16, bf16). Block-format weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K; random blocks,
  * matmul-quant.cu through zs_dev_gemm): decode (T = 1, 3, 8: the fused kernel) must give
@@ -22,7 +29,8 @@
  * bits of mantissa: 2^-8 = 3.9e-3 per rounding). The backward kernels of backward.cu (norms,
  * RoPE, activations, add, embedding, cross-entropy, attention, the cuBLAS matmul backward) are
  * compared in f32 with the CPU ops of ops-backward.c (train-ops.h) under a relative L2 error
- * ||gpu - cpu|| / ||cpu||. Skips (77) without CUDA or without a device. */
+ * ||gpu - cpu|| / ||cpu||, with the family pieces (RMSNorm with offset, GeGLU, soft-cap, attention
+ * with scale, soft-cap and window). Skips (77) without CUDA or without a device. */
 #include "backend.h"
 #include "common.h"
 #include "testutil.h"
@@ -39,6 +47,7 @@ int main(void) {
 #include "device.h"
 #include "kernels/cuda/kernels.h"
 #include "ops.h"
+#include "rope.h"
 #include "matmul-q8act.h"
 #include "tensor.h"
 #include "train-ops.h"
@@ -311,6 +320,185 @@ static void test_act(void) {
     rel(dx); rel(du); rel(dy); rel(db); rel(ds); rel(di);
 }
 
+/* ---- the model-family pieces: RMSNorm with a weight offset and per head, RoPE with given and
+ * per-token frequencies and an attention factor, GeGLU, soft-capping, scaling ---- */
+
+/* A configuration for zs_rope_freqs (engine/model/rope.h) of one rope_scaling type at head_dim hd:
+ * YaRN (one table, attention factor 0.1 ln 4 + 1) or LongRoPE (per position: the short factors up to
+ * position 1023, the long ones past it; factor sqrt(1 + ln 4 / ln 1024)). */
+static void rope_cfg(zs_model_config *c, int type, int hd) {
+    memset(c, 0, sizeof *c);
+    c->head_dim = hd;
+    c->rope_theta = 10000.0f;
+    c->max_seq = 4096;
+    c->n_layers = 1;
+    c->rope.type = type;
+    c->rope.factor = 4.0f;
+    c->rope.orig_max_pos = 1024;
+    c->rope.truncate = 1;
+    c->rope.n_factors = hd / 2;
+    for (int i = 0; i < hd / 2; i++) {
+        c->rope.short_factor[i] = 1.0f + 0.5f * (frand() + 1.0f);
+        c->rope.long_factor[i] = 2.0f + 2.0f * (frand() + 1.0f);
+    }
+}
+
+static void test_family_ops(void) {
+    /* RMSNorm with Gemma's offset (y = x/rms * (1 + w)) over gathered rows, every output dtype */
+    int dims[3] = {64, 1000, 4096}, R = 9;
+    for (int di = 0; di < 3; di++) {
+        int d = dims[di];
+        size_t n = (size_t)R * d;
+        float *x = malloc(n * 4), *w = malloc((size_t)d * 4), *xs = malloc(n * 4), *ref = malloc(n * 4);
+        fill(x, n, 3.0f);
+        fill(w, (size_t)d, 0.5f);
+        int32_t rows[9];
+        for (int r = 0; r < R; r++) rows[r] = (r * 5) % R;
+        for (int r = 0; r < R; r++) memcpy(xs + (size_t)r * d, x + (size_t)rows[r] * d, (size_t)d * 4);
+        float *dx = up(x, n, ZS_F32), *dw = up(w, (size_t)d, ZS_F32);
+        int32_t *drows = up_raw(rows, sizeof rows);
+        for (int k = 0; k < 3; k++) {
+            zs_dtype dt = DTS[k];
+            zs_op_rmsnorm_off(ref, xs, w, R, d, 1e-6f, 1.0f);
+            round_to(ref, n, dt);
+            void *y = zs_dev_alloc(D, n * 4);
+            CHECK(zs_cuda_rmsnorm_off(y, dt, dx, dw, 1.0f, drows, R, d, 1e-6f, S) == 0, "rmsnorm_off launch: %s",
+                  cuda_why());
+            float *g = down(y, n, dt);
+            double e = nerr(g, ref, n);
+            CHECK(e <= tol_of(dt), "rmsnorm (offset 1) d=%d -> %s: error %.3g", d, zs_dtype_name(dt), e);
+            free(g);
+            rel(y);
+        }
+        free(x); free(w); free(xs); free(ref); rel(dx); rel(dw); rel(drows);
+    }
+    /* the per-head norm of q / k (qk_norm): T * heads rows of head_dim, in place, offsets 0 and 1 */
+    {
+        int T = 23, nh = 6, hds[2] = {128, 256};
+        for (int hi = 0; hi < 2; hi++)
+            for (int oi = 0; oi < 2; oi++) {
+                int hd = hds[hi];
+                size_t n = (size_t)T * nh * hd;
+                float off = (float)oi;
+                float *x = malloc(n * 4), *w = malloc((size_t)hd * 4), *ref = malloc(n * 4);
+                fill(x, n, 2.0f);
+                fill(w, (size_t)hd, 1.0f);
+                zs_op_rmsnorm_off(ref, x, w, T * nh, hd, 1e-6f, off);
+                float *dx = up(x, n, ZS_F32), *dw = up(w, (size_t)hd, ZS_F32);
+                CHECK(zs_cuda_rmsnorm_off(dx, ZS_F32, dx, dw, off, NULL, T * nh, hd, 1e-6f, S) == 0,
+                      "per-head rmsnorm launch: %s", cuda_why());
+                float *g = down(dx, n, ZS_F32);
+                double e = nerr(g, ref, n);
+                CHECK(e <= 2e-5, "per-head rmsnorm in place, %d x %d heads of %d, offset %g: error %.3g", T, nh, hd,
+                      off, e);
+                free(g); free(x); free(w); free(ref); rel(dx); rel(dw);
+            }
+    }
+    /* RoPE with given frequencies: YaRN's one table with its attention factor, LongRoPE's rows per
+     * token (positions up to ~4000: both factor lists); the forward and its backward against
+     * zs_op_rope_freq / zs_op_rope_freq_bwd, and the default table with factor 1 against zs_cuda_rope
+     * bit for bit */
+    {
+        int T = 23, nh = 6;
+        int hds[2] = {128, 64};
+        for (int hi = 0; hi < 2; hi++)
+            for (int ty = 0; ty < 2; ty++)
+                for (int bwd = 0; bwd < 2; bwd++) {
+                    int hd = hds[hi], half = hd / 2, ld = nh * hd + 32, per_tok = ty == 1;
+                    zs_model_config c;
+                    rope_cfg(&c, per_tok ? ZS_ROPE_LONGROPE : ZS_ROPE_YARN, hd);
+                    size_t n = (size_t)T * ld;
+                    float *x = malloc(n * 4), *ref = malloc(n * 4), *fr = malloc((size_t)T * half * 4), af = 1.0f;
+                    fill(x, n, 2.0f);
+                    memcpy(ref, x, n * 4);
+                    int32_t pos[23];
+                    for (int t = 0; t < T; t++) pos[t] = t * 181;
+                    for (int t = 0; t < T; t++) {
+                        float *row = fr + (size_t)(per_tok ? t : 0) * half;
+                        if (per_tok || t == 0) zs_rope_freqs(&c, 0, pos[t], row, &af);
+                        if (bwd) zs_op_rope_freq_bwd(ref + (size_t)t * ld, nh, hd, pos[t], row, af);
+                        else zs_op_rope_freq(ref + (size_t)t * ld, nh, hd, pos[t], row, af);
+                    }
+                    CHECK(af != 1.0f, "the rope test's scaling has an attention factor (%g)", af);
+                    float *dx = up(x, n, ZS_F32), *dfr = up(fr, (size_t)(per_tok ? T : 1) * half, ZS_F32);
+                    int32_t *dp = up_raw(pos, sizeof pos);
+                    int rc = bwd ? zs_cuda_rope_freq_bwd(dx, T, ld, nh, hd, dp, dfr, per_tok, af, S)
+                                 : zs_cuda_rope_freq(dx, T, ld, nh, hd, dp, dfr, per_tok, af, S);
+                    CHECK(rc == 0, "rope_freq%s launch: %s", bwd ? "_bwd" : "", cuda_why());
+                    float *g = down(dx, n, ZS_F32);
+                    double e = nerr(g, ref, n);
+                    CHECK(e <= 2e-5, "rope_freq%s (%s, head_dim %d, factor %g): error %.3g", bwd ? "_bwd" : "",
+                          per_tok ? "longrope, per token" : "yarn, one table", hd, af, e);
+                    free(g);
+                    /* the default table with factor 1: zs_cuda_rope's bits */
+                    float *tabl = rope_table(hd, 10000.0f);
+                    void *a = up(x, n, ZS_F32), *b = up(x, n, ZS_F32);
+                    CHECK((bwd ? zs_cuda_rope_freq_bwd(a, T, ld, nh, hd, dp, tabl, 0, 1.0f, S)
+                               : zs_cuda_rope_freq(a, T, ld, nh, hd, dp, tabl, 0, 1.0f, S)) == 0 &&
+                          (bwd ? zs_cuda_rope_bwd(b, T, ld, nh, hd, dp, tabl, S)
+                               : zs_cuda_rope(b, T, ld, nh, hd, dp, tabl, S)) == 0, "rope launches: %s", cuda_why());
+                    float *ga = down(a, n, ZS_F32), *gb = down(b, n, ZS_F32);
+                    CHECK(memcmp(ga, gb, n * 4) == 0, "rope_freq%s with the default table and factor 1 differs from "
+                          "rope%s", bwd ? "_bwd" : "", bwd ? "_bwd" : "");
+                    free(ga); free(gb); rel(a); rel(b); rel(tabl);
+                    free(x); free(ref); free(fr); rel(dx); rel(dfr); rel(dp);
+                }
+    }
+    /* GeGLU, every output dtype and in place; soft-cap; scale */
+    {
+        size_t n = 70001;
+        float *x = malloc(n * 4), *u = malloc(n * 4), *ref = malloc(n * 4);
+        fill(x, n, 6.0f);
+        fill(u, n, 2.0f);
+        float *dx = up(x, n, ZS_F32), *du = up(u, n, ZS_F32);
+        for (int k = 0; k < 3; k++) {
+            zs_dtype dt = DTS[k];
+            void *o = zs_dev_alloc(D, n * 4);
+            zs_op_geglu(ref, x, u, n);
+            round_to(ref, n, dt);
+            CHECK(zs_cuda_geglu(o, dt, dx, du, n, S) == 0, "geglu launch");
+            float *g = down(o, n, dt);
+            double e = nerr(g, ref, n);
+            CHECK(e <= tol_of(dt), "geglu -> %s: error %.3g", zs_dtype_name(dt), e);
+            free(g);
+            rel(o);
+        }
+        float *dg = up(x, n, ZS_F32);
+        zs_op_geglu(ref, x, u, n);
+        CHECK(zs_cuda_geglu(dg, ZS_F32, dg, du, n, S) == 0, "geglu launch (in place)");
+        float *g = down(dg, n, ZS_F32);
+        double e = nerr(g, ref, n);
+        CHECK(e <= tol_of(ZS_F32), "geglu in place: error %.3g", e);
+        free(g);
+        /* soft-cap at 30 over values up to +-100 (the tanh saturates), and a small cap */
+        float caps[2] = {30.0f, 0.5f};
+        for (int ci = 0; ci < 2; ci++) {
+            float *v = malloc(n * 4);
+            fill(v, n, 100.0f);
+            float *dv = up(v, n, ZS_F32);
+            zs_op_softcap(v, n, caps[ci]);
+            CHECK(zs_cuda_softcap(dv, n, caps[ci], S) == 0, "softcap launch: %s", cuda_why());
+            g = down(dv, n, ZS_F32);
+            e = nerr(g, v, n);
+            CHECK(e <= 2e-5, "softcap %g: error %.3g", caps[ci], e);
+            free(g); free(v); rel(dv);
+        }
+        CHECK(zs_cuda_softcap(dx, n, 0.0f, S) < 0, "softcap 0 was accepted");
+        const char *w = zs_cuda_take_error();
+        CHECK(w && strstr(w, "cap"), "softcap 0: reason \"%s\"", w ? w : "(none)");
+        /* scale: one f32 product, the CPU's bits */
+        float sc = sqrtf(2304.0f);
+        memcpy(ref, x, n * 4);
+        for (size_t i = 0; i < n; i++) ref[i] *= sc;
+        float *ds = up(x, n, ZS_F32);
+        CHECK(zs_cuda_scale(ds, n, sc, S) == 0, "scale launch");
+        g = down(ds, n, ZS_F32);
+        CHECK(memcmp(g, ref, n * 4) == 0, "scale: differs from the f32 product (error %.3g)", nerr(g, ref, n));
+        free(g);
+        free(x); free(u); free(ref); rel(dx); rel(du); rel(dg); rel(ds);
+    }
+}
+
 /* ---- paged KV store + attention: CPU reference over the same layout ---- */
 
 /* A batch over the paged cache: sequences s = 0..nseq-1 of len[s] positions; the batch holds
@@ -369,14 +557,87 @@ static size_t kv_index(const att_batch *B, int kvd, int s, int p, int which) {
 
 static const int ATT_IMPLS[3] = {ZS_CUDA_ATTN_SIMPLE, ZS_CUDA_ATTN_TILED, ZS_CUDA_ATTN_AUTO};
 
+/* a pool of n random values in [-1, 1) */
+static float *frnd_pool(size_t n) {
+    float *p = malloc(n * 4 + 4);
+    fill(p, n, 1.0f);
+    return p;
+}
+
+/* The first key position query position p sees: 0, or with a window the window's first. */
+static int att_first(int p, int window) { return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0; }
+
+/* The scores' parameters of zs_cuda_att_params resolved as the CPU does (ap NULL: plain). */
+static void att_resolve(const zs_cuda_att_params *ap, int hd, float *scale, float *cap, int *window) {
+    *scale = ap && ap->scale != 0.0f ? ap->scale : 1.0f / sqrtf((float)hd);
+    *cap = ap && ap->softcap > 0.0f ? ap->softcap : 0.0f;
+    *window = ap && ap->window > 0 ? ap->window : 0;
+}
+
+/* The window's poison (ap with a window): per sequence, the positions before the first key of every
+ * one of its batch tokens hold NaN, and the table entries of its blocks wholly before that point
+ * name an extra block of NaN (B->n_blocks): a kernel that reads them fails the check. Returns the
+ * blocks the pool needs. */
+static int att_poison_tables(att_batch *B, int window) {
+    if (window <= 0) return B->n_blocks;
+    for (int s = 0; s < B->nseq; s++) {
+        int lo = INT32_MAX;
+        for (int t = 0; t < B->T; t++)
+            if (B->seq[t] == s) lo = ZS_MIN(lo, att_first(B->pos[t], window));
+        for (int j = 0; lo != INT32_MAX && (j + 1) * ZS_KV_BLOCK <= lo; j++) B->tables[B->tab_of[s] + j] = B->n_blocks;
+    }
+    return B->n_blocks + 1;
+}
+
+static void att_poison_pool(const att_batch *B, float *pool, int kvd, int window) {
+    if (window <= 0) return;
+    for (int s = 0; s < B->nseq; s++) {
+        int lo = INT32_MAX;
+        for (int t = 0; t < B->T; t++)
+            if (B->seq[t] == s) lo = ZS_MIN(lo, att_first(B->pos[t], window));
+        for (int p = 0; lo != INT32_MAX && p < lo; p++)
+            for (int w = 0; w < 2; w++) {
+                float *r = pool + kv_index(B, kvd, s, p, w);
+                for (int i = 0; i < kvd; i++) r[i] = NAN;
+            }
+    }
+}
+
+/* The CPU reference of one query row over the paged pool: keys lo..p of sequence s, scores
+ * (q.k)*scale, soft-capped, softmax (zs_op_softmax), the weighted sum of V in key order. */
+static void att_ref_row(float *o, const float *qq, const float *pool, const att_batch *B, int kvd, int kh, int hd,
+                        int s, int p, float scale, float cap, int window, float *sc) {
+    int lo = att_first(p, window);
+    for (int j = lo; j <= p; j++) {
+        const float *kk = pool + kv_index(B, kvd, s, j, 0) + (size_t)kh * hd;
+        float v = 0;
+        for (int i = 0; i < hd; i++) v += qq[i] * kk[i];
+        v *= scale;
+        if (cap > 0) v = cap * tanhf(v / cap);
+        sc[j - lo] = v;
+    }
+    zs_op_softmax(sc, p + 1 - lo);
+    memset(o, 0, (size_t)hd * 4);
+    for (int j = lo; j <= p; j++) {
+        const float *vv = pool + kv_index(B, kvd, s, j, 1) + (size_t)kh * hd;
+        for (int i = 0; i < hd; i++) o[i] += sc[j - lo] * vv[i];
+    }
+}
+
 /* kv_store, then the attention of every kernel (simple, tiled, auto) in every output dtype
- * (f32 only when f32_only) against the CPU op (forward.c's loop) over the same cache. */
-static void attention_case(const char *name, int nseq, const int *len, const int *nnew, int nh, int nkv, int hd,
-                           int f32_only) {
+ * (f32 only when f32_only) against the CPU op (forward.c's loop) over the same cache; ap (not
+ * NULL): through zs_cuda_attention_ex with its scale, soft-cap and window (the cache before every
+ * window poisoned, att_poison_tables). */
+static void attention_case_p(const char *name, int nseq, const int *len, const int *nnew, int nh, int nkv, int hd,
+                             int f32_only, const zs_cuda_att_params *ap) {
     att_batch B;
     att_batch_make(&B, nseq, len, nnew);
+    float scale, cap;
+    int window;
+    att_resolve(ap, hd, &scale, &cap, &window);
+    int pool_blocks = att_poison_tables(&B, window);
     int T = B.T, kvd = nkv * hd, qd = nh * hd;
-    size_t pool_n = (size_t)B.n_blocks * 2 * ZS_KV_BLOCK * kvd;
+    size_t pool_n = (size_t)pool_blocks * 2 * ZS_KV_BLOCK * kvd;
     /* slots past a sequence's end hold NaN: a kernel reading beyond pos[t] fails the check */
     float *pool = malloc(pool_n * 4);
     for (size_t i = 0; i < pool_n; i++) pool[i] = NAN;
@@ -385,6 +646,7 @@ static void attention_case(const char *name, int nseq, const int *len, const int
             fill(pool + kv_index(&B, kvd, s, p, 0), (size_t)kvd, 1.0f);
             fill(pool + kv_index(&B, kvd, s, p, 1), (size_t)kvd, 1.0f);
         }
+    att_poison_pool(&B, pool, kvd, window);
     float *k = malloc((size_t)T * kvd * 4), *v = malloc((size_t)T * kvd * 4), *q = malloc((size_t)T * qd * 4);
     int64_t *off = malloc((size_t)T * 8);
     fill(k, (size_t)T * kvd, 1.0f);
@@ -396,6 +658,8 @@ static void attention_case(const char *name, int nseq, const int *len, const int
     int32_t *dtab = up_raw(B.tab, (size_t)T * 4), *dtables = up_raw(B.tables, (size_t)B.n_blocks * 4);
     int32_t *dpos = up_raw(B.pos, (size_t)T * 4);
     int64_t *doff = up_raw(off, (size_t)T * 8);
+    char pn[96] = "";
+    if (ap) snprintf(pn, sizeof pn, " [scale %g, soft-cap %g, window %d]", scale, cap, window);
     /* CPU: store, then attend (forward.c's loop) */
     for (int t = 0; t < T; t++) {
         memcpy(pool + kv_index(&B, kvd, B.seq[t], B.pos[t], 0), k + (size_t)t * kvd, (size_t)kvd * 4);
@@ -406,26 +670,11 @@ static void attention_case(const char *name, int nseq, const int *len, const int
     CHECK(memcmp(gp, pool, pool_n * 4) == 0, "kv_store %s (%d kv heads x %d): the device cache differs", name, nkv, hd);
     free(gp);
     float *ref = malloc((size_t)T * qd * 4), *sc = malloc((size_t)B.maxlen * 4 + 4);
-    float scale = 1.0f / sqrtf((float)hd);
     int group = nh / nkv;
     for (int t = 0; t < T; t++)
-        for (int h = 0; h < nh; h++) {
-            const float *qq = q + (size_t)t * qd + (size_t)h * hd;
-            int kh = h / group;
-            for (int j = 0; j <= B.pos[t]; j++) {
-                const float *kk = pool + kv_index(&B, kvd, B.seq[t], j, 0) + (size_t)kh * hd;
-                float s = 0;
-                for (int i = 0; i < hd; i++) s += qq[i] * kk[i];
-                sc[j] = s * scale;
-            }
-            zs_op_softmax(sc, B.pos[t] + 1);
-            float *o = ref + (size_t)t * qd + (size_t)h * hd;
-            memset(o, 0, (size_t)hd * 4);
-            for (int j = 0; j <= B.pos[t]; j++) {
-                const float *vv = pool + kv_index(&B, kvd, B.seq[t], j, 1) + (size_t)kh * hd;
-                for (int i = 0; i < hd; i++) o[i] += sc[j] * vv[i];
-            }
-        }
+        for (int h = 0; h < nh; h++)
+            att_ref_row(ref + (size_t)t * qd + (size_t)h * hd, q + (size_t)t * qd + (size_t)h * hd, pool, &B, kvd,
+                        h / group, hd, B.seq[t], B.pos[t], scale, cap, window, sc);
     float *r = malloc((size_t)T * qd * 4);
     void *out = zs_dev_alloc(D, (size_t)T * qd * 4);
     ZS_ASSERT(out != NULL);
@@ -438,28 +687,38 @@ static void attention_case(const char *name, int nseq, const int *len, const int
             const char *in = zs_cuda_attention_mode_name(impl);
             /* NaN first: a row no kernel writes fails the check */
             ZS_ASSERT(cudaMemsetAsync(out, 0xff, (size_t)T * qd * zs_dtype_size(dt), (cudaStream_t)S) == cudaSuccess);
-            CHECK(zs_cuda_attention_impl(impl, out, dt, dq, qd, dpool, dtables, dtab, dpos, T, nh, nkv, hd, scale, S) == 0,
-                  "attention (%s) launch: %s", in, cuda_why());
+            int rc = ap ? zs_cuda_attention_ex(impl, out, dt, dq, qd, dpool, ZS_F32, dtables, dtab, dpos, T, nh, nkv, hd,
+                                               ap, S)
+                        : zs_cuda_attention_impl(impl, out, dt, dq, qd, dpool, dtables, dtab, dpos, T, nh, nkv, hd,
+                                                 scale, S);
+            CHECK(rc == 0, "attention (%s)%s launch: %s", in, pn, cuda_why());
             float *g = down(out, (size_t)T * qd, dt);
             double e = nerr(g, r, (size_t)T * qd);
-            CHECK(e <= tol_of(dt) + 1e-5, "attention (%s) %s, T=%d, %d heads / %d kv heads x %d -> %s: error %.3g",
-                  in, name, T, nh, nkv, hd, zs_dtype_name(dt), e);
+            CHECK(e <= tol_of(dt) + 1e-5, "attention (%s)%s %s, T=%d, %d heads / %d kv heads x %d -> %s: error %.3g",
+                  in, pn, name, T, nh, nkv, hd, zs_dtype_name(dt), e);
             free(g);
         }
     }
     /* the entry point of the forward pass (ZS_CUDA_ATTN's choice) */
     ZS_ASSERT(cudaMemsetAsync(out, 0xff, (size_t)T * qd * 4, (cudaStream_t)S) == cudaSuccess);
-    CHECK(zs_cuda_attention(out, ZS_F32, dq, qd, dpool, dtables, dtab, dpos, T, nh, nkv, hd, scale, S) == 0,
-          "attention launch: %s", cuda_why());
+    int rc = ap ? zs_cuda_attention_ex(zs_cuda_attention_mode(), out, ZS_F32, dq, qd, dpool, ZS_F32, dtables, dtab,
+                                       dpos, T, nh, nkv, hd, ap, S)
+                : zs_cuda_attention(out, ZS_F32, dq, qd, dpool, dtables, dtab, dpos, T, nh, nkv, hd, scale, S);
+    CHECK(rc == 0, "attention%s launch: %s", pn, cuda_why());
     float *g = down(out, (size_t)T * qd, ZS_F32);
     memcpy(r, ref, (size_t)T * qd * 4);
     double e = nerr(g, r, (size_t)T * qd);
-    CHECK(e <= tol_of(ZS_F32) + 1e-5, "attention (ZS_CUDA_ATTN: %s) %s, %d heads / %d kv heads x %d: error %.3g",
-          zs_cuda_attention_mode_name(zs_cuda_attention_mode()), name, nh, nkv, hd, e);
+    CHECK(e <= tol_of(ZS_F32) + 1e-5, "attention (ZS_CUDA_ATTN: %s)%s %s, %d heads / %d kv heads x %d: error %.3g",
+          zs_cuda_attention_mode_name(zs_cuda_attention_mode()), pn, name, nh, nkv, hd, e);
     free(g);
     free(pool); free(k); free(v); free(q); free(off); free(ref); free(sc); free(r);
     rel(out); rel(dpool); rel(dk); rel(dv); rel(dq); rel(dtab); rel(dtables); rel(dpos); rel(doff);
     att_batch_free(&B);
+}
+
+static void attention_case(const char *name, int nseq, const int *len, const int *nnew, int nh, int nkv, int hd,
+                           int f32_only) {
+    attention_case_p(name, nseq, len, nnew, nh, nkv, hd, f32_only, NULL);
 }
 
 /* The 16-bit KV cache (--kv-dtype f16 / bf16): kv_store_dt rounds the new rows as the host's
@@ -467,12 +726,16 @@ static void attention_case(const char *name, int nseq, const int *len, const int
  * and each kernel (simple, tiled, auto) over the 16-bit pool gives the bits it gives over an f32
  * pool of the widened values (the kernels widen each value as they load it, then the arithmetic
  * is the same), within the f32 tolerance of the CPU reference over those values. */
-static void attention_kv16_case(const char *name, int nseq, const int *len, const int *nnew, int nh, int nkv,
-                                int hd) {
+static void attention_kv16_case_p(const char *name, int nseq, const int *len, const int *nnew, int nh, int nkv,
+                                  int hd, const zs_cuda_att_params *ap) {
     att_batch B;
     att_batch_make(&B, nseq, len, nnew);
+    float scale, cap;
+    int window;
+    att_resolve(ap, hd, &scale, &cap, &window);
+    int pool_blocks = att_poison_tables(&B, window);
     int T = B.T, kvd = nkv * hd, qd = nh * hd, group = nh / nkv;
-    size_t pool_n = (size_t)B.n_blocks * 2 * ZS_KV_BLOCK * kvd, on = (size_t)T * qd;
+    size_t pool_n = (size_t)pool_blocks * 2 * ZS_KV_BLOCK * kvd, on = (size_t)T * qd;
     float *pool = malloc(pool_n * 4), *pw = malloc(pool_n * 4);
     for (size_t i = 0; i < pool_n; i++) pool[i] = NAN; /* never read: a kernel that does fails */
     for (int s = 0; s < nseq; s++)
@@ -480,6 +743,7 @@ static void attention_kv16_case(const char *name, int nseq, const int *len, cons
             fill(pool + kv_index(&B, kvd, s, p, 0), (size_t)kvd, 1.0f);
             fill(pool + kv_index(&B, kvd, s, p, 1), (size_t)kvd, 1.0f);
         }
+    att_poison_pool(&B, pool, kvd, window);
     float *k = malloc((size_t)T * kvd * 4), *v = malloc((size_t)T * kvd * 4), *q = malloc(on * 4);
     float *kr = malloc((size_t)T * kvd * 4), *vr = malloc((size_t)T * kvd * 4);
     int64_t *off = malloc((size_t)T * 8);
@@ -491,7 +755,9 @@ static void attention_kv16_case(const char *name, int nseq, const int *len, cons
     int32_t *dtab = up_raw(B.tab, (size_t)T * 4), *dtables = up_raw(B.tables, (size_t)B.n_blocks * 4);
     int32_t *dpos = up_raw(B.pos, (size_t)T * 4);
     int64_t *doff = up_raw(off, (size_t)T * 8);
-    float *ref = malloc(on * 4), *sc = malloc((size_t)B.maxlen * 4 + 4), scale = 1.0f / sqrtf((float)hd);
+    float *ref = malloc(on * 4), *sc = malloc((size_t)B.maxlen * 4 + 4);
+    char pn[96] = "";
+    if (ap) snprintf(pn, sizeof pn, " [scale %g, soft-cap %g, window %d]", scale, cap, window);
     void *out = zs_dev_alloc(D, on * 4), *wout = zs_dev_alloc(D, on * 4);
     ZS_ASSERT(out != NULL && wout != NULL);
     for (int kd = 1; kd < 3; kd++) {
@@ -517,40 +783,34 @@ static void attention_kv16_case(const char *name, int nseq, const int *len, cons
         free(g);
         float *dpw = up(pw, pool_n, ZS_F32);
         for (int t = 0; t < T; t++)
-            for (int h = 0; h < nh; h++) {
-                const float *qq = q + (size_t)t * qd + (size_t)h * hd;
-                int kh = h / group;
-                for (int j = 0; j <= B.pos[t]; j++) {
-                    const float *kk = pw + kv_index(&B, kvd, B.seq[t], j, 0) + (size_t)kh * hd;
-                    float s = 0;
-                    for (int i = 0; i < hd; i++) s += qq[i] * kk[i];
-                    sc[j] = s * scale;
-                }
-                zs_op_softmax(sc, B.pos[t] + 1);
-                float *o = ref + (size_t)t * qd + (size_t)h * hd;
-                memset(o, 0, (size_t)hd * 4);
-                for (int j = 0; j <= B.pos[t]; j++) {
-                    const float *vv = pw + kv_index(&B, kvd, B.seq[t], j, 1) + (size_t)kh * hd;
-                    for (int i = 0; i < hd; i++) o[i] += sc[j] * vv[i];
-                }
-            }
+            for (int h = 0; h < nh; h++)
+                att_ref_row(ref + (size_t)t * qd + (size_t)h * hd, q + (size_t)t * qd + (size_t)h * hd, pw, &B, kvd,
+                            h / group, hd, B.seq[t], B.pos[t], scale, cap, window, sc);
         for (int ii = 0; ii < 3; ii++) {
             int impl = ATT_IMPLS[ii];
             const char *in = zs_cuda_attention_mode_name(impl);
             ZS_ASSERT(cudaMemsetAsync(out, 0xff, on * 4, (cudaStream_t)S) == cudaSuccess);
             ZS_ASSERT(cudaMemsetAsync(wout, 0xff, on * 4, (cudaStream_t)S) == cudaSuccess);
-            CHECK(zs_cuda_attention_dt(impl, out, ZS_F32, dq, qd, dp, kt, dtables, dtab, dpos, T, nh, nkv, hd, scale,
-                                       S) == 0, "attention (%s) over %s launch: %s", in, kn, cuda_why());
-            CHECK(zs_cuda_attention_impl(impl, wout, ZS_F32, dq, qd, dpw, dtables, dtab, dpos, T, nh, nkv, hd, scale,
-                                         S) == 0, "attention (%s) launch: %s", in, cuda_why());
+            if (ap) {
+                CHECK(zs_cuda_attention_ex(impl, out, ZS_F32, dq, qd, dp, kt, dtables, dtab, dpos, T, nh, nkv, hd, ap,
+                                           S) == 0, "attention (%s)%s over %s launch: %s", in, pn, kn, cuda_why());
+                CHECK(zs_cuda_attention_ex(impl, wout, ZS_F32, dq, qd, dpw, ZS_F32, dtables, dtab, dpos, T, nh, nkv, hd,
+                                           ap, S) == 0, "attention (%s)%s launch: %s", in, pn, cuda_why());
+            } else {
+                CHECK(zs_cuda_attention_dt(impl, out, ZS_F32, dq, qd, dp, kt, dtables, dtab, dpos, T, nh, nkv, hd,
+                                           scale, S) == 0, "attention (%s) over %s launch: %s", in, kn, cuda_why());
+                CHECK(zs_cuda_attention_impl(impl, wout, ZS_F32, dq, qd, dpw, dtables, dtab, dpos, T, nh, nkv, hd,
+                                             scale, S) == 0, "attention (%s) launch: %s", in, cuda_why());
+            }
             float *a = down(out, on, ZS_F32), *b = down(wout, on, ZS_F32);
             size_t nd = 0;
             for (size_t i = 0; i < on; i++) nd += memcmp(&a[i], &b[i], 4) != 0;
             double ew = nerr(a, b, on), er = nerr(a, ref, on);
-            CHECK(nd == 0, "attention (%s) over a %s cache, %s, %d heads / %d kv heads x %d: %zu of %zu elements "
-                  "differ from the f32 cache of the widened values (error %.3g)", in, kn, name, nh, nkv, hd, nd, on, ew);
-            CHECK(er <= tol_of(ZS_F32) + 1e-5, "attention (%s) over a %s cache, %s, %d heads / %d kv heads x %d: "
-                  "error %.3g against the CPU", in, kn, name, nh, nkv, hd, er);
+            CHECK(nd == 0, "attention (%s)%s over a %s cache, %s, %d heads / %d kv heads x %d: %zu of %zu elements "
+                  "differ from the f32 cache of the widened values (error %.3g)", in, pn, kn, name, nh, nkv, hd, nd, on,
+                  ew);
+            CHECK(er <= tol_of(ZS_F32) + 1e-5, "attention (%s)%s over a %s cache, %s, %d heads / %d kv heads x %d: "
+                  "error %.3g against the CPU", in, pn, kn, name, nh, nkv, hd, er);
             free(a); free(b);
         }
         rel(dp); rel(dpw);
@@ -558,6 +818,83 @@ static void attention_kv16_case(const char *name, int nseq, const int *len, cons
     free(pool); free(pw); free(k); free(v); free(q); free(kr); free(vr); free(off); free(ref); free(sc);
     rel(out); rel(wout); rel(dk); rel(dv); rel(dq); rel(dtab); rel(dtables); rel(dpos); rel(doff);
     att_batch_free(&B);
+}
+
+static void attention_kv16_case(const char *name, int nseq, const int *len, const int *nnew, int nh, int nkv,
+                                int hd) {
+    attention_kv16_case_p(name, nseq, len, nnew, nh, nkv, hd, NULL);
+}
+
+/* The model-family parameters (zs_cuda_attention_ex): Gemma's scale (query_pre_attn_scalar 256:
+ * 1/16) and Gemma 2's soft-cap (small here, so that it bends these scores: the inputs' scores are
+ * a few units), sliding windows of 1 (the token alone), 5, 16 (one KV block), 40 (across tiles of
+ * the tiled kernel from an unaligned first key) and one longer than every sequence (no effect),
+ * each with the cache before every window poisoned (NaN, table entries naming a block of NaN);
+ * prefill, decode, a chunk after cached positions, a serving batch (both kernels in auto), the
+ * shapes of GQA 2 / 4 / 6, head_dim 64, 128 and 256, and a 16-bit cache. With all three off,
+ * zs_cuda_attention_ex is zs_cuda_attention_dt bit for bit. */
+static void test_attention_params(void) {
+    int len3[3] = {37, 5, 70}, one3[3] = {1, 1, 1};
+    int lm[4] = {120, 33, 64, 20}, nm[4] = {40, 1, 1, 20}, l90 = 90, n37 = 37, l300 = 300, l77 = 77, n1 = 1;
+    int wins[6] = {1, 5, 16, 40, 1000, 0};
+    int heads[4][3] = {{8, 4, 64}, {32, 8, 128}, {12, 2, 64}, {8, 2, 256}};
+    for (int wi = 0; wi < 6; wi++)
+        for (int ci = 0; ci < 2; ci++) {
+            if (wins[wi] == 0 && ci == 0) continue; /* nothing to test: the plain cases above */
+            zs_cuda_att_params ap = {ci ? 0.0625f : 0.0f, ci ? 0.75f : 0.0f, wins[wi]};
+            for (int hi = 0; hi < 4; hi++) {
+                int nh = heads[hi][0], nkv = heads[hi][1], hd = heads[hi][2];
+                int f32o = hi > 0; /* the output dtypes once per parameter set */
+                attention_case_p("prefill of 3 sequences", 3, len3, len3, nh, nkv, hd, f32o, &ap);
+                attention_case_p("decode of 3 sequences", 3, len3, one3, nh, nkv, hd, 1, &ap);
+                attention_case_p("decode, T=1", 1, &l77, &n1, nh, nkv, hd, 1, &ap);
+                attention_case_p("chunk of 37 after 53 cached", 1, &l90, &n37, nh, nkv, hd, 1, &ap);
+                attention_case_p("serving batch", 4, lm, nm, nh, nkv, hd, f32o, &ap);
+                if (hi < 2) attention_case_p("prefill, T=300", 1, &l300, &l300, nh, nkv, hd, 1, &ap);
+            }
+            attention_kv16_case_p("serving batch", 4, lm, nm, 32, 8, 128, &ap);
+            attention_kv16_case_p("chunk of 37 after 53 cached", 1, &l90, &n37, 12, 2, 64, &ap);
+        }
+    /* all off: the plain kernels' bits */
+    {
+        att_batch B;
+        att_batch_make(&B, 4, lm, nm);
+        int nh = 8, nkv = 2, hd = 64, T = B.T, kvd = nkv * hd, qd = nh * hd;
+        size_t pool_n = (size_t)B.n_blocks * 2 * ZS_KV_BLOCK * kvd, on = (size_t)T * qd;
+        float *pool = frnd_pool(pool_n), *q = malloc(on * 4);
+        fill(q, on, 2.0f);
+        float *dpool = up(pool, pool_n, ZS_F32), *dq = up(q, on, ZS_F32);
+        int32_t *dtab = up_raw(B.tab, (size_t)T * 4), *dtables = up_raw(B.tables, (size_t)B.n_blocks * 4);
+        int32_t *dpos = up_raw(B.pos, (size_t)T * 4);
+        void *o1 = zs_dev_alloc(D, on * 4), *o2 = zs_dev_alloc(D, on * 4);
+        zs_cuda_att_params off = {0.0f, 0.0f, 0};
+        for (int ii = 0; ii < 3; ii++) {
+            int impl = ATT_IMPLS[ii];
+            CHECK(zs_cuda_attention_dt(impl, o1, ZS_F32, dq, qd, dpool, ZS_F32, dtables, dtab, dpos, T, nh, nkv, hd,
+                                       1.0f / sqrtf((float)hd), S) == 0, "attention launch: %s", cuda_why());
+            CHECK(zs_cuda_attention_ex(impl, o2, ZS_F32, dq, qd, dpool, ZS_F32, dtables, dtab, dpos, T, nh, nkv, hd, &off,
+                                       S) == 0, "attention_ex launch: %s", cuda_why());
+            float *a = down(o1, on, ZS_F32), *b = down(o2, on, ZS_F32);
+            CHECK(memcmp(a, b, on * 4) == 0, "attention (%s): zs_cuda_attention_ex with the parameters off differs "
+                  "from zs_cuda_attention_dt (error %.3g)", zs_cuda_attention_mode_name(impl), nerr(b, a, on));
+            CHECK(zs_cuda_attention_ex(impl, o2, ZS_F32, dq, qd, dpool, ZS_F32, dtables, dtab, dpos, T, nh, nkv, hd, NULL,
+                                       S) == 0, "attention_ex launch: %s", cuda_why());
+            free(b);
+            b = down(o2, on, ZS_F32);
+            CHECK(memcmp(a, b, on * 4) == 0, "attention (%s): zs_cuda_attention_ex with NULL parameters differs",
+                  zs_cuda_attention_mode_name(impl));
+            free(a); free(b);
+        }
+        free(pool); free(q);
+        rel(dpool); rel(dq); rel(dtab); rel(dtables); rel(dpos); rel(o1); rel(o2);
+        att_batch_free(&B);
+    }
+    /* an infinite soft-cap is refused with its reason */
+    zs_cuda_att_params bad = {0.0f, INFINITY, 0};
+    CHECK(zs_cuda_attention_ex(ZS_CUDA_ATTN_AUTO, NULL, ZS_F32, NULL, 0, NULL, ZS_F32, NULL, NULL, NULL, 4, 4, 4, 64,
+                               &bad, S) < 0, "attention with an infinite soft-cap was accepted");
+    const char *w = zs_cuda_take_error();
+    CHECK(w && strstr(w, "soft-cap"), "attention with an infinite soft-cap: reason \"%s\"", w ? w : "(none)");
 }
 
 static void test_attention(void) {
@@ -933,6 +1270,66 @@ static void test_act_bwd(void) {
     rel(gx); rel(gu); rel(ggy); rel(o1); rel(o2);
 }
 
+/* the backward of the family pieces: RMSNorm with offset 1, GeGLU, soft-cap (rope_freq_bwd is in
+ * test_family_ops, next to its forward) */
+static void test_family_bwd(void) {
+    int dims[2] = {64, 1000}, T = 67;
+    char what[128];
+    for (int di = 0; di < 2; di++) {
+        int d = dims[di];
+        size_t n = (size_t)T * d;
+        float *x = frnd(n, 3.0f), *gy = frnd(n, 1.0f), *w = frnd((size_t)d, 0.5f);
+        float *dx0 = frnd(n, 1.0f), *dw0 = frnd((size_t)d, 1.0f);
+        float *rdx = malloc(n * 4), *rdw = malloc((size_t)d * 4);
+        memcpy(rdx, dx0, n * 4);
+        memcpy(rdw, dw0, (size_t)d * 4);
+        zs_op_rmsnorm_off_bwd(rdx, rdw, gy, x, w, T, d, 1e-6f, 1.0f);
+        float *gx = up(x, n, ZS_F32), *ggy = up(gy, n, ZS_F32), *gw = up(w, (size_t)d, ZS_F32);
+        float *gdx = up(dx0, n, ZS_F32), *gdw = up(dw0, (size_t)d, ZS_F32), *st = zs_dev_alloc(D, (size_t)T * 2 * 4);
+        CHECK(zs_cuda_rmsnorm_off_bwd(gdx, gdw, ggy, gx, gw, 1.0f, T, d, 1e-6f, st, S) == 0, "rmsnorm_off_bwd launch");
+        snprintf(what, sizeof what, "rmsnorm_off_bwd (offset 1) d=%d dx", d);
+        cmp_dev(gdx, rdx, n, 1e-5, what);
+        snprintf(what, sizeof what, "rmsnorm_off_bwd (offset 1) d=%d dw", d);
+        cmp_dev(gdw, rdw, (size_t)d, 1e-5, what);
+        free(x); free(gy); free(w); free(dx0); free(dw0); free(rdx); free(rdw);
+        rel(gx); rel(ggy); rel(gw); rel(gdx); rel(gdw); rel(st);
+    }
+    size_t n = 70001;
+    float *x = frnd(n, 6.0f), *u = frnd(n, 2.0f), *gy = frnd(n, 1.0f);
+    float *r1 = malloc(n * 4), *r2 = malloc(n * 4);
+    float *gx = up(x, n, ZS_F32), *gu = up(u, n, ZS_F32), *ggy = up(gy, n, ZS_F32);
+    float *o1 = zs_dev_alloc(D, n * 4), *o2 = zs_dev_alloc(D, n * 4);
+    zs_op_geglu_bwd(r1, r2, gy, x, u, n);
+    CHECK(zs_cuda_geglu_bwd(o1, o2, ggy, gx, gu, n, S) == 0, "geglu_bwd launch");
+    cmp_dev(o1, r1, n, 1e-5, "geglu_bwd dgate");
+    cmp_dev(o2, r2, n, 1e-5, "geglu_bwd dup");
+    ZS_ASSERT(zs_dev_upload(D, o2, gy, n * 4) == 0);
+    CHECK(zs_cuda_geglu_bwd(o1, o2, o2, gx, gu, n, S) == 0, "geglu_bwd launch");
+    cmp_dev(o1, r1, n, 1e-5, "geglu_bwd dgate (dup aliasing dy)");
+    cmp_dev(o2, r2, n, 1e-5, "geglu_bwd dup (aliasing dy)");
+    /* soft-cap from the forward's output, cap 30 over +-100 and 0.5 */
+    float caps[2] = {30.0f, 0.5f};
+    for (int ci = 0; ci < 2; ci++) {
+        float *v = frnd(n, 100.0f);
+        zs_op_softcap(v, n, caps[ci]);
+        float *gv = up(v, n, ZS_F32);
+        zs_op_softcap_bwd(r1, gy, v, n, caps[ci]);
+        CHECK(zs_cuda_softcap_bwd(o1, ggy, gv, n, caps[ci], S) == 0, "softcap_bwd launch");
+        snprintf(what, sizeof what, "softcap_bwd %g", caps[ci]);
+        cmp_dev(o1, r1, n, 1e-5, what);
+        ZS_ASSERT(zs_dev_upload(D, o1, gy, n * 4) == 0);
+        CHECK(zs_cuda_softcap_bwd(o1, o1, gv, n, caps[ci], S) == 0, "softcap_bwd launch");
+        snprintf(what, sizeof what, "softcap_bwd %g (in place)", caps[ci]);
+        cmp_dev(o1, r1, n, 1e-5, what);
+        free(v); rel(gv);
+    }
+    CHECK(zs_cuda_softcap_bwd(o1, ggy, gx, n, -1.0f, S) < 0, "softcap_bwd with cap -1 was accepted");
+    const char *w = zs_cuda_take_error();
+    CHECK(w && strstr(w, "cap"), "softcap_bwd with cap -1: reason \"%s\"", w ? w : "(none)");
+    free(x); free(u); free(gy); free(r1); free(r2);
+    rel(gx); rel(gu); rel(ggy); rel(o1); rel(o2);
+}
+
 static void test_embed_bwd(void) {
     int rows = 300, d = 200, T = 517; /* T > rows: ids repeat */
     size_t tn = (size_t)rows * d, n = (size_t)T * d;
@@ -973,28 +1370,42 @@ static void test_xent(void) {
     free(lg); free(ref); rel(glg); rel(gd); rel(grow); rel(gtg); rel(gl);
 }
 
-static void attention_bwd_case(int T, int nh, int nkv, int hd) {
+static void attention_bwd_case_p(int T, int nh, int nkv, int hd, const zs_cuda_att_params *ap) {
     size_t qn = (size_t)T * nh * hd, kn = (size_t)T * nkv * hd;
     float *q = frnd(qn, 2.0f), *k = frnd(kn, 1.0f), *v = frnd(kn, 1.0f), *go = frnd(qn, 1.0f);
     float *dq = frnd(qn, 0.1f), *dk = frnd(kn, 0.1f), *dv = frnd(kn, 0.1f);
     float *gq = up(q, qn, ZS_F32), *gk = up(k, kn, ZS_F32), *gv = up(v, kn, ZS_F32), *ggo = up(go, qn, ZS_F32);
     float *gdq = up(dq, qn, ZS_F32), *gdk = up(dk, kn, ZS_F32), *gdv = up(dv, kn, ZS_F32);
     float *st = zs_dev_alloc(D, (size_t)T * nh * 3 * 4), *sc = malloc((size_t)T * 2 * 4);
-    zs_op_attention_bwd(dq, dk, dv, go, q, k, v, T, nh, nkv, hd, sc);
-    CHECK(zs_cuda_attention_bwd(gdq, gdk, gdv, ggo, gq, gk, gv, T, nh, nkv, hd, st, S) == 0,
-          "attention_bwd launch");
-    char what[128];
-    snprintf(what, sizeof what, "attention_bwd T=%d %d/%d heads x %d: dq", T, nh, nkv, hd);
+    zs_att_params cpu_ap = {ap ? ap->scale : 0.0f, ap ? ap->softcap : 0.0f, ap ? ap->window : 0};
+    zs_op_attention_bwd(dq, dk, dv, go, q, k, v, T, nh, nkv, hd, sc, ap ? &cpu_ap : NULL);
+    int rc = ap ? zs_cuda_attention_bwd_ex(gdq, gdk, gdv, ggo, gq, gk, gv, T, nh, nkv, hd, ap, st, S)
+                : zs_cuda_attention_bwd(gdq, gdk, gdv, ggo, gq, gk, gv, T, nh, nkv, hd, st, S);
+    CHECK(rc == 0, "attention_bwd launch: %s", cuda_why());
+    char what[160], pn[96] = "";
+    if (ap) snprintf(pn, sizeof pn, " [scale %g, soft-cap %g, window %d]", ap->scale, ap->softcap, ap->window);
+    snprintf(what, sizeof what, "attention_bwd%s T=%d %d/%d heads x %d: dq", pn, T, nh, nkv, hd);
     cmp_dev(gdq, dq, qn, 1e-4, what);
-    snprintf(what, sizeof what, "attention_bwd T=%d %d/%d heads x %d: dk", T, nh, nkv, hd);
+    snprintf(what, sizeof what, "attention_bwd%s T=%d %d/%d heads x %d: dk", pn, T, nh, nkv, hd);
     cmp_dev(gdk, dk, kn, 1e-4, what);
-    snprintf(what, sizeof what, "attention_bwd T=%d %d/%d heads x %d: dv", T, nh, nkv, hd);
+    snprintf(what, sizeof what, "attention_bwd%s T=%d %d/%d heads x %d: dv", pn, T, nh, nkv, hd);
     cmp_dev(gdv, dv, kn, 1e-4, what);
     free(q); free(k); free(v); free(go); free(dq); free(dk); free(dv); free(sc);
     rel(gq); rel(gk); rel(gv); rel(ggo); rel(gdq); rel(gdk); rel(gdv); rel(st);
 }
 
+static void attention_bwd_case(int T, int nh, int nkv, int hd) { attention_bwd_case_p(T, nh, nkv, hd, NULL); }
+
 static void test_attention_bwd(void) {
+    /* the family parameters: windows of 1, 7 (not a divisor of anything here), 16 and longer than
+     * T, Gemma's scale with a soft-cap that bends these scores, both together */
+    zs_cuda_att_params aps[6] = {{0, 0, 1}, {0, 0, 7}, {0, 0, 16}, {0, 0, 100}, {0.0625f, 0.75f, 0}, {0.0625f, 0.75f, 7}};
+    for (int i = 0; i < 6; i++) {
+        attention_bwd_case_p(37, 8, 4, 8, &aps[i]);
+        attention_bwd_case_p(50, 32, 8, 128, &aps[i]);
+        attention_bwd_case_p(21, 4, 1, 256, &aps[i]);
+        attention_bwd_case_p(1, 2, 1, 40, &aps[i]);
+    }
     attention_bwd_case(37, 8, 4, 8);
     attention_bwd_case(70, 4, 4, 16);
     attention_bwd_case(50, 32, 8, 128);
@@ -1074,12 +1485,15 @@ int main(void) {
         test_norms();
         test_rope();
         test_act();
+        test_family_ops();
         test_attention();
+        test_attention_params();
         test_gemm();
         test_qmatmul();
         test_norms_bwd();
         test_rope_bwd();
         test_act_bwd();
+        test_family_bwd();
         test_embed_bwd();
         test_xent();
         test_attention_bwd();

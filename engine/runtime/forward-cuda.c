@@ -1,10 +1,11 @@
 /* forward-cuda.c — the forward pass on a CUDA device: the same computation as forward.c
  * (embeddings, per layer norm -> q/k/v -> RoPE -> paged KV cache -> causal attention -> output
  * projection -> residual -> norm -> MLP -> residual, then final norm and LM head; Llama family
- * and GPT-2), with weights handed out as device pointers by the weight source, activations and
- * the KV cache in device memory, matrix products in cuBLAS (tensor cores for f16/bf16 weights,
- * fp32 accumulation) or, for block-format weights (Q8_0 .. Q6_K, as stored), zs_dev_gemm's fused
- * kernel (decode) and bf16 cuBLAS path (prefill), and every other op a kernel of kernels/cuda.
+ * with the pieces of Qwen3, Gemma 2/3, Phi-3 and Mistral, and GPT-2), with weights handed out as
+ * device pointers by the weight source, activations and the KV cache in device memory, matrix
+ * products in cuBLAS (tensor cores for f16/bf16 weights, fp32 accumulation) or, for block-format
+ * weights (Q8_0 .. Q6_K, as stored), zs_dev_gemm's fused kernel (decode) and bf16 cuBLAS path
+ * (prefill), and every other op a kernel of kernels/cuda.
  * Everything is queued on the rank's compute queue; a run ends by copying the logits rows to the
  * host and waiting for the queue (the step inputs and logits are then free for the next run).
  *
@@ -14,8 +15,15 @@
  * dtype, as cuBLAS wants both operands in one type; in f32 in a layer (or head) with a matrix in a
  * block format, whose products take f32 inputs (a matrix of an element type in such a layer, e.g.
  * one kept in f16 because its rows are not whole blocks, gets its input converted into xc).
- * RoPE reads a frequency table made once on the host with the CPU op's formula; attention is
- * zs_cuda_attention (tiled for prefill, simple for decode; ZS_CUDA_ATTN=simple|tiled forces one).
+ * RoPE reads frequency tables made on the host with the CPU's formulas (engine/model/rope.h): one
+ * per layer kind made once (global layers; Gemma 3's local ones), or, for the position-dependent
+ * scalings (dynamic NTK, LongRoPE), one row per token made per run and sent with the step inputs;
+ * cos and sin times the scaling's attention factor. Attention is zs_cuda_attention_ex (tiled for
+ * prefill, simple for decode; ZS_CUDA_ATTN=simple|tiled forces one) with the family's score scale
+ * (query_pre_attn_scalar), soft-cap and the layer's sliding window.
+ * The family pieces, as forward.c: RMSNorm weight offset (Gemma), per-head q/k RMSNorm (Qwen3,
+ * Gemma 3), post-attention / post-MLP norms (Gemma), the embedding scale, GeGLU (act 1 in a
+ * gated MLP), the final logit soft-cap.
  * A failure of the gather's device hooks (gather-cuda.h) fails the step like a failed acquire.
  *
  * Embeddings of an inference model (embed_lookup, model.h): the lookup tables stay in host
@@ -30,6 +38,7 @@
 #include "device-impl.h"
 #include "gather-cuda.h"
 #include "kernels/cuda/kernels.h"
+#include "rope.h"
 
 struct zs_forward_cuda {
     const zs_model *m;
@@ -45,8 +54,13 @@ struct zs_forward_cuda {
     int lookup;          /* zs_model_embed_lookup */
     size_t tok_row, pos_row; /* bytes of one row of the token / position table (lookup) */
     void **kv;           /* [n_layers] K/V pools, host zs_kvcache layout and dtype */
-    float *inv_freq;     /* RoPE frequencies for head_dim and rope_theta, made on the host
-                            (zs_cuda_rope_inv_freq) once; NULL for GPT-2 */
+    float *freq;         /* RoPE frequencies of the position-independent layer kinds, [2][head_dim/2]:
+                            [0] global layers, [1] Gemma 3's local ones (rope.h), made on the host
+                            once; NULL for GPT-2 */
+    float freq_af[2];    /* their attention factors */
+    int rope_tok;        /* some layer's frequencies depend on the position: per-token rows */
+    size_t freq_row;     /* bytes of a per-token row (rope_tok), else 0 */
+    float tok_af;        /* the per-token rows' attention factor (the run's; one for all tokens) */
     /* step inputs: staged in pinned host memory, one copy per run */
     char *in_h, *in_d;
     size_t in_cap;
@@ -97,7 +111,7 @@ void zs_forward_cuda_free(zs_forward_cuda *f) {
     if (f->kv)
         for (int l = 0; l < f->n_layers; l++) zs_dev_release(d, f->kv[l]);
     zs_dev_release(d, f->in_d);
-    zs_dev_release(d, f->inv_freq);
+    zs_dev_release(d, f->freq);
     if (f->in_h) cudaFreeHost(f->in_h);
     free(f->res);
     free(f->kv);
@@ -169,13 +183,21 @@ int zs_forward_cuda_new(const zs_model *m, int max_tokens, zs_dev *d, const zs_k
     size_t per_layer = (size_t)f->n_blocks * 2 * ZS_KV_BLOCK * (size_t)f->kvd * zs_dtype_size(f->kv_dtype);
     for (int l = 0; ok && l < f->n_layers; l++) A(f->kv[l], per_layer);
     if (ok && c->arch != ZS_ARCH_GPT2) {
-        /* the CPU op's frequencies, bit for bit (the device powf is not glibc's) */
-        size_t half = (size_t)c->head_dim / 2;
-        float *h = malloc(ZS_MAX(half, (size_t)1) * sizeof(float));
-        A(f->inv_freq, ZS_MAX(half, (size_t)1) * sizeof(float));
+        /* the CPU's frequencies, bit for bit (the device powf is not glibc's): per layer kind, the
+         * first layer of the kind gives its table (position 0: these kinds do not depend on it), as
+         * forward.c makes them; the default RoPE gives zs_cuda_rope_inv_freq's table */
+        size_t half = (size_t)ZS_MAX(c->head_dim / 2, 1);
+        float *h = calloc(2 * half, sizeof(float));
+        A(f->freq, 2 * half * sizeof(float));
         if (!h) ok = 0;
-        if (ok) zs_cuda_rope_inv_freq(h, c->head_dim, c->rope_theta);
-        if (ok && half && zs_dev_upload(d, f->inv_freq, h, half * sizeof(float)) < 0) {
+        f->freq_af[0] = f->freq_af[1] = 1.0f;
+        for (int l = c->n_layers - 1; ok && l >= 0; l--) {
+            int k = zs_rope_layer_local(c, l);
+            zs_rope_freqs(c, l, 0, h + (size_t)k * half, &f->freq_af[k]);
+            if (zs_rope_pos_dependent(c, l)) f->rope_tok = 1;
+        }
+        f->freq_row = f->rope_tok ? (size_t)(c->head_dim / 2) * sizeof(float) : 0;
+        if (ok && zs_dev_upload(d, f->freq, h, 2 * half * sizeof(float)) < 0) {
             free(h);
             zs_forward_cuda_free(f);
             return ZS_EDEVICE;
@@ -207,16 +229,19 @@ typedef struct {
     int64_t *off;
     int32_t *iota;           /* 0..T-1: the row indices of the staged embedding rows */
     char *tok_rows, *pos_rows; /* embed_lookup: the T rows of the token / position table */
+    float *freq_tok;         /* position-dependent RoPE: the T rows of frequencies, else NULL */
 } step_in;
 
 /* Lays out the step inputs in buffer base (host or device) and returns the bytes used; with
- * tok_row > 0 also T staged rows of tok_row (and of pos_row) bytes, 256-byte aligned. */
-static size_t layout_inputs(char *base, int T, int nl, int ntab, size_t tok_row, size_t pos_row, step_in *s) {
-    size_t sz[9] = {(size_t)T * 8, (size_t)T * 4, (size_t)T * 4, (size_t)T * 4, (size_t)(nl > 0 ? nl : 1) * 4,
-                    (size_t)(ntab > 0 ? ntab : 1) * 4, tok_row ? (size_t)T * 4 : 0, (size_t)T * tok_row,
-                    (size_t)T * pos_row};
-    size_t at[9], o = 0;
-    for (int i = 0; i < 9; i++) {
+ * tok_row > 0 also T staged rows of tok_row (and of pos_row) bytes, with freq_row > 0 T rows of
+ * RoPE frequencies, 256-byte aligned. */
+static size_t layout_inputs(char *base, int T, int nl, int ntab, size_t tok_row, size_t pos_row, size_t freq_row,
+                            step_in *s) {
+    size_t sz[10] = {(size_t)T * 8, (size_t)T * 4, (size_t)T * 4, (size_t)T * 4, (size_t)(nl > 0 ? nl : 1) * 4,
+                     (size_t)(ntab > 0 ? ntab : 1) * 4, tok_row ? (size_t)T * 4 : 0, (size_t)T * tok_row,
+                     (size_t)T * pos_row, (size_t)T * freq_row};
+    size_t at[10], o = 0;
+    for (int i = 0; i < 10; i++) {
         if (i >= 7) o = ZS_ALIGN_UP(o, (size_t)256);
         at[i] = o;
         o += sz[i];
@@ -231,6 +256,7 @@ static size_t layout_inputs(char *base, int T, int nl, int ntab, size_t tok_row,
         s->iota = sz[6] ? (int32_t *)(base + at[6]) : NULL;
         s->tok_rows = sz[7] ? base + at[7] : NULL;
         s->pos_rows = sz[8] ? base + at[8] : NULL;
+        s->freq_tok = sz[9] ? (float *)(base + at[9]) : NULL;
     }
     return ZS_ALIGN_UP(o, (size_t)256);
 }
@@ -267,12 +293,24 @@ static int release(zs_weight_source *src, int b) {
     return zs_dev_gather_take_error();
 }
 
+/* y = norm(x) over R rows of dim (GPT-2: LayerNorm; else RMSNorm with the weight offset); y may be x
+ * (in place) when ydt is f32 and rows is NULL */
 static int norm(zs_forward_cuda *f, void *y, zs_dtype ydt, const float *x, const float *w, const float *b,
                 const int32_t *rows, int R, void *s) {
     const zs_model_config *c = zs_model_config_get(f->m);
+    if (!w) return zs_err(ZS_EINVAL, "CUDA forward: a norm weight is missing from the model");
     int r = c->arch == ZS_ARCH_GPT2 ? zs_cuda_layernorm(y, ydt, x, w, b, rows, R, c->dim, c->norm_eps, s)
-                                    : zs_cuda_rmsnorm(y, ydt, x, w, rows, R, c->dim, c->norm_eps, s);
+                                    : zs_cuda_rmsnorm_off(y, ydt, x, w, c->norm_offset, rows, R, c->dim, c->norm_eps, s);
     return r == 0 ? 0 : zs_dev_error("norm kernel");
+}
+
+/* the per-head RMSNorm of q or k (qk_norm): rows of head_dim, in place */
+static int head_norm(zs_forward_cuda *f, float *x, const float *w, int rows, void *s) {
+    const zs_model_config *c = zs_model_config_get(f->m);
+    if (!w) return zs_err(ZS_EINVAL, "CUDA forward: qk_norm without its q_norm / k_norm weights");
+    DCHK(zs_cuda_rmsnorm_off(x, ZS_F32, x, w, c->norm_offset, NULL, rows, c->head_dim, c->norm_eps, s),
+         "q/k norm kernel");
+    return 0;
 }
 
 /* y = x W^T (+ bias) */
@@ -303,16 +341,27 @@ static int layer_forward(zs_forward_cuda *f, int l, int T, const step_in *in, co
     ZS_CHECK(linear(f, f->q, f->xn, wd, T, d, MAT(ZS_R_WQ), qd, WF(L, ZS_R_BQ, data, res), s));
     ZS_CHECK(linear(f, f->k, f->xn, wd, T, d, MAT(ZS_R_WK), kvd, WF(L, ZS_R_BK, data, res), s));
     ZS_CHECK(linear(f, f->v, f->xn, wd, T, d, MAT(ZS_R_WV), kvd, WF(L, ZS_R_BV, data, res), s));
+    if (c->qk_norm) { /* Qwen3, Gemma 3: RMSNorm over each head of q and k */
+        ZS_CHECK(head_norm(f, f->q, WF(L, ZS_R_Q_NORM, data, res), T * c->n_heads, s));
+        ZS_CHECK(head_norm(f, f->k, WF(L, ZS_R_K_NORM, data, res), T * c->n_kv_heads, s));
+    }
     if (c->arch != ZS_ARCH_GPT2) {
-        DCHK(zs_cuda_rope(f->q, T, qd, c->n_heads, c->head_dim, in->pos, f->inv_freq, s), "rope kernel");
-        DCHK(zs_cuda_rope(f->k, T, kvd, c->n_kv_heads, c->head_dim, in->pos, f->inv_freq, s), "rope kernel");
+        /* the layer kind's table, or the run's per-token rows (position-dependent scaling) */
+        int kind = zs_rope_layer_local(c, l), per_tok = zs_rope_pos_dependent(c, l);
+        const float *fr = per_tok ? in->freq_tok : f->freq + (size_t)kind * (size_t)ZS_MAX(c->head_dim / 2, 1);
+        float af = per_tok ? f->tok_af : f->freq_af[kind];
+        if (per_tok && !fr) return zs_err(ZS_EINVAL, "CUDA forward: no per-token RoPE frequencies");
+        DCHK(zs_cuda_rope_freq(f->q, T, qd, c->n_heads, c->head_dim, in->pos, fr, per_tok, af, s), "rope kernel");
+        DCHK(zs_cuda_rope_freq(f->k, T, kvd, c->n_kv_heads, c->head_dim, in->pos, fr, per_tok, af, s), "rope kernel");
     }
     DCHK(zs_cuda_kv_store_dt(f->kv[l], f->kv_dtype, f->k, kvd, f->v, kvd, in->off, T, kvd, s), "kv store kernel");
-    DCHK(zs_cuda_attention_dt(zs_cuda_attention_mode(), f->att, wd, f->q, qd, f->kv[l], f->kv_dtype, in->tables,
-                              in->tab, in->pos, T, c->n_heads, c->n_kv_heads, c->head_dim,
-                              1.0f / sqrtf((float)c->head_dim), s),
+    /* Gemma's scale and soft-cap, the window of a sliding layer (scale 0: 1/sqrtf(head_dim)) */
+    zs_cuda_att_params ap = {zs_config_att_scale(c), c->attn_softcap, zs_config_layer_window(c, l)};
+    DCHK(zs_cuda_attention_ex(zs_cuda_attention_mode(), f->att, wd, f->q, qd, f->kv[l], f->kv_dtype, in->tables,
+                              in->tab, in->pos, T, c->n_heads, c->n_kv_heads, c->head_dim, &ap, s),
          "attention kernel");
     ZS_CHECK(linear(f, f->y, f->att, wd, T, qd, MAT(ZS_R_WO), d, WF(L, ZS_R_BO, data, res), s));
+    if (c->post_norms) ZS_CHECK(norm(f, f->y, ZS_F32, f->y, WF(L, ZS_R_POST_ATTN_NORM, data, res), NULL, NULL, T, s));
     DCHK(zs_cuda_add(f->x, f->y, NULL, T, d, s), "residual kernel");
 
     ZS_CHECK(norm(f, f->xn, wd, f->x, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), NULL, T, s));
@@ -322,10 +371,12 @@ static int layer_forward(zs_forward_cuda *f, int l, int T, const step_in *in, co
     } else {
         ZS_CHECK(linear(f, f->h1, f->xn, wd, T, d, MAT(ZS_R_W_GATE), ff, WF(L, ZS_R_B_GATE, data, res), s));
         ZS_CHECK(linear(f, f->h2, f->xn, wd, T, d, MAT(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res), s));
-        DCHK(zs_cuda_swiglu(f->act, wd, f->h1, f->h2, (size_t)T * ff, s), "swiglu kernel");
+        if (c->act) DCHK(zs_cuda_geglu(f->act, wd, f->h1, f->h2, (size_t)T * ff, s), "geglu kernel"); /* Gemma */
+        else DCHK(zs_cuda_swiglu(f->act, wd, f->h1, f->h2, (size_t)T * ff, s), "swiglu kernel");
     }
     ZS_CHECK(linear(f, f->y, f->act, wd, T, ff, MAT(ZS_R_W_DOWN), d, WF(L, ZS_R_B_DOWN, data, res), s));
 #undef MAT
+    if (c->post_norms) ZS_CHECK(norm(f, f->y, ZS_F32, f->y, WF(L, ZS_R_POST_FFN_NORM, data, res), NULL, NULL, T, s));
     DCHK(zs_cuda_add(f->x, f->y, NULL, T, d, s), "residual kernel");
     return 0;
 }
@@ -355,10 +406,10 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     if (se != cudaSuccess) return zs_err(ZS_EDEVICE, "CUDA device %d: %s", f->dev->id, cudaGetErrorString(se));
     step_in h, dv;
     size_t tr = f->lookup ? f->tok_row : 0, pr = f->lookup ? f->pos_row : 0;
-    size_t need = layout_inputs(NULL, T, b->n_logits, ntab, tr, pr, &h);
+    size_t need = layout_inputs(NULL, T, b->n_logits, ntab, tr, pr, f->freq_row, &h);
     ZS_CHECK(grow_inputs(f, need));
-    layout_inputs(f->in_h, T, b->n_logits, ntab, tr, pr, &h);
-    layout_inputs(f->in_d, T, b->n_logits, ntab, tr, pr, &dv);
+    layout_inputs(f->in_h, T, b->n_logits, ntab, tr, pr, f->freq_row, &h);
+    layout_inputs(f->in_d, T, b->n_logits, ntab, tr, pr, f->freq_row, &dv);
     memset(h.sel, 0, (size_t)(b->n_logits > 0 ? b->n_logits : 1) * 4);
     /* block tables: one copy per run of consecutive tokens of a sequence */
     int nt = 0, cur = 0;
@@ -388,6 +439,24 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
             if (pt) memcpy(h.pos_rows + (size_t)i * f->pos_row, pt + (size_t)b->pos[i] * f->pos_row, f->pos_row);
         }
     }
+    if (f->rope_tok) {
+        /* position-dependent RoPE (dynamic NTK, LongRoPE): each token's frequencies from its own
+         * position (rope.h), as forward.c computes them. zs_rope_freqs depends on the layer only
+         * through zs_rope_layer_local, and no local layer is position-dependent: one set of rows
+         * serves every such layer. The kernel takes one attention factor per call: it must be the
+         * same for every token (it is for every scaling rope.c knows) */
+        int pl = 0;
+        while (pl < c->n_layers && !zs_rope_pos_dependent(c, pl)) pl++;
+        size_t half = (size_t)(c->head_dim / 2);
+        for (int i = 0; i < T; i++) {
+            float af;
+            zs_rope_freqs(c, pl, b->pos[i], h.freq_tok + (size_t)i * half, &af);
+            if (i == 0) f->tok_af = af;
+            else if (af != f->tok_af)
+                return zs_err(ZS_EUNSUPPORTED, "CUDA forward: the RoPE attention factor differs between positions "
+                              "%d and %d of one batch", b->pos[0], b->pos[i]);
+        }
+    }
     void *s = f->dev->q[ZS_Q_COMPUTE];
     if (cudaMemcpyAsync(f->in_d, f->in_h, need, cudaMemcpyHostToDevice, s) != cudaSuccess)
         return zs_dev_error("step inputs copy");
@@ -412,6 +481,8 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
         if (rc < 0) return rc;
         if (rrc < 0) return rrc;
     }
+    if (c->embed_scale > 0) /* Gemma: times sqrt(hidden) */
+        DCHK(zs_cuda_scale(f->x, (size_t)T * f->d, c->embed_scale, s), "embedding scale kernel");
 
     for (int l = 0; l < c->n_layers; l++) {
         int lb = zs_bucket_layer(l);
@@ -442,6 +513,8 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
         if (rc < 0) return rc;
         if (rrc < 0) return rrc;
     }
+    if (c->final_softcap > 0 && nl > 0) /* Gemma 2 */
+        DCHK(zs_cuda_softcap(f->logits, (size_t)nl * f->vocab, c->final_softcap, s), "logit soft-cap kernel");
     /* sampling runs on the host: the logits rows go there */
     if (nl > 0 && logits &&
         cudaMemcpyAsync(logits, f->logits, (size_t)nl * f->vocab * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess)

@@ -1,15 +1,36 @@
-// act.cu — element-wise activations (tanh-GELU, SwiGLU), residual/bias add, row softmax and
-// row argmax (greedy sampling on the device).
+// act.cu — element-wise activations (tanh-GELU, SwiGLU, GeGLU), soft-capping and scaling,
+// residual/bias add, row softmax and row argmax (greedy sampling on the device).
+#include <math.h>
+
 #include "dtype.cuh"
 #include "kernels.h"
 
-__global__ static void gelu_kernel(void *out, int odt, const float *x, size_t n) {
+// gelu_tanh(v), the CPU op's formula (gelu1 in kernels/cpu/ops.c); shared by GELU and GeGLU
+static __device__ __forceinline__ float gelu_tanh(float v) {
     const float k = 0.7978845608028654f;
+    return 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+}
+
+__global__ static void gelu_kernel(void *out, int odt, const float *x, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float v = x[i];
-        zs_st(out, odt, i, 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v))));
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) zs_st(out, odt, i, gelu_tanh(x[i]));
+}
+
+__global__ static void geglu_kernel(void *out, int odt, const float *g, const float *u, size_t n) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        zs_st(out, odt, i, gelu_tanh(g[i]) * u[i]);
+}
+
+// the division, not a product with 1/cap, as zs_op_softcap (transformers: x / cap, tanh, * cap)
+__global__ static void softcap_kernel(float *x, size_t n, float cap) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] = cap * tanhf(x[i] / cap);
+}
+
+__global__ static void scale_kernel(float *x, size_t n, float s) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= s;
 }
 
 __global__ static void swiglu_kernel(void *out, int odt, const float *g, const float *u, size_t n) {
@@ -84,6 +105,25 @@ extern "C" int zs_cuda_gelu(void *out, int odt, const float *x, size_t n, void *
 extern "C" int zs_cuda_swiglu(void *out, int odt, const float *gate, const float *up, size_t n, void *stream) {
     if (n == 0) return 0;
     swiglu_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(out, odt, gate, up, n);
+    return zs_launch_ok();
+}
+
+extern "C" int zs_cuda_geglu(void *out, int odt, const float *gate, const float *up, size_t n, void *stream) {
+    if (n == 0) return 0;
+    geglu_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(out, odt, gate, up, n);
+    return zs_launch_ok();
+}
+
+extern "C" int zs_cuda_softcap(float *x, size_t n, float cap, void *stream) {
+    if (!(cap > 0.0f) || isinf(cap)) return zs_cuda_refuse("softcap: cap %g (a positive finite number)", (double)cap);
+    if (n == 0) return 0;
+    softcap_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(x, n, cap);
+    return zs_launch_ok();
+}
+
+extern "C" int zs_cuda_scale(float *x, size_t n, float s, void *stream) {
+    if (n == 0) return 0;
+    scale_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(x, n, s);
     return zs_launch_ok();
 }
 

@@ -21,10 +21,19 @@
 // broadcasts each key's weight with a shuffle. Causal: row (t, h) counts key j only if
 // j <= pos[t], exactly the CPU op's mask.
 //
+// Model-family parameters (zs_cuda_attention_ex, zs_cuda_att_params): the scale multiplies q as
+// it is loaded (as before); a soft-cap (Gemma 2) maps each scaled score s to cap * tanhf(s / cap)
+// before the softmax; a sliding window (Mistral, Gemma, Phi-3) limits row (t, h) to keys
+// pos[t]-window+1 .. pos[t]: simple starts its key loop there, tiled starts a segment's tiles at
+// the lowest first key of its rows (nothing before it is loaded, nor its block-table entry) and
+// masks each row to its own window (a template flag: the kernel without a window is unchanged).
+//
 // Which kernel runs (zs_cuda_attention): ZS_CUDA_ATTN=simple -> simple for every token,
 // ZS_CUDA_ATTN=tiled -> tiled for every token, otherwise (auto) tiled for the tokens that share
 // their sequence with a neighbouring batch token (prefill, chunks) and simple for the others
 // (decode), two launches writing disjoint rows.
+#include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,13 +76,19 @@ static __device__ __forceinline__ bool att_in_run(const int32_t *tab, int t, int
     return (t > 0 && tab[t - 1] == b) || (t + 1 < T && tab[t + 1] == b);
 }
 
+// The scores' parameters resolved (zs_cuda_att_params): scale, cap (0: none), window (0: none).
+struct att_args {
+    float scale, cap;
+    int window;
+};
+
 // ---- simple ----
 
 template <int R, int GT>
 __global__ static void __launch_bounds__(ATT_WARPS * 32)
 attn_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int kdt, const int32_t *tables,
-            const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale, int group,
-            int nsub, int only_single) {
+            const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale, float cap,
+            int window, int group, int nsub, int only_single) {
     __shared__ float s_acc[ATT_WARPS][GT][R * 32];
     __shared__ float s_m[ATT_WARPS][GT], s_l[ATT_WARPS][GT];
     // the token in x (up to 2^31 - 1 blocks), (kv head, subgroup) in y
@@ -96,7 +111,9 @@ attn_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int k
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
-    for (int j = warp; j <= p; j += ATT_WARPS) {
+    // the first key: 0, or the window's (warps with no key keep l = 0 and drop out of the merge)
+    const int j0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    for (int j = j0 + warp; j <= p; j += ATT_WARPS) {
         size_t kb = ((size_t)bt[j / ZS_KV_BLK] * 2 * ZS_KV_BLK + (j % ZS_KV_BLK)) * kvd + (size_t)kh * hd;
         size_t vb = kb + (size_t)ZS_KV_BLK * kvd;
         float kr[R], vr[R];
@@ -112,6 +129,7 @@ attn_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int k
 #pragma unroll
             for (int r = 0; r < R; r++) s += qr[g][r] * kr[r];
             s = zs_warp_sum(s);
+            if (cap > 0.0f) s = cap * tanhf(s / cap);
             float mn = fmaxf(m[g], s);
             float corr = expf(m[g] - mn), e = expf(s - mn);
             l[g] = l[g] * corr + e;
@@ -149,26 +167,26 @@ attn_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int k
 template <int R, int GT>
 static void attn_launch(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
                         const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
-                        int T, int nh, int nkv, int hd, float scale, int group, int nsub, int only_single) {
+                        int T, int nh, int nkv, int hd, const att_args &a, int group, int nsub, int only_single) {
     attn_kernel<R, GT><<<grid, ATT_WARPS * 32, 0, s>>>(out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd,
-                                                       scale, group, nsub, only_single);
+                                                       a.scale, a.cap, a.window, group, nsub, only_single);
 }
 
 template <int GT>
 static int attn_dispatch_r(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
                            const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
-                           int T, int nh, int nkv, int hd, float scale, int group, int nsub, int only_single) {
-    if (hd <= 32) attn_launch<1, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
-    else if (hd <= 64) attn_launch<2, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
-    else if (hd <= 128) attn_launch<4, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
-    else if (hd <= 256) attn_launch<8, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, scale, group, nsub, only_single);
+                           int T, int nh, int nkv, int hd, const att_args &a, int group, int nsub, int only_single) {
+    if (hd <= 32) attn_launch<1, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, a, group, nsub, only_single);
+    else if (hd <= 64) attn_launch<2, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, a, group, nsub, only_single);
+    else if (hd <= 128) attn_launch<4, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, a, group, nsub, only_single);
+    else if (hd <= 256) attn_launch<8, GT>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, a, group, nsub, only_single);
     else return zs_cuda_refuse("attention: head_dim %d (at most 256)", hd);
     return zs_launch_ok();
 }
 
 static int attn_simple(void *out, int odt, const float *q, int ldq, const void *pool, int kdt,
                        const int32_t *tables, const int32_t *tab, const int32_t *pos, int T, int n_heads,
-                       int n_kv_heads, int hd, float scale, int only_single, cudaStream_t s) {
+                       int n_kv_heads, int hd, const att_args &a, int only_single, cudaStream_t s) {
     int group = n_heads / n_kv_heads;
     int gt = group >= 4 ? 4 : group; // 1, 2 or 4 heads per block; a larger group is split
     int nsub = (group + gt - 1) / gt;
@@ -177,9 +195,9 @@ static int attn_simple(void *out, int odt, const float *q, int ldq, const void *
         return zs_cuda_refuse("attention (simple): %d kv heads x %d head subgroups = %lld blocks in grid y (limit 65535)",
                               n_kv_heads, nsub, gy);
     dim3 grid((unsigned)T, (unsigned)gy); // T <= INT_MAX < 2^31: within the grid's x limit
-    if (gt == 1) return attn_dispatch_r<1>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
-    if (gt == 2) return attn_dispatch_r<2>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
-    return attn_dispatch_r<4>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, nsub, only_single);
+    if (gt == 1) return attn_dispatch_r<1>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, group, nsub, only_single);
+    if (gt == 2) return attn_dispatch_r<2>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, group, nsub, only_single);
+    return attn_dispatch_r<4>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, group, nsub, only_single);
 }
 
 // ---- tiled ----
@@ -194,11 +212,12 @@ static size_t tl_smem_bytes(int D) { return (size_t)(TL_R * D + 2 * TL_BK * D) *
 
 // D: the head dim padded to 32, 64, 128 or 256 (columns hd..D-1 are zeros). Row r of the block
 // (warp r / TL_ROWS) is token t0 + r / gq and query head kh*group + sub*gq + r % gq.
-template <int D>
+// WIN: a sliding window of `window` keys (else window is ignored: the original kernel).
+template <int D, bool WIN>
 __global__ static void __launch_bounds__(TL_WARPS * 32)
 attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int kdt, const int32_t *tables,
                   const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale,
-                  int group, int gq, int nsub, int bq, int only_runs) {
+                  float cap, int window, int group, int gq, int nsub, int bq, int only_runs) {
     constexpr int C = D / 32; // output columns per lane
     extern __shared__ float4 tl_smem4[]; // float4: 16-byte alignment for the Q reads
     float *sQ = (float *)tl_smem4;       // [TL_R][D] query rows, scaled; each warp owns its 8 rows
@@ -232,9 +251,15 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
         const int tb = tab[s0];
         int s1 = s0 + 1;
         while (s1 < t1 && tab[s1] == tb) s1++;
-        int kvlen = 0;
+        // keys kvlo .. kvlen-1: up to the last row's position, from 0 or (window) the lowest first
+        // key of the segment's rows
+        int kvlen = 0, kvlo = INT_MAX;
         for (int t = s0; t < s1; t++)
-            if (!only_runs || att_in_run(tab, t, T)) kvlen = max(kvlen, pos[t] + 1);
+            if (!only_runs || att_in_run(tab, t, T)) {
+                kvlen = max(kvlen, pos[t] + 1);
+                if (WIN) kvlo = min(kvlo, max(0, pos[t] - window + 1));
+            }
+        if (!WIN) kvlo = 0;
         if (kvlen == 0) { // no token of the segment is this kernel's
             s0 = s1;
             continue;
@@ -250,7 +275,7 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
         }
         __syncwarp();
         const int32_t *bt = tables + tb;
-        for (int j0 = 0; j0 < kvlen; j0 += TL_BK) {
+        for (int j0 = kvlo; j0 < kvlen; j0 += TL_BK) {
             __syncthreads(); // every warp is done with the previous tile
             for (int idx = threadIdx.x; idx < TL_BK * D; idx += TL_WARPS * 32) {
                 int jj = idx / D, d = idx % D, j = j0 + jj;
@@ -267,7 +292,8 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
             // does any row of this warp see a key of this tile? (warp-uniform)
             bool any = false;
 #pragma unroll
-            for (int i = 0; i < TL_ROWS; i++) any |= rt[i] >= s0 && rt[i] < s1 && rp[i] >= j0;
+            for (int i = 0; i < TL_ROWS; i++)
+                any |= rt[i] >= s0 && rt[i] < s1 && rp[i] >= j0 && (!WIN || rp[i] - window < j0 + TL_BK - 1);
             if (!any) continue;
             // scores: lane = key j0 + lane, against each of the warp's rows
             float s[TL_ROWS];
@@ -292,8 +318,9 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
             const int j = j0 + lane;
 #pragma unroll
             for (int i = 0; i < TL_ROWS; i++) {
-                bool valid = rt[i] >= s0 && rt[i] < s1 && j <= rp[i];
+                bool valid = rt[i] >= s0 && rt[i] < s1 && j <= rp[i] && (!WIN || j > rp[i] - window);
                 float sc = valid ? s[i] : -INFINITY;
+                if (cap > 0.0f && valid) sc = cap * tanhf(sc / cap);
                 float mn = fmaxf(m[i], zs_warp_max(sc));
                 float corr = mn == -INFINITY ? 1.0f : expf(m[i] - mn);
                 p[i] = valid ? expf(sc - mn) : 0.0f;
@@ -308,6 +335,8 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
             int lim[TL_ROWS];
 #pragma unroll
             for (int i = 0; i < TL_ROWS; i++) lim[i] = rt[i] >= s0 && rt[i] < s1 ? rp[i] - j0 : -1;
+            // window: row i takes keys j0 + jj > rp[i] - window only (wj = window + j0)
+            const int wj = WIN ? window + j0 : 0;
             const int nk = min(TL_BK, kvlen - j0);
             for (int jj = 0; jj < nk; jj++) {
                 float vv[C];
@@ -316,14 +345,15 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
 #pragma unroll
                 for (int i = 0; i < TL_ROWS; i++) {
                     float pj = __shfl_sync(0xffffffffu, p[i], jj);
-                    if (jj <= lim[i]) {
+                    if (jj <= lim[i] && (!WIN || jj + wj > rp[i])) {
 #pragma unroll
                         for (int c = 0; c < C; c++) o[i][c] += pj * vv[c];
                     }
                 }
             }
         }
-        // this segment's rows are complete (key 0 is always visible, so l >= 1)
+        // this segment's rows are complete (the key at the row's own position is always visible,
+        // so l >= 1)
 #pragma unroll
         for (int i = 0; i < TL_ROWS; i++) {
             if (!(rt[i] >= s0 && rt[i] < s1)) continue;
@@ -338,15 +368,15 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
     }
 }
 
-template <int D>
-static int tiled_launch(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
-                        const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
-                        int T, int nh, int nkv, int hd, float scale, int group, int gq, int nsub, int bq,
-                        int only_runs) {
+template <int D, bool WIN>
+static int tiled_launch_w(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
+                          const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
+                          int T, int nh, int nkv, int hd, const att_args &a, int group, int gq, int nsub, int bq,
+                          int only_runs) {
     size_t smem = tl_smem_bytes(D);
     if (smem > 48 * 1024) {
         // above the default 48 KiB: opt in (per device, so on every call; cheap)
-        cudaError_t e = cudaFuncSetAttribute(attn_tiled_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t e = cudaFuncSetAttribute(attn_tiled_kernel<D, WIN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess) {
             cudaGetLastError();
@@ -354,14 +384,27 @@ static int tiled_launch(dim3 grid, cudaStream_t s, void *out, int odt, const flo
                                   cudaGetErrorString(e));
         }
     }
-    attn_tiled_kernel<D><<<grid, TL_WARPS * 32, smem, s>>>(out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv,
-                                                           hd, scale, group, gq, nsub, bq, only_runs);
+    attn_tiled_kernel<D, WIN><<<grid, TL_WARPS * 32, smem, s>>>(out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh,
+                                                                nkv, hd, a.scale, a.cap, a.window, group, gq, nsub,
+                                                                bq, only_runs);
     return zs_launch_ok();
+}
+
+template <int D>
+static int tiled_launch(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
+                        const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
+                        int T, int nh, int nkv, int hd, const att_args &a, int group, int gq, int nsub, int bq,
+                        int only_runs) {
+    if (a.window > 0)
+        return tiled_launch_w<D, true>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, a, group,
+                                       gq, nsub, bq, only_runs);
+    return tiled_launch_w<D, false>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd, a, group,
+                                    gq, nsub, bq, only_runs);
 }
 
 static int attn_tiled(void *out, int odt, const float *q, int ldq, const void *pool, int kdt,
                       const int32_t *tables, const int32_t *tab, const int32_t *pos, int T, int n_heads,
-                      int n_kv_heads, int hd, float scale, int only_runs, cudaStream_t s) {
+                      int n_kv_heads, int hd, const att_args &a, int only_runs, cudaStream_t s) {
     int group = n_heads / n_kv_heads;
     int gq = group < TL_R ? group : TL_R; // query heads per block; a larger group is split
     int nsub = (group + gq - 1) / gq;
@@ -371,10 +414,10 @@ static int attn_tiled(void *out, int odt, const float *q, int ldq, const void *p
         return zs_cuda_refuse("attention (tiled): %d kv heads x %d head subgroups = %lld blocks in grid y (limit 65535)",
                               n_kv_heads, nsub, gy);
     dim3 grid((unsigned)(((long long)T + bq - 1) / bq), (unsigned)gy);
-    if (hd <= 32) return tiled_launch<32>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
-    if (hd <= 64) return tiled_launch<64>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
-    if (hd <= 128) return tiled_launch<128>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
-    return tiled_launch<256>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, group, gq, nsub, bq, only_runs);
+    if (hd <= 32) return tiled_launch<32>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, group, gq, nsub, bq, only_runs);
+    if (hd <= 64) return tiled_launch<64>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, group, gq, nsub, bq, only_runs);
+    if (hd <= 128) return tiled_launch<128>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, group, gq, nsub, bq, only_runs);
+    return tiled_launch<256>(grid, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, group, gq, nsub, bq, only_runs);
 }
 
 // ---- entry points ----
@@ -395,24 +438,51 @@ extern "C" const char *zs_cuda_attention_mode_name(int mode) {
     return mode == ZS_CUDA_ATTN_SIMPLE ? "simple" : mode == ZS_CUDA_ATTN_TILED ? "tiled" : "auto";
 }
 
-extern "C" int zs_cuda_attention_dt(int impl, void *out, int odt, const float *q, int ldq, const void *pool,
-                                    int kvdt, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
-                                    int n_heads, int n_kv_heads, int hd, float scale, void *stream) {
+// The CPU's resolution of zs_att_params (kernels/cpu/ops-backward.c, attention.c): scale 0 ->
+// 1/sqrtf(hd), a cap or window that is not positive -> none. A window of 2^30 positions or more
+// covers every position a cache holds: none as well (the tiled kernel adds window to positions).
+static att_args att_resolve(const zs_cuda_att_params *ap, int hd) {
+    att_args a;
+    a.scale = ap && ap->scale != 0.0f ? ap->scale : 1.0f / sqrtf((float)hd);
+    a.cap = ap && ap->softcap > 0.0f ? ap->softcap : 0.0f;
+    a.window = ap && ap->window > 0 && ap->window < (1 << 30) ? ap->window : 0;
+    return a;
+}
+
+static int attn_run(int impl, void *out, int odt, const float *q, int ldq, const void *pool, int kvdt,
+                    const int32_t *tables, const int32_t *tab, const int32_t *pos, int T, int n_heads, int n_kv_heads,
+                    int hd, const att_args &a, void *stream) {
     if (T <= 0) return 0;
+    if (isinf(a.cap)) return zs_cuda_refuse("attention: soft-cap %g (a finite number)", (double)a.cap);
     if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || hd <= 0 || hd > 256)
         return zs_cuda_refuse("attention: %d heads / %d kv heads, head_dim %d (heads must be a multiple of kv heads, "
                               "head_dim 1..256)", n_heads, n_kv_heads, hd);
     if (!kv_dt_ok(kvdt)) return zs_cuda_refuse("attention: KV cache element type %d (f32, f16 or bf16)", kvdt);
     cudaStream_t s = (cudaStream_t)stream;
     if (impl == ZS_CUDA_ATTN_SIMPLE)
-        return attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 0, s);
+        return attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 0, s);
     if (impl == ZS_CUDA_ATTN_TILED)
-        return attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 0, s);
+        return attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 0, s);
     // auto: each token is exactly one kernel's (att_in_run decides the same way in both)
-    int rc = attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 1, s);
+    int rc = attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 1, s);
     if (rc == 0 && T > 1)
-        rc = attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, scale, 1, s);
+        rc = attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 1, s);
     return rc;
+}
+
+extern "C" int zs_cuda_attention_dt(int impl, void *out, int odt, const float *q, int ldq, const void *pool,
+                                    int kvdt, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                                    int n_heads, int n_kv_heads, int hd, float scale, void *stream) {
+    att_args a = {scale, 0.0f, 0};
+    return attn_run(impl, out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, stream);
+}
+
+extern "C" int zs_cuda_attention_ex(int impl, void *out, int odt, const float *q, int ldq, const void *pool,
+                                    int kvdt, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                                    int n_heads, int n_kv_heads, int hd, const zs_cuda_att_params *ap,
+                                    void *stream) {
+    att_args a = att_resolve(ap, hd);
+    return attn_run(impl, out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, stream);
 }
 
 extern "C" int zs_cuda_attention_impl(int impl, void *out, int odt, const float *q, int ldq, const float *pool,

@@ -1,7 +1,9 @@
 // backward.cu — the backward of the forward kernels for training (kernels/cpu/train-ops.h is the CPU
-// reference): RMSNorm, LayerNorm, RoPE, SwiGLU, GELU (tanh), residual add, embedding
+// reference): RMSNorm (with Gemma's weight offset), LayerNorm, RoPE (default or given frequencies,
+// attention factor), SwiGLU, GELU (tanh), GeGLU, soft-capping, residual add, embedding
 // (deterministic scatter-add), causal GQA attention over one sequence (probabilities recomputed
-// row by row, fp32), masked next-token cross-entropy, and the matrix product through cuBLAS.
+// row by row, fp32; score scale, soft-cap and sliding window), masked next-token cross-entropy,
+// and the matrix product through cuBLAS.
 // Every kernel is deterministic: each output element is written by one thread, and every
 // reduction runs in a fixed order (no atomics).
 #include <cublas_v2.h>
@@ -13,8 +15,14 @@
 
 // One block per row: dx[t, :] += ∂L/∂x; stats[t] = mean (LayerNorm only) and stats[T + t] = rstd
 // for the column pass that makes dw / db (stats may be NULL when they are not needed).
+// The weight of RMSNorm element i as the forward sees it: w (off 0: the original arithmetic) or
+// off + w (Gemma).
+static __device__ __forceinline__ float rms_w(const float *w, float off, int i) {
+    return off == 0.0f ? w[i] : off + w[i];
+}
+
 __global__ static void rmsnorm_bwd_kernel(float *dx, float *stats, const float *dy, const float *x,
-                                          const float *w, int T, int d, float eps) {
+                                          const float *w, float off, int T, int d, float eps) {
     __shared__ float sh[33];
     int t = blockIdx.x;
     const float *xr = x + (size_t)t * d, *gr = dy + (size_t)t * d;
@@ -22,13 +30,13 @@ __global__ static void rmsnorm_bwd_kernel(float *dx, float *stats, const float *
     float ss = 0.0f, dot = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         ss += xr[i] * xr[i];
-        dot += gr[i] * w[i] * xr[i];
+        dot += gr[i] * rms_w(w, off, i) * xr[i];
     }
     ss = zs_block_sum(ss, sh);
     dot = zs_block_sum(dot, sh);
     float r = 1.0f / sqrtf(ss / (float)d + eps);
     float c = dot * r * r * r / (float)d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) dr[i] += r * w[i] * gr[i] - c * xr[i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x) dr[i] += r * rms_w(w, off, i) * gr[i] - c * xr[i];
     if (stats && threadIdx.x == 0) stats[T + t] = r;
 }
 
@@ -111,15 +119,20 @@ static int colsum(float *dw, float *db, const float *dy, const float *x, const f
     return zs_launch_ok();
 }
 
-extern "C" int zs_cuda_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
-                                   int T, int d, float eps, float *stats, void *stream) {
+extern "C" int zs_cuda_rmsnorm_off_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                                       float off, int T, int d, float eps, float *stats, void *stream) {
     if (T <= 0 || d <= 0) return 0;
     cudaStream_t s = (cudaStream_t)stream;
     float *st = dw ? stats : NULL;
     if (dw && !stats) return zs_cuda_refuse("rmsnorm_bwd: dw without stats scratch");
-    rmsnorm_bwd_kernel<<<T, norm_threads(d), 0, s>>>(dx, st, dy, x, w, T, d, eps);
+    rmsnorm_bwd_kernel<<<T, norm_threads(d), 0, s>>>(dx, st, dy, x, w, off, T, d, eps);
     if (zs_launch_ok() < 0) return -1;
     return colsum(dw, NULL, dy, x, NULL, st ? st + T : NULL, T, d, s);
+}
+
+extern "C" int zs_cuda_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                                   int T, int d, float eps, float *stats, void *stream) {
+    return zs_cuda_rmsnorm_off_bwd(dx, dw, dy, x, w, 0.0f, T, d, eps, stats, stream);
 }
 
 extern "C" int zs_cuda_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
@@ -133,10 +146,11 @@ extern "C" int zs_cuda_layernorm_bwd(float *dx, float *dw, float *db, const floa
     return colsum(dw, db, dy, x, st, st ? st + T : NULL, T, d, s);
 }
 
-// ---- RoPE: the rotation by -angle (inv_freq: the host-made table of rope.cu) ----
+// ---- RoPE: the transpose of the forward's map, the rotation by -angle times the attention factor
+// (inv_freq: the host-made table(s) of rope.cu; fst 0: shared, half: a row per token) ----
 
 __global__ static void rope_bwd_kernel(float *x, int T, int ld, int nh, int hd, const int32_t *pos,
-                                       const float *inv_freq) {
+                                       const float *inv_freq, int fst, float af) {
     int half = hd / 2;
     size_t n = (size_t)T * nh * half;
     size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -144,8 +158,8 @@ __global__ static void rope_bwd_kernel(float *x, int T, int ld, int nh, int hd, 
         int i = (int)(k % half);
         size_t th = k / half;
         int h = (int)(th % nh), t = (int)(th / nh);
-        float ang = (float)pos[t] * inv_freq[i];
-        float c = cosf(ang), s = sinf(ang);
+        float ang = (float)pos[t] * inv_freq[(size_t)t * fst + i];
+        float c = cosf(ang) * af, s = sinf(ang) * af; // af 1: c and s unchanged
         float *v = x + (size_t)t * ld + (size_t)h * hd;
         float a = v[i], b = v[i + half];
         v[i] = a * c + b * s;
@@ -153,14 +167,19 @@ __global__ static void rope_bwd_kernel(float *x, int T, int ld, int nh, int hd, 
     }
 }
 
-extern "C" int zs_cuda_rope_bwd(float *dx, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
-                                const float *inv_freq, void *stream) {
+extern "C" int zs_cuda_rope_freq_bwd(float *dx, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
+                                     const float *inv_freq, int per_token, float attn_factor, void *stream) {
     size_t n = (size_t)T * n_heads * (head_dim / 2);
     if (n == 0) return 0;
     if (!inv_freq) return zs_cuda_refuse("rope_bwd: no inv_freq table");
-    rope_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dx, T, ld, n_heads, head_dim, pos,
-                                                                        inv_freq);
+    rope_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dx, T, ld, n_heads, head_dim, pos, inv_freq,
+                                                                        per_token ? head_dim / 2 : 0, attn_factor);
     return zs_launch_ok();
+}
+
+extern "C" int zs_cuda_rope_bwd(float *dx, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
+                                const float *inv_freq, void *stream) {
+    return zs_cuda_rope_freq_bwd(dx, T, ld, n_heads, head_dim, pos, inv_freq, 0, 1.0f, stream);
 }
 
 // ---- element-wise ----
@@ -188,6 +207,29 @@ __global__ static void gelu_bwd_kernel(float *dx, const float *dy, const float *
     }
 }
 
+// zs_op_geglu_bwd's formula: gelu'(v) as gelu_bwd_kernel, gelu(v) = 0.5·v·(1 + tanh)
+__global__ static void geglu_bwd_kernel(float *dgate, float *dup, const float *dy, const float *gate,
+                                        const float *up, size_t n) {
+    const float k = 0.7978845608028654f;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = gate[i], u = up[i], y = dy[i];
+        float th = tanhf(k * (v + 0.044715f * v * v * v));
+        float d = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * v * v);
+        dgate[i] = y * u * d;
+        dup[i] = y * (0.5f * v * (1.0f + th));
+    }
+}
+
+// from the forward's output y = cap·tanh(x/cap): dx = dy·(1 - (y/cap)²)
+__global__ static void softcap_bwd_kernel(float *dx, const float *dy, const float *y, size_t n, float cap) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float t = y[i] / cap;
+        dx[i] = dy[i] * (1.0f - t * t);
+    }
+}
+
 __global__ static void add_bwd_kernel(float *dx, const float *dy, size_t n) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) dx[i] += dy[i];
@@ -203,6 +245,20 @@ extern "C" int zs_cuda_swiglu_bwd(float *dgate, float *dup, const float *dy, con
 extern "C" int zs_cuda_gelu_bwd(float *dx, const float *dy, const float *x, size_t n, void *stream) {
     if (n == 0) return 0;
     gelu_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dx, dy, x, n);
+    return zs_launch_ok();
+}
+
+extern "C" int zs_cuda_geglu_bwd(float *dgate, float *dup, const float *dy, const float *gate,
+                                 const float *up, size_t n, void *stream) {
+    if (n == 0) return 0;
+    geglu_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dgate, dup, dy, gate, up, n);
+    return zs_launch_ok();
+}
+
+extern "C" int zs_cuda_softcap_bwd(float *dx, const float *dy, const float *y, size_t n, float cap, void *stream) {
+    if (!(cap > 0.0f) || isinf(cap)) return zs_cuda_refuse("softcap_bwd: cap %g (a positive finite number)", (double)cap);
+    if (n == 0) return 0;
+    softcap_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dx, dy, y, n, cap);
     return zs_launch_ok();
 }
 
@@ -306,12 +362,24 @@ extern "C" int zs_cuda_cross_entropy(float *dlogits, float *row_loss, double *lo
 #define ATT_HD_MAX 256
 #define ATT_PER_LANE (ATT_HD_MAX / 32)
 
+// The scores of zs_op_attention_bwd: s = (q·k)·scale, then with a soft-cap (cap > 0) s = cap·t,
+// t = tanhf(s / cap), whose derivative multiplies ds by 1 - t² (the CPU's order: p·(dp - D), times
+// 1 - t², times scale). With a window (> 0) query i sees keys max(0, i-window+1) .. i.
+static __device__ __forceinline__ float att_cap(float s, float cap, float *t) {
+    if (cap > 0.0f) {
+        *t = tanhf(s / cap);
+        return cap * *t;
+    }
+    return s;
+}
+
 // Pass A: one block per (query row i, head h). Recomputes the row's softmax (online max/sum over
 // the keys, warp j-strided), D = Σ_j p_j·(dout_i·v_j), then dq_i += Σ_j ds_j·k_j with
-// ds_j = p_j·(dp_j - D)·scale. Writes stats[(i*nh + h)*3 + {0,1,2}] = max, 1/sum, D.
+// ds_j = p_j·(dp_j - D)·scale (·(1 - t²) through a soft-cap). Writes
+// stats[(i*nh + h)*3 + {0,1,2}] = max, 1/sum, D.
 __global__ static void att_bwd_q_kernel(float *dq, float *stats, const float *dout, const float *q,
                                         const float *k, const float *v, int nh, int nkv, int hd,
-                                        float scale) {
+                                        float scale, float cap, int window) {
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], sdd[ATT_WARPS];
     __shared__ float sacc[ATT_WARPS][ATT_HD_MAX];
     int i = blockIdx.x / nh, h = blockIdx.x % nh;
@@ -328,9 +396,10 @@ __global__ static void att_bwd_q_kernel(float *dq, float *stats, const float *do
         gr[c] = e < hd ? go[e] : 0.0f;
         acc[c] = 0.0f;
     }
-    // pass 1: online max, sum of exp and Σ exp·dp per warp
+    // pass 1: online max, sum of exp and Σ exp·dp per warp (keys lo..i)
+    const int lo = window > 0 && i - window + 1 > 0 ? i - window + 1 : 0;
     float m = -INFINITY, l = 0.0f, dd = 0.0f;
-    for (int j = w; j <= i; j += ATT_WARPS) {
+    for (int j = lo + w; j <= i; j += ATT_WARPS) {
         const float *kr = k + (size_t)j * kvd + (size_t)kh * hd;
         const float *vr = v + (size_t)j * kvd + (size_t)kh * hd;
         float s = 0.0f, dp = 0.0f;
@@ -344,6 +413,8 @@ __global__ static void att_bwd_q_kernel(float *dq, float *stats, const float *do
         }
         s = zs_warp_sum(s) * scale;
         dp = zs_warp_sum(dp);
+        float t = 0.0f;
+        s = att_cap(s, cap, &t);
         float mn = fmaxf(m, s);
         float r = expf(m - mn); // m = -inf at the first key: r = 0
         float p = expf(s - mn);
@@ -364,7 +435,7 @@ __global__ static void att_bwd_q_kernel(float *dq, float *stats, const float *do
     }
     float inv = 1.0f / L, D = DD * inv;
     // pass 2: dq
-    for (int j = w; j <= i; j += ATT_WARPS) {
+    for (int j = lo + w; j <= i; j += ATT_WARPS) {
         const float *kr = k + (size_t)j * kvd + (size_t)kh * hd;
         const float *vr = v + (size_t)j * kvd + (size_t)kh * hd;
         float s = 0.0f, dp = 0.0f;
@@ -378,8 +449,12 @@ __global__ static void att_bwd_q_kernel(float *dq, float *stats, const float *do
         }
         s = zs_warp_sum(s) * scale;
         dp = zs_warp_sum(dp);
+        float t = 0.0f;
+        s = att_cap(s, cap, &t);
         float p = expf(s - M) * inv;
-        float ds = p * (dp - D) * scale;
+        float ds = p * (dp - D);
+        if (cap > 0.0f) ds *= 1.0f - t * t;
+        ds *= scale;
 #pragma unroll
         for (int c = 0; c < ATT_PER_LANE; c++) {
             int e = lane + 32 * c;
@@ -406,11 +481,12 @@ __global__ static void att_bwd_q_kernel(float *dq, float *stats, const float *do
     }
 }
 
-// Pass B: one block per (key row j, kv head kh): over the query rows i >= j and the heads h of
-// the group (warp-strided), dk_j += Σ ds·q_i and dv_j += Σ p·dout_i with p, ds from the stats.
+// Pass B: one block per (key row j, kv head kh): over the query rows i >= j that see it (i <
+// j + window with a window) and the heads h of the group (warp-strided), dk_j += Σ ds·q_i and
+// dv_j += Σ p·dout_i with p, ds from the stats.
 __global__ static void att_bwd_kv_kernel(float *dk, float *dv, const float *stats, const float *dout,
                                          const float *q, const float *k, const float *v, int T, int nh,
-                                         int nkv, int hd, float scale) {
+                                         int nkv, int hd, float scale, float cap, int window) {
     __shared__ float sk[ATT_WARPS][ATT_HD_MAX], sv[ATT_WARPS][ATT_HD_MAX];
     int j = blockIdx.x / nkv, kh = blockIdx.x % nkv;
     int group = nh / nkv;
@@ -427,7 +503,8 @@ __global__ static void att_bwd_kv_kernel(float *dk, float *dv, const float *stat
         ak[c] = 0.0f;
         av[c] = 0.0f;
     }
-    int n = (T - j) * group;
+    const int hi = window > 0 && window < T - j ? j + window : T; // query rows j .. hi-1
+    int n = (hi - j) * group;
     for (int u = w; u < n; u += ATT_WARPS) {
         int i = j + u / group, h = kh * group + u % group;
         const float *qi = q + (size_t)i * qd + (size_t)h * hd;
@@ -443,9 +520,13 @@ __global__ static void att_bwd_kv_kernel(float *dk, float *dv, const float *stat
         }
         s = zs_warp_sum(s) * scale;
         dp = zs_warp_sum(dp);
+        float t = 0.0f;
+        s = att_cap(s, cap, &t);
         const float *st = stats + ((size_t)i * nh + h) * 3;
         float p = expf(s - st[0]) * st[1];
-        float ds = p * (dp - st[2]) * scale;
+        float ds = p * (dp - st[2]);
+        if (cap > 0.0f) ds *= 1.0f - t * t;
+        ds *= scale;
 #pragma unroll
         for (int c = 0; c < ATT_PER_LANE; c++) {
             int e = lane + 32 * c;
@@ -477,22 +558,32 @@ __global__ static void att_bwd_kv_kernel(float *dk, float *dv, const float *stat
     }
 }
 
-extern "C" int zs_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
-                                     const float *k, const float *v, int T, int n_heads, int n_kv_heads,
-                                     int hd, float *stats, void *stream) {
+extern "C" int zs_cuda_attention_bwd_ex(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                        const float *k, const float *v, int T, int n_heads, int n_kv_heads,
+                                        int hd, const zs_cuda_att_params *ap, float *stats, void *stream) {
     if (T <= 0) return 0;
     if (hd <= 0 || hd > ATT_HD_MAX || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
         return zs_cuda_refuse("attention_bwd: %d heads / %d kv heads x %d (head_dim 1..%d, heads a multiple of kv heads)",
                               n_heads, n_kv_heads, hd, ATT_HD_MAX);
     cudaStream_t s = (cudaStream_t)stream;
-    float scale = 1.0f / sqrtf((float)hd);
+    // zs_att_params resolved as the CPU op does: scale 0 -> 1/sqrt(hd), cap / window <= 0 -> none
+    float scale = ap && ap->scale != 0.0f ? ap->scale : 1.0f / sqrtf((float)hd);
+    float cap = ap && ap->softcap > 0.0f ? ap->softcap : 0.0f;
+    int window = ap && ap->window > 0 ? ap->window : 0;
+    if (isinf(cap)) return zs_cuda_refuse("attention_bwd: soft-cap %g (a finite number)", (double)cap);
     att_bwd_q_kernel<<<(unsigned)((size_t)T * n_heads), 32 * ATT_WARPS, 0, s>>>(dq, stats, dout, q, k, v,
                                                                                  n_heads, n_kv_heads, hd,
-                                                                                 scale);
+                                                                                 scale, cap, window);
     if (zs_launch_ok() < 0) return -1;
     att_bwd_kv_kernel<<<(unsigned)((size_t)T * n_kv_heads), 32 * ATT_WARPS, 0, s>>>(
-        dk, dv, stats, dout, q, k, v, T, n_heads, n_kv_heads, hd, scale);
+        dk, dv, stats, dout, q, k, v, T, n_heads, n_kv_heads, hd, scale, cap, window);
     return zs_launch_ok();
+}
+
+extern "C" int zs_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                     const float *k, const float *v, int T, int n_heads, int n_kv_heads,
+                                     int hd, float *stats, void *stream) {
+    return zs_cuda_attention_bwd_ex(dq, dk, dv, dout, q, k, v, T, n_heads, n_kv_heads, hd, NULL, stats, stream);
 }
 
 // ---- matrix product through cuBLAS ----

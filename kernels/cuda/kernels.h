@@ -6,9 +6,11 @@
  * or an argument was refused; the reason (the CUDA error, read once with cudaGetLastError, or the
  * refused argument) is kept per thread and zs_cuda_take_error hands it over (zs_dev_error puts
  * it in the error message). Launchers are thread-safe; the work is ordered only by the stream.
- * One file per family: convert.cu (casts), embed.cu, norm.cu (RMSNorm, LayerNorm), rope.cu,
- * act.cu (GELU, SwiGLU, add, bias, softmax, argmax), attention.cu (paged KV store and causal
- * attention with GQA), matmul-quant.cu (products over ggml block weights, ZS_Q8_0 .. ZS_Q6_K),
+ * One file per family: convert.cu (casts), embed.cu, norm.cu (RMSNorm with Gemma's weight offset,
+ * LayerNorm), rope.cu (default, given and per-token frequencies, attention factor), act.cu (GELU,
+ * SwiGLU, GeGLU, soft-capping, scaling, add, bias, softmax, argmax), attention.cu (paged KV store
+ * and causal attention with GQA, a score scale, soft-capping and a sliding window),
+ * matmul-quant.cu (products over ggml block weights, ZS_Q8_0 .. ZS_Q6_K),
  * backward.cu (the backward of all of these for training), launch.cu (the per-thread launch
  * error). */
 #ifndef ZS_CUDA_KERNELS_H
@@ -48,6 +50,11 @@ int zs_cuda_rmsnorm(void *y, int ydt, const float *x, const float *w, const int3
                     int d, float eps, void *stream);
 int zs_cuda_layernorm(void *y, int ydt, const float *x, const float *w, const float *b,
                       const int32_t *rows, int R, int d, float eps, void *stream);
+/* RMSNorm with a weight offset (Gemma): x / sqrt(mean(x^2) + eps) * (off + w) (zs_op_rmsnorm_off;
+ * off 0: zs_cuda_rmsnorm's arithmetic exactly). The per-head norm of q and k (qk_norm) is this
+ * over T * n_heads rows of head_dim. y may alias x when ydt is f32 and rows is NULL. */
+int zs_cuda_rmsnorm_off(void *y, int ydt, const float *x, const float *w, float off, const int32_t *rows, int R,
+                        int d, float eps, void *stream);
 
 /* rope.cu: rotary embedding in place, HF rotate_half convention (dims i and i + hd/2 pair),
  * x is [T, n_heads * head_dim] f32 with row stride ld (elements), token t at position pos[t].
@@ -58,12 +65,27 @@ int zs_cuda_rope(float *x, int T, int ld, int n_heads, int head_dim, const int32
 /* Fills inv_freq[0 .. head_dim/2) (HOST memory) with 1 / theta^(2i/head_dim), computed with the
  * C library's powf exactly as the CPU ops (zs_op_rope, zs_op_rope_bwd) do. */
 void zs_cuda_rope_inv_freq(float *inv_freq, int head_dim, float theta);
+/* RoPE with given frequencies (zs_op_rope_freq; rope_scaling, engine/model/rope.h makes them on the
+ * host): per_token 0: inv_freq is one table of head_dim/2 shared by every token (zs_cuda_rope's);
+ * per_token 1: inv_freq is [T, head_dim/2], row t for token t (dynamic NTK, LongRoPE: frequencies
+ * that depend on the position). cos and sin are each multiplied by attn_factor (1: exactly
+ * zs_cuda_rope's arithmetic). */
+int zs_cuda_rope_freq(float *x, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
+                      const float *inv_freq, int per_token, float attn_factor, void *stream);
 
 /* act.cu */
 /* out[i] = gelu_tanh(x[i]), out in odt, x f32 (out may alias x when odt is f32). */
 int zs_cuda_gelu(void *out, int odt, const float *x, size_t n, void *stream);
 /* out[i] = silu(gate[i]) * up[i], out in odt (may alias gate when odt is f32). */
 int zs_cuda_swiglu(void *out, int odt, const float *gate, const float *up, size_t n, void *stream);
+/* out[i] = gelu_tanh(gate[i]) * up[i] (Gemma's GeGLU, zs_op_geglu; gelu_tanh as zs_cuda_gelu), out
+ * in odt (may alias gate when odt is f32). */
+int zs_cuda_geglu(void *out, int odt, const float *gate, const float *up, size_t n, void *stream);
+/* x[i] = cap * tanhf(x[i] / cap) in place (Gemma 2's final logit soft-capping, zs_op_softcap); cap
+ * must be > 0. */
+int zs_cuda_softcap(float *x, size_t n, float cap, void *stream);
+/* x[i] *= s in place (Gemma's embedding scale). */
+int zs_cuda_scale(float *x, size_t n, float s, void *stream);
 /* y[t, i] += x[t, i] (x may be NULL) + bias[i] (bias may be NULL), for T rows of d. */
 int zs_cuda_add(float *y, const float *x, const float *bias, int T, int d, void *stream);
 /* In-place softmax of each of R rows of n f32 values. */
@@ -96,6 +118,19 @@ int zs_cuda_kv_store_dt(void *pool, int kvdt, const float *k, int ldk, const flo
  * environment variable ZS_CUDA_ATTN ("simple", "tiled"; anything else or unset: auto), read
  * once per process. */
 enum { ZS_CUDA_ATTN_AUTO = 0, ZS_CUDA_ATTN_SIMPLE = 1, ZS_CUDA_ATTN_TILED = 2 };
+/* What a model family changes in the scores, as zs_att_params (kernels/cpu/attention.h) means it:
+ *   scale:   the scores' multiplier (Gemma: query_pre_attn_scalar^-0.5); 0: 1/sqrtf(head_dim);
+ *   softcap: > 0: score = softcap * tanhf(score / softcap) after the scaling (Gemma 2); else none;
+ *            an infinite one is refused (-1 with the reason);
+ *   window:  > 0: a sliding window, query position p sees keys p-window+1 .. p only (Mistral,
+ *            Gemma, Phi-3); the K/V of positions before every window of a sequence's tokens in the
+ *            call are never read (nor their block-table entries: a ring of blocks may reuse them,
+ *            kvcache.h zs_kv_set_window). Else (or 2^30 and more, past every position) keys 0 .. p. */
+typedef struct {
+    float scale;
+    float softcap;
+    int window;
+} zs_cuda_att_params;
 int zs_cuda_attention(void *out, int odt, const float *q, int ldq, const float *pool,
                       const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
                       int n_heads, int n_kv_heads, int hd, float scale, void *stream);
@@ -108,6 +143,11 @@ int zs_cuda_attention_impl(int impl, void *out, int odt, const float *q, int ldq
 int zs_cuda_attention_dt(int impl, void *out, int odt, const float *q, int ldq, const void *pool, int kvdt,
                          const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
                          int n_heads, int n_kv_heads, int hd, float scale, void *stream);
+/* zs_cuda_attention_dt with the scale, soft-cap and window of ap (NULL: scale 1/sqrtf(hd), no cap,
+ * no window). With softcap and window off it is zs_cuda_attention_dt's arithmetic exactly. */
+int zs_cuda_attention_ex(int impl, void *out, int odt, const float *q, int ldq, const void *pool, int kvdt,
+                         const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                         int n_heads, int n_kv_heads, int hd, const zs_cuda_att_params *ap, void *stream);
 int zs_cuda_attention_mode(void);
 const char *zs_cuda_attention_mode_name(int mode); /* "auto", "simple", "tiled" */
 
@@ -136,6 +176,10 @@ int zs_cuda_dequant(void *out, int odt, const void *W, int wdt, int R, int in, v
  * needed only when dw is not NULL (else it may be NULL). */
 int zs_cuda_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, int T,
                         int d, float eps, float *stats, void *stream);
+/* Backward of zs_cuda_rmsnorm_off (zs_op_rmsnorm_off_bwd): dx as zs_cuda_rmsnorm_bwd with the weight
+ * (off + w) (off 0: exactly zs_cuda_rmsnorm_bwd); dw += sum_t dy*x*rstd. */
+int zs_cuda_rmsnorm_off_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, float off,
+                            int T, int d, float eps, float *stats, void *stream);
 /* LayerNorm backward: dx += dL/dx; dw += sum_t dy*xhat, db += sum_t dy (dw, db may be NULL;
  * stats as for RMSNorm, needed when dw is not NULL). */
 int zs_cuda_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, const float *x,
@@ -144,12 +188,23 @@ int zs_cuda_layernorm_bwd(float *dx, float *dw, float *db, const float *dy, cons
  * zs_cuda_rope. */
 int zs_cuda_rope_bwd(float *dx, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
                      const float *inv_freq, void *stream);
+/* Backward of zs_cuda_rope_freq (zs_op_rope_freq_bwd) in place: dx <- R^T dx, R the forward's map (the
+ * rotation with cos and sin times attn_factor); inv_freq and per_token as zs_cuda_rope_freq's. */
+int zs_cuda_rope_freq_bwd(float *dx, int T, int ld, int n_heads, int head_dim, const int32_t *pos,
+                          const float *inv_freq, int per_token, float attn_factor, void *stream);
 /* SwiGLU backward: WRITES dgate = dy*up*silu'(gate), dup = dy*silu(gate) (either may alias dy,
  * not each other). */
 int zs_cuda_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up,
                        size_t n, void *stream);
 /* GELU (tanh) backward, x the pre-activation: WRITES dx = dy*gelu'(x) (dx may alias dy). */
 int zs_cuda_gelu_bwd(float *dx, const float *dy, const float *x, size_t n, void *stream);
+/* GeGLU backward (zs_op_geglu_bwd): WRITES dgate = dy*up*gelu'(gate), dup = dy*gelu(gate) (either may
+ * alias dy, not each other). */
+int zs_cuda_geglu_bwd(float *dgate, float *dup, const float *dy, const float *gate, const float *up,
+                      size_t n, void *stream);
+/* Soft-cap backward from the forward's OUTPUT y = cap*tanh(x/cap) (zs_op_softcap_bwd): WRITES
+ * dx = dy*(1 - (y/cap)^2) (dx may alias dy); cap > 0. */
+int zs_cuda_softcap_bwd(float *dx, const float *dy, const float *y, size_t n, float cap, void *stream);
 /* Residual add backward: dx[i] += dy[i]. */
 int zs_cuda_add_bwd(float *dx, const float *dy, size_t n, void *stream);
 /* Embedding backward: dtable[ids[t], :] += dy[t, :] for t < T (ids in range, may repeat), in
@@ -169,6 +224,12 @@ int zs_cuda_cross_entropy(float *dlogits, float *row_loss, double *loss, const f
 int zs_cuda_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
                           const float *k, const float *v, int T, int n_heads, int n_kv_heads, int hd,
                           float *stats, void *stream);
+/* The same with the scale, soft-cap and sliding window of ap (zs_op_attention_bwd with zs_att_params;
+ * NULL or all zero: zs_cuda_attention_bwd exactly). Through the soft-cap, ds is multiplied by
+ * 1 - tanh^2 of the scaled score. */
+int zs_cuda_attention_bwd_ex(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                             const float *k, const float *v, int T, int n_heads, int n_kv_heads, int hd,
+                             const zs_cuda_att_params *ap, float *stats, void *stream);
 /* Matrix product backward of y[T,out] = x[T,in]*W[out,in]^T + b through cuBLAS (fp32 compute,
  * no TF32): dx += dy*W (skipped when dx is NULL), dW += dy^T*x (f32; skipped when NULL),
  * db += column sums of dy (skipped when NULL). W in wdt; when wdt is f16/bf16 and dx is wanted,

@@ -1,9 +1,12 @@
-// norm.cu — RMSNorm and LayerNorm over rows of f32 activations (one block per row, fp32
-// reductions), writing f32, f16 or bf16 (the input dtype of the next matrix product).
+// norm.cu — RMSNorm (with Gemma's weight offset: x/rms * (off + w)) and LayerNorm over rows of f32
+// activations (one block per row, fp32 reductions), writing f32, f16 or bf16 (the input dtype of
+// the next matrix product). The per-head norm of q and k (qk_norm) is RMSNorm over rows of
+// head_dim, in place.
 #include "dtype.cuh"
 #include "kernels.h"
 
-__global__ static void rmsnorm_kernel(void *y, int ydt, const float *x, const float *w,
+// off 0: x * s * w[i], the original arithmetic (also for a weight of -0); else x * s * (off + w[i])
+__global__ static void rmsnorm_kernel(void *y, int ydt, const float *x, const float *w, float off,
                                       const int32_t *rows, int d, float eps) {
     __shared__ float sh[33];
     int r = blockIdx.x;
@@ -13,7 +16,11 @@ __global__ static void rmsnorm_kernel(void *y, int ydt, const float *x, const fl
     ss = zs_block_sum(ss, sh);
     float s = 1.0f / sqrtf(ss / (float)d + eps);
     size_t o = (size_t)r * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) zs_st(y, ydt, o + i, xr[i] * s * w[i]);
+    // each thread writes only the elements it read (y may alias x): in place is safe
+    if (off == 0.0f)
+        for (int i = threadIdx.x; i < d; i += blockDim.x) zs_st(y, ydt, o + i, xr[i] * s * w[i]);
+    else
+        for (int i = threadIdx.x; i < d; i += blockDim.x) zs_st(y, ydt, o + i, xr[i] * s * (off + w[i]));
 }
 
 __global__ static void layernorm_kernel(void *y, int ydt, const float *x, const float *w,
@@ -38,11 +45,16 @@ __global__ static void layernorm_kernel(void *y, int ydt, const float *x, const 
 
 static unsigned norm_threads(int d) { return d >= 1024 ? 1024 : d >= 256 ? 256 : 64; }
 
+extern "C" int zs_cuda_rmsnorm_off(void *y, int ydt, const float *x, const float *w, float off,
+                                   const int32_t *rows, int R, int d, float eps, void *stream) {
+    if (R <= 0) return 0;
+    rmsnorm_kernel<<<R, norm_threads(d), 0, (cudaStream_t)stream>>>(y, ydt, x, w, off, rows, d, eps);
+    return zs_launch_ok();
+}
+
 extern "C" int zs_cuda_rmsnorm(void *y, int ydt, const float *x, const float *w, const int32_t *rows, int R,
                                int d, float eps, void *stream) {
-    if (R <= 0) return 0;
-    rmsnorm_kernel<<<R, norm_threads(d), 0, (cudaStream_t)stream>>>(y, ydt, x, w, rows, d, eps);
-    return zs_launch_ok();
+    return zs_cuda_rmsnorm_off(y, ydt, x, w, 0.0f, rows, R, d, eps, stream);
 }
 
 extern "C" int zs_cuda_layernorm(void *y, int ydt, const float *x, const float *w, const float *b,

@@ -12,12 +12,26 @@
  *         bits) within 1e-3 of the CPU's where every matrix is q8_0 (gpt2-bytes: the tied
  *         head and the position table too), within 1.0 where a matrix stays bf16 (stories260K's
  *         rows of 172); the blocks go through shards, tiers and gathers unchanged.
+ * The model families (zs_init_model_write: a random model of each, written to a scratch
+ * directory, norms random so that every weight counts, matrices at init_std 0.1 so that attention
+ * is far from uniform): Llama with llama3 and YaRN RoPE scaling, Mistral with a sliding window of
+ * 16, Qwen2, Qwen3 (q/k norms, head_dim 128), Gemma 2 (norm offset, post norms, GeGLU, soft-caps,
+ * window 16 on alternate layers, query_pre_attn_scalar), Gemma 3 (q/k norms, local/global RoPE,
+ * window 16, linear scaling on the global layers), Phi-3 (LongRoPE switching to its long factors
+ * past position 32, window 24): f32 weights on the device against the CPU engine with the same
+ * weights: a prefill of 40 tokens and chunks of 64 up to position 320 (every row's logits: the
+ * tiled attention), 40 decode steps of given tokens (the simple kernel, the windows sliding, past
+ * the ring of KV blocks a window gives a sequence; LongRoPE's per-token frequencies), and a
+ * serving batch of a 20-token chunk of a second sequence with a decode of the first (both kernels
+ * in one call); max |gpu - cpu| over every logit within 1e-3 of the largest |cpu logit| (bf16
+ * weights against the CPU engine with bf16 weights: within 0.15, gross errors only).
  * Usage: e2e-gpu [summary.json]. Reads the fixtures from $ZS_SHARED/models (default ../shared).
  * Exit 0 pass, 1 fail, 77 no CUDA device. */
 #include "backend.h"
 #include "common.h"
 #include "device.h"
 #include "engine.h"
+#include "init-model.h"
 #include "matmul-q8act.h"
 #include "../testutil.h"
 
@@ -207,6 +221,148 @@ static void run_model(const char *name) {
     free(cpuq);
 }
 
+/* ---- the model families: a random model of each against the CPU engine ---- */
+
+typedef struct {
+    const char *label, *arch, *over; /* over: config.json keys put over the family's defaults */
+} fam_case;
+
+/* the largest |a - b| and |b| over n values */
+static void fam_err(const float *a, const float *b, size_t n, double *md, double *mb) {
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= *md)) *md = isnan(d) ? INFINITY : d;
+        if (fabs(b[i]) > *mb) *mb = fabs(b[i]);
+    }
+}
+
+/* One forward of a batch on both engines: tokens ids[i] of sequence sq[i] (0 or 1: the engines'
+ * sequence slots s[0], s[1]) at pos[i], logits of every token; the errors accumulate. */
+static int fam_step(zs_engine *e[2], int seqs[2][2], int n, const int32_t *ids, const int32_t *pos, const int *sq,
+                    int vocab, double *md, double *mb) {
+    float *lg[2];
+    int32_t sqv[2][64], li[64];
+    for (int i = 0; i < n; i++) li[i] = i;
+    int rc = 0;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        zs_kvcache *kv = zs_engine_kv(e[k]);
+        for (int i = 0; i < n && rc == 0; i++) {
+            sqv[k][i] = seqs[k][sq[i]];
+            if (zs_kv_seq_len(kv, sqv[k][i]) < pos[i] + 1) rc = zs_kv_seq_reserve(kv, sqv[k][i], pos[i] + 1);
+        }
+        lg[k] = malloc((size_t)n * vocab * 4);
+        zs_batch b = {n, ids, pos, sqv[k], li, n};
+        if (rc == 0) rc = zs_engine_forward(e[k], &b, lg[k]);
+    }
+    if (rc == 0) fam_err(lg[1], lg[0], (size_t)n * vocab, md, mb);
+    free(lg[0]);
+    free(lg[1]);
+    return rc;
+}
+
+static void run_family_dt(const fam_case *fc, const char *dir, int vocab, zs_dtype wdt);
+
+static void run_family(const fam_case *fc, int idx, const char *scratch) {
+    zs_init_opts o;
+    int rc = zs_init_opts_default(fc->arch, &o);
+    CHECK(rc == 0, "%s: init-model defaults: %s", fc->label, zs_errmsg());
+    if (rc < 0) return;
+    o.random_norms = 1;
+    o.init_std = 0.1f;
+    rc = zs_config_override(&o.cfg, fc->over, fc->label);
+    CHECK(rc == 0, "%s: config %s: %s", fc->label, fc->over, zs_errmsg());
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/%d-%s", scratch, idx, fc->arch);
+    if (rc == 0) rc = zs_init_model_write(&o, dir);
+    CHECK(rc == 0, "%s: write the model: %s", fc->label, zs_errmsg());
+    if (rc < 0) return;
+    for (int di = 0; di < 2; di++) run_family_dt(fc, dir, o.cfg.vocab_size, di ? ZS_BF16 : ZS_F32);
+}
+
+/* The family's model in weight dtype wdt on the device and on the CPU: f32 within 1e-3 of the largest
+ * |logit| (the same arithmetic up to the order of sums), bf16 within 0.15 (the device also rounds
+ * the matrices' inputs to bf16: a few 1e-2 here, where a wrong window or RoPE gives 0.2 to 1) */
+static void run_family_dt(const fam_case *fc, const char *dir, int vocab, zs_dtype wdt) {
+    double tol = wdt == ZS_F32 ? 1e-3 : 0.15;
+    const char *dn = zs_dtype_name(wdt);
+    zs_engine *e[2] = {NULL, NULL};
+    int seqs[2][2], rc = 0;
+    for (int k = 0; k < 2 && rc == 0; k++) {
+        rc = open_engine(dir, k ? ZS_DEVICE_CUDA : ZS_DEVICE_CPU, wdt, 1, ZS_OFFLOAD_NONE, NULL, &e[k]);
+        CHECK(rc == 0, "%s %s: open (%s): %s", fc->label, dn, k ? "cuda" : "cpu", zs_errmsg());
+        for (int j = 0; j < 2 && rc == 0; j++) rc = zs_kv_seq_open(zs_engine_kv(e[k]), &seqs[k][j]);
+    }
+    double mp = 0, mbp = 0, mdd = 0, mbd = 0, ms = 0, mbs = 0;
+    uint64_t r = 0x9e3779b97f4a7c15ull ^ (uint64_t)strlen(fc->label);
+    int32_t ids[64], pos[64];
+    int sq[64];
+    /* prefill: the 40-token prefill and the chunks; decode: the one-token steps */
+#define NEXT_ID() (r ^= r << 13, r ^= r >> 7, r ^= r << 17, (int32_t)(r % (uint64_t)vocab))
+    /* prefill of 40 tokens of sequence 0 */
+    if (rc == 0) {
+        for (int i = 0; i < 40; i++) { ids[i] = NEXT_ID(); pos[i] = i; sq[i] = 0; }
+        rc = fam_step(e, seqs, 40, ids, pos, sq, vocab, &mp, &mbp);
+        CHECK(rc == 0, "%s %s: prefill: %s", fc->label, dn, zs_errmsg());
+    }
+    /* 24 decode steps of given tokens, chunks of 64 up to position 320 (past the ring of blocks a
+     * window gives a sequence: 18 blocks with 256-token chunks), 16 more decode steps */
+    for (int t = 40; t < 336 && rc == 0;) {
+        int n = t >= 64 && t < 320 ? 64 : 1;
+        for (int i = 0; i < n; i++) { ids[i] = NEXT_ID(); pos[i] = t + i; sq[i] = 0; }
+        rc = fam_step(e, seqs, n, ids, pos, sq, vocab, n > 1 ? &mp : &mdd, n > 1 ? &mbp : &mbd);
+        CHECK(rc == 0, "%s %s: %s at %d: %s", fc->label, dn, n > 1 ? "chunk" : "decode", t, zs_errmsg());
+        t += n;
+    }
+    /* a serving batch: 20 tokens of sequence 1 and the next token of sequence 0 */
+    if (rc == 0) {
+        for (int i = 0; i < 20; i++) { ids[i] = NEXT_ID(); pos[i] = i; sq[i] = 1; }
+        ids[20] = NEXT_ID(); pos[20] = 336; sq[20] = 0;
+        rc = fam_step(e, seqs, 21, ids, pos, sq, vocab, &ms, &mbs);
+        CHECK(rc == 0, "%s %s: serving batch: %s", fc->label, dn, zs_errmsg());
+    }
+#undef NEXT_ID
+    if (rc == 0) {
+        double ep = mp / fmax(mbp, 1e-9), ed = mdd / fmax(mbd, 1e-9), es = ms / fmax(mbs, 1e-9);
+        fprintf(stderr, "%-42s %-4s prefill %.3g, decode %.3g, serving batch %.3g (max |gpu - cpu| / max |cpu|; "
+                "logits up to %.3g)\n", fc->label, dn, ep, ed, es, mbp);
+        CHECK(ep <= tol, "%s %s: prefill logits: GPU against CPU %.3g (max |diff| %.3g)", fc->label, dn, ep, mp);
+        CHECK(ed <= tol, "%s %s: decode logits: GPU against CPU %.3g (max |diff| %.3g)", fc->label, dn, ed, mdd);
+        CHECK(es <= tol, "%s %s: serving-batch logits: GPU against CPU %.3g (max |diff| %.3g)", fc->label, dn, es, ms);
+        json_array_append_new(runs, json_pack("{s:s, s:s, s:f, s:f, s:f}", "model", fc->label, "dtype", dn,
+                                              "rel_err_prefill", ep, "rel_err_decode", ed, "rel_err_serving", es));
+    }
+    for (int k = 0; k < 2; k++) zs_engine_free(e[k]);
+}
+
+static void run_families(void) {
+    char scratch[4096];
+    CHECK(tu_tmpdir(scratch, sizeof scratch, "gpu-families") == 0, "scratch dir");
+    /* phi3 (head_dim 64): LongRoPE with 32 short and 32 long factors, switching past position 32 */
+    char phi3[4096];
+    int n = snprintf(phi3, sizeof phi3, "{\"sliding_window\": 24, \"original_max_position_embeddings\": 32, "
+                     "\"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [");
+    for (int i = 0; i < 32; i++) n += snprintf(phi3 + n, sizeof phi3 - n, "%s%.3f", i ? ", " : "", 1.0 + 0.02 * i);
+    n += snprintf(phi3 + n, sizeof phi3 - n, "], \"long_factor\": [");
+    for (int i = 0; i < 32; i++) n += snprintf(phi3 + n, sizeof phi3 - n, "%s%.3f", i ? ", " : "", 1.5 + 0.5 * i);
+    snprintf(phi3 + n, sizeof phi3 - n, "]}}");
+    const fam_case fams[] = {
+        {"llama (llama3 RoPE scaling)", "llama",
+         "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+         "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64}}"},
+        {"llama (YaRN RoPE scaling)", "llama",
+         "{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 256}}"},
+        {"mistral (window 16)", "mistral", "{\"sliding_window\": 16}"},
+        {"qwen2", "qwen2", "{}"},
+        {"qwen3", "qwen3", "{}"},
+        {"gemma2 (window 16)", "gemma2", "{\"sliding_window\": 16}"},
+        {"gemma3 (window 16, linear RoPE scaling)", "gemma3",
+         "{\"sliding_window\": 16, \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.0}}"},
+        {"phi3 (longrope, window 24)", "phi3", phi3},
+    };
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) run_family(&fams[i], (int)i, scratch);
+    tu_rmdir(scratch);
+}
+
 int main(int argc, char **argv) {
     /* the CUDA kernels reproduce the CPU's exact f32-activation path (matmul-q8act.h), not its
      * default 8-bit-activation one */
@@ -220,6 +376,7 @@ int main(int argc, char **argv) {
     runs = json_array();
     run_model("stories260K");
     run_model("gpt2-bytes");
+    run_families();
     int rc = tu_finish("e2e-gpu");
     if (argc > 1) {
         json_t *j = json_pack("{s:s, s:i, s:i, s:o}", "device", name, "checks", tu_checks, "failed", tu_failures,

@@ -13,7 +13,8 @@
 #   test-embed  embedding rows looked up on the host (inference layout) against the old layout,
 #             on the device too
 #   e2e-gpu   the fixtures' reference outputs on the device: f32/bf16 x ranks 1/2 x offload
-#             none/cpu/nvme
+#             none/cpu/nvme; a random model of every llama-family architecture (Llama with RoPE
+#             scaling, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3) against the CPU engine
 #   mkmodel   the 8B-shaped bf16 benchmark model, written in the background during the tests
 #   bench-gpu bounds, offload-cpu decode at batch 1/8/32/128, resident decode, 2048-token prefill
 # Each step gets min(its budget, the time left before the deadline); one that does not fit is
