@@ -100,9 +100,11 @@ const char *zs_family_name(int family);
 int zs_config_load(const char *dir, zs_model_config *out);
 /* Parses config.json text; origin names it in messages (e.g. the file path). */
 int zs_config_parse(const char *json_text, const char *origin, zs_model_config *out);
-/* The same configuration from a GGUF file's metadata (general.architecture llama | qwen2 | gpt2,
- * llama.cpp's <arch>.* keys; vocab size from tokenizer.ggml.tokens; tied when output.weight is
- * absent; dtype from token_embd.weight). Errors as zs_config_load's, naming the file and key. */
+/* The same configuration from a GGUF file's metadata (general.architecture llama | qwen2 | qwen3 |
+ * gemma2 | gemma3 | phi3 | gpt2, llama.cpp's <arch>.* keys, the RoPE scaling keys and factor tensors
+ * (rope_freqs, rope_factors_long/short); vocab size from tokenizer.ggml.tokens; tied when
+ * output.weight is absent; dtype from token_embd.weight; Gemma's norm weights already hold the + 1,
+ * so norm_offset is 0). Errors as zs_config_load's, naming the file and key. In config-gguf.c. */
 struct zs_gguf;
 int zs_config_from_gguf(const struct zs_gguf *g, zs_model_config *out);
 /* Sets config.json keys on c: c as config.json, the keys of the JSON object json_text put over it, read
