@@ -110,6 +110,25 @@ int main(void) {
     CHECK(zs_kv_seq_open(ring, &s2) == 0, "reopen");
     CHECK(zs_kv_set_window(ring, W, CHUNK) == ZS_EBUSY, "window set while a sequence is open is refused");
     CHECK(zs_kv_set_window(ring, 0, CHUNK) == ZS_EINVAL, "window 0 refused");
+    /* more tokens of one sequence in one call than the ring holds: refused, nothing written */
+    {
+        enum { BIG = 64 };
+        int32_t bt[BIG], bp[BIG], bs[BIG], bl[BIG];
+        for (int i = 0; i < BIG; i++) {
+            bt[i] = ids[0][i];
+            bp[i] = 100 + i;
+            bs[i] = s2;
+            bl[i] = -1;
+        }
+        CHECK(zs_kv_seq_reserve(ring, s2, 100 + BIG) == 0, "reserve 164 in the ring");
+        CHECK(!zs_kv_span_ok(ring, 100, 100 + BIG - 1) && zs_kv_span_ok(ring, 100, 100 + CHUNK - 1) &&
+              zs_kv_span_ok(ring, 0, BIG - 1), "span check (0..63 reads nothing older: it fits)");
+        zs_batch big = {BIG, bt, bp, bs, bl, 0};
+        zs_forward *fb = NULL;
+        CHECK(zs_forward_new(m, BIG, &fb) == 0, "forward for 64");
+        CHECK_ERR(zs_forward_run(fb, &src, ring, &big, NULL), "ring");
+        zs_forward_free(fb);
+    }
 
     zs_kv_free(plain);
     zs_kv_free(ring);

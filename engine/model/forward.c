@@ -90,15 +90,12 @@ static void norm(const zs_model_config *c, float *y, const float *x, const float
     else zs_op_rmsnorm_off(y, x, w, n, c->dim, c->norm_eps, c->norm_offset);
 }
 
-
-
 /* Attention of the batch over the cache (kernels/cpu/attention.c): the kernel sees each
  * sequence of the batch through its table of block pointers, built here per layer. */
 static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b) {
-    const zs_model_config *mc = zs_model_config_get(f->m);
-    /* Gemma's scale and soft-cap, the window of a sliding layer */
-    zs_att_params ap = {zs_config_att_scale(mc), mc->attn_softcap, zs_config_layer_window(mc, layer)};
     const zs_model_config *c = zs_model_config_get(f->m);
+    /* Gemma's scale and soft-cap, the window of a sliding layer */
+    zs_att_params ap = {zs_config_att_scale(c), c->attn_softcap, zs_config_layer_window(c, layer)};
     int ns = zs_kv_max_seqs(kv), nblk = zs_kv_total_blocks(kv);
     if (ns > f->n_views || nblk > f->n_ptrs) {
         zs_att_seq *v = realloc(f->views, (size_t)ns * sizeof *v);
@@ -206,6 +203,14 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
             return zs_err(ZS_ERANGE, "token id %d is out of range [0, %d)", b->tokens[i], c->vocab_size);
         if (b->pos[i] < 0 || b->pos[i] >= zs_kv_seq_len(kv, b->seq[i]) || b->pos[i] >= c->max_seq)
             return zs_err(ZS_ERANGE, "position %d is outside the reserved context", b->pos[i]);
+        /* a windowed cache's ring must hold every position the sequence's tokens here read */
+        if ((i == 0 || b->seq[i - 1] != b->seq[i]) && zs_kv_ring(kv)) {
+            int j = i;
+            while (j + 1 < b->n && b->seq[j + 1] == b->seq[i]) j++;
+            if (!zs_kv_span_ok(kv, b->pos[i], b->pos[j]))
+                return zs_err(ZS_EINVAL, "forward: %d tokens of one sequence in one call are more than the "
+                              "windowed KV cache's ring holds", j - i + 1);
+        }
     }
     int d = c->dim, rc;
     const void *data = NULL;

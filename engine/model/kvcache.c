@@ -149,6 +149,13 @@ int zs_kv_set_window(zs_kvcache *kv, int window, int max_chunk) {
 
 int zs_kv_ring(const zs_kvcache *kv) { return kv->ring; }
 
+int zs_kv_span_ok(const zs_kvcache *kv, int p0, int p1) {
+    if (!kv->ring) return 1;
+    int a = p0 - kv->window + 1;
+    if (a < 0) a = 0;
+    return p1 / ZS_KV_BLOCK - a / ZS_KV_BLOCK + 1 <= kv->ring;
+}
+
 void zs_kv_seq_close(zs_kvcache *kv, int seq) {
     if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].open) return;
     zs_kv_seq_truncate(kv, seq, 0);

@@ -54,6 +54,9 @@ void zs_kv_seq_truncate(zs_kvcache *kv, int seq, int len);
 int  zs_kv_set_window(zs_kvcache *kv, int window, int max_chunk);
 /* Blocks per sequence with a window (0: none). */
 int  zs_kv_ring(const zs_kvcache *kv);
+/* 1 when tokens at positions p0..p1 of one sequence can run in one call: every position they read
+ * (from p0 - window + 1) and write is in a distinct ring block (always 1 without a window). */
+int  zs_kv_span_ok(const zs_kvcache *kv, int p0, int p1);
 
 /* Pointers to K (or V) of (layer, seq, pos): kv_dim elements of zs_kv_dtype (float for f32,
  * uint16_t bits for f16/bf16); rows of one block follow each other. pos must be < seq length. */
