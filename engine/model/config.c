@@ -172,7 +172,8 @@ static int cfg_rope(const char *origin, json_t *root, zs_model_config *c, float 
     if (!t) return zs_err(ZS_EINVAL, "%s: '%s' has neither 'rope_type' nor 'type'", origin, key);
     zs_rope_scaling *r = &c->rope;
     memset(r, 0, sizeof *r);
-    if (!strcmp(t, "default")) r->type = ZS_ROPE_DEFAULT;
+    if (c->family == ZS_FAM_PHI3 && !strcmp(t, "yarn")) r->type = ZS_ROPE_LONGROPE; /* Phi3Config: "su", "yarn" are longrope */
+    else if (!strcmp(t, "default")) r->type = ZS_ROPE_DEFAULT;
     else if (!strcmp(t, "linear")) r->type = ZS_ROPE_LINEAR;
     else if (!strcmp(t, "dynamic")) r->type = ZS_ROPE_DYNAMIC;
     else if (!strcmp(t, "llama3")) r->type = ZS_ROPE_LLAMA3;
@@ -610,6 +611,18 @@ static json_t *cfg_rope_json(const zs_model_config *c) {
     static const char *names[] = {"default", "linear", "dynamic", "llama3", "yarn", "longrope"};
     if (r->type == ZS_ROPE_DEFAULT || r->type < 0 || r->type > ZS_ROPE_LONGROPE) return json_null();
     json_t *o = json_object();
+    if (c->family == ZS_FAM_PHI3 && r->type == ZS_ROPE_LONGROPE) {
+        /* Phi3Config takes exactly {type, short_factor, long_factor} (the factor follows from the lengths) */
+        json_t *sf = json_array(), *lf = json_array();
+        for (int i = 0; i < r->n_factors; i++) {
+            json_array_append_new(sf, json_real(cfg_short(r->short_factor[i])));
+            json_array_append_new(lf, json_real(cfg_short(r->long_factor[i])));
+        }
+        cfg_set(o, "type", json_string("longrope"));
+        cfg_set(o, "short_factor", sf);
+        cfg_set(o, "long_factor", lf);
+        return o;
+    }
     cfg_set(o, "rope_type", json_string(names[r->type]));
     if (r->factor > 0) cfg_set(o, "factor", json_real(cfg_short(r->factor)));
     if (r->type == ZS_ROPE_LLAMA3) {

@@ -1,0 +1,479 @@
+/* test-families.c — the model families and RoPE scalings against Hugging Face transformers (the
+ * definition), from the reference data tests/ref/make_family_ref.py recorded (no torch needed
+ * here): Llama with llama3 / linear / dynamic RoPE, Qwen2 with YaRN (qkv biases), Qwen3 (qk norm),
+ * Gemma 2 (softcaps, alternating sliding window, GeGLU, post norms, 1 + w norms, embedding
+ * scale), Gemma 3 (5 local layers with their own RoPE base + 1 global with linear x8, qk norm),
+ * Phi-3 (fused qkv / gate_up split at load, LongRoPE, sliding window) and Mistral (sliding
+ * window, head_dim 128).
+ *
+ * Per case it regenerates the model exactly as `zeroserve init-model <args>` does (the library
+ * calls of server/main.c's cmd_init_model; the safetensors checksum must equal the reference's),
+ * then:
+ *   - logits of a 192-token sequence at 8 positions (past the RoPE scaling's original length and
+ *     the sliding window) through the KV cache, prefilled in chunks then token by token, and again
+ *     as one prefill of the whole sequence, against transformers' token-by-token logits: max
+ *     |d| <= LOGIT_TOL;
+ *   - one training pass (zs_trainer, B=2 sequences of T > window tokens, 3 targets masked): the
+ *     loss within 1e-5 relative, and the gradient of every Hugging Face parameter (our slots put
+ *     back together: Phi-3's qkv_proj = q|k|v rows, gate_up_proj = gate|up): its L2 norm, its
+ *     largest element and 64 sampled elements within GRAD_TOL relative.
+ * Prints "family: logits max|d| = X, grads max rel = Y" per case. */
+#include <float.h>
+
+#include "backward.h"
+#include "cli.h"
+#include "common.h"
+#include "init-model.h"
+#include "model.h"
+#include "testutil.h"
+
+#define REF_JSON "tests/ref/family-ref.json"
+#define LOGIT_TOL 1e-5   /* absolute (logits of magnitude ~1; the code meets ~1e-6) */
+#define GRAD_TOL 1e-4    /* relative (norms; L2 over the sampled elements; the code meets ~3e-6) */
+
+static void *xcalloc(size_t n) {
+    void *p = calloc(1, n ? n : 1);
+    if (!p) { fprintf(stderr, "out of memory\n"); exit(1); }
+    return p;
+}
+
+/* ---- the model: init-model's flags, as server/main.c cmd_init_model applies them ---- */
+
+static int regen_model(json_t *args, const char *out) {
+    int argc = (int)json_array_size(args);
+    char **argv = xcalloc(sizeof(char *) * (size_t)(argc + 1));
+    for (int i = 0; i < argc; i++) argv[i] = (char *)json_string_value(json_array_get(args, i));
+    const char *arch = "llama", *dtype = "f32", *set = NULL, *rope_scaling = NULL, *outflag = NULL;
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--arch")) arch = argv[i + 1];
+    zs_init_opts io;
+    int rc = zs_init_opts_default(arch, &io);
+    zs_model_config *c = &io.cfg;
+    int head_dim = 0, untied = 0, tied = 0, qkv_bias = 0, window = -1, kv_given = 0;
+    float theta = 0;
+    zs_opt opts[] = {
+        {"arch", ZS_OPT_STR, &arch, ""},          {"layers", ZS_OPT_INT, &c->n_layers, ""},
+        {"dim", ZS_OPT_INT, &c->dim, ""},         {"heads", ZS_OPT_INT, &c->n_heads, ""},
+        {"kv-heads", ZS_OPT_INT, &c->n_kv_heads, ""}, {"head-dim", ZS_OPT_INT, &head_dim, ""},
+        {"ffn", ZS_OPT_INT, &c->ffn_dim, ""},     {"vocab", ZS_OPT_INT, &c->vocab_size, ""},
+        {"context", ZS_OPT_INT, &c->max_seq, ""}, {"dtype", ZS_OPT_STR, &dtype, ""},
+        {"seed", ZS_OPT_U64, &io.seed, ""},       {"tied", ZS_OPT_FLAG, &tied, ""},
+        {"untied", ZS_OPT_FLAG, &untied, ""},     {"qkv-bias", ZS_OPT_FLAG, &qkv_bias, ""},
+        {"rope-theta", ZS_OPT_FLOAT, &theta, ""}, {"rope-scaling", ZS_OPT_STR, &rope_scaling, ""},
+        {"sliding-window", ZS_OPT_INT, &window, ""}, {"set", ZS_OPT_STR, &set, ""},
+        {"random-norms", ZS_OPT_FLAG, &io.random_norms, ""}, {"out", ZS_OPT_STR, &outflag, ""},
+    };
+    for (int i = 0; i < argc; i++) if (!strncmp(argv[i], "--kv-heads", 10)) kv_given = 1;
+    if (rc == 0) rc = zs_cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
+    free(argv);
+    if (rc < 0) return rc;
+    if (zs_dtype_parse(dtype, &c->dtype) < 0) return zs_err(ZS_EINVAL, "dtype %s", dtype);
+    if (!kv_given && c->arch == ZS_ARCH_GPT2) c->n_kv_heads = c->n_heads;
+    else if (!kv_given) c->n_kv_heads = ZS_MIN(c->n_kv_heads, c->n_heads);
+    if (head_dim > 0) c->head_dim = head_dim;
+    else if (c->family == ZS_FAM_LLAMA || c->family == ZS_FAM_GPT2) c->head_dim = c->dim / c->n_heads;
+    if (c->query_pre_attn_scalar > 0) c->query_pre_attn_scalar = (float)c->head_dim;
+    if (tied) c->tied_embeddings = 1;
+    if (untied) c->tied_embeddings = 0;
+    if (qkv_bias) c->qkv_bias = 1;
+    if (theta > 0) c->rope_theta = theta;
+    if (c->swa_pattern > 0)
+        for (int l = 0; l < c->n_layers && l < ZS_MAX_LAYERS; l++) c->layer_sliding[l] = (l + 1) % c->swa_pattern != 0;
+    json_t *ov = json_object();
+    json_error_t je;
+    if (set) {
+        json_t *j = json_loads(set, 0, &je);
+        if (!json_is_object(j)) { json_decref(j); json_decref(ov); return zs_err(ZS_EINVAL, "--set: not an object"); }
+        json_object_update(ov, j);
+        json_decref(j);
+    }
+    if (rope_scaling) {
+        json_t *j = json_loads(rope_scaling, 0, &je);
+        if (!json_is_object(j)) { json_decref(j); json_decref(ov); return zs_err(ZS_EINVAL, "--rope-scaling"); }
+        json_object_set_new(ov, "rope_scaling", j);
+    }
+    if (window >= 0) {
+        json_object_set_new(ov, "sliding_window", window ? json_integer(window) : json_null());
+        if (window && (c->family == ZS_FAM_QWEN2 || c->family == ZS_FAM_QWEN3)) {
+            json_object_set_new(ov, "use_sliding_window", json_true());
+            json_object_set_new(ov, "max_window_layers", json_integer(0));
+        }
+    }
+    char *ovt = json_dumps(ov, 0);
+    json_decref(ov);
+    rc = zs_config_override(c, ovt, "init-model");
+    free(ovt);
+    if (rc < 0) return rc;
+    return zs_init_model_write(&io, out);
+}
+
+/* make_family_ref.py's checksum: little-endian uint32 words w_i (zero-padded), sum w_i * (2i + 1). */
+static int file_checksum(const char *path, char hex[17]) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    uint64_t s = 0, i = 0;
+    unsigned char b[4];
+    size_t n;
+    while ((n = fread(b, 1, 4, f)) > 0) {
+        if (n < 4) memset(b + n, 0, 4 - n);
+        uint64_t w = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24;
+        s += w * (2 * i + 1);
+        i++;
+    }
+    fclose(f);
+    snprintf(hex, 17, "%016llx", (unsigned long long)s);
+    return 0;
+}
+
+/* ---- inference ---- */
+
+typedef struct {
+    zs_model *m;
+    zs_kvcache *kv;
+    zs_forward *f;
+    zs_weight_source src;
+    const zs_model_config *c;
+} infer_rig;
+
+static int infer_open(infer_rig *r, const char *dir, int max_tokens) {
+    memset(r, 0, sizeof *r);
+    zs_model_opts o;
+    zs_model_opts_default(&o);
+    o.embed_lookup = 1; /* as generate / serve open it */
+    int rc = zs_model_open(dir, &o, &r->m);
+    if (rc < 0) return rc;
+    r->c = zs_model_config_get(r->m);
+    if ((rc = zs_model_load_resident(r->m)) < 0) return rc;
+    zs_model_close_checkpoint(r->m);
+    if ((rc = zs_kv_init(r->c->n_layers, r->c->n_kv_heads * r->c->head_dim, 64, 2, r->c->max_seq, &r->kv)) < 0)
+        return rc;
+    if ((rc = zs_forward_new(r->m, max_tokens, &r->f)) < 0) return rc;
+    r->src = zs_model_resident_source(r->m);
+    return 0;
+}
+
+static void infer_close(infer_rig *r) {
+    zs_forward_free(r->f);
+    zs_kv_free(r->kv);
+    zs_model_free(r->m);
+}
+
+/* Runs ids[0..n) of a fresh sequence in chunks that end at the offsets in cuts[] (then one token
+ * per call after the last cut); the logits of positions want[0..nw) into out[nw * vocab]. */
+static int run_sequence(infer_rig *r, const int32_t *ids, int n, const int *cuts, int ncuts, const int *want,
+                        int nw, float *out) {
+    int seq, rc, V = r->c->vocab_size;
+    if ((rc = zs_kv_seq_open(r->kv, &seq)) < 0) return rc;
+    int32_t *pos = xcalloc(sizeof(int32_t) * (size_t)n), *sq = xcalloc(sizeof(int32_t) * (size_t)n);
+    int32_t *li = xcalloc(sizeof(int32_t) * (size_t)n);
+    float *lg = xcalloc(sizeof(float) * (size_t)n * V);
+    int start = 0, k = 0;
+    while (rc == 0 && start < n) {
+        int end = k < ncuts ? cuts[k++] : start + 1;
+        if (end > n) end = n;
+        int nl = 0, cnt = end - start;
+        for (int i = 0; i < cnt; i++) {
+            pos[i] = start + i;
+            sq[i] = seq;
+            li[i] = -1;
+            for (int w = 0; w < nw; w++)
+                if (want[w] == start + i) li[i] = nl++;
+        }
+        zs_batch b = {cnt, ids + start, pos, sq, li, nl};
+        rc = zs_kv_seq_reserve(r->kv, seq, end);
+        if (rc == 0) rc = zs_forward_run(r->f, &r->src, r->kv, &b, lg);
+        for (int i = 0; rc == 0 && i < cnt; i++)
+            for (int w = 0; w < nw; w++)
+                if (want[w] == start + i) memcpy(out + (size_t)w * V, lg + (size_t)li[i] * V, sizeof(float) * V);
+        start = end;
+    }
+    zs_kv_seq_close(r->kv, seq);
+    free(pos); free(sq); free(li); free(lg);
+    return rc;
+}
+
+/* ---- training: HF parameter name -> our slots ---- */
+
+typedef struct { int bucket, nparts, roles[3]; } hf_map;
+
+static int map_name(const zs_model *m, const zs_model_config *c, const char *name, hf_map *mp) {
+    int l, h = zs_bucket_head(m), gemma = c->post_norms;
+    char rest[128];
+    memset(mp, 0, sizeof *mp);
+    mp->nparts = 1;
+#define ONE(b, role) do { mp->bucket = (b); mp->roles[0] = (role); return 0; } while (0)
+    if (!strcmp(name, "model.embed_tokens.weight")) ONE(0, ZS_R_TOK_EMB);
+    if (!strcmp(name, "model.norm.weight")) ONE(h, ZS_R_OUT_NORM_W);
+    if (!strcmp(name, "lm_head.weight")) ONE(h, ZS_R_LM_HEAD);
+    if (sscanf(name, "model.layers.%d.%127s", &l, rest) != 2 || l < 0 || l >= c->n_layers) return -1;
+    int b = zs_bucket_layer(l);
+    if (!strcmp(rest, "post_attention_layernorm.weight")) ONE(b, gemma ? ZS_R_POST_ATTN_NORM : ZS_R_FFN_NORM_W);
+    if (!strcmp(rest, "pre_feedforward_layernorm.weight") && gemma) ONE(b, ZS_R_FFN_NORM_W);
+    if (!strcmp(rest, "post_feedforward_layernorm.weight") && gemma) ONE(b, ZS_R_POST_FFN_NORM);
+    static const struct { const char *n; int role; } tab[] = {
+        {"input_layernorm.weight", ZS_R_ATTN_NORM_W},
+        {"self_attn.q_proj.weight", ZS_R_WQ}, {"self_attn.k_proj.weight", ZS_R_WK},
+        {"self_attn.v_proj.weight", ZS_R_WV}, {"self_attn.o_proj.weight", ZS_R_WO},
+        {"self_attn.q_proj.bias", ZS_R_BQ},   {"self_attn.k_proj.bias", ZS_R_BK},
+        {"self_attn.v_proj.bias", ZS_R_BV},   {"self_attn.o_proj.bias", ZS_R_BO},
+        {"self_attn.q_norm.weight", ZS_R_Q_NORM}, {"self_attn.k_norm.weight", ZS_R_K_NORM},
+        {"mlp.gate_proj.weight", ZS_R_W_GATE}, {"mlp.up_proj.weight", ZS_R_W_UP},
+        {"mlp.down_proj.weight", ZS_R_W_DOWN}};
+    for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+        if (!strcmp(rest, tab[i].n)) ONE(b, tab[i].role);
+#undef ONE
+    mp->bucket = b;
+    if (!strcmp(rest, "self_attn.qkv_proj.weight")) { /* Phi-3: rows q | k | v */
+        mp->nparts = 3;
+        mp->roles[0] = ZS_R_WQ; mp->roles[1] = ZS_R_WK; mp->roles[2] = ZS_R_WV;
+        return 0;
+    }
+    if (!strcmp(rest, "mlp.gate_up_proj.weight")) { /* Phi-3: rows gate | up */
+        mp->nparts = 2;
+        mp->roles[0] = ZS_R_W_GATE; mp->roles[1] = ZS_R_W_UP;
+        return 0;
+    }
+    return -1;
+}
+
+typedef struct {
+    zs_model *m;
+    const zs_model_config *c;
+    int nb;
+    float **gd, **gr;
+} train_rig;
+
+/* Our gradient of one HF tensor in HF layout (row concatenation of [out, in] parts); numel or -1. */
+static long hf_grad(const train_rig *r, const char *name, float *out, long cap) {
+    hf_map mp;
+    if (map_name(r->m, r->c, name, &mp) < 0) return -1;
+    long off = 0;
+    for (int p = 0; p < mp.nparts; p++) {
+        const zs_slot *s = &zs_model_grad_layout(r->m, mp.bucket)->slot[mp.roles[p]];
+        if (!s->present) return -1;
+        long n = (long)(s->shape[0] * (s->ndim > 1 ? s->shape[1] : 1));
+        if (off + n > cap) return -1;
+        const float *g = (const float *)(const void *)((const char *)(s->resident ? r->gr[mp.bucket]
+                                                                                : r->gd[mp.bucket]) + s->offset);
+        memcpy(out + off, g, sizeof(float) * (size_t)n);
+        off += n;
+    }
+    return off;
+}
+
+static int train_pass(train_rig *r, zs_trainer *t, const int32_t *tok, const int32_t *tgt, float *loss) {
+    int L = r->c->n_layers, h = zs_bucket_head(r->m), rc;
+    const void *pd[ZS_MAX_LAYERS + 2], *pr[ZS_MAX_LAYERS + 2];
+    for (int b = 0; b < r->nb; b++) {
+        pd[b] = zs_model_bucket_data(r->m, b);
+        pr[b] = zs_model_bucket_resident(r->m, b);
+    }
+    if ((rc = zs_train_embed_fwd(t, pd[0], pr[0], tok)) < 0) return rc;
+    for (int l = 0; l < L; l++)
+        if ((rc = zs_train_layer_fwd(t, l, pd[1 + l], pr[1 + l])) < 0) return rc;
+    if ((rc = zs_train_head(t, pd[h], pr[h], pd[0], pr[0], tgt, loss, r->gd[h], r->gr[h], r->gd[0], r->gr[0])) < 0)
+        return rc;
+    for (int l = L - 1; l >= 0; l--)
+        if ((rc = zs_train_layer_bwd(t, l, pd[1 + l], pr[1 + l], r->gd[1 + l], r->gr[1 + l])) < 0) return rc;
+    return zs_train_embed_bwd(t, NULL, NULL, r->gd[0], r->gr[0]);
+}
+
+static uint64_t lcg(uint64_t s) { return s * 6364136223846793005ull + 1442695040888963407ull; }
+
+/* ---- one case ---- */
+
+typedef struct { double logit_d, grad_rel, loss_rel; } figures;
+
+static int read_ids(json_t *a, int32_t *out, int cap) {
+    int n = (int)json_array_size(a);
+    for (int i = 0; i < n && i < cap; i++) out[i] = (int32_t)json_integer_value(json_array_get(a, i));
+    return n;
+}
+
+static void check_logits(const char *name, const char *dir, json_t *cs, const float *bin, long nbin, figures *fg) {
+    infer_rig r;
+    int rc = infer_open(&r, dir, 256);
+    CHECK(rc == 0, "%s: open: %s", name, zs_errmsg());
+    if (rc < 0) return;
+    int V = r.c->vocab_size;
+    int32_t ids[1024];
+    int n = read_ids(json_object_get(cs, "tokens"), ids, 1024);
+    int want[64];
+    json_t *wp = json_object_get(cs, "logit_positions");
+    int nw = (int)json_array_size(wp);
+    if (nw > 64) nw = 64;
+    for (int i = 0; i < nw; i++) want[i] = (int)json_integer_value(json_array_get(wp, i));
+    long off = (long)json_integer_value(json_object_get(cs, "logits_offset"));
+    CHECK(V == (int)json_integer_value(json_object_get(cs, "vocab")) && off + (long)nw * V <= nbin && n <= 1024,
+          "%s: reference sizes", name);
+    if (V != (int)json_integer_value(json_object_get(cs, "vocab")) || off + (long)nw * V > nbin) {
+        infer_close(&r);
+        return;
+    }
+    const float *ref = bin + off;
+    float *out = xcalloc(sizeof(float) * (size_t)nw * V);
+    /* chunked prefill (cuts inside the window and across the original context), then token by token;
+     * and one prefill of everything */
+    const int cuts_a[] = {37, 60, 101}, cuts_b[] = {n};
+    const struct { const char *what; const int *cuts; int ncuts; } runs[] = {
+        {"chunks 37/23/41 then token by token", cuts_a, 3}, {"one prefill", cuts_b, 1}};
+    for (int k = 0; k < 2; k++) {
+        memset(out, 0, sizeof(float) * (size_t)nw * V);
+        rc = run_sequence(&r, ids, n, runs[k].cuts, runs[k].ncuts, want, nw, out);
+        CHECK(rc == 0, "%s: %s: %s", name, runs[k].what, zs_errmsg());
+        double worst = 0;
+        int wpos = 0;
+        for (int w = 0; w < nw; w++) {
+            double dw = 0;
+            for (int v = 0; v < V; v++) {
+                double d = fabs((double)out[(size_t)w * V + v] - ref[(size_t)w * V + v]);
+                if (!(d <= dw)) dw = d; /* NaN counts as worst */
+            }
+            if (!(dw <= worst)) { worst = dw; wpos = want[w]; }
+            CHECK(dw <= LOGIT_TOL, "%s: %s: logits at position %d: max |d| %.3g > %.0e", name, runs[k].what,
+                  want[w], dw, LOGIT_TOL);
+        }
+        fprintf(stderr, "%s: %s: logits max |d| %.3g (at position %d)\n", name, runs[k].what, worst, wpos);
+        if (!(worst <= fg->logit_d)) fg->logit_d = worst;
+    }
+    free(out);
+    infer_close(&r);
+}
+
+static void check_grads(const char *name, const char *dir, json_t *cs, const float *bin, long nbin, figures *fg) {
+    json_t *tr = json_object_get(cs, "train");
+    int B = (int)json_integer_value(json_object_get(tr, "B")), T = (int)json_integer_value(json_object_get(tr, "T"));
+    int ns = (int)json_integer_value(json_object_get(tr, "n_sample"));
+    if (B <= 0 || T <= 0 || B * T > 4096 || ns < 0 || ns > 4096) { CHECK(0, "%s: train sizes", name); return; }
+    int32_t *tok = xcalloc(sizeof(int32_t) * (size_t)(B * T)), *tgt = xcalloc(sizeof(int32_t) * (size_t)(B * T));
+    for (int b = 0; b < B; b++) {
+        read_ids(json_array_get(json_object_get(tr, "tokens"), b), tok + b * T, T);
+        read_ids(json_array_get(json_object_get(tr, "targets"), b), tgt + b * T, T);
+    }
+    train_rig r;
+    memset(&r, 0, sizeof r);
+    zs_model_opts o;
+    zs_model_opts_default(&o);
+    int rc = zs_model_open(dir, &o, &r.m);
+    if (rc == 0) rc = zs_model_load_resident(r.m);
+    CHECK(rc == 0, "%s: open for training: %s", name, zs_errmsg());
+    if (rc < 0) { zs_model_free(r.m); free(tok); free(tgt); return; }
+    zs_model_close_checkpoint(r.m);
+    r.c = zs_model_config_get(r.m);
+    r.nb = zs_model_n_buckets(r.m);
+    r.gd = xcalloc(sizeof(float *) * (size_t)r.nb);
+    r.gr = xcalloc(sizeof(float *) * (size_t)r.nb);
+    for (int b = 0; b < r.nb; b++) {
+        const zs_bucket_layout *GL = zs_model_grad_layout(r.m, b);
+        r.gd[b] = xcalloc(GL->data_bytes);
+        r.gr[b] = xcalloc(GL->resident_bytes);
+    }
+    zs_trainer *t = NULL;
+    rc = zs_trainer_new(r.m, B, T, &t);
+    CHECK(rc == 0, "%s: trainer: %s", name, zs_errmsg());
+    float loss = 0;
+    if (rc == 0) rc = train_pass(&r, t, tok, tgt, &loss);
+    CHECK(rc == 0, "%s: training pass: %s", name, zs_errmsg());
+    double want_loss = json_real_value(json_object_get(tr, "loss"));
+    fg->loss_rel = fabs(loss - want_loss) / fabs(want_loss);
+    CHECK(fg->loss_rel <= 1e-5, "%s: loss %.8f vs transformers %.8f (rel %.2e)", name, loss, want_loss, fg->loss_rel);
+    json_t *ts = json_object_get(tr, "tensors");
+    long cap = 0;
+    for (size_t i = 0; i < json_array_size(ts); i++)
+        cap = ZS_MAX(cap, (long)json_integer_value(json_object_get(json_array_get(ts, i), "numel")));
+    float *buf = xcalloc(sizeof(float) * (size_t)cap);
+    long total = 0;
+    const char *worst_name = "";
+    for (size_t i = 0; rc == 0 && i < json_array_size(ts); i++) {
+        json_t *e = json_array_get(ts, i);
+        const char *tn = json_string_value(json_object_get(e, "name"));
+        long numel = (long)json_integer_value(json_object_get(e, "numel"));
+        long off = (long)json_integer_value(json_object_get(e, "offset"));
+        long am = (long)json_integer_value(json_object_get(e, "argmax"));
+        double rnorm = json_real_value(json_object_get(e, "norm"));
+        long n = hf_grad(&r, tn, buf, cap);
+        CHECK(n == numel, "%s: %s maps to %ld of our values, transformers has %ld", name, tn, n, numel);
+        if (n != numel || am < 0 || am >= n || off + 1 + ns > nbin) continue;
+        total += n;
+        double nn = 0;
+        for (long k = 0; k < n; k++) nn += (double)buf[k] * buf[k];
+        nn = sqrt(nn);
+        double norm_rel = fabs(nn - rnorm) / (rnorm > 0 ? rnorm : 1.0);
+        /* the largest element and the samples, relative L2 */
+        const float *ref = bin + off;
+        double num = (buf[am] - (double)ref[0]) * (buf[am] - (double)ref[0]), den = (double)ref[0] * ref[0];
+        uint64_t s = (uint64_t)i + 1;
+        for (int k = 0; k < ns; k++) {
+            s = lcg(s);
+            long idx = (long)((s >> 33) % (uint64_t)n);
+            double d = (double)buf[idx] - ref[1 + k];
+            num += d * d;
+            den += (double)ref[1 + k] * ref[1 + k];
+        }
+        double samp_rel = sqrt(num) / (den > 0 ? sqrt(den) : 1.0);
+        double rel = fmax(norm_rel, samp_rel);
+        if (getenv("ZS_VERBOSE"))
+            fprintf(stderr, "  %-48s |g| %.4e (ref %.4e)  norm rel %.2e  samples rel %.2e\n", tn, nn, rnorm, norm_rel,
+                    samp_rel);
+        CHECK(rel <= GRAD_TOL, "%s: gradient of %s: norm %.6e vs %.6e (rel %.2e), sampled elements rel L2 %.2e",
+              name, tn, nn, rnorm, norm_rel, samp_rel);
+        if (!(rel <= fg->grad_rel)) { fg->grad_rel = rel; worst_name = tn; }
+    }
+    CHECK(rc != 0 || total == (long)zs_model_param_count(r.m), "%s: compared %ld of %zu parameters", name, total,
+          zs_model_param_count(r.m));
+    fprintf(stderr, "%s: loss %.7f (transformers %.7f, rel %.2e); worst gradient rel %.2e (%s)\n", name, loss,
+            want_loss, fg->loss_rel, fg->grad_rel, worst_name);
+    free(buf);
+    zs_trainer_free(t);
+    for (int b = 0; b < r.nb; b++) { free(r.gd[b]); free(r.gr[b]); }
+    free(r.gd); free(r.gr);
+    zs_model_free(r.m);
+    free(tok); free(tgt);
+}
+
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : NULL; /* test-families [CASE]: one case */
+    json_error_t je;
+    json_t *doc = json_load_file(REF_JSON, 0, &je);
+    if (!doc) { fprintf(stderr, "cannot load %s: %s (run from the repository root)\n", REF_JSON, je.text); return 1; }
+    long nbin = (long)json_integer_value(json_object_get(doc, "bin_floats"));
+    char p[512];
+    snprintf(p, sizeof p, "tests/ref/%s", json_string_value(json_object_get(doc, "bin")));
+    FILE *f = fopen(p, "rb");
+    float *bin = xcalloc(sizeof(float) * (size_t)(nbin > 0 ? nbin : 1));
+    size_t got = f ? fread(bin, sizeof(float), (size_t)nbin, f) : 0;
+    if (f) fclose(f);
+    if (nbin <= 0 || (long)got != nbin) { fprintf(stderr, "%s: missing or short\n", p); return 1; }
+    char tmp[4096];
+    if (tu_tmpdir(tmp, sizeof tmp, "families") != 0) { fprintf(stderr, "no temp dir\n"); return 1; }
+    json_t *cases = json_object_get(doc, "cases");
+    char summary[4096] = "";
+    size_t ci;
+    json_t *cs;
+    json_array_foreach(cases, ci, cs) {
+        const char *name = json_string_value(json_object_get(cs, "name"));
+        if (only && strcmp(only, name)) continue;
+        char dir[4200], st[4300], hex[17] = "";
+        snprintf(dir, sizeof dir, "%s/%s", tmp, name);
+        int rc = regen_model(json_object_get(cs, "init_args"), dir);
+        CHECK(rc == 0, "%s: init-model: %s", name, zs_errmsg());
+        if (rc < 0) continue;
+        snprintf(st, sizeof st, "%s/model.safetensors", dir);
+        const char *want = json_string_value(json_object_get(cs, "safetensors_checksum"));
+        CHECK(file_checksum(st, hex) == 0 && want && !strcmp(hex, want),
+              "%s: the regenerated model.safetensors (checksum %s) is not the reference's (%s): init-model "
+              "changed; re-run tests/ref/make_family_ref.py", name, hex, want ? want : "?");
+        figures fg = {0, 0, 0};
+        check_logits(name, dir, cs, bin, nbin, &fg);
+        check_grads(name, dir, cs, bin, nbin, &fg);
+        char line[256];
+        snprintf(line, sizeof line, "%s: logits max|d| = %.2e, grads max rel = %.2e (loss rel %.1e)\n", name,
+                 fg.logit_d, fg.grad_rel, fg.loss_rel);
+        if (strlen(summary) + strlen(line) < sizeof summary) strcat(summary, line);
+    }
+    tu_rmdir(tmp);
+    fprintf(stderr, "%s(tolerances: logits %.0e absolute, gradients %.0e relative)\n", summary, LOGIT_TOL, GRAD_TOL);
+    json_decref(doc);
+    free(bin);
+    return tu_finish("test-families");
+}
