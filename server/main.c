@@ -3,6 +3,7 @@
  * (cluster.h): serve, generate and perplexity run on process 0 with the others following, train
  * runs on every process. */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,6 +191,7 @@ static int cmd_init_model(int argc, char **argv) {
         {"sliding-window", ZS_OPT_INT, &window, "sliding_window (mistral, phi3, gemma*, qwen*: 0 = none)"},
         {"set", ZS_OPT_STR, &set, "more config.json keys as a JSON object, put over the rest"},
         {"random-norms", ZS_OPT_FLAG, &io.random_norms, "random norm weights and biases (reference checks)"},
+        {"init-std", ZS_OPT_FLOAT, &io.init_std, "standard deviation of the matrices' normal init (default 0.02)"},
         {"out", ZS_OPT_STR, &out, "output directory  [required]"},
     };
     int n_opts = sizeof opts / sizeof opts[0];
@@ -214,6 +216,7 @@ static int cmd_init_model(int argc, char **argv) {
     if (untied) c->tied_embeddings = 0;
     if (qkv_bias) c->qkv_bias = 1;
     if (theta > 0) c->rope_theta = theta;
+    if (!(io.init_std > 0) || !isfinite(io.init_std)) return zs_err(ZS_EINVAL, "--init-std must be a positive number");
     if (c->swa_pattern > 0) /* the family's pattern over the layers asked for */
         for (int l = 0; l < c->n_layers && l < ZS_MAX_LAYERS; l++) c->layer_sliding[l] = (l + 1) % c->swa_pattern != 0;
     /* the keys given as JSON go through the config.json parser (its checks and messages) */

@@ -748,6 +748,8 @@ static void test_config_families(void) {
     CHECK(c.rope.type == ZS_ROPE_LONGROPE && c.rope.orig_max_pos == 4096 && c.rope.n_factors == 4 &&
           c.rope.long_factor[3] == 4 && c.sliding_window == 2047 && c.layer_sliding[1], "phi3 fields");
     CHECK_ERR(zs_config_parse(FAM("Phi3ForCausalLM", ", \"partial_rotary_factor\": 0.5"), o, &c), "partial_rotary_factor");
+    CHECK(zs_config_parse(FAM("Phi3ForCausalLM", ", \"max_position_embeddings\": 131072, \"sliding_window\": 262144"), o,
+                          &c) == 0 && c.sliding_window == 0, "Phi-3 128k's window longer than the context: none");
     CHECK_ERR(zs_config_parse(FAM("Phi3ForCausalLM", ", \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1, 1], "
                                   "\"long_factor\": [1, 2]}"), o, &c), "short_factor", "head_dim 8 needs 4");
     CHECK_ERR(zs_config_parse(FAM("Phi3ForCausalLM", ", \"rope_scaling\": {\"type\": \"longrope\", \"short_factor\": [1, 1, 1, 1], "

@@ -369,8 +369,14 @@ static int cfg_llama_family(const char *origin, json_t *root, const cfg_arch *a,
         break;
     default: window = 0; /* Llama has no sliding window */
     }
-    /* a default window (the key absent) at least as long as the context changes nothing: none */
+    /* a default window (the key absent) at least as long as the context changes nothing: none;
+     * Phi-3's own 128k configs set sliding_window 262144 over a 131072 context: accepted as none */
     if (!sw && window >= c.max_seq) window = 0;
+    if (fam == ZS_FAM_PHI3 && window > c.max_seq) {
+        zs_log_info("%s: sliding_window %d is longer than the context (%d), as Phi-3's 128k configs have it: "
+                    "no window", origin, window, c.max_seq);
+        window = 0;
+    }
     if (window) {
         int keep_q = fam == ZS_FAM_QWEN2 || fam == ZS_FAM_QWEN3;
         if (!keep_q || json_object_get(root, "layer_types")) ZS_CHECK(cfg_layer_types(origin, root, &c, by_default));
