@@ -23,6 +23,7 @@
 #include "backward.h"
 #include "cli.h"
 #include "common.h"
+#include "init-cmd.h"
 #include "init-model.h"
 #include "model.h"
 #include "testutil.h"
@@ -37,72 +38,18 @@ static void *xcalloc(size_t n) {
     return p;
 }
 
-/* ---- the model: init-model's flags, as server/main.c cmd_init_model applies them ---- */
+/* ---- the model: init-model's flags, through the CLI's own parser (server/init-cmd.c) ---- */
 
 static int regen_model(json_t *args, const char *out) {
     int argc = (int)json_array_size(args);
-    char **argv = xcalloc(sizeof(char *) * (size_t)(argc + 1));
+    char **argv = xcalloc(sizeof(char *) * (size_t)(argc + 3));
     for (int i = 0; i < argc; i++) argv[i] = (char *)json_string_value(json_array_get(args, i));
-    const char *arch = "llama", *dtype = "f32", *set = NULL, *rope_scaling = NULL, *outflag = NULL;
-    for (int i = 0; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--arch")) arch = argv[i + 1];
+    argv[argc] = "--out";
+    argv[argc + 1] = (char *)out;
     zs_init_opts io;
-    int rc = zs_init_opts_default(arch, &io);
-    zs_model_config *c = &io.cfg;
-    int head_dim = 0, untied = 0, tied = 0, qkv_bias = 0, window = -1, kv_given = 0;
-    float theta = 0;
-    zs_opt opts[] = {
-        {"arch", ZS_OPT_STR, &arch, ""},          {"layers", ZS_OPT_INT, &c->n_layers, ""},
-        {"dim", ZS_OPT_INT, &c->dim, ""},         {"heads", ZS_OPT_INT, &c->n_heads, ""},
-        {"kv-heads", ZS_OPT_INT, &c->n_kv_heads, ""}, {"head-dim", ZS_OPT_INT, &head_dim, ""},
-        {"ffn", ZS_OPT_INT, &c->ffn_dim, ""},     {"vocab", ZS_OPT_INT, &c->vocab_size, ""},
-        {"context", ZS_OPT_INT, &c->max_seq, ""}, {"dtype", ZS_OPT_STR, &dtype, ""},
-        {"seed", ZS_OPT_U64, &io.seed, ""},       {"tied", ZS_OPT_FLAG, &tied, ""},
-        {"untied", ZS_OPT_FLAG, &untied, ""},     {"qkv-bias", ZS_OPT_FLAG, &qkv_bias, ""},
-        {"rope-theta", ZS_OPT_FLOAT, &theta, ""}, {"rope-scaling", ZS_OPT_STR, &rope_scaling, ""},
-        {"sliding-window", ZS_OPT_INT, &window, ""}, {"set", ZS_OPT_STR, &set, ""},
-        {"random-norms", ZS_OPT_FLAG, &io.random_norms, ""}, {"out", ZS_OPT_STR, &outflag, ""},
-    };
-    for (int i = 0; i < argc; i++) if (!strncmp(argv[i], "--kv-heads", 10)) kv_given = 1;
-    if (rc == 0) rc = zs_cli_parse(argc, argv, opts, (int)(sizeof opts / sizeof opts[0]));
+    const char *o;
+    int help, rc = zs_init_cmd_parse(argc + 2, argv, &io, &o, &help);
     free(argv);
-    if (rc < 0) return rc;
-    if (zs_dtype_parse(dtype, &c->dtype) < 0) return zs_err(ZS_EINVAL, "dtype %s", dtype);
-    if (!kv_given && c->arch == ZS_ARCH_GPT2) c->n_kv_heads = c->n_heads;
-    else if (!kv_given) c->n_kv_heads = ZS_MIN(c->n_kv_heads, c->n_heads);
-    if (head_dim > 0) c->head_dim = head_dim;
-    else if (c->family == ZS_FAM_LLAMA || c->family == ZS_FAM_GPT2) c->head_dim = c->dim / c->n_heads;
-    if (c->query_pre_attn_scalar > 0) c->query_pre_attn_scalar = (float)c->head_dim;
-    if (tied) c->tied_embeddings = 1;
-    if (untied) c->tied_embeddings = 0;
-    if (qkv_bias) c->qkv_bias = 1;
-    if (theta > 0) c->rope_theta = theta;
-    if (c->swa_pattern > 0)
-        for (int l = 0; l < c->n_layers && l < ZS_MAX_LAYERS; l++) c->layer_sliding[l] = (l + 1) % c->swa_pattern != 0;
-    json_t *ov = json_object();
-    json_error_t je;
-    if (set) {
-        json_t *j = json_loads(set, 0, &je);
-        if (!json_is_object(j)) { json_decref(j); json_decref(ov); return zs_err(ZS_EINVAL, "--set: not an object"); }
-        json_object_update(ov, j);
-        json_decref(j);
-    }
-    if (rope_scaling) {
-        json_t *j = json_loads(rope_scaling, 0, &je);
-        if (!json_is_object(j)) { json_decref(j); json_decref(ov); return zs_err(ZS_EINVAL, "--rope-scaling"); }
-        json_object_set_new(ov, "rope_scaling", j);
-    }
-    if (window >= 0) {
-        json_object_set_new(ov, "sliding_window", window ? json_integer(window) : json_null());
-        if (window && (c->family == ZS_FAM_QWEN2 || c->family == ZS_FAM_QWEN3)) {
-            json_object_set_new(ov, "use_sliding_window", json_true());
-            json_object_set_new(ov, "max_window_layers", json_integer(0));
-        }
-    }
-    char *ovt = json_dumps(ov, 0);
-    json_decref(ov);
-    rc = zs_config_override(c, ovt, "init-model");
-    free(ovt);
     if (rc < 0) return rc;
     return zs_init_model_write(&io, out);
 }
