@@ -78,36 +78,30 @@ static int cfg_int(const char *origin, json_t *root, const char *key, int requir
     return 0;
 }
 
-/* Positive finite number (integer or float). Absent or null: def. */
-static int cfg_float(const char *origin, json_t *root, const char *key, float def, float *out) {
-    json_t *v = json_object_get(root, key);
+/* A finite number (integer or float) under key of obj, named `shown` in messages (e.g.
+ * "rope_scaling.factor"). Absent or null: def. */
+static int cfg_num(const char *origin, json_t *obj, const char *key, const char *shown, float def, float *out) {
+    json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
         *out = def;
         return 0;
     }
     if (!json_is_number(v))
-        return zs_err(ZS_EINVAL, "%s: '%s' must be a number, got %s", origin, key, cfg_type(v));
+        return zs_err(ZS_EINVAL, "%s: '%s' must be a number, got %s", origin, shown, cfg_type(v));
     double d = json_number_value(v);
-    float f = (float)d;
-    if (!(d > 0) || !isfinite(f) || f == 0)
-        return zs_err(ZS_EINVAL, "%s: '%s' is %g, must be a positive float", origin, key, d);
-    *out = f;
+    if (!isfinite(d) || !isfinite((float)d))
+        return zs_err(ZS_EINVAL, "%s: '%s' is %g, not a finite float", origin, shown, d);
+    *out = (float)d;
     return 0;
 }
 
-/* A number that may be any finite value (rope_scaling's fields). Absent or null: def. */
-static int cfg_num(const char *origin, json_t *root, const char *key, float def, float *out) {
-    json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) {
-        *out = def;
-        return 0;
-    }
-    if (!json_is_number(v))
-        return zs_err(ZS_EINVAL, "%s: '%s' must be a number, got %s", origin, key, cfg_type(v));
-    double d = json_number_value(v);
-    if (!isfinite(d) || !isfinite((float)d))
-        return zs_err(ZS_EINVAL, "%s: '%s' is %g, not a finite float", origin, key, d);
-    *out = (float)d;
+/* Positive finite number (integer or float). Absent or null: def. */
+static int cfg_float(const char *origin, json_t *root, const char *key, float def, float *out) {
+    float f;
+    ZS_CHECK(cfg_num(origin, root, key, key, def, &f));
+    if (json_object_get(root, key) && !json_is_null(json_object_get(root, key)) && !(f > 0))
+        return zs_err(ZS_EINVAL, "%s: '%s' is %g, must be a positive float", origin, key, (double)f);
+    *out = f;
     return 0;
 }
 
@@ -186,10 +180,7 @@ static int cfg_rope(const char *origin, json_t *root, zs_model_config *c, float 
 #define RF(field, def, dst)                                                        \
     do {                                                                           \
         snprintf(k, sizeof k, "%s.%s", key, field);                                \
-        json_t *fv_ = json_object_get(rs, field);                                  \
-        if (fv_ && !json_is_null(fv_) && !json_is_number(fv_))                     \
-            return zs_err(ZS_EINVAL, "%s: '%s' must be a number, got %s", origin, k, cfg_type(fv_)); \
-        ZS_CHECK(cfg_num(origin, rs, field, def, dst));                            \
+        ZS_CHECK(cfg_num(origin, rs, field, k, def, dst));                         \
     } while (0)
     float f;
     if (r->type != ZS_ROPE_DEFAULT) {
