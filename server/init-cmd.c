@@ -39,7 +39,7 @@ int zs_init_cmd_parse(int argc, char **argv, zs_init_opts *iop, const char **out
         {"seed", ZS_OPT_U64, &io.seed, "random seed (default 1234)"},
         {"tied", ZS_OPT_FLAG, &tied, "tie the LM head to the embeddings"},
         {"untied", ZS_OPT_FLAG, &untied, "separate LM head"},
-        {"qkv-bias", ZS_OPT_FLAG, &qkv_bias, "llama: q/k/v biases (Qwen2 style)"},
+        {"qkv-bias", ZS_OPT_FLAG, &qkv_bias, "llama: attention_bias (q, k, v and o biases; Qwen2 has q/k/v ones always)"},
         {"rope-theta", ZS_OPT_FLOAT, &theta, "RoPE base (default: the family's)"},
         {"rope-scaling", ZS_OPT_STR, &rope_scaling, "rope_scaling as JSON, e.g. '{\"rope_type\":\"linear\",\"factor\":4}'"},
         {"sliding-window", ZS_OPT_INT, &window, "sliding_window (mistral, phi3, gemma*, qwen*: 0 = none)"},
