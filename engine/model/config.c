@@ -156,10 +156,7 @@ static int cfg_rope(const char *origin, json_t *root, zs_model_config *c, float 
     if (!rs || json_is_null(rs)) return 0;
     if (!json_is_object(rs)) return zs_err(ZS_EINVAL, "%s: '%s' must be an object or null", origin, key);
     char k[64];
-    if (rs == rp) {
-        snprintf(k, sizeof k, "%s.rope_theta", key);
-        ZS_CHECK(cfg_float(origin, rs, "rope_theta", *theta, theta));
-    }
+    if (rs == rp) ZS_CHECK(cfg_float(origin, rs, "rope_theta", *theta, theta)); /* rope_parameters.rope_theta */
     const char *t = NULL;
     ZS_CHECK(cfg_str(origin, rs, "rope_type", &t));
     if (!t) ZS_CHECK(cfg_str(origin, rs, "type", &t));
