@@ -510,6 +510,8 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
         rp.n_stop = q.n_stop;
         rp.top_logprobs = q.top_logprobs;
         rp.ignore_eos = q.ignore_eos;
+        rp.n_end_ids = q.n_end_ids;
+        memcpy(rp.end_ids, q.end_ids, sizeof rp.end_ids);
         zs_req_sink sink = {on_token, on_done, c};
         zs_request *rq = NULL;
         c->submitted = 1; /* before submit: on_done may come at once */

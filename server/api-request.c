@@ -323,6 +323,13 @@ static int parse_messages(const zs_api_model *a, req_t *q, api_err *e) {
     }
     if (rc == 0) rc = encode_text(a, q, text, strlen(text), !zs_chat_has_bos(a->tmpl), "messages", e);
     free(text);
+    /* the template's end of turn, where the vocabulary has it as one token, ends the answer as EOS does */
+    const char *const *ends = zs_chat_stop_strings(a->tmpl);
+    q->n_end_ids = 0;
+    for (int i = 0; rc == 0 && ends && ends[i] && q->n_end_ids < 4; i++) {
+        int id = zs_tokenizer_token_id(a->tok, ends[i]);
+        if (id >= 0) q->end_ids[q->n_end_ids++] = id;
+    }
     if (owned)
         for (size_t i = 0; i < n; i++) free(owned[i]);
     free(owned);

@@ -36,6 +36,8 @@ typedef struct {
     int n, stream, include_usage;
     int top_logprobs;          /* -1: none */
     int ignore_eos;
+    int32_t end_ids[4];        /* chat: the template's end-of-turn tokens that are single ids (zs_req_params) */
+    int n_end_ids;
     zs_sampler_params sp;
     uint64_t seed;
     const char *stop[ZS_STOP_MAX_COUNT];

@@ -101,6 +101,33 @@ static void run(int ranks) {
           "ranks %d: greedy tokens equal the reference", ranks);
     CHECK(!strncmp(q[0].text, ", there was a little girl named Lily.", 37), "text: %s", q[0].text);
 
+    /* an end-of-turn id (a chat template's) ends the answer as EOS does: greedy's 4th token here */
+    {
+        req_t qe;
+        req_init(&qe, s);
+        zs_req_params rp;
+        memset(&rp, 0, sizeof rp);
+        rp.prompt = p1;
+        rp.n_prompt = 5;
+        rp.max_tokens = 16;
+        zs_sampler_params_default(&rp.sampling);
+        rp.sampling.temperature = 0;
+        rp.top_logprobs = -1;
+        rp.end_ids[0] = 99999; /* not a token: never produced */
+        rp.end_ids[1] = ref1[3];
+        rp.n_end_ids = 2;
+        zs_req_sink sink = {on_token, on_done, &qe};
+        CHECK(zs_sched_submit(s, &rp, &sink, &qe.r) == 0, "submit with end ids: %s", zs_errmsg());
+        req_wait(&qe);
+        CHECK(qe.finish == ZS_DONE_STOP && qe.n_tok == 3 && !memcmp(qe.toks, ref1, 3 * sizeof(int32_t)),
+              "ranks %d: stopped at the end-of-turn id after 3 tokens (finish %d, %d tokens)", ranks, qe.finish, qe.n_tok);
+        req_init(&qe, s);
+        rp.ignore_eos = 1;
+        CHECK(zs_sched_submit(s, &rp, &sink, &qe.r) == 0, "submit with end ids, ignore_eos");
+        req_wait(&qe);
+        CHECK(qe.finish == ZS_DONE_LENGTH && qe.n_tok == 16, "ignore_eos ignores the end-of-turn ids too");
+    }
+
     /* 32 seeded requests: solo, then all at once */
     int32_t prompts[32][8];
     static req_t solo[32];

@@ -16,6 +16,8 @@ enum { RQ_WAITING = 0, RQ_RUNNING = 1 };
 struct zs_request {
     int32_t *prompt;
     int n_prompt, max_tokens, top_logprobs, ignore_eos;
+    int32_t end_ids[ZS_REQ_MAX_END_IDS];
+    int n_end_ids;
     zs_req_sink sink;
     zs_sampler *smp;
     zs_detok *dt;
@@ -131,7 +133,9 @@ static void on_sample(zs_sched *s, zs_request *r, const float *logits) {
     s->st.generated_tokens++;
     pthread_mutex_unlock(&s->mu);
     r->t_last = now;
-    if (!r->ignore_eos && zs_tokenizer_is_eos(zs_engine_tokenizer(s->e), tok)) {
+    int end = zs_tokenizer_is_eos(zs_engine_tokenizer(s->e), tok);
+    for (int i = 0; i < r->n_end_ids && !end; i++) end = tok == r->end_ids[i];
+    if (!r->ignore_eos && end) {
         finish(s, r, ZS_DONE_STOP, 0, NULL);
         return;
     }
@@ -421,6 +425,8 @@ int zs_sched_submit(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink
     r->max_tokens = p->max_tokens;
     r->top_logprobs = p->top_logprobs;
     r->ignore_eos = p->ignore_eos;
+    r->n_end_ids = ZS_MIN(ZS_MAX(p->n_end_ids, 0), ZS_REQ_MAX_END_IDS);
+    memcpy(r->end_ids, p->end_ids, (size_t)r->n_end_ids * sizeof(int32_t));
     r->sink = *sink;
     r->t_submit = zs_now();
     pthread_mutex_lock(&s->mu);

@@ -36,7 +36,13 @@ typedef struct {
     int n_stop;
     int top_logprobs;           /* -1: no logprobs; 0..20: logprob of the sampled token plus that many alternatives */
     int ignore_eos;
+    /* more ids that end the answer like EOS (ignore_eos too): a chat template's end-of-turn tokens
+     * (<end_of_turn>, <|end|>, <|im_end|>, <|eot_id|>), so that a model whose generation_config
+     * lists only <eos> still stops at the end of its turn; at most ZS_REQ_MAX_END_IDS */
+    int32_t end_ids[4];
+    int n_end_ids;
 } zs_req_params;
+#define ZS_REQ_MAX_END_IDS 4
 
 enum { ZS_DONE_STOP = 0, ZS_DONE_LENGTH = 1, ZS_DONE_CANCELLED = 2, ZS_DONE_ERROR = 3 };
 
