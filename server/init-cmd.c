@@ -98,6 +98,11 @@ int zs_init_cmd_parse(int argc, char **argv, zs_init_opts *iop, const char **out
         }
         json_object_set_new(ov, "rope_scaling", j);
     }
+    if ((rope_scaling || theta > 0) && c->family == ZS_FAM_GPT2)
+        return zs_err(ZS_EINVAL, "--rope-scaling / --rope-theta: gpt2 has learned positions, no RoPE");
+    if (window > 0 && (c->family == ZS_FAM_LLAMA || c->family == ZS_FAM_GPT2))
+        return zs_err(ZS_EINVAL, "--sliding-window: %s has no sliding window (transformers ignores the key); "
+                      "use --arch mistral, qwen2, qwen3, gemma2, gemma3 or phi3", zs_family_name(c->family));
     if (window >= 0) {
         json_object_set_new(ov, "sliding_window", window ? json_integer(window) : json_null());
         if (window && (c->family == ZS_FAM_QWEN2 || c->family == ZS_FAM_QWEN3)) {
