@@ -50,6 +50,34 @@ int zs_fsync_dir(const char *dir) {
     return rc;
 }
 
+int zs_write_file_atomic(const char *path, const void *data, size_t n) {
+    char *tmp = zs_str_printf("%s.tmp", path);
+    if (!tmp) return zs_err(ZS_ENOMEM, "out of memory");
+    int rc = 0, fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        rc = zs_err(zs_errno_code(e), "%s: cannot create: %s", tmp, strerror(e));
+    } else {
+        int w = zs_pwrite_all(fd, data, n, 0);
+        if (w == 0 && fsync(fd) != 0) w = -errno;
+        if (close(fd) != 0 && w == 0) w = -errno;
+        if (w < 0) rc = zs_err(zs_errno_code(-w), "%s: cannot write: %s", tmp, strerror(-w));
+        else if (rename(tmp, path) != 0) {
+            int e = errno;
+            rc = zs_err(zs_errno_code(e), "%s: cannot rename into place: %s", path, strerror(e));
+        }
+        if (rc < 0) unlink(tmp);
+    }
+    if (rc == 0) {
+        char *dir = zs_str_printf("%s", path), *sl = dir ? strrchr(dir, '/') : NULL;
+        if (sl) *sl = 0;
+        rc = dir ? zs_fsync_dir(sl ? (*dir ? dir : "/") : ".") : zs_err(ZS_ENOMEM, "out of memory");
+        free(dir);
+    }
+    free(tmp);
+    return rc;
+}
+
 int zs_pwrite_all(int fd, const void *buf, size_t n, off_t off) {
     const unsigned char *p = buf;
     while (n > 0) {

@@ -17,6 +17,10 @@ int zs_fsync_dir(const char *dir);
 /* Writes n bytes at off, retrying short writes and EINTR. 0 or -errno (not a ZS_E* code). */
 int zs_pwrite_all(int fd, const void *buf, size_t n, off_t off);
 
+/* Writes a whole file atomically: path.tmp, fsync, rename over path, fsync of the directory; on
+ * failure path is untouched and no temporary is left. 0 or ZS_E* with a message naming the file. */
+int zs_write_file_atomic(const char *path, const void *data, size_t n);
+
 /* mkdir -p (0755). 0 or ZS_E* with a message naming the directory. */
 int zs_mkdir_p(const char *path);
 

@@ -1,0 +1,290 @@
+/* lora.c — PEFT LoRA adapters: adapter_config.json parsing and checks, the tensors by PEFT's names
+ * checked against the base, and the writer of both files. See lora.h. */
+#include "lora.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "fileio.h"
+#include "safetensors.h"
+
+static const char *const lora_names[ZS_LORA_NT] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                   "gate_proj", "up_proj", "down_proj"};
+static const int lora_roles[ZS_LORA_NT] = {ZS_R_WQ, ZS_R_WK, ZS_R_WV, ZS_R_WO, ZS_R_W_GATE, ZS_R_W_UP, ZS_R_W_DOWN};
+
+struct zs_lora {
+    zs_lora_params p;
+    int n_layers;
+    int in[ZS_LORA_NT], out[ZS_LORA_NT];
+    float *A[ZS_LORA_NT], *B[ZS_LORA_NT]; /* [n_layers * r * in], [n_layers * out * r] */
+};
+
+const char *zs_lora_target_name(int t) { return t >= 0 && t < ZS_LORA_NT ? lora_names[t] : "?"; }
+int zs_lora_target_role(int t) { return t >= 0 && t < ZS_LORA_NT ? lora_roles[t] : -1; }
+
+int zs_lora_new(const zs_model *base, const zs_lora_params *p, zs_lora **out) {
+    const zs_model_config *c = zs_model_config_get(base);
+    if (c->arch != ZS_ARCH_LLAMA)
+        return zs_err(ZS_EUNSUPPORTED, "lora: adapters are supported for the llama family, not %s", c->arch_name);
+    if (c->family == ZS_FAM_PHI3)
+        return zs_err(ZS_EUNSUPPORTED, "lora: Phi-3's fused qkv_proj / gate_up_proj adapters are not supported yet");
+    if (p->r <= 0 || p->r > 4096) return zs_err(ZS_EINVAL, "lora: rank r is %d; it must be 1 to 4096", p->r);
+    if (!(p->alpha > 0) || !isfinite(p->alpha)) return zs_err(ZS_EINVAL, "lora: lora_alpha must be a positive number");
+    if (!p->targets || (p->targets & ~ZS_LORA_ALL)) return zs_err(ZS_EINVAL, "lora: no target module");
+    if (!(p->dropout >= 0 && p->dropout < 1)) return zs_err(ZS_EINVAL, "lora: lora_dropout must be in [0, 1)");
+    zs_lora *l = calloc(1, sizeof *l);
+    if (!l) return zs_err(ZS_ENOMEM, "out of memory");
+    l->p = *p;
+    l->n_layers = c->n_layers;
+    const zs_bucket_layout *L = zs_model_layout(base, zs_bucket_layer(0));
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        const zs_slot *s = &L->slot[lora_roles[t]];
+        l->out[t] = (int)s->shape[0];
+        l->in[t] = (int)s->shape[1];
+        if (!(p->targets >> t & 1)) continue;
+        size_t na = (size_t)l->n_layers * (size_t)p->r * (size_t)l->in[t];
+        size_t nb = (size_t)l->n_layers * (size_t)l->out[t] * (size_t)p->r;
+        l->A[t] = calloc(na ? na : 1, sizeof(float));
+        l->B[t] = calloc(nb ? nb : 1, sizeof(float));
+        if (!l->A[t] || !l->B[t]) {
+            zs_lora_free(l);
+            return zs_err(ZS_ENOMEM, "lora: out of memory for %zu parameters", na + nb);
+        }
+    }
+    *out = l;
+    return 0;
+}
+
+void zs_lora_free(zs_lora *l) {
+    if (!l) return;
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        free(l->A[t]);
+        free(l->B[t]);
+    }
+    free(l);
+}
+
+const zs_lora_params *zs_lora_get_params(const zs_lora *l) { return &l->p; }
+float zs_lora_scale(const zs_lora *l) {
+    return l->p.rslora ? l->p.alpha / sqrtf((float)l->p.r) : l->p.alpha / (float)l->p.r;
+}
+float *zs_lora_A(zs_lora *l, int layer, int t) {
+    return l->A[t] ? l->A[t] + (size_t)layer * l->p.r * l->in[t] : NULL;
+}
+float *zs_lora_B(zs_lora *l, int layer, int t) {
+    return l->B[t] ? l->B[t] + (size_t)layer * l->out[t] * l->p.r : NULL;
+}
+const float *zs_lora_A_const(const zs_lora *l, int layer, int t) { return zs_lora_A((zs_lora *)l, layer, t); }
+const float *zs_lora_B_const(const zs_lora *l, int layer, int t) { return zs_lora_B((zs_lora *)l, layer, t); }
+int zs_lora_dims(const zs_lora *l, int t, int *in, int *out) {
+    if (t < 0 || t >= ZS_LORA_NT) return ZS_EINVAL;
+    *in = l->in[t];
+    *out = l->out[t];
+    return 0;
+}
+size_t zs_lora_param_count(const zs_lora *l) {
+    size_t n = 0;
+    for (int t = 0; t < ZS_LORA_NT; t++)
+        if (l->A[t]) n += (size_t)l->n_layers * (size_t)l->p.r * (size_t)(l->in[t] + l->out[t]);
+    return n;
+}
+
+/* PEFT's name of a LoRA matrix ("A" or "B") */
+static void lora_tname(char *buf, size_t cap, int layer, int t, char which) {
+    snprintf(buf, cap, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, t <= ZS_LORA_O ? "self_attn" : "mlp",
+             lora_names[t], which);
+}
+
+/* adapter_config.json -> params, refusing what this engine does not compute */
+static int lora_parse_config(const char *path, json_t *root, zs_lora_params *p) {
+    memset(p, 0, sizeof *p);
+    const char *pt = json_string_value(json_object_get(root, "peft_type"));
+    if (pt && strcmp(pt, "LORA"))
+        return zs_err(ZS_EUNSUPPORTED, "%s: peft_type is '%s'; only LORA adapters are supported", path, pt);
+    json_t *r = json_object_get(root, "r");
+    if (!json_is_integer(r)) return zs_err(ZS_EINVAL, "%s: 'r' must be an integer", path);
+    if (json_integer_value(r) <= 0 || json_integer_value(r) > 4096)
+        return zs_err(ZS_EINVAL, "%s: 'r' is %lld; the rank must be 1 to 4096", path, (long long)json_integer_value(r));
+    p->r = (int)json_integer_value(r);
+    json_t *a = json_object_get(root, "lora_alpha");
+    if (a && !json_is_null(a) && !json_is_number(a)) return zs_err(ZS_EINVAL, "%s: 'lora_alpha' must be a number", path);
+    p->alpha = a && json_is_number(a) ? (float)json_number_value(a) : 8.0f; /* PEFT's default */
+    if (!(p->alpha > 0) || !isfinite(p->alpha)) return zs_err(ZS_EINVAL, "%s: 'lora_alpha' must be positive", path);
+    json_t *d = json_object_get(root, "lora_dropout");
+    p->dropout = d && json_is_number(d) ? (float)json_number_value(d) : 0.0f;
+    if (!(p->dropout >= 0 && p->dropout < 1)) return zs_err(ZS_EINVAL, "%s: 'lora_dropout' must be in [0, 1)", path);
+    p->rslora = json_is_true(json_object_get(root, "use_rslora"));
+    static const char *const refused_true[] = {"use_dora", "fan_in_fan_out", "lora_bias", "use_qalora", NULL};
+    for (int i = 0; refused_true[i]; i++)
+        if (json_is_true(json_object_get(root, refused_true[i])))
+            return zs_err(ZS_EUNSUPPORTED, "%s: '%s' is true; %s is not supported", path, refused_true[i],
+                          !strcmp(refused_true[i], "use_dora") ? "DoRA" : "it");
+    const char *bias = json_string_value(json_object_get(root, "bias"));
+    if (bias && strcmp(bias, "none"))
+        return zs_err(ZS_EUNSUPPORTED, "%s: 'bias' is '%s'; only \"none\" is supported", path, bias);
+    static const char *const refused_set[] = {"modules_to_save", "layers_to_transform", "layers_pattern",
+                                              "layer_replication", "trainable_token_indices", "target_parameters", NULL};
+    for (int i = 0; refused_set[i]; i++) {
+        json_t *v = json_object_get(root, refused_set[i]);
+        if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+            return zs_err(ZS_EUNSUPPORTED, "%s: '%s' is set; it is not supported", path, refused_set[i]);
+    }
+    static const char *const refused_map[] = {"rank_pattern", "alpha_pattern", NULL};
+    for (int i = 0; refused_map[i]; i++) {
+        json_t *v = json_object_get(root, refused_map[i]);
+        if (json_is_object(v) && json_object_size(v))
+            return zs_err(ZS_EUNSUPPORTED, "%s: '%s' has entries; per-module ranks are not supported", path, refused_map[i]);
+    }
+    json_t *tm = json_object_get(root, "target_modules");
+    if (json_is_string(tm)) {
+        if (strcmp(json_string_value(tm), "all-linear"))
+            return zs_err(ZS_EUNSUPPORTED, "%s: 'target_modules' is the regular expression '%s'; give a list of module "
+                          "names", path, json_string_value(tm));
+        p->targets = ZS_LORA_ALL;
+    } else if (json_is_array(tm) && json_array_size(tm)) {
+        for (size_t i = 0; i < json_array_size(tm); i++) {
+            const char *n = json_string_value(json_array_get(tm, i));
+            int t = 0;
+            while (n && t < ZS_LORA_NT && strcmp(n, lora_names[t])) t++;
+            if (!n || t == ZS_LORA_NT)
+                return zs_err(ZS_EINVAL, "%s: 'target_modules[%zu]' is %s%s%s; the base has q_proj, k_proj, v_proj, "
+                              "o_proj, gate_proj, up_proj, down_proj", path, i, n ? "'" : "", n ? n : "not a string",
+                              n ? "'" : "");
+            p->targets |= 1u << t;
+        }
+    } else {
+        return zs_err(ZS_EINVAL, "%s: 'target_modules' must be a non-empty list of module names or \"all-linear\"", path);
+    }
+    return 0;
+}
+
+int zs_lora_load(const char *dir, const zs_model *base, zs_lora **out) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root) {
+        struct stat st;
+        if (stat(path, &st) != 0) return zs_err(ZS_ENOTFOUND, "%s: cannot open: %s", path, strerror(errno));
+        return zs_err(ZS_EFORMAT, "%s: not valid JSON (line %d: %s)", path, je.line, je.text);
+    }
+    zs_lora_params p;
+    int rc = json_is_object(root) ? lora_parse_config(path, root, &p) : zs_err(ZS_EFORMAT, "%s: not a JSON object", path);
+    json_decref(root);
+    if (rc < 0) return rc;
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    zs_st_set *st = NULL;
+    if ((rc = zs_st_open_file(path, &st)) < 0) return rc;
+    zs_lora *l = NULL;
+    if ((rc = zs_lora_new(base, &p, &l)) < 0) {
+        zs_st_close(st);
+        return zs_err_prefix(rc, "%s", dir);
+    }
+    size_t used = 0;
+    char nm[256];
+    for (int layer = 0; rc == 0 && layer < l->n_layers; layer++)
+        for (int t = 0; rc == 0 && t < ZS_LORA_NT; t++) {
+            if (!l->A[t]) continue;
+            for (int w = 0; rc == 0 && w < 2; w++) {
+                int64_t shape[2] = {w ? l->out[t] : p.r, w ? p.r : l->in[t]};
+                const zs_st_tensor *x;
+                lora_tname(nm, sizeof nm, layer, t, w ? 'B' : 'A');
+                if ((rc = zs_st_get(st, nm, 2, shape, &x)) < 0) break;
+                zs_to_f32(w ? zs_lora_B(l, layer, t) : zs_lora_A(l, layer, t), x->data, x->dtype,
+                          (size_t)(shape[0] * shape[1]));
+                used++;
+            }
+        }
+    if (rc == 0 && used != zs_st_count(st)) {
+        /* a tensor the config does not account for (another target, a layer the base lacks, ...) */
+        for (size_t i = 0; i < zs_st_count(st) && rc == 0; i++) {
+            const char *n = zs_st_at(st, i)->name;
+            int layer = -1, known = 0;
+            char mod[64] = "", ab = 0;
+            if (sscanf(n, "base_model.model.model.layers.%d.%*[a-z_].%63[a-z_].lora_%c.weight", &layer, mod, &ab) == 3)
+                for (int t = 0; t < ZS_LORA_NT; t++)
+                    known |= l->A[t] && !strcmp(mod, lora_names[t]) && layer >= 0 && layer < l->n_layers;
+            if (!known)
+                rc = zs_err(ZS_EINVAL, "%s: tensor '%s' is not one of the adapter's (r %d, target_modules of "
+                            "adapter_config.json, %d layers of the base)", path, n, p.r, l->n_layers);
+        }
+    }
+    zs_st_close(st);
+    if (rc < 0) {
+        zs_lora_free(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
+}
+
+int zs_lora_save(const zs_lora *l, const char *dir, const char *base_name) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return zs_err(ZS_EIO, "%s: cannot create: %s", dir, strerror(errno));
+    int nt = 0;
+    for (int t = 0; t < ZS_LORA_NT; t++) nt += l->A[t] ? 2 * l->n_layers : 0;
+    zs_st_decl *d = calloc((size_t)nt, sizeof *d);
+    char (*names)[160] = calloc((size_t)nt, sizeof *names);
+    if (!d || !names) {
+        free(d);
+        free(names);
+        return zs_err(ZS_ENOMEM, "out of memory");
+    }
+    int k = 0;
+    for (int layer = 0; layer < l->n_layers; layer++)
+        for (int t = 0; t < ZS_LORA_NT; t++) {
+            if (!l->A[t]) continue;
+            for (int w = 0; w < 2; w++, k++) {
+                lora_tname(names[k], sizeof names[k], layer, t, w ? 'B' : 'A');
+                d[k] = (zs_st_decl){names[k], ZS_F32, 2, {w ? l->out[t] : l->p.r, w ? l->p.r : l->in[t], 0, 0}};
+            }
+        }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    zs_st_writer *wr = NULL;
+    int rc = zs_st_writer_open(path, d, (size_t)nt, "{\"format\":\"pt\"}", &wr);
+    for (int layer = 0; rc == 0 && layer < l->n_layers; layer++)
+        for (int t = 0; rc == 0 && t < ZS_LORA_NT; t++) {
+            if (!l->A[t]) continue;
+            rc = zs_st_writer_write(wr, zs_lora_A_const(l, layer, t), (size_t)l->p.r * l->in[t] * sizeof(float));
+            if (rc == 0) rc = zs_st_writer_write(wr, zs_lora_B_const(l, layer, t), (size_t)l->out[t] * l->p.r * sizeof(float));
+        }
+    if (wr) {
+        if (rc == 0) rc = zs_st_writer_close(wr);
+        else zs_st_writer_abort(wr);
+    }
+    free(d);
+    free(names);
+    if (rc < 0) return rc;
+    /* adapter_config.json as PEFT writes it (the keys PEFT reads back) */
+    json_t *c = json_object(), *tm = json_array();
+    for (int t = 0; t < ZS_LORA_NT; t++)
+        if (l->A[t]) json_array_append_new(tm, json_string(lora_names[t]));
+    json_object_set_new(c, "peft_type", json_string("LORA"));
+    json_object_set_new(c, "task_type", json_string("CAUSAL_LM"));
+    json_object_set_new(c, "base_model_name_or_path", base_name ? json_string(base_name) : json_null());
+    json_object_set_new(c, "r", json_integer(l->p.r));
+    json_object_set_new(c, "lora_alpha", json_real(l->p.alpha));
+    json_object_set_new(c, "lora_dropout", json_real(l->p.dropout));
+    json_object_set_new(c, "use_rslora", json_boolean(l->p.rslora));
+    json_object_set_new(c, "use_dora", json_false());
+    json_object_set_new(c, "bias", json_string("none"));
+    json_object_set_new(c, "fan_in_fan_out", json_false());
+    json_object_set_new(c, "inference_mode", json_true());
+    json_object_set_new(c, "init_lora_weights", json_true());
+    json_object_set_new(c, "modules_to_save", json_null());
+    json_object_set_new(c, "target_modules", tm);
+    char *text = json_dumps(c, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(c);
+    if (!text) return zs_err(ZS_ENOMEM, "out of memory");
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    rc = zs_write_file_atomic(path, text, strlen(text));
+    free(text);
+    return rc;
+}

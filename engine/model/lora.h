@@ -1,0 +1,59 @@
+/* lora.h — LoRA adapters of a llama-family base in PEFT's format (adapter_config.json +
+ * adapter_model.safetensors), both ways: an adapter made by PEFT loads here, one saved here loads
+ * in PEFT (and vLLM). Each adapted projection W [out, in] of layer l gets A [r, in] and
+ * B [out, r], both f32, and y = W·x + scale·B·(A·x) with scale = alpha / r (alpha / sqrt(r) with
+ * use_rslora), as PEFT's LoraLayer computes it.
+ *
+ * What is refused, with a message naming the file and the key: another peft_type, DoRA, bias
+ * other than "none", modules_to_save, fan_in_fan_out, layers_to_transform / layers_pattern,
+ * rank_pattern / alpha_pattern entries, a regular-expression target_modules, targets the base does
+ * not have (Phi-3's fused qkv_proj / gate_up_proj are not supported yet), r <= 0, tensors
+ * missing, extra or of the wrong shape, and anything the safetensors reader refuses (truncated
+ * files).
+ *
+ * Ownership: a zs_lora owns its matrices; it is read-only once loaded and may be shared by
+ * threads (training updates it between steps only). */
+#ifndef ZS_LORA_H
+#define ZS_LORA_H
+
+#include "model.h"
+
+/* The projections an adapter may target (PEFT's module names q_proj, k_proj, v_proj, o_proj,
+ * gate_proj, up_proj, down_proj). */
+enum { ZS_LORA_Q, ZS_LORA_K, ZS_LORA_V, ZS_LORA_O, ZS_LORA_GATE, ZS_LORA_UP, ZS_LORA_DOWN, ZS_LORA_NT };
+#define ZS_LORA_ALL ((1u << ZS_LORA_NT) - 1)
+
+typedef struct {
+    int r;             /* rank, >= 1 */
+    float alpha;       /* lora_alpha */
+    int rslora;        /* use_rslora: scale alpha / sqrt(r) */
+    float dropout;     /* lora_dropout (training only) */
+    unsigned targets;  /* bit t set: ZS_LORA_t is adapted, in every layer */
+} zs_lora_params;
+
+typedef struct zs_lora zs_lora;
+
+const char *zs_lora_target_name(int t); /* "q_proj", ... */
+int zs_lora_target_role(int t);         /* ZS_R_WQ, ... */
+/* A zero adapter for base (B = 0, A = 0: the caller initialises them; PEFT's own init is
+ * kaiming-uniform A and zero B). ZS_EINVAL / ZS_EUNSUPPORTED naming the problem. */
+int zs_lora_new(const zs_model *base, const zs_lora_params *p, zs_lora **out);
+/* Reads a PEFT adapter directory for base. */
+int zs_lora_load(const char *dir, const zs_model *base, zs_lora **out);
+/* Writes dir/adapter_config.json and dir/adapter_model.safetensors (f32) as PEFT's save_pretrained
+ * does (each file atomically; dir is created). base_name goes to base_model_name_or_path. */
+int zs_lora_save(const zs_lora *l, const char *dir, const char *base_name);
+void zs_lora_free(zs_lora *l);
+
+const zs_lora_params *zs_lora_get_params(const zs_lora *l);
+float zs_lora_scale(const zs_lora *l);
+/* A [r, in] and B [out, r] of target t in layer l (NULL when t is not a target), with in / out. */
+float *zs_lora_A(zs_lora *l, int layer, int t);
+float *zs_lora_B(zs_lora *l, int layer, int t);
+const float *zs_lora_A_const(const zs_lora *l, int layer, int t);
+const float *zs_lora_B_const(const zs_lora *l, int layer, int t);
+int zs_lora_dims(const zs_lora *l, int t, int *in, int *out);
+/* Parameters of the adapter (sum of r·(in + out) over layers and targets). */
+size_t zs_lora_param_count(const zs_lora *l);
+
+#endif
