@@ -18,8 +18,10 @@ struct zs_forward {
     const zs_model *m;
     int max_tokens;
     /* RoPE frequencies of the position-independent kinds: [0] global layers, [1] Gemma 3's local
-     * ones (rope.h); position-dependent types (dynamic, longrope) fill freq_tok per token */
-    float *freq[2], freq_af[2], *freq_tok;
+     * ones (rope.h); position-dependent types (dynamic, longrope): one row per token of the call in
+     * freq_tok [max_tokens * head_dim/2] with its factor in tok_af, made once per call */
+    float *freq[2], freq_af[2], *freq_tok, *tok_af;
+    int pos_layer; /* zs_rope_pos_layer */
     float *x, *xn, *q, *k, *v, *att, *h1, *h2;
     /* the attention's view of the cache: per sequence slot, its block tables (grown on use) */
     zs_att_seq *views;
@@ -50,7 +52,9 @@ int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
     size_t half = (size_t)ZS_MAX(c->head_dim / 2, 1);
     f->freq[0] = malloc(half * sizeof(float));
     f->freq[1] = malloc(half * sizeof(float));
-    f->freq_tok = malloc(half * sizeof(float));
+    f->pos_layer = zs_rope_pos_layer(c);
+    f->freq_tok = malloc((f->pos_layer >= 0 ? n * half : 1) * sizeof(float));
+    f->tok_af = malloc((f->pos_layer >= 0 ? n : 1) * sizeof(float));
     if (f->freq[0] && f->freq[1] && c->arch != ZS_ARCH_GPT2) {
         /* layer kinds: the first layer of each kind gives its table (position 0: the kinds here do
          * not depend on it) */
@@ -60,7 +64,7 @@ int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
         }
     }
     if (!f->x || !f->xn || !f->q || !f->k || !f->v || !f->att || !f->h1 || !f->h2 || !f->freq[0] || !f->freq[1] ||
-        !f->freq_tok) {
+        !f->freq_tok || !f->tok_af) {
         zs_forward_free(f);
         return zs_err(ZS_ENOMEM, "forward: cannot allocate scratch for %d tokens", max_tokens);
     }
@@ -72,7 +76,7 @@ void zs_forward_free(zs_forward *f) {
     if (!f) return;
     free(f->x); free(f->xn); free(f->q); free(f->k); free(f->v);
     free(f->att); free(f->h1); free(f->h2);
-    free(f->freq[0]); free(f->freq[1]); free(f->freq_tok);
+    free(f->freq[0]); free(f->freq[1]); free(f->freq_tok); free(f->tok_af);
     free(f->views); free(f->view_stamp); free(f->ptrs);
     free(f);
 }
@@ -154,15 +158,12 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
                           c->norm_offset);
     }
     int kind = zs_rope_layer_local(c, l), per_tok = zs_rope_pos_dependent(c, l);
+    size_t half = (size_t)(c->head_dim / 2);
     for (int i = 0; i < n; i++) {
         float *q = f->q + (size_t)i * qd, *k = f->k + (size_t)i * kvd;
         if (c->arch != ZS_ARCH_GPT2) {
-            const float *fr = f->freq[kind];
-            float af = f->freq_af[kind];
-            if (per_tok) {
-                zs_rope_freqs(c, l, b->pos[i], f->freq_tok, &af);
-                fr = f->freq_tok;
-            }
+            const float *fr = per_tok ? f->freq_tok + (size_t)i * half : f->freq[kind];
+            float af = per_tok ? f->tok_af[i] : f->freq_af[kind];
             zs_op_rope_freq(q, c->n_heads, c->head_dim, b->pos[i], fr, af);
             zs_op_rope_freq(k, c->n_kv_heads, c->head_dim, b->pos[i], fr, af);
         }
@@ -214,6 +215,9 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
     }
     int d = c->dim, rc;
     const void *data = NULL;
+    if (f->pos_layer >= 0) /* position-dependent RoPE: each token's row, once for every layer */
+        for (int i = 0; i < b->n; i++)
+            zs_rope_freqs(c, f->pos_layer, b->pos[i], f->freq_tok + (size_t)i * (size_t)(c->head_dim / 2), &f->tok_af[i]);
 
     /* embeddings: rows of the host lookup tables (embed_lookup: nothing acquired), or of the
      * gathered bucket 0 */

@@ -16,6 +16,13 @@ int zs_rope_pos_dependent(const zs_model_config *c, int layer) {
     return c->rope.type == ZS_ROPE_DYNAMIC || c->rope.type == ZS_ROPE_LONGROPE;
 }
 
+int zs_rope_pos_layer(const zs_model_config *c) {
+    if (c->arch == ZS_ARCH_GPT2) return -1;
+    for (int l = 0; l < c->n_layers; l++)
+        if (zs_rope_pos_dependent(c, l)) return l;
+    return -1;
+}
+
 /* 1 / base^(2i/dim) for i < dim/2: _compute_default_rope_parameters */
 static void rope_default(float *inv, int dim, float base) {
     for (int i = 0; i < dim / 2; i++) inv[i] = 1.0f / powf(base, (float)(2 * i) / (float)dim);

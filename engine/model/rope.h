@@ -19,6 +19,10 @@
 /* 1 when the frequencies of layer l depend on the position (dynamic, longrope): zs_rope_freqs per
  * token; 0: the same for every position (compute once per layer kind). */
 int zs_rope_pos_dependent(const zs_model_config *c, int layer);
+/* A layer whose frequencies depend on the position, or -1 when none does. Every such layer has the
+ * same frequencies at a position (only Gemma 3's local layers differ, and they are never
+ * position-dependent), so one row per token, from this layer, serves them all. */
+int zs_rope_pos_layer(const zs_model_config *c);
 /* 1 when layer l uses the local RoPE of Gemma 3's sliding layers (rope_local_theta, no scaling). */
 int zs_rope_layer_local(const zs_model_config *c, int layer);
 /* inv_freq[head_dim / 2] and the cos/sin factor for a token at position pos of layer l. */

@@ -445,8 +445,7 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
          * through zs_rope_layer_local, and no local layer is position-dependent: one set of rows
          * serves every such layer. The kernel takes one attention factor per call: it must be the
          * same for every token (it is for every scaling rope.c knows) */
-        int pl = 0;
-        while (pl < c->n_layers && !zs_rope_pos_dependent(c, pl)) pl++;
+        int pl = zs_rope_pos_layer(c);
         size_t half = (size_t)(c->head_dim / 2);
         for (int i = 0; i < T; i++) {
             float af;

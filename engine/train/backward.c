@@ -33,9 +33,10 @@ struct zs_trainer {
     float *scores;          /* [2T] */
     /* the newer families: q and k before their per-head norms (qk_norm), the attention and MLP
      * outputs before their post-norms (post_norms), a gradient buffer for those, the soft-capped
-     * logits (final_softcap), RoPE frequencies ([0] global, [1] local layers; per token: tok) */
+     * logits (final_softcap), RoPE frequencies ([0] global, [1] local layers; position-dependent
+     * types: one row per position 0..T-1 in freq_tok, factor in tok_af, made once) */
     float *qraw, *kraw, *dqraw, *dkraw, *ao, *mo, *dtmp, *capped;
-    float *freq[2], freq_af[2], *freq_tok;
+    float *freq[2], freq_af[2], *freq_tok, *tok_af;
     float *logits;          /* [chunk * V] */
     int chunk;
     float *wscratch;        /* [ZS_MATMUL_BWD_BLOCK * max(in)] for f16/bf16 weights */
@@ -111,12 +112,16 @@ int zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out) {
     extra_ok &= !!(t->dtmp = talloc(t, N * d));
     if (c->final_softcap > 0) extra_ok &= !!(t->capped = talloc(t, (size_t)t->chunk * (size_t)t->V));
     size_t half = (size_t)ZS_MAX(c->head_dim / 2, 1);
-    extra_ok &= !!(t->freq[0] = talloc(t, half)) && !!(t->freq[1] = talloc(t, half)) && !!(t->freq_tok = talloc(t, half));
+    int pl = zs_rope_pos_layer(c);
+    extra_ok &= !!(t->freq[0] = talloc(t, half)) && !!(t->freq[1] = talloc(t, half));
+    extra_ok &= !!(t->freq_tok = talloc(t, pl >= 0 ? (size_t)T * half : 1)) && !!(t->tok_af = talloc(t, (size_t)T));
     if (extra_ok && c->arch != ZS_ARCH_GPT2)
         for (int l = c->n_layers - 1; l >= 0; l--) {
             int k = zs_rope_layer_local(c, l);
             zs_rope_freqs(c, l, 0, t->freq[k], &t->freq_af[k]);
         }
+    for (int p = 0; extra_ok && pl >= 0 && p < T; p++) /* the positions are 0..T-1 in every sequence */
+        zs_rope_freqs(c, pl, p, t->freq_tok + (size_t)p * half, &t->tok_af[p]);
     if (!extra_ok || !t->tokens || !t->pos || !t->xs || !t->dres || !t->xn1 || !t->q || !t->k || !t->v || !t->att ||
         !t->xmid || !t->xn2 || !t->hg || !t->hu || !t->ha || !t->tmp || !t->dxn || !t->dq || !t->dk || !t->dv ||
         !t->datt || !t->dhg || !t->dhu || !t->dha || !t->scores || !t->logits || !t->wscratch) {
@@ -134,7 +139,7 @@ void zs_trainer_free(zs_trainer *t) {
     float *bufs[] = {t->xs, t->dres, t->xn1, t->q, t->k, t->v, t->att, t->xmid, t->xn2, t->hg, t->hu,
                      t->ha, t->tmp, t->dxn, t->dq, t->dk, t->dv, t->datt, t->dhg, t->dhu, t->dha,
                      t->scores, t->logits, t->wscratch, t->qraw, t->kraw, t->dqraw, t->dkraw, t->ao, t->mo, t->dtmp, t->capped,
-                     t->freq[0], t->freq[1], t->freq_tok};
+                     t->freq[0], t->freq[1], t->freq_tok, t->tok_af};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(t->tokens);
     free(t->pos);
@@ -192,13 +197,10 @@ static void norm_bwd(const zs_model_config *c, float *dx, float *dw, float *db, 
 static void rope_all(zs_trainer *t, int l, float *x, int nh, int ld, int bwd) {
     const zs_model_config *c = t->c;
     int kind = zs_rope_layer_local(c, l), per_tok = zs_rope_pos_dependent(c, l);
+    size_t half = (size_t)(c->head_dim / 2);
     for (int i = 0; i < t->N; i++) {
-        const float *fr = t->freq[kind];
-        float af = t->freq_af[kind];
-        if (per_tok) {
-            zs_rope_freqs(c, l, t->pos[i], t->freq_tok, &af);
-            fr = t->freq_tok;
-        }
+        const float *fr = per_tok ? t->freq_tok + (size_t)t->pos[i] * half : t->freq[kind];
+        float af = per_tok ? t->tok_af[t->pos[i]] : t->freq_af[kind];
         if (bwd) zs_op_rope_freq_bwd(x + (size_t)i * ld, nh, c->head_dim, t->pos[i], fr, af);
         else zs_op_rope_freq(x + (size_t)i * ld, nh, c->head_dim, t->pos[i], fr, af);
     }
