@@ -39,6 +39,25 @@ int  zs_api_loaded(zs_api *a);
  * requests naming it go to s. e and s are borrowed like zs_api_attach's; model_dir is for the
  * chat template. ZS_EEXIST when the name is taken. Thread-safe. */
 int  zs_api_add_model(zs_api *a, const char *name, const char *model_dir, zs_engine *e, zs_sched *s);
+/* LoRA adapters over the base model (engine/model/lora.h). zs_api_add_adapter serves l under name
+ * from now on: /v1/models lists it with "parent" set to the base model's id, and a request whose
+ * "model" names it runs on the base's scheduler with the adapter (rows of different adapters share
+ * one batch and one weight stream). The api takes ownership of l in every case (freed at once on
+ * failure). dir is shown in /v1/models ("root"). ZS_EEXIST when the name is taken by a model or an
+ * adapter, ZS_EINVAL for an empty name, ZS_EBUSY before the base is attached. Thread-safe.
+ * A request takes a reference to its adapter at submit and drops it at on_done. */
+int  zs_api_add_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l);
+/* Loads the PEFT adapter directory dir against the base model and serves it as name: errors name
+ * the file and the problem (ZS_EFORMAT / ZS_EINVAL / ZS_ENOTFOUND / ZS_EUNSUPPORTED, e.g. a shape
+ * that does not match the base, a target module it lacks, r = 0, a truncated safetensors; the CUDA
+ * device serves no adapters yet). Thread-safe. */
+int  zs_api_load_adapter(zs_api *a, const char *name, const char *dir);
+/* Stops serving adapter name: requests naming it get 404 from now on; waits up to wait_s for the
+ * queued and running requests that use it, then fails those left (their answers end with an error
+ * saying the adapter was unloaded; *n_failed says how many, may be NULL). The adapter's memory is
+ * freed when the last request using it has finished, never before. ZS_ENOTFOUND for a name that is
+ * not a served adapter. Thread-safe. */
+int  zs_api_unload_adapter(zs_api *a, const char *name, double wait_s, int *n_failed);
 /* Shutting down: new generation requests get 503 (call before zs_sched_drain). */
 void zs_api_drain(zs_api *a);
 /* Requests of the api still holding state (submitted to the scheduler or being answered). */
@@ -64,6 +83,9 @@ typedef struct {
     int quiet;              /* no "listening"/"ready" lines on stderr */
     const char *data_dir;   /* fine-tuning API (files, jobs, fine-tuned models) under it; NULL: off */
     size_t max_file_bytes;  /* largest uploaded training file (0: 100 MiB; the body limit applies too) */
+    const char *const *loras; /* "NAME=DIR" LoRA adapters served from the start (serve --lora); a bad
+                                 one fails the load with the error naming it */
+    int n_loras;
 } zs_server_opts;
 
 typedef struct zs_server zs_server;

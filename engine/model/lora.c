@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "fileio.h"
+#include "ops.h"
 #include "safetensors.h"
 
 static const char *const lora_names[ZS_LORA_NT] = {"q_proj", "k_proj", "v_proj", "o_proj",
@@ -23,11 +24,34 @@ struct zs_lora {
     zs_lora_params p;
     int n_layers;
     int in[ZS_LORA_NT], out[ZS_LORA_NT];
-    float *A[ZS_LORA_NT], *B[ZS_LORA_NT]; /* [n_layers * r * in], [n_layers * out * r] */
+    float *A[ZS_LORA_NT], *B[ZS_LORA_NT]; /* [n_layers * r * in], [n_layers * out * r], inside flat */
+    float *flat;                           /* every parameter: per target, A then B */
+    size_t n_flat;
 };
 
 const char *zs_lora_target_name(int t) { return t >= 0 && t < ZS_LORA_NT ? lora_names[t] : "?"; }
 int zs_lora_target_role(int t) { return t >= 0 && t < ZS_LORA_NT ? lora_roles[t] : -1; }
+
+/* One zeroed block for every target's A and B (per target: A, then B). */
+static int lora_alloc(zs_lora *l) {
+    size_t n = 0;
+    for (int t = 0; t < ZS_LORA_NT; t++)
+        if (l->p.targets >> t & 1) n += (size_t)l->n_layers * (size_t)l->p.r * (size_t)(l->in[t] + l->out[t]);
+    l->flat = zs_aligned_alloc(64, (n ? n : 1) * sizeof(float));
+    if (!l->flat) return zs_err(ZS_ENOMEM, "lora: out of memory for %zu parameters", n);
+    memset(l->flat, 0, (n ? n : 1) * sizeof(float));
+    l->n_flat = n;
+    float *p = l->flat;
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        l->A[t] = l->B[t] = NULL;
+        if (!(l->p.targets >> t & 1)) continue;
+        l->A[t] = p;
+        p += (size_t)l->n_layers * (size_t)l->p.r * (size_t)l->in[t];
+        l->B[t] = p;
+        p += (size_t)l->n_layers * (size_t)l->out[t] * (size_t)l->p.r;
+    }
+    return 0;
+}
 
 int zs_lora_new(const zs_model *base, const zs_lora_params *p, zs_lora **out) {
     const zs_model_config *c = zs_model_config_get(base);
@@ -48,15 +72,11 @@ int zs_lora_new(const zs_model *base, const zs_lora_params *p, zs_lora **out) {
         const zs_slot *s = &L->slot[lora_roles[t]];
         l->out[t] = (int)s->shape[0];
         l->in[t] = (int)s->shape[1];
-        if (!(p->targets >> t & 1)) continue;
-        size_t na = (size_t)l->n_layers * (size_t)p->r * (size_t)l->in[t];
-        size_t nb = (size_t)l->n_layers * (size_t)l->out[t] * (size_t)p->r;
-        l->A[t] = calloc(na ? na : 1, sizeof(float));
-        l->B[t] = calloc(nb ? nb : 1, sizeof(float));
-        if (!l->A[t] || !l->B[t]) {
-            zs_lora_free(l);
-            return zs_err(ZS_ENOMEM, "lora: out of memory for %zu parameters", na + nb);
-        }
+    }
+    int rc = lora_alloc(l);
+    if (rc < 0) {
+        zs_lora_free(l);
+        return rc;
     }
     *out = l;
     return 0;
@@ -64,11 +84,82 @@ int zs_lora_new(const zs_model *base, const zs_lora_params *p, zs_lora **out) {
 
 void zs_lora_free(zs_lora *l) {
     if (!l) return;
-    for (int t = 0; t < ZS_LORA_NT; t++) {
-        free(l->A[t]);
-        free(l->B[t]);
-    }
+    free(l->flat);
     free(l);
+}
+
+int zs_lora_new_like(const zs_lora *src, zs_lora **out) {
+    zs_lora *l = calloc(1, sizeof *l);
+    if (!l) return zs_err(ZS_ENOMEM, "out of memory");
+    l->p = src->p;
+    l->n_layers = src->n_layers;
+    memcpy(l->in, src->in, sizeof l->in);
+    memcpy(l->out, src->out, sizeof l->out);
+    int rc = lora_alloc(l);
+    if (rc < 0) {
+        zs_lora_free(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
+}
+
+int zs_lora_copy(zs_lora *dst, const zs_lora *src) {
+    if (dst->n_flat != src->n_flat || dst->p.r != src->p.r || dst->p.targets != src->p.targets ||
+        dst->n_layers != src->n_layers)
+        return zs_err(ZS_EINVAL, "lora: copy between adapters of different shapes");
+    memcpy(dst->flat, src->flat, src->n_flat * sizeof(float));
+    return 0;
+}
+
+float *zs_lora_data(zs_lora *l, size_t *n) {
+    if (n) *n = l->n_flat;
+    return l->flat;
+}
+const float *zs_lora_data_const(const zs_lora *l, size_t *n) {
+    if (n) *n = l->n_flat;
+    return l->flat;
+}
+int zs_lora_n_layers(const zs_lora *l) { return l->n_layers; }
+
+/* splitmix64: a counter-based stream for the initialisation */
+static uint64_t mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void zs_lora_init(zs_lora *l, uint64_t seed) {
+    memset(l->flat, 0, l->n_flat * sizeof(float));
+    uint64_t k = 0;
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        if (!l->A[t]) continue;
+        /* kaiming_uniform_(a = sqrt(5)) over fan_in = in: U(-1/sqrt(in), 1/sqrt(in)) */
+        float bound = 1.0f / sqrtf((float)l->in[t]);
+        size_t na = (size_t)l->n_layers * (size_t)l->p.r * (size_t)l->in[t];
+        for (size_t i = 0; i < na; i++, k++) {
+            double u = (double)(mix64(seed * 0x100000001B3ull + k) >> 11) * (1.0 / 9007199254740992.0);
+            l->A[t][i] = (float)((2.0 * u - 1.0) * bound);
+        }
+    }
+}
+
+size_t zs_lora_apply_scratch(const zs_lora *l, int n) {
+    int wide = 0;
+    for (int t = 0; t < ZS_LORA_NT; t++)
+        if (l->A[t]) wide = ZS_MAX(wide, l->out[t]);
+    return (size_t)n * (size_t)(l->p.r + wide);
+}
+
+void zs_lora_apply(const zs_lora *l, int layer, int t, float *y, const float *x, int n, float *scratch) {
+    if (!l->A[t] || n <= 0) return;
+    int r = l->p.r, in = l->in[t], out = l->out[t];
+    float *u = scratch, *v = scratch + (size_t)n * (size_t)r, s = zs_lora_scale(l);
+    zs_op_matmul(u, x, n, in, zs_lora_A_const(l, layer, t), ZS_F32, r, NULL);
+    for (size_t i = 0; i < (size_t)n * (size_t)r; i++) u[i] *= s;
+    zs_op_matmul(v, u, n, r, zs_lora_B_const(l, layer, t), ZS_F32, out, NULL);
+    zs_op_add(y, v, (size_t)n * (size_t)out);
 }
 
 const zs_lora_params *zs_lora_get_params(const zs_lora *l) { return &l->p; }

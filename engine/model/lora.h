@@ -11,8 +11,13 @@
  * missing, extra or of the wrong shape, and anything the safetensors reader refuses (truncated
  * files).
  *
+ * Storage: every A and B of an adapter live in one flat f32 block (per target in ZS_LORA_* order: A
+ * of every layer, then B of every layer), so that training all-reduces, clips, updates and
+ * checkpoints it as one array (zs_lora_data).
+ *
  * Ownership: a zs_lora owns its matrices; it is read-only once loaded and may be shared by
- * threads (training updates it between steps only). */
+ * threads (training updates it between steps only). Reference counting of served adapters is the
+ * server's (api-models.c). */
 #ifndef ZS_LORA_H
 #define ZS_LORA_H
 
@@ -44,6 +49,24 @@ int zs_lora_load(const char *dir, const zs_model *base, zs_lora **out);
  * does (each file atomically; dir is created). base_name goes to base_model_name_or_path. */
 int zs_lora_save(const zs_lora *l, const char *dir, const char *base_name);
 void zs_lora_free(zs_lora *l);
+/* A zeroed adapter of src's shape and parameters (gradients, optimizer moments). */
+int zs_lora_new_like(const zs_lora *src, zs_lora **out);
+/* dst's parameters = src's (same shape, else ZS_EINVAL). */
+int zs_lora_copy(zs_lora *dst, const zs_lora *src);
+/* PEFT's initialisation (init_lora_weights=True): every A kaiming-uniform with a = sqrt(5), i.e.
+ * U(-1/sqrt(in), 1/sqrt(in)), from a deterministic stream of seed; every B zero (the adapter
+ * starts as the identity change). */
+void zs_lora_init(zs_lora *l, uint64_t seed);
+/* Every parameter as one flat array of *n floats (see Storage above). */
+float *zs_lora_data(zs_lora *l, size_t *n);
+const float *zs_lora_data_const(const zs_lora *l, size_t *n);
+int zs_lora_n_layers(const zs_lora *l);
+
+/* y[n, out] += scale · (x[n, in]·Aᵀ)·Bᵀ for target t of layer `layer` (nothing when t is not a
+ * target): u = x·Aᵀ, u *= scale, y += u·Bᵀ, with the batch-invariant zs_op_matmul, so a row's
+ * result does not depend on the other rows. scratch holds zs_lora_apply_scratch(l, n) floats. */
+void zs_lora_apply(const zs_lora *l, int layer, int t, float *y, const float *x, int n, float *scratch);
+size_t zs_lora_apply_scratch(const zs_lora *l, int n);
 
 const zs_lora_params *zs_lora_get_params(const zs_lora *l);
 float zs_lora_scale(const zs_lora *l);

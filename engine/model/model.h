@@ -172,6 +172,7 @@ int zs_model_pass_order(const zs_model *m, int *order);
  * sequence are consecutive with increasing positions; the cache must already have room
  * (zs_kv_seq_reserve) for them. logits_idx[i] >= 0 asks for the logits row of token i at that
  * row of the output (rows 0..n_logits-1). */
+typedef struct zs_lora zs_lora; /* lora.h */
 typedef struct {
     int n;
     const int32_t *tokens;
@@ -179,6 +180,11 @@ typedef struct {
     const int32_t *seq;
     const int32_t *logits_idx;
     int n_logits;
+    /* LoRA adapters per token (lora.h), or NULL: every token through the base alone. lora[i] NULL:
+     * token i through the base; else its adapted projections add lora[i]'s B·A·x (rows of one
+     * adapter computed together; the base weights are read once for the whole batch). The adapters
+     * must outlive the call. */
+    const zs_lora *const *lora;
 } zs_batch;
 
 typedef struct zs_forward zs_forward;   /* scratch of one forward executor */

@@ -41,6 +41,10 @@ typedef struct {
      * lists only <eos> still stops at the end of its turn; at most ZS_REQ_MAX_END_IDS */
     int32_t end_ids[4];
     int n_end_ids;
+    /* the LoRA adapter the request runs with (lora.h), or NULL: the base alone. Borrowed: it must
+     * stay valid until on_done has returned (the server's adapter table holds a reference). Rows
+     * of different adapters share a batch; each adds its own B·A·x (zs_batch.lora). */
+    const zs_lora *lora;
 } zs_req_params;
 #define ZS_REQ_MAX_END_IDS 4
 
@@ -71,6 +75,17 @@ void zs_sched_cancel(zs_sched *s, zs_request *r);
  * cancels what is left. */
 void zs_sched_drain(zs_sched *s, double timeout_s);
 void zs_sched_free(zs_sched *s);   /* cancels everything, stops the thread */
+/* Fails every queued or running request that uses adapter l, within one step: on_done gets
+ * ZS_DONE_ERROR with ZS_ECANCELLED and msg. Returns how many requests it marked. Thread-safe. */
+int  zs_sched_fail_lora(zs_sched *s, const zs_lora *l, const char *msg);
+/* Runs fn(ud) on the engine thread, between steps, at a moment when no request is queued or
+ * running (the idle passes: a LoRA job's training steps over the served base); fn may drive the
+ * engine's world (zs_world_run). Blocks the caller until fn has returned and returns fn's result;
+ * or ZS_ECANCELLED without running fn when the scheduler stops or drains first, or when
+ * cancelled(ud) (polled every few milliseconds while waiting; may be NULL) returns non-zero.
+ * Requests submitted while fn runs wait for it (one training step). Thread-safe; not from the
+ * engine thread itself. */
+int  zs_sched_run_idle(zs_sched *s, int (*fn)(void *ud), void *ud, int (*cancelled)(void *ud));
 
 #define ZS_SCHED_LAT_BUCKETS 12
 typedef struct {

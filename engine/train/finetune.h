@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "lora.h"
 
 typedef struct {
     const char *data_path;   /* training JSONL (required) */
@@ -32,6 +33,13 @@ typedef struct {
     int save_every;          /* save every N steps (0: only after the last step) */
     int resume;              /* continue from the latest checkpoint in ckpt_dir, if there is one:
                                 weights, optimizer state, step and data position */
+    /* LoRA (lora.h, lora-train.h): non-NULL trains an adapter over the frozen base instead of the
+     * whole model: the engine may be an inference engine (embedding lookup tables) in any weight
+     * dtype, quantized included (QLoRA), and may be the one a server serves (see hooks.exec);
+     * out_dir receives adapter_config.json + adapter_model.safetensors (PEFT's format) and the
+     * checkpoints hold only the adapter and its optimizer state. NULL: a full fine-tune. */
+    const zs_lora_params *lora;
+    const char *base_name;   /* LoRA: the adapter's base_model_name_or_path (NULL: the model path) */
 } zs_finetune_opts;
 
 /* Defaults of `zeroserve train`: 1 epoch, batch 4, lr 1e-4 constant, clip 1.0. */
@@ -52,6 +60,11 @@ typedef struct {
     int (*before_step)(void *ud, long step);
     /* After each step: its loss, the LR it used, the tokens processed so far. */
     void (*on_step)(void *ud, long step, long steps, float loss, float lr, size_t tokens);
+    /* Runs fn(arg) where the engine's world may be driven and returns its result (NULL hook: fn is
+     * called directly). Every training step, evaluation, checkpoint save and load of the run goes
+     * through it: a server maps it to zs_sched_run_idle, so a LoRA job's steps run on the engine
+     * thread of the served base between serving steps. */
+    int (*exec)(void *ud, int (*fn)(void *arg), void *arg);
     void *ud;
 } zs_finetune_hooks;
 
@@ -60,6 +73,10 @@ typedef struct {
     float first_loss, last_loss;
     float valid_loss;      /* -1 without validation data */
     size_t trained_tokens; /* tokens of the batches trained on (padding excluded) */
+    /* memory the run held beyond the base's weights as served, this process (bytes): trained
+     * parameters (LoRA: the adapter; full: every rank's fp32 master shards), their gradients,
+     * optimizer moments, and activations / trainer scratch */
+    size_t mem_params, mem_grads, mem_optimizer, mem_activations;
 } zs_finetune_result;
 
 /* Runs o on e's world. h may be NULL. res (may be NULL) is filled on success and, as far as the
