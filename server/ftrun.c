@@ -161,7 +161,7 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     zs_engine *e = NULL;
     if (rc == 0) rc = zs_engine_open(&eo, &e);
     run_ctx c = {J, j};
-    zs_finetune_hooks h = {on_plan, before_step, on_step, &c};
+    zs_finetune_hooks h = {on_plan, before_step, on_step, NULL, &c};
     zs_finetune_result res;
     if (rc == 0) rc = zs_finetune_run(e, &fo, &h, &res);
     zs_engine_free(e);

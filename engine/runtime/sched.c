@@ -240,7 +240,7 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
             }
             n += c;
         }
-        bs[i] = (zs_batch){n, b->tok, b->pos, b->seq, b->lidx, nl};
+        bs[i] = (zs_batch){n, b->tok, b->pos, b->seq, b->lidx, nl, NULL};
         lg[i] = b->logits;
         total += n;
     }

@@ -65,7 +65,7 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     ZS_CHECK(zs_data_validate(o->data_path, 0, &n_examples));
     int vrc = o->valid_path ? zs_data_validate(o->valid_path, 0, &n_examples) : 0;
     if (vrc < 0) return zs_err_prefix(vrc, "validation data");
-    zs_finetune_result r = {0, 0, 0, -1, 0};
+    zs_finetune_result r = {0, 0, 0, -1, 0, 0, 0, 0, 0};
     zs_dataset *d = NULL;
     zs_training *t = NULL;
     int32_t *buf = NULL;
