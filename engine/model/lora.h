@@ -62,6 +62,13 @@ float *zs_lora_data(zs_lora *l, size_t *n);
 const float *zs_lora_data_const(const zs_lora *l, size_t *n);
 int zs_lora_n_layers(const zs_lora *l);
 
+/* `zeroserve export --merge` (lora-merge.c): writes out_dir as a full Hugging Face model directory:
+ * base_dir's safetensors with W += scale·B·A on every adapted projection (computed in f32, stored
+ * in W's dtype, rounded to nearest even), every other tensor and file (config.json, tokenizer
+ * files, generation_config.json) as they are. The base must be a Hugging Face directory (not
+ * GGUF). Written into out_dir.tmp and renamed into place. Errors name the file and the problem. */
+int zs_lora_merge_export(const char *base_dir, const char *adapter_dir, const char *out_dir);
+
 /* y[n, out] += scale · (x[n, in]·Aᵀ)·Bᵀ for target t of layer `layer` (nothing when t is not a
  * target): u = x·Aᵀ, u *= scale, y += u·Bᵀ, with the batch-invariant zs_op_matmul, so a row's
  * result does not depend on the other rows. scratch holds zs_lora_apply_scratch(l, n) floats. */

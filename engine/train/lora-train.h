@@ -57,6 +57,10 @@ int  zs_lora_training_save(zs_lora_training *t, const char *dir, long step, cons
  * ZS_ENOTFOUND when there is none; ZS_EINVAL when its adapter's shape or parameters differ from
  * the training's. *meta_json is malloc'd (may be NULL). */
 int  zs_lora_training_load(zs_lora_training *t, const char *dir, long *step, char **meta_json);
+/* The gradient of the last step (or eval: none), after the all-reduce and the mean over the
+ * step's counted targets, before clipping: the same shape as the adapter. Valid until the next
+ * step or zs_lora_training_end. NULL before the first step. */
+const zs_lora *zs_lora_training_grad(const zs_lora_training *t);
 /* Bytes a LoRA job holds beyond the served base, this process: the adapter, the gradient
  * accumulators (one per rank), the AdamW moments, and the trainers' activations and scratch. */
 typedef struct { size_t adapter, grads, optimizer, activations; } zs_lora_train_memory;
