@@ -187,8 +187,11 @@ static int cmd_bench(int argc, char **argv) {
         {"decode", ZS_OPT_INT, &bo.decode_tokens, "decode tokens per run (default 32)"},
         {"threads", ZS_OPT_INT, &bo.threads, "threads of the bandwidth probe (default: all CPUs)"},
         {"json", ZS_OPT_STR, &bo.json_out, "also write the figures as JSON to this file"},
+        {"lora", ZS_OPT_INT, &bo.lora_adapters, "N: decode of a batch mixing N random LoRA adapters against the base alone"},
+        {"lora-r", ZS_OPT_INT, &bo.lora_r, "rank of those adapters (default 16)"},
+        {"lora-seqs", ZS_OPT_INT, &bo.lora_seqs, "sequences decoding together with --lora (default 16)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 5);
+    int n_opts = zs_engine_flags_table(&ef, opts, 8);
     if (want_help(argc, argv)) {
         zs_cli_usage("bench", "Measures prefill and decode throughput against bounds measured in the same run.", opts, n_opts);
         return 0;
@@ -197,9 +200,13 @@ static int cmd_bench(int argc, char **argv) {
     if (!ef.model) return zs_err(ZS_EINVAL, "--model is required");
     if (bo.runs < 1 || bo.prefill_tokens < 1 || bo.decode_tokens < 2)
         return zs_err(ZS_EINVAL, "--runs and --prefill must be >= 1, --decode >= 2");
+    if (bo.lora_adapters < 0 || bo.lora_r < 0 || bo.lora_seqs < 0)
+        return zs_err(ZS_EINVAL, "--lora, --lora-r and --lora-seqs must be >= 1");
+    if (!bo.lora_adapters && (bo.lora_r || bo.lora_seqs)) return zs_err(ZS_EINVAL, "--lora-r and --lora-seqs need --lora N");
     bo.engine.max_seqs = 1;
     bo.engine.max_batch_tokens = ZS_MAX(256, bo.prefill_tokens);
     ZS_CHECK(zs_engine_flags_apply(&ef, &bo.engine));
+    if (bo.lora_adapters) return zs_bench_lora(&bo);
     if (bo.engine.ranks > 1 || bo.engine.gather.tier != ZS_OFFLOAD_NONE) return zs_bench_offload(&bo);
     return zs_bench_run(&bo);
 }

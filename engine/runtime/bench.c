@@ -23,7 +23,7 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n) {
+double zs_bench_median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
@@ -77,7 +77,7 @@ int zs_bench_mem_bw(size_t bytes, int threads, int runs, double *gbps) {
         t[r] = (double)(per * (size_t)threads * 8) / (zs_now() - t0) / 1e9;
     }
     (void)sink;
-    *gbps = median(t, runs);
+    *gbps = zs_bench_median(t, runs);
     free(buf);
     free(t);
     return 0;
@@ -131,7 +131,7 @@ int zs_bench_run(const zs_bench_opts *o) {
         if ((rc = zs_bench_mem_bw(probe_bytes, o->threads, 1, &tb[r - 1])) < 0) goto done;
         tr[r - 1] = td[r - 1] * (double)dbytes / 1e9 / tb[r - 1];
     }
-    double pre = median(tp, runs), dec = median(td, runs), bw = median(tb, runs), ratio = median(tr, runs);
+    double pre = zs_bench_median(tp, runs), dec = zs_bench_median(td, runs), bw = zs_bench_median(tb, runs), ratio = zs_bench_median(tr, runs);
     double wgbps = dec * (double)dbytes / 1e9;
     printf("memory bandwidth (measured):   %8.2f GB/s\n", bw);
     printf("prefill:                       %8.1f tokens/s  (%d tokens)\n", pre, np);

@@ -12,6 +12,9 @@ typedef struct {
     int decode_tokens;  /* tokens per decode run (default 32) */
     int threads;        /* threads for the bandwidth probe (default: online CPUs) */
     const char *json_out; /* optional: write the figures as JSON here */
+    int lora_adapters;  /* > 0: zs_bench_lora with this many adapters */
+    int lora_r;         /* their rank (default 16) */
+    int lora_seqs;      /* sequences decoding together (default 16) */
 } zs_bench_opts;
 
 void zs_bench_opts_default(zs_bench_opts *o);
@@ -23,5 +26,10 @@ int zs_bench_run(const zs_bench_opts *o);
 /* Weight streaming with --offload/--ranks against the tier's bound, and the overlap figure
  * (bench-offload.c). */
 int zs_bench_offload(const zs_bench_opts *o);
+/* Decode tokens/s of a batch mixing lora_adapters LoRA adapters against the base alone
+ * (bench-lora.c). */
+int zs_bench_lora(const zs_bench_opts *o);
+/* The median of n values (sorts v). */
+double zs_bench_median(double *v, int n);
 
 #endif
