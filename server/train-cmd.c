@@ -1,7 +1,9 @@
 /* train-cmd.c — `zeroserve train`: fine-tunes a model on a JSONL file through the engine's ranks
  * (ZeRO-3, optimizer state in host memory), prints progress, and writes the result as a plain
- * Hugging Face model directory that `generate` and `serve` load. The run itself is
- * engine/finetune.c (shared with the server's fine-tuning jobs). */
+ * Hugging Face model directory that `generate` and `serve` load; with --lora / --lora-r, trains a
+ * LoRA adapter over the frozen base instead (any --weight-dtype, quantized = QLoRA) and writes it
+ * in PEFT's format. The run itself is engine/finetune.c (shared with the server's fine-tuning
+ * jobs). */
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -18,6 +20,36 @@
 #include "finetune.h"
 
 int zs_cmd_train(int argc, char **argv);
+
+/* "q,k,v,o,gate,up,down" (each with or without _proj; "all") -> target bits */
+static int parse_targets(const char *s, unsigned *out) {
+    unsigned bits = 0;
+    char buf[256];
+    if (strlen(s) >= sizeof buf) return zs_err(ZS_EINVAL, "--lora-targets: too long");
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ') tok++;
+        size_t n = strlen(tok);
+        while (n && tok[n - 1] == ' ') tok[--n] = 0;
+        if (n > 5 && !strcmp(tok + n - 5, "_proj")) tok[n - 5] = 0;
+        if (!strcmp(tok, "all")) {
+            bits |= ZS_LORA_ALL;
+            continue;
+        }
+        int found = -1;
+        for (int t = 0; t < ZS_LORA_NT; t++) {
+            const char *name = zs_lora_target_name(t); /* "q_proj" */
+            size_t k = strlen(name) - 5;
+            if (strlen(tok) == k && !strncmp(tok, name, k)) found = t;
+        }
+        if (found < 0)
+            return zs_err(ZS_EINVAL, "--lora-targets: '%s' is not one of q, k, v, o, gate, up, down (with or without _proj)", tok);
+        bits |= 1u << found;
+    }
+    if (!bits) return zs_err(ZS_EINVAL, "--lora-targets: no target given");
+    *out = bits;
+    return 0;
+}
 
 static void fmt_time(double s, char *buf, size_t cap) {
     long t = (long)(s + 0.5);
@@ -69,9 +101,12 @@ int zs_cmd_train(int argc, char **argv) {
     const char *ckpt_dir = NULL, *resume = NULL;
     float lr = 1e-4f, clip = 1.0f, wd = 0.0f;
     uint64_t seed = 0;
+    int lora_on = 0, lora_r = 0, rslora = 0;
+    float lora_alpha = -1.0f, lora_dropout = -1.0f; /* -1: not given */
+    const char *lora_targets = NULL;
     zs_engine_flags ef;
     zs_engine_flags_init(&ef);
-    zs_opt opts[20 + ZS_ENGINE_FLAG_COUNT] = {
+    zs_opt opts[26 + ZS_ENGINE_FLAG_COUNT] = {
         {"data", ZS_OPT_STR, &data_path, "training data, JSONL: {text} | {prompt, completion} | {messages}  [required]"},
         {"out", ZS_OPT_STR, &out, "output model directory (Hugging Face layout)  [required]"},
         {"epochs", ZS_OPT_INT, &epochs, "passes over the data (default 1)"},
@@ -90,8 +125,16 @@ int zs_cmd_train(int argc, char **argv) {
         {"checkpoint-dir", ZS_OPT_STR, &ckpt_dir, "write checkpoints here (default: OUT.checkpoints)"},
         {"save-every", ZS_OPT_INT, &save_every, "checkpoint every N steps (default 0: after the last step)"},
         {"resume", ZS_OPT_STR, &resume, "continue from the latest checkpoint in this directory (any rank count)"},
+        {"lora", ZS_OPT_FLAG, &lora_on, "train a LoRA adapter over the frozen base instead of the whole model (--out gets "
+                                        "adapter_config.json + adapter_model.safetensors, PEFT's format; any --weight-dtype, "
+                                        "q8_0 / q4_k / ... = QLoRA)"},
+        {"lora-r", ZS_OPT_INT, &lora_r, "LoRA rank (turns LoRA on; default 16)"},
+        {"lora-alpha", ZS_OPT_FLOAT, &lora_alpha, "LoRA alpha: the update is scaled by alpha / r (default 32)"},
+        {"lora-dropout", ZS_OPT_FLOAT, &lora_dropout, "dropout on the input of lora_A, in [0, 1) (default 0)"},
+        {"lora-targets", ZS_OPT_STR, &lora_targets, "adapted projections (default q,k,v,o,gate,up,down; _proj optional)"},
+        {"lora-rslora", ZS_OPT_FLAG, &rslora, "rank-stabilised LoRA: scale alpha / sqrt(r)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 18);
+    int n_opts = zs_engine_flags_table(&ef, opts, 24);
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             zs_cli_usage("train", "Fine-tunes a model on a JSONL file and writes the result as a model directory.", opts, n_opts);
@@ -104,6 +147,20 @@ int zs_cmd_train(int argc, char **argv) {
     if (epochs < 1 || steps < 0 || batch < 1 || accum < 1 || seq_len < 0 || warmup < 0 || every < 1)
         return zs_err(ZS_EINVAL, "--epochs, --batch-size, --grad-accum and --log-every must be >= 1; --steps, --seq-len, --warmup >= 0");
     if (!(lr > 0) || clip < 0 || wd < 0) return zs_err(ZS_EINVAL, "--lr must be > 0; --clip and --weight-decay >= 0");
+    zs_lora_params lp = {16, 32.0f, 0, 0.0f, ZS_LORA_ALL};
+    int lora = lora_on || lora_r != 0;
+    if (!lora && (lora_alpha != -1.0f || lora_dropout != -1.0f || lora_targets || rslora))
+        return zs_err(ZS_EINVAL, "--lora-alpha, --lora-dropout, --lora-targets and --lora-rslora need LoRA on (--lora or --lora-r N)");
+    if (lora) {
+        if (lora_r < 0 || (lora_r == 0 && !lora_on)) return zs_err(ZS_EINVAL, "--lora-r must be >= 1");
+        if (lora_r) lp.r = lora_r;
+        if (lora_alpha != -1.0f) lp.alpha = lora_alpha;
+        if (!(lp.alpha > 0)) return zs_err(ZS_EINVAL, "--lora-alpha must be > 0");
+        if (lora_dropout != -1.0f) lp.dropout = lora_dropout;
+        if (!(lp.dropout >= 0.0f && lp.dropout < 1.0f)) return zs_err(ZS_EINVAL, "--lora-dropout must be in [0, 1)");
+        if (lora_targets) ZS_CHECK(parse_targets(lora_targets, &lp.targets));
+        lp.rslora = rslora;
+    }
     zs_finetune_opts fo;
     zs_finetune_opts_default(&fo);
     if (!strcmp(schedule, "constant")) fo.schedule = ZS_LR_CONSTANT;
@@ -120,7 +177,9 @@ int zs_cmd_train(int argc, char **argv) {
     ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
     if (eo.kv_dtype != ZS_F32) /* training's attention keeps its own f32 activations, no KV cache */
         return zs_err(ZS_EINVAL, "--kv-dtype %s: training uses no KV cache (only f32 is accepted)", ef.kv_dtype);
-    eo.model.embed_lookup = 0; /* a training engine: every table sharded (model.h) */
+    /* a full fine-tune needs the training layout (every table sharded, model.h); LoRA trains over
+     * the base exactly as it is served (an inference model, any weight dtype) */
+    eo.model.embed_lookup = lora ? 1 : 0;
     eo.spmd = 1; /* under mpirun every process trains its ranks' share of every step */
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
@@ -137,6 +196,10 @@ int zs_cmd_train(int argc, char **argv) {
     fo.clip = clip;
     fo.weight_decay = wd;
     fo.seed = seed;
+    if (lora) {
+        fo.lora = &lp;
+        fo.base_name = ef.model;
+    }
     if (save_every < 0) return zs_err(ZS_EINVAL, "--save-every must be >= 0");
     static char ckbuf[4200];
     if (!ckpt_dir && !resume) {

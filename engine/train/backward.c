@@ -4,13 +4,17 @@
  * pieces of Qwen3, Gemma 2/3, Phi-3 and Mistral: q/k norms, sandwich norms, GeGLU, soft-capping,
  * sliding windows, scaled RoPE, scaled embeddings) and GPT-2
  * models on the CPU. The forward arithmetic is that of forward.c; the backward ops are in
- * kernels/cpu/ops-backward.c. */
+ * kernels/cpu/ops-backward.c. With a LoRA adapter set (zs_trainer_set_lora) the base is frozen:
+ * every adapted projection adds scale·B·A·drop(x) in the forward and the recompute, the backward
+ * accumulates only the adapter's gradient, and the base weights may be of any dtype (block formats
+ * dequantized in the dx products) and may belong to an inference model (host embedding tables). */
 #include "backward.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "common.h"
+#include "lora.h"
 #include "ops.h"
 #include "rope.h"
 #include "train-ops.h"
@@ -40,6 +44,15 @@ struct zs_trainer {
     float *logits;          /* [chunk * V] */
     int chunk;
     float *wscratch;        /* [ZS_MATMUL_BWD_BLOCK * max(in)] for f16/bf16 weights */
+    /* frozen-base LoRA (zs_trainer_set_lora): the adapter, its gradient (NULL: forward only),
+     * the dropout stream; per target the scaled u = s·A·drop(x) of the current layer [N*r]; the
+     * dropped input [N*max in], B·u [N*max out], d(s·u) [N*r], the gradient of drop(x) [N*max in] */
+    const zs_lora *lora;
+    zs_lora *lgrad;
+    uint64_t lseed, lkey;
+    float lp;
+    float *lu[ZS_LORA_NT], *lxd, *lv, *ldu, *ldx;
+    size_t lbytes;
 };
 
 static float *talloc(zs_trainer *t, size_t n) {
@@ -134,8 +147,20 @@ int zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out) {
     return 0;
 }
 
+static void lora_bufs_free(zs_trainer *t) {
+    for (int k = 0; k < ZS_LORA_NT; k++) {
+        free(t->lu[k]);
+        t->lu[k] = NULL;
+    }
+    free(t->lxd); free(t->lv); free(t->ldu); free(t->ldx);
+    t->lxd = t->lv = t->ldu = t->ldx = NULL;
+    t->bytes -= t->lbytes;
+    t->lbytes = 0;
+}
+
 void zs_trainer_free(zs_trainer *t) {
     if (!t) return;
+    lora_bufs_free(t);
     float *bufs[] = {t->xs, t->dres, t->xn1, t->q, t->k, t->v, t->att, t->xmid, t->xn2, t->hg, t->hu,
                      t->ha, t->tmp, t->dxn, t->dq, t->dk, t->dv, t->datt, t->dhg, t->dhu, t->dha,
                      t->scores, t->logits, t->wscratch, t->qraw, t->kraw, t->dqraw, t->dkraw, t->ao, t->mo, t->dtmp, t->capped,
@@ -147,6 +172,63 @@ void zs_trainer_free(zs_trainer *t) {
 }
 
 size_t zs_trainer_bytes(const zs_trainer *t) { return t->bytes; }
+
+static int same_shape(const zs_lora *a, const zs_lora *b) {
+    const zs_lora_params *p = zs_lora_get_params(a), *q = zs_lora_get_params(b);
+    return p->r == q->r && p->targets == q->targets && zs_lora_n_layers(a) == zs_lora_n_layers(b) &&
+           zs_lora_param_count(a) == zs_lora_param_count(b);
+}
+
+int zs_trainer_set_lora(zs_trainer *t, const zs_lora *adapter, zs_lora *grad, uint64_t seed, uint64_t key) {
+    t->next = -1; /* a pass in progress is abandoned */
+    if (!adapter) {
+        if (grad) return zs_err(ZS_EINVAL, "trainer: a LoRA gradient without an adapter");
+        lora_bufs_free(t);
+        t->lora = NULL;
+        t->lgrad = NULL;
+        return 0;
+    }
+    const zs_lora_params *p = zs_lora_get_params(adapter);
+    if (zs_lora_n_layers(adapter) != t->L)
+        return zs_err(ZS_EINVAL, "trainer: the adapter has %d layers, the model %d", zs_lora_n_layers(adapter), t->L);
+    if (grad && !same_shape(adapter, grad)) return zs_err(ZS_EINVAL, "trainer: the LoRA gradient's shape differs from the adapter's");
+    if (!(p->dropout >= 0.0f && p->dropout < 1.0f))
+        return zs_err(ZS_EINVAL, "trainer: lora dropout %g must be in [0, 1)", (double)p->dropout);
+    int mx_in = 1, mx_out = 1;
+    for (int k = 0; k < ZS_LORA_NT; k++) {
+        if (!(p->targets >> k & 1)) continue;
+        int in, out;
+        zs_lora_dims(adapter, k, &in, &out);
+        const zs_slot *s = &zs_model_layout(t->m, zs_bucket_layer(0))->slot[zs_lora_target_role(k)];
+        if (!s->present || s->shape[0] != out || s->shape[1] != in)
+            return zs_err(ZS_EINVAL, "trainer: the adapter's %s [%d, %d] does not fit the model", zs_lora_target_name(k),
+                          out, in);
+        mx_in = ZS_MAX(mx_in, in);
+        mx_out = ZS_MAX(mx_out, out);
+    }
+    /* buffers sized for this adapter (again when the adapter changes) */
+    if (t->lora != adapter || (grad && !t->ldu)) {
+        lora_bufs_free(t);
+        size_t N = (size_t)t->N, r = (size_t)p->r, before = t->bytes;
+        int ok = 1;
+        for (int k = 0; k < ZS_LORA_NT; k++)
+            if (p->targets >> k & 1) ok &= !!(t->lu[k] = talloc(t, N * r));
+        ok &= !!(t->lxd = talloc(t, N * (size_t)mx_in)) && !!(t->lv = talloc(t, N * (size_t)mx_out));
+        ok &= !!(t->ldu = talloc(t, N * r)) && !!(t->ldx = talloc(t, N * (size_t)mx_in));
+        t->lbytes = t->bytes - before;
+        if (!ok) {
+            lora_bufs_free(t);
+            t->lora = NULL;
+            return zs_err(ZS_ENOMEM, "trainer: out of memory for the LoRA activations");
+        }
+    }
+    t->lora = adapter;
+    t->lgrad = grad;
+    t->lseed = seed;
+    t->lkey = key;
+    t->lp = grad ? p->dropout : 0.0f; /* evaluation: no dropout */
+    return 0;
+}
 
 /* ---- helpers ---- */
 
@@ -165,11 +247,87 @@ static inline const void *W(const zs_bucket_layout *L, int role, const void *dat
 }
 #define WF(L, role, data, res) ((const float *)W(L, role, data, res))
 
-/* Pointer of a role's gradient (grad layout) given the two gradient base pointers. */
+/* Pointer of a role's gradient (grad layout) given the two gradient base pointers (NULL if absent,
+ * or if its area is NULL: a frozen base has no gradients). */
 static inline float *G(const zs_bucket_layout *GL, int role, float *g_data, float *g_res) {
     const zs_slot *s = &GL->slot[role];
-    if (!s->present) return NULL;
-    return (float *)(void *)((char *)(s->resident ? (void *)g_res : (void *)g_data) + s->offset);
+    char *base = s->resident ? (char *)g_res : (char *)g_data;
+    if (!s->present || !base) return NULL;
+    return (float *)(void *)(base + s->offset);
+}
+
+/* ---- LoRA on the adapted projections (frozen base) ---- */
+
+static inline uint64_t mix64(uint64_t z) { /* splitmix64's finaliser */
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Dropout of x [n elements] before lora_A of target tg in layer l: element e is kept when the top
+ * 32 bits of mix64(h + e) are >= p·2^32, h a hash of (seed, key, layer, target); kept elements
+ * are scaled by 1/(1-p) (nn.Dropout). The same mask again for the same arguments. bwd: dx[e] +=
+ * the scaled gradient dxd[e] of the kept elements instead. */
+static void lora_drop(const zs_trainer *t, int l, int tg, float *out, const float *x, size_t n, int bwd) {
+    uint64_t h = mix64(mix64(mix64(t->lseed) ^ t->lkey) ^ ((uint64_t)l << 8 | (uint64_t)tg));
+    uint64_t thr = (uint64_t)((double)t->lp * 4294967296.0);
+    float keep = 1.0f / (1.0f - t->lp);
+    for (size_t e = 0; e < n; e++) {
+        int kept = (mix64(h + e) >> 32) >= thr;
+        if (bwd) {
+            if (kept) out[e] += x[e] * keep;
+        } else {
+            out[e] = kept ? x[e] * keep : 0.0f;
+        }
+    }
+}
+
+/* y[n, out] += s·B·A·drop(x) for target tg of layer l (nothing without an adapter or when tg is not
+ * a target), keeping s·A·drop(x) in lu[tg]: zs_lora_apply's arithmetic (u = x·Aᵀ, u *= s,
+ * y += u·Bᵀ). y NULL: only u (the recompute needs it for dB where it skips the product). */
+static void lora_fwd(zs_trainer *t, int l, int tg, float *y, const float *x, int n) {
+    const zs_lora *lo = t->lora;
+    const float *A = lo ? zs_lora_A_const(lo, l, tg) : NULL;
+    if (!A) return;
+    int r = zs_lora_get_params(lo)->r, in, out;
+    zs_lora_dims(lo, tg, &in, &out);
+    float s = zs_lora_scale(lo), *u = t->lu[tg];
+    const float *xd = x;
+    if (t->lp > 0.0f) {
+        lora_drop(t, l, tg, t->lxd, x, (size_t)n * (size_t)in, 0);
+        xd = t->lxd;
+    }
+    zs_op_matmul(u, xd, n, in, A, ZS_F32, r, NULL);
+    for (size_t i = 0; i < (size_t)n * (size_t)r; i++) u[i] *= s;
+    if (!y) return;
+    zs_op_matmul(t->lv, u, n, r, zs_lora_B_const(lo, l, tg), ZS_F32, out, NULL);
+    zs_op_add(y, t->lv, (size_t)n * (size_t)out);
+}
+
+/* The backward of lora_fwd given dy [n, out] (the gradient of y) and its input x: with v = s·u,
+ * dB += dyᵀ·v, dv = dy·B, du = s·dv, dA += duᵀ·drop(x), dx += mask∘(du·A)/(1-p). Needs lu[tg]
+ * from the recompute of this layer. */
+static void lora_bwd(zs_trainer *t, int l, int tg, float *dx, const float *dy, const float *x, int n) {
+    const zs_lora *lo = t->lora;
+    const float *A = lo && t->lgrad ? zs_lora_A_const(lo, l, tg) : NULL;
+    if (!A) return;
+    int r = zs_lora_get_params(lo)->r, in, out;
+    zs_lora_dims(lo, tg, &in, &out);
+    float s = zs_lora_scale(lo);
+    size_t nr = (size_t)n * (size_t)r, ni = (size_t)n * (size_t)in;
+    memset(t->ldu, 0, nr * sizeof(float));
+    zs_op_matmul_bwd(t->ldu, zs_lora_B(t->lgrad, l, tg), NULL, dy, t->lu[tg], zs_lora_B_const(lo, l, tg), ZS_F32, n,
+                     r, out, NULL);
+    for (size_t i = 0; i < nr; i++) t->ldu[i] *= s;
+    if (t->lp > 0.0f) {
+        lora_drop(t, l, tg, t->lxd, x, ni, 0);
+        memset(t->ldx, 0, ni * sizeof(float));
+        zs_op_matmul_bwd(t->ldx, zs_lora_A(t->lgrad, l, tg), NULL, t->ldu, t->lxd, A, ZS_F32, n, in, r, NULL);
+        lora_drop(t, l, tg, dx, t->ldx, ni, 1);
+    } else {
+        zs_op_matmul_bwd(dx, zs_lora_A(t->lgrad, l, tg), NULL, t->ldu, x, A, ZS_F32, n, in, r, NULL);
+    }
 }
 
 /* Every present slot of a bucket has its area: a NULL base for a used area is ZS_EINVAL. */
@@ -218,13 +376,16 @@ static void layer_compute(zs_trainer *t, int l, const void *data, const void *re
     const zs_model_config *c = t->c;
     const zs_bucket_layout *L = zs_model_layout(t->m, zs_bucket_layer(l));
     int n = t->N, d = t->d, qd = t->qd, kvd = t->kvd, ff = t->ff, T = t->T;
-    zs_dtype wd = L->slot[ZS_R_WQ].dtype;
     size_t nd = (size_t)n * d;
+#define WD(role) (L->slot[role].dtype) /* per matrix: a Q4_K_M mix stores them in different formats */
 
     norm_fwd(c, t->xn1, x_in, WF(L, ZS_R_ATTN_NORM_W, data, res), WF(L, ZS_R_ATTN_NORM_B, data, res), n);
-    zs_op_matmul(t->q, t->xn1, n, d, W(L, ZS_R_WQ, data, res), wd, qd, WF(L, ZS_R_BQ, data, res));
-    zs_op_matmul(t->k, t->xn1, n, d, W(L, ZS_R_WK, data, res), wd, kvd, WF(L, ZS_R_BK, data, res));
-    zs_op_matmul(t->v, t->xn1, n, d, W(L, ZS_R_WV, data, res), wd, kvd, WF(L, ZS_R_BV, data, res));
+    zs_op_matmul(t->q, t->xn1, n, d, W(L, ZS_R_WQ, data, res), WD(ZS_R_WQ), qd, WF(L, ZS_R_BQ, data, res));
+    zs_op_matmul(t->k, t->xn1, n, d, W(L, ZS_R_WK, data, res), WD(ZS_R_WK), kvd, WF(L, ZS_R_BK, data, res));
+    zs_op_matmul(t->v, t->xn1, n, d, W(L, ZS_R_WV, data, res), WD(ZS_R_WV), kvd, WF(L, ZS_R_BV, data, res));
+    lora_fwd(t, l, ZS_LORA_Q, t->q, t->xn1, n);
+    lora_fwd(t, l, ZS_LORA_K, t->k, t->xn1, n);
+    lora_fwd(t, l, ZS_LORA_V, t->v, t->xn1, n);
     if (c->qk_norm) { /* per-head RMSNorm of q and k (the inputs kept for the backward) */
         memcpy(t->qraw, t->q, (size_t)n * qd * sizeof(float));
         memcpy(t->kraw, t->k, (size_t)n * kvd * sizeof(float));
@@ -243,7 +404,8 @@ static void layer_compute(zs_trainer *t, int l, const void *data, const void *re
         zs_op_attention_fwd(t->att + o * qd, t->q + o * qd, t->k + o * kvd, t->v + o * kvd, T, c->n_heads,
                             c->n_kv_heads, c->head_dim, t->scores, &ap);
     }
-    zs_op_matmul(t->tmp, t->att, n, qd, W(L, ZS_R_WO, data, res), wd, d, WF(L, ZS_R_BO, data, res));
+    zs_op_matmul(t->tmp, t->att, n, qd, W(L, ZS_R_WO, data, res), WD(ZS_R_WO), d, WF(L, ZS_R_BO, data, res));
+    lora_fwd(t, l, ZS_LORA_O, t->tmp, t->att, n);
     if (c->post_norms) {
         memcpy(t->ao, t->tmp, nd * sizeof(float));
         norm_fwd(c, t->tmp, t->ao, WF(L, ZS_R_POST_ATTN_NORM, data, res), NULL, n);
@@ -254,33 +416,50 @@ static void layer_compute(zs_trainer *t, int l, const void *data, const void *re
     norm_fwd(c, t->xn2, t->xmid, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), n);
     size_t nf = (size_t)n * ff;
     if (c->arch == ZS_ARCH_GPT2) {
-        zs_op_matmul(t->hu, t->xn2, n, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res));
+        zs_op_matmul(t->hu, t->xn2, n, d, W(L, ZS_R_W_UP, data, res), WD(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res));
+        lora_fwd(t, l, ZS_LORA_UP, t->hu, t->xn2, n);
         memcpy(t->ha, t->hu, nf * sizeof(float));
         zs_op_gelu(t->ha, nf);
     } else {
-        zs_op_matmul(t->hg, t->xn2, n, d, W(L, ZS_R_W_GATE, data, res), wd, ff, WF(L, ZS_R_B_GATE, data, res));
-        zs_op_matmul(t->hu, t->xn2, n, d, W(L, ZS_R_W_UP, data, res), wd, ff, WF(L, ZS_R_B_UP, data, res));
+        zs_op_matmul(t->hg, t->xn2, n, d, W(L, ZS_R_W_GATE, data, res), WD(ZS_R_W_GATE), ff, WF(L, ZS_R_B_GATE, data, res));
+        zs_op_matmul(t->hu, t->xn2, n, d, W(L, ZS_R_W_UP, data, res), WD(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res));
+        lora_fwd(t, l, ZS_LORA_GATE, t->hg, t->xn2, n);
+        lora_fwd(t, l, ZS_LORA_UP, t->hu, t->xn2, n);
         if (c->act) zs_op_geglu(t->ha, t->hg, t->hu, nf);
         else zs_op_swiglu(t->ha, t->hg, t->hu, nf);
     }
     if (x_out || c->post_norms) {
-        zs_op_matmul(t->tmp, t->ha, n, ff, W(L, ZS_R_W_DOWN, data, res), wd, d, WF(L, ZS_R_B_DOWN, data, res));
+        zs_op_matmul(t->tmp, t->ha, n, ff, W(L, ZS_R_W_DOWN, data, res), WD(ZS_R_W_DOWN), d, WF(L, ZS_R_B_DOWN, data, res));
+        lora_fwd(t, l, ZS_LORA_DOWN, t->tmp, t->ha, n);
         if (c->post_norms) {
             memcpy(t->mo, t->tmp, nd * sizeof(float));
             norm_fwd(c, t->tmp, t->mo, WF(L, ZS_R_POST_FFN_NORM, data, res), NULL, n);
         }
     }
+    else if (t->lgrad) {
+        lora_fwd(t, l, ZS_LORA_DOWN, NULL, t->ha, n); /* the recompute: u for dB only */
+    }
     if (x_out) {
         memcpy(x_out, t->xmid, nd * sizeof(float));
         zs_op_add(x_out, t->tmp, nd);
     }
+#undef WD
 }
 
 /* ---- the pass ---- */
 
 int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const int32_t *tokens) {
     const zs_bucket_layout *E = zs_model_layout(t->m, zs_bucket_embed());
-    ZS_CHECK(check_areas(E, data, res, "embedding forward"));
+    int lookup = zs_model_embed_lookup(t->m); /* an inference model: rows of the host tables */
+    if (!lookup) ZS_CHECK(check_areas(E, data, res, "embedding forward"));
+    const void *tok_tab = lookup ? zs_model_embed_table(t->m, ZS_R_TOK_EMB) : W(E, ZS_R_TOK_EMB, data, res);
+    const void *pos_tab = !E->slot[ZS_R_POS_EMB].present ? NULL
+                          : lookup                        ? zs_model_embed_table(t->m, ZS_R_POS_EMB)
+                                                          : W(E, ZS_R_POS_EMB, data, res);
+    if (!tok_tab || (E->slot[ZS_R_POS_EMB].present && !pos_tab)) {
+        t->next = -1;
+        return zs_err(ZS_EINVAL, "trainer: the embedding lookup tables are not loaded");
+    }
     for (int i = 0; i < t->N; i++)
         if (tokens[i] < 0 || tokens[i] >= t->V) {
             t->next = -1;
@@ -290,9 +469,9 @@ int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const i
     int d = t->d;
     for (int i = 0; i < t->N; i++) {
         float *x = t->xs + (size_t)i * d;
-        zs_op_embed(x, W(E, ZS_R_TOK_EMB, data, res), E->slot[ZS_R_TOK_EMB].dtype, d, t->tokens[i]);
-        if (E->slot[ZS_R_POS_EMB].present) {
-            zs_op_embed(t->tmp, W(E, ZS_R_POS_EMB, data, res), E->slot[ZS_R_POS_EMB].dtype, d, t->pos[i]);
+        zs_op_embed(x, tok_tab, E->slot[ZS_R_TOK_EMB].dtype, d, t->tokens[i]);
+        if (pos_tab) {
+            zs_op_embed(t->tmp, pos_tab, E->slot[ZS_R_POS_EMB].dtype, d, t->pos[i]);
             zs_op_add(x, t->tmp, (size_t)d);
         }
         if (t->c->embed_scale > 0) /* Gemma: times sqrt(hidden), as the inference pass */
@@ -321,14 +500,18 @@ int zs_train_head(zs_trainer *t, const void *head_data, const void *head_res, co
     const zs_bucket_layout *H = zs_model_layout(t->m, hb), *GH = zs_model_grad_layout(t->m, hb);
     const zs_bucket_layout *E = zs_model_layout(t->m, eb), *GE = zs_model_grad_layout(t->m, eb);
     int eval = !g_head_data && !g_head_res && !g_embed_data && !g_embed_res;
+    if (t->lora) { /* a frozen base: no base gradient; the backward follows when the adapter has one */
+        eval = !t->lgrad;
+        g_head_data = g_head_res = g_embed_data = g_embed_res = NULL;
+    }
     ZS_CHECK(check_areas(H, head_data, head_res, "head"));
-    if (!eval) ZS_CHECK(check_areas(GH, g_head_data, g_head_res, "head gradient"));
+    if (!eval && !t->lora) ZS_CHECK(check_areas(GH, g_head_data, g_head_res, "head gradient"));
     const void *Wh;
     zs_dtype wdt;
     float *gW;
     if (c->tied_embeddings) {
         ZS_CHECK(check_areas(E, embed_data, embed_res, "tied head (embedding bucket)"));
-        if (!eval) ZS_CHECK(check_areas(GE, g_embed_data, g_embed_res, "tied head (embedding gradient)"));
+        if (!eval && !t->lora) ZS_CHECK(check_areas(GE, g_embed_data, g_embed_res, "tied head (embedding gradient)"));
         Wh = W(E, ZS_R_TOK_EMB, embed_data, embed_res);
         wdt = E->slot[ZS_R_TOK_EMB].dtype;
         gW = G(GE, ZS_R_TOK_EMB, g_embed_data, g_embed_res);
@@ -387,10 +570,11 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
     int b = zs_bucket_layer(layer);
     const zs_bucket_layout *L = zs_model_layout(t->m, b), *GL = zs_model_grad_layout(t->m, b);
     ZS_CHECK(check_areas(L, data, res, "layer backward"));
-    ZS_CHECK(check_areas(GL, g_data, g_res, "layer gradient"));
+    if (t->lora) g_data = g_res = NULL; /* a frozen base: only the adapter's gradient */
+    else ZS_CHECK(check_areas(GL, g_data, g_res, "layer gradient"));
     int n = t->N, d = t->d, qd = t->qd, kvd = t->kvd, ff = t->ff, T = t->T;
     size_t nd = (size_t)n * d, nf = (size_t)n * ff;
-    zs_dtype wd = L->slot[ZS_R_WQ].dtype;
+#define WD(role) (L->slot[role].dtype)
     float *ws = t->wscratch;
     const float *x_in = t->xs + (size_t)layer * nd;
 #define GR(role) G(GL, role, g_data, g_res)
@@ -405,8 +589,9 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
         dm = t->dtmp;
     }
     memset(t->dha, 0, nf * sizeof(float));
-    zs_op_matmul_bwd(t->dha, GR(ZS_R_W_DOWN), GR(ZS_R_B_DOWN), dm, t->ha, W(L, ZS_R_W_DOWN, data, res), wd, n,
-                     ff, d, ws);
+    zs_op_matmul_bwd(t->dha, GR(ZS_R_W_DOWN), GR(ZS_R_B_DOWN), dm, t->ha, W(L, ZS_R_W_DOWN, data, res),
+                     WD(ZS_R_W_DOWN), n, ff, d, ws);
+    lora_bwd(t, layer, ZS_LORA_DOWN, t->dha, dm, t->ha, n);
     memset(t->dxn, 0, nd * sizeof(float));
     if (c->arch == ZS_ARCH_GPT2) {
         zs_op_gelu_bwd(t->dhu, t->dha, t->hu, nf);
@@ -414,10 +599,12 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
         if (c->act) zs_op_geglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
         else zs_op_swiglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
         zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_GATE), GR(ZS_R_B_GATE), t->dhg, t->xn2, W(L, ZS_R_W_GATE, data, res),
-                         wd, n, d, ff, ws);
+                         WD(ZS_R_W_GATE), n, d, ff, ws);
+        lora_bwd(t, layer, ZS_LORA_GATE, t->dxn, t->dhg, t->xn2, n);
     }
-    zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_UP), GR(ZS_R_B_UP), t->dhu, t->xn2, W(L, ZS_R_W_UP, data, res), wd, n, d,
-                     ff, ws);
+    zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_UP), GR(ZS_R_B_UP), t->dhu, t->xn2, W(L, ZS_R_W_UP, data, res),
+                     WD(ZS_R_W_UP), n, d, ff, ws);
+    lora_bwd(t, layer, ZS_LORA_UP, t->dxn, t->dhu, t->xn2, n);
     /* the residual passes dres through; the norm adds its branch: dres becomes d xmid */
     norm_bwd(c, t->dres, GR(ZS_R_FFN_NORM_W), GR(ZS_R_FFN_NORM_B), t->dxn, t->xmid,
              WF(L, ZS_R_FFN_NORM_W, data, res), n);
@@ -430,8 +617,9 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
         dao = t->dtmp;
     }
     memset(t->datt, 0, (size_t)n * qd * sizeof(float));
-    zs_op_matmul_bwd(t->datt, GR(ZS_R_WO), GR(ZS_R_BO), dao, t->att, W(L, ZS_R_WO, data, res), wd, n, qd, d,
-                     ws);
+    zs_op_matmul_bwd(t->datt, GR(ZS_R_WO), GR(ZS_R_BO), dao, t->att, W(L, ZS_R_WO, data, res), WD(ZS_R_WO), n,
+                     qd, d, ws);
+    lora_bwd(t, layer, ZS_LORA_O, t->datt, dao, t->att, n);
     memset(t->dq, 0, (size_t)n * qd * sizeof(float));
     memset(t->dk, 0, (size_t)n * kvd * sizeof(float));
     memset(t->dv, 0, (size_t)n * kvd * sizeof(float));
@@ -457,12 +645,19 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
         memcpy(t->dk, dkr, (size_t)n * kvd * sizeof(float));
     }
     memset(t->dxn, 0, nd * sizeof(float));
-    zs_op_matmul_bwd(t->dxn, GR(ZS_R_WQ), GR(ZS_R_BQ), t->dq, t->xn1, W(L, ZS_R_WQ, data, res), wd, n, d, qd, ws);
-    zs_op_matmul_bwd(t->dxn, GR(ZS_R_WK), GR(ZS_R_BK), t->dk, t->xn1, W(L, ZS_R_WK, data, res), wd, n, d, kvd, ws);
-    zs_op_matmul_bwd(t->dxn, GR(ZS_R_WV), GR(ZS_R_BV), t->dv, t->xn1, W(L, ZS_R_WV, data, res), wd, n, d, kvd, ws);
+    zs_op_matmul_bwd(t->dxn, GR(ZS_R_WQ), GR(ZS_R_BQ), t->dq, t->xn1, W(L, ZS_R_WQ, data, res), WD(ZS_R_WQ), n, d,
+                     qd, ws);
+    zs_op_matmul_bwd(t->dxn, GR(ZS_R_WK), GR(ZS_R_BK), t->dk, t->xn1, W(L, ZS_R_WK, data, res), WD(ZS_R_WK), n, d,
+                     kvd, ws);
+    zs_op_matmul_bwd(t->dxn, GR(ZS_R_WV), GR(ZS_R_BV), t->dv, t->xn1, W(L, ZS_R_WV, data, res), WD(ZS_R_WV), n, d,
+                     kvd, ws);
+    lora_bwd(t, layer, ZS_LORA_Q, t->dxn, t->dq, t->xn1, n);
+    lora_bwd(t, layer, ZS_LORA_K, t->dxn, t->dk, t->xn1, n);
+    lora_bwd(t, layer, ZS_LORA_V, t->dxn, t->dv, t->xn1, n);
     norm_bwd(c, t->dres, GR(ZS_R_ATTN_NORM_W), GR(ZS_R_ATTN_NORM_B), t->dxn, x_in,
              WF(L, ZS_R_ATTN_NORM_W, data, res), n);
 #undef GR
+#undef WD
     t->next++;
     return 0;
 }
@@ -473,6 +668,10 @@ int zs_train_embed_bwd(zs_trainer *t, const void *data, const void *res, float *
     const zs_bucket_layout *GE = zs_model_grad_layout(t->m, eb);
     (void)data; /* the embedding backward reads no weights */
     (void)res;
+    if (t->lora) { /* a frozen base: nothing to accumulate */
+        t->next = -1;
+        return 0;
+    }
     ZS_CHECK(check_areas(GE, g_data, g_res, "embedding gradient"));
     if (t->c->embed_scale > 0) /* the table's rows were scaled: so is their gradient */
         for (size_t i = 0; i < (size_t)t->N * t->d; i++) t->dres[i] *= t->c->embed_scale;

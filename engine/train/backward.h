@@ -42,6 +42,26 @@ void zs_trainer_free(zs_trainer *t);
 /* Bytes of scratch the trainer holds. */
 size_t zs_trainer_bytes(const zs_trainer *t);
 
+/* Frozen-base LoRA mode (lora.h), for the passes that follow until it is changed: with an adapter,
+ * every adapted projection computes y = W·x + scale·B·(A·drop(x)) in the forward and in the
+ * backward's recompute (zs_lora_apply's arithmetic; drop: nn.Dropout with p = the adapter's
+ * lora_dropout, on the input of lora_A only, the base sees x as it is), and the backward
+ * accumulates (+=) only the adapter's gradient into grad (same shape as the adapter; the caller
+ * zeroes it), with dx through the base weights as before. No base tensor gets a gradient: the
+ * g_* pointers of zs_train_head / zs_train_layer_bwd / zs_train_embed_bwd are ignored (NULL is
+ * fine), and the base weights may be of any dtype, block formats included (the dx products
+ * dequantize their rows). grad NULL: forward only, without dropout (zs_train_head computes the
+ * loss and ends the pass: evaluation). Dropout masks are a fixed function of (seed, key, layer, target, element
+ * index in the micro-batch): the same in the recompute, and for the same key whatever rank runs
+ * the micro-batch; p = 0 makes no masks. adapter NULL: back to full training (grad must be NULL).
+ * The adapter and grad are borrowed (read / accumulated during the passes; they must outlive
+ * them) and must fit the model (ZS_EINVAL otherwise); scratch for them is allocated here
+ * (counted by zs_trainer_bytes). Abandons a pass in progress.
+ *
+ * The embedding forward reads an inference model's host lookup tables (zs_model_embed_lookup:
+ * zs_model_embed_table) instead of the bucket; data and res may then be NULL. */
+int zs_trainer_set_lora(zs_trainer *t, const zs_lora *adapter, zs_lora *grad, uint64_t seed, uint64_t key);
+
 /* Embeddings of tokens[B*T] (sequence b is tokens[b*T .. b*T+T), positions 0..T-1). Checks the
  * ids (ZS_ERANGE). */
 int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const int32_t *tokens);

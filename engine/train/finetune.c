@@ -1,5 +1,7 @@
 /* finetune.c — one fine-tuning run (finetune.h): data validation and loading, the step loop of
- * train.h with the hooks between steps, an optional validation loss, and the export. */
+ * train.h (full) or lora-train.h (LoRA over the frozen base) with the hooks between steps, every
+ * world-driving call through hooks->exec, an optional validation loss, and the export (a model
+ * directory, or the adapter in PEFT's format). */
 #include "finetune.h"
 
 #include <jansson.h>
@@ -9,10 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backward.h"
 #include "ckpt.h"
+#include "cluster.h"
 #include "common.h"
 #include "fileio.h"
 #include "data.h"
+#include "lora-train.h"
 #include "train.h"
 
 void zs_finetune_opts_default(zs_finetune_opts *o) {
@@ -32,8 +37,64 @@ static size_t counted(const int32_t *g, size_t n) {
     return c;
 }
 
+/* One world-driving call of the run (a step, an evaluation, a checkpoint save or load, the export),
+ * made through hooks->exec when there is one: the training is full (t) or LoRA (lt). */
+enum { FT_STEP, FT_EVAL, FT_SAVE, FT_LOAD, FT_EXPORT };
+typedef struct {
+    int op;
+    zs_training *t;
+    zs_lora_training *lt;
+    zs_lora *adapter;
+    const int32_t *const *T, *const *G;
+    long step, *step_out;
+    float *loss;
+    const char *dir, *meta, *base_name;
+    char **meta_out;
+} ft_call;
+
+static int lora_export(zs_lora *a, const char *out_dir, const char *base_name) {
+    if (zs_cluster_rank() != 0) return 0; /* several processes: process 0 writes (the same adapter) */
+    if (strchr(out_dir, '\'')) return zs_err(ZS_EINVAL, "export: a quote in the path %s", out_dir);
+    char tmp[4200], cmd[8600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", out_dir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) return zs_err(ZS_EIO, "export: cannot remove %s", tmp);
+    int rc = zs_lora_save(a, tmp, base_name);
+    if (rc == 0) {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && mv '%s' '%s'", out_dir, tmp, out_dir);
+        if (system(cmd) != 0) rc = zs_err(ZS_EIO, "export: cannot move %s to %s", tmp, out_dir);
+    } else {
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+        if (system(cmd) != 0) zs_log_warn("export: could not remove %s", tmp);
+    }
+    return rc;
+}
+
+static int ft_do(void *arg) {
+    ft_call *c = arg;
+    switch (c->op) {
+    case FT_STEP:
+        return c->lt ? zs_lora_training_step(c->lt, c->T, c->G, c->step, c->loss)
+                     : zs_training_step(c->t, c->T, c->G, c->step, c->loss);
+    case FT_EVAL:
+        return c->lt ? zs_lora_training_eval(c->lt, c->T, c->G, c->loss) : zs_training_eval(c->t, c->T, c->G, c->loss);
+    case FT_SAVE:
+        return c->lt ? zs_lora_training_save(c->lt, c->dir, c->step, c->meta, 2, c->base_name)
+                     : zs_training_save(c->t, c->dir, c->step, c->meta, 2);
+    case FT_LOAD:
+        return c->lt ? zs_lora_training_load(c->lt, c->dir, c->step_out, c->meta_out)
+                     : zs_training_load(c->t, c->dir, c->step_out, c->meta_out);
+    default:
+        return c->lt ? lora_export(c->adapter, c->dir, c->base_name) : zs_training_export(c->t, c->dir);
+    }
+}
+
+static int ft_exec(const zs_finetune_hooks *h, ft_call *c) {
+    return h && h->exec ? h->exec(h->ud, ft_do, c) : ft_do(c);
+}
+
 /* The loss of the first batch of each rank of the validation set. */
-static int valid_loss(zs_training *t, const char *path, const zs_tokenizer *tok, const zs_finetune_opts *o,
+static int valid_loss(const zs_finetune_hooks *h, ft_call *call, const char *path, const zs_tokenizer *tok, const zs_finetune_opts *o,
                       int ranks, int seq_len, int32_t *buf, const int32_t **T, const int32_t **G,
                       float *loss) {
     zs_data_opts dopt = {o->chat_template, 0, 0};
@@ -48,7 +109,13 @@ static int valid_loss(zs_training *t, const char *path, const zs_tokenizer *tok,
         int filled;
         rc = zs_data_next_batch(d, &pos, o->batch, seq_len, (int32_t *)T[i], (int32_t *)G[i], &filled);
     }
-    if (rc == 0) rc = zs_training_eval(t, T, G, loss);
+    if (rc == 0) {
+        call->op = FT_EVAL;
+        call->T = T;
+        call->G = G;
+        call->loss = loss;
+        rc = ft_exec(h, call);
+    }
     zs_data_free(d);
     return rc;
 }
@@ -68,6 +135,11 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     zs_finetune_result r = {0, 0, 0, -1, 0, 0, 0, 0, 0};
     zs_dataset *d = NULL;
     zs_training *t = NULL;
+    zs_lora_training *lt = NULL;
+    zs_lora *adapter = NULL;
+    ft_call call;
+    memset(&call, 0, sizeof call);
+    const char *base_name = o->base_name ? o->base_name : zs_model_dir(zs_engine_model(e));
     int32_t *buf = NULL;
     int rc;
     zs_data_opts dopt = {o->chat_template, 0, 0};
@@ -100,7 +172,37 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     to.lr.warmup_steps = o->warmup;
     to.lr.total_steps = steps;
     to.stage = zs_engine_zero_stage(e);
-    if ((rc = zs_training_begin(zs_engine_world(e), &to, &t)) < 0) goto done;
+    if (o->lora) {
+        /* LoRA: a fresh adapter (PEFT's initialisation; a checkpoint replaces it below) over the
+         * frozen base */
+        if ((rc = zs_lora_new(zs_engine_model(e), o->lora, &adapter)) < 0) goto done;
+        zs_lora_init(adapter, o->seed);
+        if ((rc = zs_lora_training_begin(zs_engine_world(e), adapter, &to, o->seed, &lt)) < 0) goto done;
+        zs_lora_train_memory lm;
+        zs_lora_training_memory(lt, &lm);
+        r.mem_params = lm.adapter;
+        r.mem_grads = lm.grads;
+        r.mem_optimizer = lm.optimizer;
+        r.mem_activations = lm.activations;
+    } else {
+        /* the trainers' scratch: one trainer's bytes (measured before the training allocates) */
+        zs_trainer *probe = NULL;
+        size_t tb = 0;
+        if (zs_trainer_new(zs_engine_model(e), o->batch, seq_len, &probe) == 0) tb = zs_trainer_bytes(probe);
+        zs_trainer_free(probe);
+        if ((rc = zs_training_begin(zs_engine_world(e), &to, &t)) < 0) goto done;
+        zs_train_memory tm;
+        zs_training_memory(t, &tm);
+        size_t nl = (size_t)zs_world_ranks(zs_engine_world(e));
+        r.mem_params = nl * tm.optimizer / 3; /* the fp32 masters; m and v below */
+        r.mem_grads = nl * tm.grads;
+        r.mem_optimizer = nl * (tm.optimizer - tm.optimizer / 3);
+        r.mem_activations = nl * tb;
+    }
+    call.t = t;
+    call.lt = lt;
+    call.adapter = adapter;
+    call.base_name = base_name;
     int slots = ranks * o->grad_accum;
     size_t bt = (size_t)o->batch * (size_t)seq_len;
     buf = malloc(sizeof(int32_t) * bt * 2 * (size_t)slots);
@@ -122,16 +224,29 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     /* a checkpoint directory that cannot be made stops the run now, not after the training */
     if (o->ckpt_dir && (rc = zs_mkdir_p(o->ckpt_dir)) < 0) goto done;
     if (o->ckpt_dir && o->resume) {
-        zs_ckpt *probe;
-        int orc = zs_ckpt_open(o->ckpt_dir, &probe); /* an empty directory: a fresh start */
-        if (orc == 0) zs_ckpt_close(probe);
-        else if (orc != ZS_ENOTFOUND) {
+        int orc;
+        if (lt) { /* a LoRA run directory: latest (or a step directory: state.json) */
+            struct stat sb;
+            char p1[4200], p2[4200];
+            snprintf(p1, sizeof p1, "%s/latest", o->ckpt_dir);
+            snprintf(p2, sizeof p2, "%s/state.json", o->ckpt_dir);
+            orc = stat(p1, &sb) == 0 || stat(p2, &sb) == 0 ? 0 : ZS_ENOTFOUND;
+        } else {
+            zs_ckpt *probe;
+            orc = zs_ckpt_open(o->ckpt_dir, &probe); /* an empty directory: a fresh start */
+            if (orc == 0) zs_ckpt_close(probe);
+        }
+        if (orc != 0 && orc != ZS_ENOTFOUND) {
             rc = orc;
             goto done;
         }
         if (orc == 0) {
             char *meta = NULL;
-            if ((rc = zs_training_load(t, o->ckpt_dir, &s0, &meta)) < 0) goto done;
+            call.op = FT_LOAD;
+            call.dir = o->ckpt_dir;
+            call.step_out = &s0;
+            call.meta_out = &meta;
+            if ((rc = ft_exec(h, &call)) < 0) goto done;
             json_t *j = meta ? json_loads(meta, 0, NULL) : NULL;
             json_t *dp = json_object_get(j, "data");
             if (!json_is_object(dp)) {
@@ -162,7 +277,12 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
             r.trained_tokens += counted(G[i], bt);
         }
         float loss;
-        if ((rc = zs_training_step(t, T, G, s, &loss)) < 0) goto done;
+        call.op = FT_STEP;
+        call.T = T;
+        call.G = G;
+        call.step = s;
+        call.loss = &loss;
+        if ((rc = ft_exec(h, &call)) < 0) goto done;
         if (s == 1) r.first_loss = loss;
         r.last_loss = loss;
         r.steps = s;
@@ -179,7 +299,11 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
                      pos.epoch, pos.index, (unsigned long long)pos.seed, (double)r.first_loss, r.trained_tokens,
                      steps, o->batch, o->grad_accum, seq_len, ranks, to.stage, (double)o->lr, o->schedule, o->warmup,
                      (double)o->clip, (double)o->weight_decay);
-            if ((rc = zs_training_save(t, o->ckpt_dir, s, meta, 2)) < 0) goto done;
+            call.op = FT_SAVE;
+            call.dir = o->ckpt_dir;
+            call.step = s;
+            call.meta = meta;
+            if ((rc = ft_exec(h, &call)) < 0) goto done;
         }
     }
     if (o->valid_path) {
@@ -188,14 +312,20 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
             rc = zs_err(ZS_ENOMEM, "finetune: out of memory");
             goto done;
         }
-        rc = valid_loss(t, o->valid_path, zs_engine_tokenizer(e), o, ranks, seq_len, vb, T, G, &r.valid_loss);
+        rc = valid_loss(h, &call, o->valid_path, zs_engine_tokenizer(e), o, ranks, seq_len, vb, T, G, &r.valid_loss);
         free(vb);
         if (rc < 0) goto done;
     }
-    if (o->out_dir && (rc = zs_training_export(t, o->out_dir)) < 0) goto done;
+    if (o->out_dir) {
+        call.op = FT_EXPORT;
+        call.dir = o->out_dir;
+        if ((rc = ft_exec(h, &call)) < 0) goto done;
+    }
 done:
     free(buf);
     if (t) zs_training_end(t);
+    if (lt) zs_lora_training_end(lt);
+    zs_lora_free(adapter);
     zs_data_free(d);
     if (res && (rc == 0 || rc == ZS_ECANCELLED)) *res = r;
     return rc;

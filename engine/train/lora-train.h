@@ -11,7 +11,10 @@
  * gradient in its own buffer; after the micro-steps the gradients are all-reduced over the
  * world's gradient communicator (in rank order: the result does not depend on how the ranks are
  * spread over processes), clipped by their global norm and AdamW (optim.h) updates the adapter, on
- * every process identically. Dropout (lora_dropout > 0) masks come from a counter-based stream
+ * every process identically. (Implementation: each micro-step's per-rank gradients are
+ * all-gathered and summed in global micro-batch order, each weighted by its share of the step's
+ * counted targets, so the step's gradient is the mean over those targets and the same bits for
+ * any rank count with the same micro-batch size: 2 ranks x 1 micro-step = 1 rank x 2.) Dropout (lora_dropout > 0) masks come from a counter-based stream
  * keyed by (seed, step, global micro-batch index, layer, target, element), so a step's result
  * does not depend on the rank count.
  *

@@ -127,13 +127,15 @@ typedef struct {
     float *dst;
     const char *src;
     zs_dtype dt;
-    size_t n, per;
+    size_t n, per;     /* elements in all, per task (whole rows) */
+    size_t in, row_bytes;
 } conv_job;
 
+/* rows of W to f32: element types or block formats (a row is whole blocks: row_bytes apart) */
 static void conv_task(void *arg, int task) {
     const conv_job *j = arg;
     size_t lo = (size_t)task * j->per, n = ZS_MIN(j->per, j->n - lo);
-    zs_to_f32(j->dst + lo, j->src + lo * zs_dtype_size(j->dt), j->dt, n);
+    zs_to_f32(j->dst + lo, j->src + lo / j->in * j->row_bytes, j->dt, n);
 }
 
 void zs_op_matmul_bwd(float *dx, float *dW, float *db, const float *dy, const float *x, const void *W,
@@ -146,11 +148,11 @@ void zs_op_matmul_bwd(float *dx, float *dW, float *db, const float *dy, const fl
         } else {
             /* W converted ZS_MATMUL_BWD_BLOCK rows at a time (a multiple of UPD_KC: the same
              * cuts of k = o as the f32 path) */
-            size_t esz = zs_dtype_size(wdt);
+            size_t rb = zs_dtype_bytes(wdt, (size_t)in); /* block formats: in is a multiple of the block */
             for (int r0 = 0; r0 < out; r0 += ZS_MATMUL_BWD_BLOCK) {
                 int R = ZS_MIN(ZS_MATMUL_BWD_BLOCK, out - r0);
-                conv_job cj = {wscratch, (const char *)W + (size_t)r0 * (size_t)in * esz, wdt,
-                               (size_t)R * (size_t)in, (size_t)16 * (size_t)in};
+                conv_job cj = {wscratch, (const char *)W + (size_t)r0 * rb, wdt,
+                               (size_t)R * (size_t)in, (size_t)16 * (size_t)in, (size_t)in, rb};
                 int ct = (int)((cj.n + cj.per - 1) / cj.per);
                 if ((size_t)R * (size_t)in * (size_t)T < ((size_t)1 << 20))
                     for (int c = 0; c < ct; c++) conv_task(&cj, c);

@@ -3,7 +3,7 @@
  * GELU tanh, embedding, residual add) and next-token cross-entropy with a mask, plus the
  * training forward of causal attention over one whole sequence (no KV cache).
  * Implemented in kernels/cpu/ops-backward.c. Activations and gradients are f32; weights may be
- * f32, f16 or bf16.
+ * f32, f16 or bf16 (zs_op_matmul_bwd's dx also reads the block formats: LoRA over a quantized base).
  *
  * Conventions. Gradients of inputs and parameters ACCUMULATE (+=) into the caller's buffers
  * unless a function says it writes (=): the caller zeroes what must start from zero. This is
@@ -25,15 +25,18 @@
 #include "attention.h" /* zs_att_params: scale, soft-cap and sliding window, as the inference attention */
 #include "tensor.h"
 
-/* Rows of W converted per block when W is f16/bf16: a scratch of
- * ZS_MATMUL_BWD_BLOCK * in floats is needed then (none for f32 weights). */
+/* Rows of W converted per block when W is not f32 (f16/bf16, or a block format Q8_0 .. Q6_K, whose
+ * rows are whole blocks: in a multiple of the block): a scratch of ZS_MATMUL_BWD_BLOCK * in floats
+ * is needed then (none for f32 weights). */
 #define ZS_MATMUL_BWD_BLOCK 256
 
 /* Backward of y[T,out] = x[T,in]·W[out,in]ᵀ + b:
  *   dx[T,in]   += dy·W      (skipped when dx is NULL)
  *   dW[out,in] += dyᵀ·x     (f32; skipped when dW is NULL)
  *   db[out]    += Σ_t dy    (skipped when db is NULL)
- * W is in dtype wdt; wscratch (ZS_MATMUL_BWD_BLOCK * in floats) is used only when wdt != f32.
+ * W is in dtype wdt (any dtype: block formats are dequantized with zs_to_f32, so dx is the product
+ * with the dequantized weights; dW is f32 and meaningful only to callers that train W);
+ * wscratch (ZS_MATMUL_BWD_BLOCK * in floats) is used only when wdt != f32.
  * The order of the sums is fixed (tests/test-matmul-bwd.c checks it bit for bit): an element
  * of dx (sum over o) or dW (sum over t) adds, in order, one float partial sum per block of 256
  * consecutive k from k = 0, each a chain s = fmaf(a_k, b_k, s) from s = 0 in k order;
