@@ -117,7 +117,7 @@ static void micro_job(void *ud, int rank) {
     const int32_t *tok = t->tokens[i], *tg = t->targets[i];
     long count = count_targets(tg, bt);
     /* the trainer's gradient is of this rank's mean loss: weigh it by its share of the step */
-    float scale = t->total_count > 0 ? (float)count / (float)t->total_count / (float)t->o.grad_accum : 0.0f;
+    float scale = t->total_count > 0 ? (float)count / (float)t->total_count : 0.0f;
     const void *d, *d2;
     int rc = 0, failed = 0;
     float loss = 0;
