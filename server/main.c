@@ -219,7 +219,7 @@ static void usage(void) {
             "  generate     generate text from a prompt\n"
             "  train        fine-tune a model on a JSONL file (ZeRO-3 through the same engine)\n"
             "  make-corpus  write simple generated stories as JSONL (the demo model's data)\n"
-            "  export       write a training checkpoint as a Hugging Face model directory\n"
+            "  export       write a training checkpoint (or, --merge, a base with a LoRA adapter merged in) as a Hugging Face directory\n"
             "  convert      write a Hugging Face model directory as a GGUF file (f32 .. q4_k_m) for llama.cpp\n"
             "  init-model   write a random-initialised model in Hugging Face layout\n"
             "  bench        measure prefill/decode throughput against memory bandwidth\n"

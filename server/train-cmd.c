@@ -227,7 +227,10 @@ int zs_cmd_train(int argc, char **argv) {
 /* `zeroserve export --checkpoint DIR --out HF_DIR [--model BASE]`: consolidates the ranks'
  * shards of a training checkpoint into a plain Hugging Face model directory. */
 int zs_cmd_export(int argc, char **argv);
+int zs_cmd_export_merge(int argc, char **argv); /* export-cmd.c */
 int zs_cmd_export(int argc, char **argv) {
+    for (int i = 0; i < argc; i++) /* export --merge: an adapter merged into its base (export-cmd.c) */
+        if (!strcmp(argv[i], "--merge")) return zs_cmd_export_merge(argc, argv);
     const char *ckpt = NULL, *out = NULL, *model = NULL;
     zs_opt opts[] = {
         {"checkpoint", ZS_OPT_STR, &ckpt, "checkpoint directory (a run's, following `latest`, or one step's)  [required]"},
@@ -237,7 +240,7 @@ int zs_cmd_export(int argc, char **argv) {
     int n_opts = sizeof opts / sizeof opts[0];
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            zs_cli_usage("export", "Writes a training checkpoint as a Hugging Face model directory.", opts, n_opts);
+            zs_cli_usage("export", "Writes a training checkpoint as a Hugging Face model directory (export --merge --help: a LoRA adapter merged into its base).", opts, n_opts);
             return 0;
         }
     ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
