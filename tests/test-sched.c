@@ -1,7 +1,10 @@
 /* test-sched.c — the scheduler on stories260K: greedy requests give the reference tokens, 32
  * concurrent seeded requests each give exactly their solo tokens (continuous batching is
  * batch-invariant) with 1 and 2 ranks, stop strings and EOS end requests, cancellation frees the
- * KV blocks, a full queue answers ZS_EBUSY, and bad parameters are refused at submit. */
+ * KV blocks, a full queue answers ZS_EBUSY, bad parameters are refused at submit, and
+ * zs_sched_run_idle runs its job on the engine thread only when no request is queued or running
+ * (requests submitted meanwhile wait for it), returns the job's value, and returns ZS_ECANCELLED
+ * without running it when cancelled() says so or the scheduler drains. */
 #include <pthread.h>
 
 #include "common.h"
@@ -72,6 +75,168 @@ static int submit(zs_sched *s, req_t *q, const int32_t *p, int np, int max, floa
     if (stop) { rp.stop = &stop; rp.n_stop = 1; }
     zs_req_sink sink = {on_token, on_done, q};
     return zs_sched_submit(s, &rp, &sink, &q->r);
+}
+
+/* --- zs_sched_run_idle --- */
+
+typedef struct {
+    zs_sched *s;
+    pthread_t caller;
+    int ran, other_thread, queued, running, req_done;
+    req_t *watch; /* a request that must have finished before the job runs */
+} idle_t;
+
+static int idle_fn(void *ud) {
+    idle_t *d = ud;
+    d->ran++;
+    d->other_thread = !pthread_equal(pthread_self(), d->caller);
+    zs_sched_stats st;
+    zs_sched_stats_get(d->s, &st); /* takes the scheduler's lock: the job runs without it */
+    d->queued = st.queued;
+    d->running = st.running;
+    if (d->watch) {
+        pthread_mutex_lock(&d->watch->mu);
+        d->req_done = d->watch->done;
+        pthread_mutex_unlock(&d->watch->mu);
+    }
+    return 42;
+}
+
+/* a job that holds the engine thread until released */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int entered, release, rc;
+    zs_sched *s;
+    int (*fn)(void *);
+} holder_t;
+
+static int hold_fn(void *ud) {
+    holder_t *h = ud;
+    pthread_mutex_lock(&h->mu);
+    h->entered = 1;
+    pthread_cond_broadcast(&h->cv);
+    while (!h->release) pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+    return 7;
+}
+
+static void *hold_thread(void *arg) {
+    holder_t *h = arg;
+    h->rc = zs_sched_run_idle(h->s, h->fn ? h->fn : hold_fn, h, NULL);
+    return NULL;
+}
+
+static void hold_start(holder_t *h, zs_sched *s, pthread_t *th) {
+    memset(h, 0, sizeof *h);
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+    h->s = s;
+    pthread_create(th, NULL, hold_thread, h);
+    pthread_mutex_lock(&h->mu);
+    while (!h->entered) pthread_cond_wait(&h->cv, &h->mu);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void hold_end(holder_t *h, pthread_t th) {
+    pthread_mutex_lock(&h->mu);
+    h->release = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    pthread_join(th, NULL);
+}
+
+static int never_fn(void *ud) {
+    (*(int *)ud)++;
+    return 1;
+}
+
+typedef struct {
+    int ran, polls, after;
+} cancel_t;
+
+static int cancel_fn(void *ud) {
+    ((cancel_t *)ud)->ran++;
+    return 1;
+}
+
+static int cancel_after(void *ud) {
+    cancel_t *c = ud;
+    return ++c->polls >= c->after;
+}
+
+static void *never_thread(void *arg) {
+    holder_t *h = arg; /* only s, fn (unused) and rc */
+    int ran = 0;
+    h->rc = zs_sched_run_idle(h->s, never_fn, &ran, NULL);
+    h->entered = ran;
+    return NULL;
+}
+
+/* ends with the scheduler drained */
+static void test_idle(zs_sched *s, const int32_t *p1, const int32_t *ref1) {
+    idle_t d = {s, pthread_self(), 0, 0, -1, -1, 0, NULL};
+    CHECK(zs_sched_run_idle(s, idle_fn, &d, NULL) == 42 && d.ran == 1, "run_idle ran the job once and returned its value");
+    CHECK(d.other_thread && d.queued == 0 && d.running == 0, "on the engine thread, with nothing queued or running (%d, %d)",
+          d.queued, d.running);
+    /* a running request finishes before the job runs */
+    static req_t q;
+    req_init(&q, s);
+    CHECK(submit(s, &q, p1, 5, 40, 0, 0, NULL) == 0, "submit");
+    for (;;) {
+        pthread_mutex_lock(&q.mu);
+        int k = q.n_tok, done = q.done;
+        pthread_mutex_unlock(&q.mu);
+        if (k > 0 || done) break;
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    memset(&d, 0, sizeof d);
+    d.s = s;
+    d.caller = pthread_self();
+    d.watch = &q;
+    CHECK(zs_sched_run_idle(s, idle_fn, &d, NULL) == 42 && d.ran == 1 && d.req_done == 1,
+          "the job ran after the running request had finished (done %d)", d.req_done);
+    req_wait(&q);
+    /* requests submitted while a job runs wait for it */
+    holder_t h;
+    pthread_t th;
+    hold_start(&h, s, &th);
+    req_init(&q, s);
+    CHECK(submit(s, &q, p1, 5, 16, 0, 0, NULL) == 0, "submit while a job runs");
+    struct timespec ts = {0, 20000000};
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&q.mu);
+    int early = q.n_tok;
+    pthread_mutex_unlock(&q.mu);
+    CHECK(early == 0, "no token while the job runs (%d)", early);
+    /* cancelled() while waiting behind the running job: ZS_ECANCELLED, the job never runs */
+    cancel_t c = {0, 0, 10};
+    double t0 = zs_now();
+    int rc = zs_sched_run_idle(s, cancel_fn, &c, cancel_after);
+    double dt = zs_now() - t0;
+    CHECK(rc == ZS_ECANCELLED && c.ran == 0 && c.polls == 10, "cancelled: ZS_ECANCELLED without running (rc %d, ran %d, %d polls)",
+          rc, c.ran, c.polls);
+    CHECK(dt >= 0.03 && dt < 5, "polled every few milliseconds (10 polls in %.3f s)", dt);
+    hold_end(&h, th);
+    CHECK(h.rc == 7, "the holding job's value");
+    req_wait(&q);
+    CHECK(q.n_tok == 16 && !memcmp(q.toks, ref1, 16 * sizeof(int32_t)), "the request waited, then gave the reference tokens");
+    /* drain: a waiting job is cancelled, later calls too */
+    hold_start(&h, s, &th);
+    holder_t w;
+    memset(&w, 0, sizeof w);
+    w.s = s;
+    pthread_t tw;
+    pthread_create(&tw, NULL, never_thread, &w);
+    nanosleep(&ts, NULL);
+    zs_sched_drain(s, 1.0);
+    pthread_join(tw, NULL);
+    CHECK(w.rc == ZS_ECANCELLED && w.entered == 0, "drain: the waiting job is cancelled without running (rc %d)", w.rc);
+    hold_end(&h, th);
+    CHECK(h.rc == 7, "the job that was running when the drain began finished");
+    int ran = 0;
+    CHECK(zs_sched_run_idle(s, never_fn, &ran, NULL) == ZS_ECANCELLED && ran == 0, "after a drain: ZS_ECANCELLED");
 }
 
 static void run(int ranks) {
@@ -180,6 +345,7 @@ static void run(int ranks) {
     CHECK_ERR(submit(s, &q[1], p1, 5, 4, -1, 0, NULL), "temperature");
     CHECK_ERR(submit(s, &q[1], p1, 0, 4, 0, 0, NULL), "empty");
 
+    test_idle(s, p1, ref1);
     zs_sched_free(s);
     zs_engine_free(e);
 }

@@ -4,12 +4,21 @@
  * scaled RoPE) and GPT-2 models, on the CPU; the
  * embedding rows come from the host lookup tables of an inference model (model.h) or from the
  * gathered embedding bucket. Attention runs in kernels/cpu/attention.c over block tables of the
- * paged cache, whose K/V elements are f32, f16 or bf16 (kvcache.h). */
+ * paged cache, whose K/V elements are f32, f16 or bf16 (kvcache.h).
+ *
+ * LoRA (zs_batch.lora): each adapted projection's output (q, k, v before the q/k norms and RoPE,
+ * o and down before the post-norms, gate and up before the activation: PEFT's nn.Linear output,
+ * bias included) gets scale·B·A·x added for every row that has an adapter. The rows of each
+ * distinct adapter are grouped once per call (packed into scratch when they are not one
+ * consecutive run), so an adapter's matrices are read once per projection and step and the base
+ * weights once for the whole batch; every product is the batch-invariant zs_op_matmul, so a row's
+ * result does not depend on the other rows or their adapters. */
 #include <math.h>
 #include <string.h>
 
 #include "attention.h"
 #include "common.h"
+#include "lora.h"
 #include "model.h"
 #include "ops.h"
 #include "rope.h"
@@ -29,6 +38,14 @@ struct zs_forward {
     const void **ptrs;
     int n_views, n_ptrs;
     unsigned stamp;
+    /* LoRA, made on the first call with adapters: the call's distinct adapters lgrp[0..n_lgrp) and
+     * their rows lrows[lstart[g] .. lstart[g+1]) (ascending), lrun[g] = 1 when those rows are one
+     * consecutive run (applied in place); lx, ly: packed rows of the other groups [max_tokens * wide];
+     * lscr: zs_lora_apply's scratch, grown with the largest adapter (r, out) seen */
+    const zs_lora **lgrp;
+    int *lrows, *lstart, *lrun, *lgi, n_lgrp;
+    float *lx, *ly, *lscr;
+    size_t n_lscr;
 };
 
 int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
@@ -78,6 +95,7 @@ void zs_forward_free(zs_forward *f) {
     free(f->att); free(f->h1); free(f->h2);
     free(f->freq[0]); free(f->freq[1]); free(f->freq_tok); free(f->tok_af);
     free(f->views); free(f->view_stamp); free(f->ptrs);
+    free(f->lgrp); free(f->lrows); free(f->lx); free(f->ly); free(f->lscr);
     free(f);
 }
 
@@ -138,6 +156,117 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
                            c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, zs_kv_dtype(kv), ZS_ATT_AUTO, &ap);
 }
 
+/* The widest projection input or output of the model (rows of the packed LoRA buffers). */
+static size_t lora_wide(const zs_model_config *c) {
+    size_t qd = (size_t)c->n_heads * (size_t)c->head_dim;
+    return ZS_MAX((size_t)c->ffn_dim, ZS_MAX(qd, (size_t)c->dim));
+}
+
+/* An adapter must be one of this model's shape (the loader checks it against the base it was
+ * loaded for; this catches an adapter of another base). */
+static int lora_check(const zs_model_config *c, const zs_lora *l) {
+    if (c->arch == ZS_ARCH_GPT2) return zs_err(ZS_EUNSUPPORTED, "forward: LoRA adapters are not supported for GPT-2 models");
+    if (zs_lora_n_layers(l) != c->n_layers)
+        return zs_err(ZS_EINVAL, "forward: a LoRA adapter of %d layers for a model of %d", zs_lora_n_layers(l), c->n_layers);
+    int d = c->dim, ff = c->ffn_dim, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    const int want_in[ZS_LORA_NT] = {d, d, d, qd, d, d, ff}, want_out[ZS_LORA_NT] = {qd, kvd, kvd, d, ff, ff, d};
+    unsigned targets = zs_lora_get_params(l)->targets;
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        int in, out;
+        if (!(targets >> t & 1)) continue;
+        zs_lora_dims(l, t, &in, &out);
+        if (in != want_in[t] || out != want_out[t])
+            return zs_err(ZS_EINVAL, "forward: the LoRA adapter's %s maps %d to %d features; the model's maps %d to %d",
+                          zs_lora_target_name(t), in, out, want_in[t], want_out[t]);
+    }
+    return 0;
+}
+
+/* Groups the rows of b by adapter and sizes the scratch (before anything is acquired). */
+static int lora_prepare(zs_forward *f, const zs_batch *b) {
+    const zs_model_config *c = zs_model_config_get(f->m);
+    size_t nt = (size_t)f->max_tokens;
+    f->n_lgrp = 0;
+    if (!b->lora) return 0;
+    if (!f->lgrp) {
+        f->lgrp = malloc(nt * sizeof *f->lgrp);
+        f->lrows = malloc((4 * nt + 1) * sizeof *f->lrows);
+        f->lx = zs_aligned_alloc(64, nt * lora_wide(c) * sizeof(float));
+        f->ly = zs_aligned_alloc(64, nt * lora_wide(c) * sizeof(float));
+        if (!f->lgrp || !f->lrows || !f->lx || !f->ly) {
+            free(f->lgrp); free(f->lrows); free(f->lx); free(f->ly);
+            f->lgrp = NULL; f->lrows = NULL; f->lx = f->ly = NULL;
+            return zs_err(ZS_ENOMEM, "forward: out of memory for the LoRA rows of %d tokens", f->max_tokens);
+        }
+        f->lstart = f->lrows + nt;
+        f->lrun = f->lstart + nt + 1;
+        f->lgi = f->lrun + nt;
+    }
+    int n = b->n, ng = 0;
+    int *cnt = f->lrun; /* counts first, run flags after */
+    for (int i = 0; i < n; i++) {
+        const zs_lora *l = b->lora[i];
+        int g = -1;
+        if (!l) {
+            f->lgi[i] = -1;
+            continue;
+        }
+        if (i > 0 && b->lora[i - 1] == l) g = f->lgi[i - 1];
+        for (int k = 0; g < 0 && k < ng; k++)
+            if (f->lgrp[k] == l) g = k;
+        if (g < 0) {
+            ZS_CHECK(lora_check(c, l));
+            g = ng++;
+            f->lgrp[g] = l;
+            cnt[g] = 0;
+        }
+        f->lgi[i] = g;
+        cnt[g]++;
+    }
+    size_t need = 0;
+    f->lstart[0] = 0;
+    for (int g = 0; g < ng; g++) {
+        need = ZS_MAX(need, zs_lora_apply_scratch(f->lgrp[g], cnt[g]));
+        f->lstart[g + 1] = f->lstart[g] + cnt[g];
+        cnt[g] = f->lstart[g]; /* fill cursor */
+    }
+    for (int i = 0; i < n; i++)
+        if (f->lgi[i] >= 0) f->lrows[cnt[f->lgi[i]]++] = i;
+    for (int g = 0; g < ng; g++)
+        f->lrun[g] = f->lrows[f->lstart[g + 1] - 1] - f->lrows[f->lstart[g]] == f->lstart[g + 1] - f->lstart[g] - 1;
+    if (need > f->n_lscr) {
+        float *p = zs_aligned_alloc(64, need * sizeof(float));
+        if (!p) return zs_err(ZS_ENOMEM, "forward: out of memory for LoRA scratch (%zu floats)", need);
+        free(f->lscr);
+        f->lscr = p;
+        f->n_lscr = need;
+    }
+    f->n_lgrp = ng;
+    return 0;
+}
+
+/* y[n, out] (the output of projection t of layer `layer` for input x[n, in]) += each row's
+ * adapter's scale·B·A·x, one zs_lora_apply per adapter over all its rows. */
+static void lora_add(zs_forward *f, int layer, int t, float *y, int out, const float *x, int in) {
+    for (int g = 0; g < f->n_lgrp; g++) {
+        const zs_lora *l = f->lgrp[g];
+        if (!zs_lora_A_const(l, layer, t)) continue;
+        const int *rows = f->lrows + f->lstart[g];
+        int cnt = f->lstart[g + 1] - f->lstart[g];
+        if (f->lrun[g]) {
+            zs_lora_apply(l, layer, t, y + (size_t)rows[0] * out, x + (size_t)rows[0] * in, cnt, f->lscr);
+            continue;
+        }
+        for (int j = 0; j < cnt; j++) {
+            memcpy(f->lx + (size_t)j * in, x + (size_t)rows[j] * in, (size_t)in * sizeof(float));
+            memcpy(f->ly + (size_t)j * out, y + (size_t)rows[j] * out, (size_t)out * sizeof(float));
+        }
+        zs_lora_apply(l, layer, t, f->ly, f->lx, cnt, f->lscr);
+        for (int j = 0; j < cnt; j++)
+            memcpy(y + (size_t)rows[j] * out, f->ly + (size_t)j * out, (size_t)out * sizeof(float));
+    }
+}
+
 static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b,
                          const void *data, const void *res) {
     const zs_model *m = f->m;
@@ -151,6 +280,11 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     zs_op_matmul(f->q, f->xn, n, d, W(L, ZS_R_WQ, data, res), WD(ZS_R_WQ), qd, WF(L, ZS_R_BQ, data, res));
     zs_op_matmul(f->k, f->xn, n, d, W(L, ZS_R_WK, data, res), WD(ZS_R_WK), kvd, WF(L, ZS_R_BK, data, res));
     zs_op_matmul(f->v, f->xn, n, d, W(L, ZS_R_WV, data, res), WD(ZS_R_WV), kvd, WF(L, ZS_R_BV, data, res));
+    if (f->n_lgrp) {
+        lora_add(f, l, ZS_LORA_Q, f->q, qd, f->xn, d);
+        lora_add(f, l, ZS_LORA_K, f->k, kvd, f->xn, d);
+        lora_add(f, l, ZS_LORA_V, f->v, kvd, f->xn, d);
+    }
     if (c->qk_norm) { /* Qwen3, Gemma 3: RMSNorm over each head of q and k */
         zs_op_rmsnorm_off(f->q, f->q, WF(L, ZS_R_Q_NORM, data, res), n * c->n_heads, c->head_dim, c->norm_eps,
                           c->norm_offset);
@@ -173,6 +307,7 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     int rc = attention(f, kv, l, b);
     if (rc < 0) return rc;
     zs_op_matmul(f->xn, f->att, n, qd, W(L, ZS_R_WO, data, res), WD(ZS_R_WO), d, WF(L, ZS_R_BO, data, res));
+    if (f->n_lgrp) lora_add(f, l, ZS_LORA_O, f->xn, d, f->att, qd);
     if (c->post_norms) norm(c, f->xn, f->xn, WF(L, ZS_R_POST_ATTN_NORM, data, res), NULL, n);
     zs_op_add(f->x, f->xn, (size_t)n * d);
 
@@ -183,10 +318,15 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     } else {
         zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_GATE, data, res), WD(ZS_R_W_GATE), ff, WF(L, ZS_R_B_GATE, data, res));
         zs_op_matmul(f->h2, f->xn, n, d, W(L, ZS_R_W_UP, data, res), WD(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res));
+        if (f->n_lgrp) {
+            lora_add(f, l, ZS_LORA_GATE, f->h1, ff, f->xn, d);
+            lora_add(f, l, ZS_LORA_UP, f->h2, ff, f->xn, d);
+        }
         if (c->act) zs_op_geglu(f->h1, f->h1, f->h2, (size_t)n * ff); /* Gemma */
         else zs_op_swiglu(f->h1, f->h1, f->h2, (size_t)n * ff);
     }
     zs_op_matmul(f->xn, f->h1, n, ff, W(L, ZS_R_W_DOWN, data, res), WD(ZS_R_W_DOWN), d, WF(L, ZS_R_B_DOWN, data, res));
+    if (f->n_lgrp) lora_add(f, l, ZS_LORA_DOWN, f->xn, d, f->h1, ff);
     if (c->post_norms) norm(c, f->xn, f->xn, WF(L, ZS_R_POST_FFN_NORM, data, res), NULL, n);
     zs_op_add(f->x, f->xn, (size_t)n * d);
 #undef WD
@@ -215,6 +355,7 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
     }
     int d = c->dim, rc;
     const void *data = NULL;
+    if ((rc = lora_prepare(f, b)) < 0) return rc; /* before anything is acquired */
     if (f->pos_layer >= 0) /* position-dependent RoPE: each token's row, once for every layer */
         for (int i = 0; i < b->n; i++)
             zs_rope_freqs(c, f->pos_layer, b->pos[i], f->freq_tok + (size_t)i * (size_t)(c->head_dim / 2), &f->tok_af[i]);

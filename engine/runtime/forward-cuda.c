@@ -5,7 +5,8 @@
  * device pointers by the weight source, activations and the KV cache in device memory, matrix
  * products in cuBLAS (tensor cores for f16/bf16 weights, fp32 accumulation) or, for block-format
  * weights (Q8_0 .. Q6_K, as stored), zs_dev_gemm's fused kernel (decode) and bf16 cuBLAS path
- * (prefill), and every other op a kernel of kernels/cuda.
+ * (prefill), and every other op a kernel of kernels/cuda. A batch with a LoRA adapter on any row
+ * (zs_batch.lora) is refused with ZS_EUNSUPPORTED: adapters run on the CPU forward only, so far.
  * Everything is queued on the rank's compute queue; a run ends by copying the logits rows to the
  * host and waiting for the queue (the step inputs and logits are then free for the next run).
  *
@@ -389,6 +390,8 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     if (T <= 0 || T > f->max_tokens)
         return zs_err(ZS_EINVAL, "forward: batch of %d tokens (limit %d)", T, f->max_tokens);
     if (b->n_logits < 0 || b->n_logits > T) return zs_err(ZS_EINVAL, "forward: %d logits rows for %d tokens", b->n_logits, T);
+    for (int i = 0; b->lora && i < T; i++)
+        if (b->lora[i]) return zs_err(ZS_EUNSUPPORTED, "LoRA adapters are not supported on the CUDA device yet");
     int ntab = 0;
     for (int i = 0; i < T; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)

@@ -1,6 +1,8 @@
 /* sched.c — the request scheduler: a queue, continuous batching of decode tokens and prompt
  * chunks over the ranks, sampling/detokenizing/stop strings per sequence, cancellation, and the
- * counters behind /metrics. One engine thread owns the engine; see sched.h. */
+ * counters behind /metrics, each request's LoRA adapter carried into its batch rows, and the idle
+ * jobs of zs_sched_run_idle (run by the engine thread when no request is queued or running). One
+ * engine thread owns the engine; see sched.h. */
 #include "sched.h"
 
 #include <math.h>
@@ -9,6 +11,8 @@
 #include <string.h>
 
 #include "common.h"
+#include "device.h"
+#include "lora.h"
 #include "stop.h"
 
 enum { RQ_WAITING = 0, RQ_RUNNING = 1 };
@@ -23,6 +27,9 @@ struct zs_request {
     zs_detok *dt;
     zs_stop *st;
     atomic_int cancelled;
+    atomic_int failed;                    /* zs_sched_fail_lora: finish with ZS_DONE_ERROR, fail_msg */
+    char fail_msg[256];                   /* written under mu before failed is set */
+    const zs_lora *lora;                  /* borrowed (sched.h), or NULL */
     int state, rank, seq, n_done, n_gen, stopped;
     int32_t last_tok;
     double t_submit, t_last;
@@ -30,9 +37,19 @@ struct zs_request {
     struct zs_request *live_prev, *live_next; /* every request not yet finished */
 };
 
+/* A zs_sched_run_idle call waiting for (or in) its turn; lives on the caller's stack. */
+typedef struct idle_job {
+    int (*fn)(void *ud);
+    void *ud;
+    int state, rc;            /* IDLE_* */
+    struct idle_job *next;
+} idle_job;
+enum { IDLE_PENDING = 0, IDLE_RUNNING = 1, IDLE_DONE = 2 };
+
 typedef struct {
     int32_t *tok, *pos, *seq, *lidx;
     zs_request **row_req;   /* request of each logits row */
+    const zs_lora **lora;   /* adapter of each token row (zs_batch.lora when any is set) */
     float *logits;
     zs_request **running;   /* [per-rank slots] */
     int n_running;
@@ -51,6 +68,9 @@ struct zs_sched {
     int n_pending;                    /* inbox + waiting */
     int n_live;
     int stop, draining;
+    idle_job *idle, *idle_tail;       /* zs_sched_run_idle calls not yet run (under mu) */
+    pthread_cond_t cv_job;            /* an idle job finished, or a caller left */
+    int n_idle_callers;               /* callers inside zs_sched_run_idle */
     zs_request *waiting, *waiting_tail; /* engine thread only */
     rank_buf *rb;
     zs_sched_stats st;                /* under mu */
@@ -211,7 +231,7 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
     int total = 0;
     for (int i = 0; i < s->nranks; i++) {
         rank_buf *b = &s->rb[i];
-        int n = 0, nl = 0;
+        int n = 0, nl = 0, any_lora = 0;
         /* decode tokens first, so running sequences always advance */
         for (int j = 0; j < b->n_running && n < s->max_batch; j++) {
             zs_request *r = b->running[j];
@@ -220,6 +240,8 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
             b->pos[n] = r->n_prompt + r->n_gen - 1;
             b->seq[n] = r->seq;
             b->lidx[n] = nl;
+            b->lora[n] = r->lora;
+            any_lora |= r->lora != NULL;
             b->row_req[nl++] = r;
             n++;
         }
@@ -233,14 +255,16 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
                 b->pos[n + k] = r->n_done + k;
                 b->seq[n + k] = r->seq;
                 b->lidx[n + k] = -1;
+                b->lora[n + k] = r->lora;
             }
+            any_lora |= r->lora != NULL;
             if (r->n_done + c == r->n_prompt) {
                 b->lidx[n + c - 1] = nl;
                 b->row_req[nl++] = r;
             }
             n += c;
         }
-        bs[i] = (zs_batch){n, b->tok, b->pos, b->seq, b->lidx, nl, NULL};
+        bs[i] = (zs_batch){n, b->tok, b->pos, b->seq, b->lidx, nl, any_lora ? b->lora : NULL};
         lg[i] = b->logits;
         total += n;
     }
@@ -269,7 +293,24 @@ static void *engine_main(void *arg) {
         pthread_mutex_lock(&s->mu);
         int busy = 0;
         for (int i = 0; i < s->nranks; i++) busy += s->rb[i].n_running;
-        while (!s->stop && !s->inbox && !s->waiting && !busy) pthread_cond_wait(&s->cv, &s->mu);
+        while (!s->stop && !s->inbox && !s->waiting && !busy) {
+            /* idle: the jobs of zs_sched_run_idle, one at a time, without mu (requests submitted
+             * meanwhile wait in the inbox for the job to return) */
+            if (s->idle && !s->draining) {
+                idle_job *j = s->idle;
+                s->idle = j->next;
+                if (!s->idle) s->idle_tail = NULL;
+                j->state = IDLE_RUNNING;
+                pthread_mutex_unlock(&s->mu);
+                int jrc = j->fn(j->ud);
+                pthread_mutex_lock(&s->mu);
+                j->rc = jrc;
+                j->state = IDLE_DONE;
+                pthread_cond_broadcast(&s->cv_job);
+                continue;
+            }
+            pthread_cond_wait(&s->cv, &s->mu);
+        }
         /* take the inbox */
         if (s->inbox) {
             if (s->waiting_tail) s->waiting_tail->next = s->inbox;
@@ -283,13 +324,14 @@ static void *engine_main(void *arg) {
         /* cancellations (and everything, when stopping) */
         for (zs_request **pp = &s->waiting; *pp;) {
             zs_request *r = *pp;
-            if (stop || atomic_load(&r->cancelled)) {
+            if (stop || atomic_load(&r->cancelled) || atomic_load(&r->failed)) {
                 *pp = r->next;
                 if (s->waiting_tail == r) s->waiting_tail = NULL;
                 pthread_mutex_lock(&s->mu);
                 s->n_pending--;
                 pthread_mutex_unlock(&s->mu);
-                finish(s, r, ZS_DONE_CANCELLED, ZS_ECANCELLED, "cancelled");
+                if (!stop && atomic_load(&r->failed)) finish(s, r, ZS_DONE_ERROR, ZS_ECANCELLED, r->fail_msg);
+                else finish(s, r, ZS_DONE_CANCELLED, ZS_ECANCELLED, "cancelled");
             } else {
                 pp = &r->next;
             }
@@ -299,7 +341,8 @@ static void *engine_main(void *arg) {
         for (int i = 0; i < s->nranks; i++)
             for (int j = s->rb[i].n_running - 1; j >= 0; j--) {
                 zs_request *r = s->rb[i].running[j];
-                if (stop || atomic_load(&r->cancelled)) finish(s, r, ZS_DONE_CANCELLED, ZS_ECANCELLED, "cancelled");
+                if (!stop && atomic_load(&r->failed)) finish(s, r, ZS_DONE_ERROR, ZS_ECANCELLED, r->fail_msg);
+                else if (stop || atomic_load(&r->cancelled)) finish(s, r, ZS_DONE_CANCELLED, ZS_ECANCELLED, "cancelled");
             }
         if (stop) break;
 
@@ -366,6 +409,7 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->cv_idle, NULL);
+    pthread_cond_init(&s->cv_job, NULL);
     memcpy(s->st.lat_bounds, lat_bounds, sizeof lat_bounds);
     s->rb = calloc((size_t)s->nranks, sizeof *s->rb);
     int ok = s->rb != NULL;
@@ -375,7 +419,8 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
         b->row_req = calloc((size_t)s->max_batch + 1, sizeof(zs_request *));
         b->logits = malloc((size_t)s->per_rank * (size_t)s->vocab * sizeof(float));
         b->running = calloc((size_t)s->per_rank, sizeof(zs_request *));
-        ok = b->tok && b->row_req && b->logits && b->running;
+        b->lora = calloc((size_t)s->max_batch, sizeof(const zs_lora *));
+        ok = b->tok && b->row_req && b->logits && b->running && b->lora;
         if (ok) {
             b->pos = b->tok + s->max_batch;
             b->seq = b->pos + s->max_batch;
@@ -395,6 +440,29 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
     return 0;
 }
 
+/* A request's adapter: refused on the CUDA device (not computed there yet) and when it is not of
+ * the served model's shape (it would fail the whole step it joined). */
+static int check_lora(zs_sched *s, const zs_lora *l) {
+    if (zs_engine_device(s->e) == ZS_DEVICE_CUDA)
+        return zs_err(ZS_EUNSUPPORTED, "lora: LoRA adapters are not supported on the CUDA device yet (serve with "
+                      "--device cpu to use them)");
+    const zs_model_config *c = zs_model_config_get(zs_engine_model(s->e));
+    if (c->arch == ZS_ARCH_GPT2) return zs_err(ZS_EUNSUPPORTED, "lora: LoRA adapters are not supported for GPT-2 models");
+    if (zs_lora_n_layers(l) != c->n_layers)
+        return zs_err(ZS_EINVAL, "lora: the adapter has %d layers; the model has %d", zs_lora_n_layers(l), c->n_layers);
+    int d = c->dim, ff = c->ffn_dim, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    const int want_in[ZS_LORA_NT] = {d, d, d, qd, d, d, ff}, want_out[ZS_LORA_NT] = {qd, kvd, kvd, d, ff, ff, d};
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        int in, out;
+        if (!(zs_lora_get_params(l)->targets >> t & 1)) continue;
+        zs_lora_dims(l, t, &in, &out);
+        if (in != want_in[t] || out != want_out[t])
+            return zs_err(ZS_EINVAL, "lora: the adapter's %s maps %d to %d features; the model's maps %d to %d",
+                          zs_lora_target_name(t), in, out, want_in[t], want_out[t]);
+    }
+    return 0;
+}
+
 int zs_sched_submit(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink, zs_request **out) {
     if (p->n_prompt < 1) return zs_err(ZS_EINVAL, "prompt: the prompt is empty");
     if (p->max_tokens < 1) return zs_err(ZS_ERANGE, "max_tokens: must be at least 1");
@@ -406,6 +474,7 @@ int zs_sched_submit(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink
             return zs_err(ZS_ERANGE, "prompt: token id %d is out of range [0, %d)", p->prompt[i], s->vocab);
     if (p->top_logprobs > 20) return zs_err(ZS_ERANGE, "top_logprobs: must be at most 20");
     ZS_CHECK(zs_sampler_params_check(&p->sampling));
+    if (p->lora) ZS_CHECK(check_lora(s, p->lora));
     zs_request *r = calloc(1, sizeof *r);
     if (!r) return zs_err(ZS_ENOMEM, "out of memory");
     int rc = 0;
@@ -428,6 +497,7 @@ int zs_sched_submit(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink
     r->n_end_ids = ZS_MIN(ZS_MAX(p->n_end_ids, 0), ZS_REQ_MAX_END_IDS);
     memcpy(r->end_ids, p->end_ids, (size_t)r->n_end_ids * sizeof(int32_t));
     r->sink = *sink;
+    r->lora = p->lora;
     r->t_submit = zs_now();
     pthread_mutex_lock(&s->mu);
     if (s->draining || s->stop) rc = zs_err(ZS_EBUSY, "the server is shutting down");
@@ -491,6 +561,13 @@ void zs_sched_free(zs_sched *s) {
         pthread_cond_signal(&s->cv);
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->th, NULL);
+        /* zs_sched_run_idle callers see stop within their poll and leave */
+        pthread_mutex_lock(&s->mu);
+        while (s->n_idle_callers > 0) {
+            pthread_cond_broadcast(&s->cv_job);
+            pthread_cond_wait(&s->cv_job, &s->mu);
+        }
+        pthread_mutex_unlock(&s->mu);
     }
     /* requests still in the inbox never reached the engine thread */
     while (s->inbox) {
@@ -504,11 +581,13 @@ void zs_sched_free(zs_sched *s) {
         free(s->rb[i].row_req);
         free(s->rb[i].logits);
         free(s->rb[i].running);
+        free(s->rb[i].lora);
     }
     free(s->rb);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->cv_idle);
+    pthread_cond_destroy(&s->cv_job);
     free(s);
 }
 
@@ -519,4 +598,86 @@ void zs_sched_stats_get(zs_sched *s, zs_sched_stats *out) {
     out->running = s->n_live - s->n_pending;
     pthread_mutex_unlock(&s->mu);
     zs_world_stats(s->w, &out->gather);
+}
+
+int zs_sched_fail_lora(zs_sched *s, const zs_lora *l, const char *msg) {
+    int n = 0;
+    if (!l) return 0;
+    pthread_mutex_lock(&s->mu);
+    for (zs_request *x = s->live; x; x = x->live_next)
+        if (x->lora == l && !atomic_load(&x->failed)) {
+            snprintf(x->fail_msg, sizeof x->fail_msg, "%s", msg && *msg ? msg : "the LoRA adapter was unloaded");
+            atomic_store(&x->failed, 1);
+            n++;
+        }
+    if (n) pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* An absolute CLOCK_REALTIME deadline ms milliseconds from now. */
+static struct timespec deadline_ms(int ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    return ts;
+}
+
+/* Takes j out of the queue of idle jobs (it has not started). Under mu. */
+static void idle_unlink(zs_sched *s, idle_job *j) {
+    idle_job *prev = NULL;
+    for (idle_job *x = s->idle; x; prev = x, x = x->next)
+        if (x == j) {
+            if (prev) prev->next = j->next;
+            else s->idle = j->next;
+            if (s->idle_tail == j) s->idle_tail = prev;
+            return;
+        }
+}
+
+int zs_sched_run_idle(zs_sched *s, int (*fn)(void *ud), void *ud, int (*cancelled)(void *ud)) {
+    if (!fn) return zs_err(ZS_EINVAL, "zs_sched_run_idle: no function");
+    if (s->started && pthread_equal(pthread_self(), s->th))
+        return zs_err(ZS_EINVAL, "zs_sched_run_idle: called from the engine thread (it would wait for itself)");
+    idle_job j = {fn, ud, IDLE_PENDING, 0, NULL};
+    pthread_mutex_lock(&s->mu);
+    if (s->stop || s->draining || !s->started) {
+        pthread_mutex_unlock(&s->mu);
+        return zs_err(ZS_ECANCELLED, "the scheduler is stopping");
+    }
+    if (s->idle_tail) s->idle_tail->next = &j;
+    else s->idle = &j;
+    s->idle_tail = &j;
+    s->n_idle_callers++;
+    pthread_cond_signal(&s->cv);
+    int rc = 0;
+    for (;;) {
+        if (j.state == IDLE_DONE) {
+            rc = j.rc;
+            break;
+        }
+        if (j.state == IDLE_PENDING) {
+            int gone = s->stop || s->draining;
+            if (!gone && cancelled) { /* the caller's predicate runs without mu */
+                pthread_mutex_unlock(&s->mu);
+                gone = cancelled(ud) != 0;
+                pthread_mutex_lock(&s->mu);
+            }
+            if (gone && j.state == IDLE_PENDING) {
+                idle_unlink(s, &j);
+                rc = zs_err(ZS_ECANCELLED, s->stop || s->draining ? "the scheduler is stopping" : "cancelled");
+                break;
+            }
+            if (j.state != IDLE_PENDING) continue;
+        }
+        /* polled every 5 ms while waiting (cancelled, stop, drain); woken at once when a job ends */
+        struct timespec ts = deadline_ms(5);
+        pthread_cond_timedwait(&s->cv_job, &s->mu, &ts);
+    }
+    s->n_idle_callers--;
+    pthread_cond_broadcast(&s->cv_job);
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
