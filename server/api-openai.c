@@ -1,7 +1,8 @@
 /* api-openai.c — the OpenAI-compatible routes (DESIGN.md §6): /health, /v1/models,
- * /v1/completions, /v1/chat/completions (plain JSON or Server-Sent Events), /metrics and the
- * playground page at /. Validated requests (api-request.c) become scheduler requests
- * (one per choice), answered from the scheduler's callbacks as one JSON body or as SSE chunks.
+ * /v1/completions, /v1/chat/completions (plain JSON or Server-Sent Events), /metrics, the
+ * playground page at / and vLLM's LoRA adapter routes. Validated requests (api-request.c)
+ * become scheduler requests (one per choice), answered from the scheduler's callbacks as one
+ * JSON body or as SSE chunks.
  *
  * Request lifetime: a handler validates, tokenizes and creates a `job` holding one `choice`
  * per generated sequence, submits every choice, then (stream) starts the SSE stream. The job
@@ -12,6 +13,12 @@
  * scheduler's nor the HTTP layer's locks are ever taken inside job->mu except the non-waiting
  * zs_http_stream_write. An on_done that arrives while a cancel is in flight waits for it, so
  * the zs_request handles a cancel uses stay valid.
+ *
+ * A request naming a LoRA adapter runs on the base model's scheduler with the adapter
+ * (zs_req_params.lora); its job holds a reference on the adapter until job_free, after the
+ * scheduler's last on_done, so an unload never frees an adapter a request still uses.
+ * POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's names and bodies) load and
+ * unload adapters at run time (api-models.c).
  *
  * Request parsing and validation live in api-request.c. */
 #define _GNU_SOURCE
@@ -109,7 +116,9 @@ typedef struct {
 
 struct job {
     zs_api *api;
-    const zs_api_model *m; /* the model answering */
+    const zs_api_model *m; /* the model answering (the base model for an adapter) */
+    zs_api_adapter *adapter; /* the LoRA adapter the request names, a reference held until job_free (or NULL) */
+    const char *model_id;  /* what "model" says in the answer: the adapter's name or m's */
     zs_sched *sched;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -138,6 +147,8 @@ static void job_free(job *j) {
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     zs_api *a = j->api;
+    /* the scheduler has made its last on_done call of every choice: the adapter is no longer used */
+    zs_api_adapter_release(a, j->adapter);
     free(j);
     pthread_mutex_lock(&a->mu);
     a->live--;
@@ -148,7 +159,7 @@ static void job_free(job *j) {
 static json_t *chunk_base(job *j) {
     json_t *c = json_pack("{s:s,s:s,s:I,s:s}", "id", j->id, "object",
                           j->chat ? "chat.completion.chunk" : "text_completion", "created",
-                          (json_int_t)j->created, "model", j->m->model_name);
+                          (json_int_t)j->created, "model", j->model_id);
     return c;
 }
 
@@ -363,7 +374,11 @@ static void job_finish(job *j) {
     if (!j->err.status && !j->closed && (failed || cancelled) && zs_cluster_lost(lost, sizeof lost)) {
         zs_api_fail(&j->err, 503, NULL, "world_lost", "The multi-process world is lost (restart it): %s", lost);
     } else if (!j->err.status && !j->closed) {
-        if (failed) zs_api_fail(&j->err, 500, NULL, NULL, "generation failed: %s", failed->errmsg ? failed->errmsg : "");
+        if (failed && failed->err == ZS_ECANCELLED && j->adapter)
+            /* zs_sched_fail_lora: the adapter was unloaded while the request ran (as a request
+             * naming it from now on, 404) */
+            zs_api_fail(&j->err, 404, "model", "model_not_found", "%s", failed->errmsg ? failed->errmsg : "the adapter was unloaded");
+        else if (failed) zs_api_fail(&j->err, 500, NULL, NULL, "generation failed: %s", failed->errmsg ? failed->errmsg : "");
         else if (cancelled) zs_api_fail(&j->err, 503, NULL, NULL, "the request was cancelled: the server is shutting down");
     }
     if (j->stream) {
@@ -407,7 +422,7 @@ static void job_finish(job *j) {
             }
             json_t *resp = json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", j->id, "object",
                                      j->chat ? "chat.completion" : "text_completion", "created",
-                                     (json_int_t)j->created, "model", j->m->model_name, "choices", choices,
+                                     (json_int_t)j->created, "model", j->model_id, "choices", choices,
                                      "usage", usage_json(j));
             char ms[32];
             snprintf(ms, sizeof ms, "%.3f", (j->t_done - j->t_submit) * 1e3);
@@ -467,6 +482,9 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
     pthread_cond_init(&j->cv, NULL);
     j->api = a;
     j->m = q.model;
+    j->adapter = q.adapter; /* the job holds the request's adapter reference from here on */
+    q.adapter = NULL;
+    j->model_id = j->adapter ? j->adapter->name : j->m->model_name;
     j->sched = s;
     j->req = r;
     j->chat = chat;
@@ -512,6 +530,7 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
         rp.ignore_eos = q.ignore_eos;
         rp.n_end_ids = q.n_end_ids;
         memcpy(rp.end_ids, q.end_ids, sizeof rp.end_ids);
+        rp.lora = j->adapter ? j->adapter->lora : NULL;
         zs_req_sink sink = {on_token, on_done, c};
         zs_request *rq = NULL;
         c->submitted = 1; /* before submit: on_done may come at once */
@@ -593,30 +612,193 @@ static json_t *model_json(const zs_api_model *m) {
                      "owned_by", "zeroserve");
 }
 
+/* An adapter as a model (vLLM's shape): "parent" is the base model's id, "root" the adapter's
+ * directory. (mu held or a reference on ad) */
+static json_t *adapter_json(const zs_api *a, const zs_api_adapter *ad) {
+    return json_pack("{s:s,s:s,s:I,s:s,s:s,s:s}", "id", ad->name, "object", "model", "created", (json_int_t)ad->created,
+                     "owned_by", "zeroserve", "root", ad->dir, "parent", a->base.model_name);
+}
+
 static void h_models(void *ud, zs_http_req *r) {
     zs_api *a = ud;
     json_t *data = json_array();
     json_array_append_new(data, model_json(&a->base));
     pthread_mutex_lock(&a->mu);
     const zs_api_model *x = a->extra;
+    json_t *ads = json_array(); /* newest first in the table: listed oldest first */
+    for (const zs_api_adapter *ad = a->adapters; ad; ad = ad->next) json_array_insert_new(ads, 0, adapter_json(a, ad));
     pthread_mutex_unlock(&a->mu);
     json_t *ft = json_array(); /* the list is newest first: list the oldest first */
     for (; x; x = x->next) json_array_insert_new(ft, 0, model_json(x));
     json_array_extend(data, ft);
+    json_array_extend(data, ads);
     json_decref(ft);
+    json_decref(ads);
     zs_http_respond_json(r, 200, json_pack("{s:s,s:o}", "object", "list", "data", data));
 }
 
 static void h_model(void *ud, zs_http_req *r) {
     zs_api *a = ud;
     const char *id = zs_http_req_param(r);
-    const zs_api_model *m = id ? zs_api_model_find(a, id) : NULL;
-    if (!m) {
+    const zs_api_model *m = NULL;
+    zs_api_adapter *ad = NULL;
+    if (!id || zs_api_resolve(a, id, &m, &ad) < 0) {
         zs_http_respond_error(r, 404, "invalid_request_error", "model", "model_not_found",
                               "The model '%s' does not exist.", id ? id : "");
         return;
     }
-    zs_http_respond_json(r, 200, model_json(m));
+    json_t *o = ad ? adapter_json(a, ad) : model_json(m);
+    zs_api_adapter_release(a, ad);
+    zs_http_respond_json(r, 200, o);
+}
+
+/* ------------------------------------------------------------------ LoRA adapters (vLLM's routes) */
+
+/* The body of an adapter route: a JSON object with only the keys of known (NULL-terminated).
+ * NULL after answering 400. */
+static json_t *adapter_body(zs_http_req *r, const char *const *known) {
+    size_t len;
+    const char *body = zs_http_req_body(r, &len);
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL, "The body must be a JSON object.");
+        return NULL;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(root, k, v) {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++) ok = !strcmp(k, known[i]);
+        if (!ok) {
+            zs_http_respond_error(r, 400, "invalid_request_error", k, "unknown_parameter",
+                                  "Unrecognized request argument supplied: %s", k);
+            json_decref(root);
+            return NULL;
+        }
+    }
+    return root;
+}
+
+/* A required non-empty string field; NULL after answering 400. */
+static const char *adapter_str(zs_http_req *r, json_t *root, const char *key) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) {
+        zs_http_respond_error(r, 400, "invalid_request_error", key, "missing_required_parameter",
+                              "Missing required parameter: '%s'.", key);
+        return NULL;
+    }
+    if (!json_is_string(v) || !json_string_length(v) || strlen(json_string_value(v)) != json_string_length(v)) {
+        zs_http_respond_error(r, 400, "invalid_request_error", key, "invalid_value",
+                              "Invalid '%s': expected a non-empty string.", key);
+        return NULL;
+    }
+    return json_string_value(v);
+}
+
+/* 503 while loading or shutting down; 0 to go on. */
+static int adapter_unavailable(zs_api *a, zs_http_req *r) {
+    pthread_mutex_lock(&a->mu);
+    int loading = !a->base.sched, draining = a->draining;
+    pthread_mutex_unlock(&a->mu);
+    if (!loading && !draining) return 0;
+    zs_http_add_header(r, "Retry-After", "1");
+    zs_http_respond_error(r, 503, "server_error", NULL, draining ? "shutting_down" : "model_loading", "%s",
+                          draining ? "The server is shutting down." : "The model is still loading; try again shortly.");
+    return 1;
+}
+
+/* POST /v1/load_lora_adapter {"lora_name", "lora_path"}: loads a PEFT adapter directory (as the
+ * server's process sees it) against the base model and serves it as lora_name. */
+static void h_load_adapter(void *ud, zs_http_req *r) {
+    zs_api *a = ud;
+    static const char *const known[] = {"lora_name", "lora_path", NULL};
+    if (adapter_unavailable(a, r)) return;
+    json_t *root = adapter_body(r, known);
+    if (!root) return;
+    const char *name = adapter_str(r, root, "lora_name");
+    const char *path = name ? adapter_str(r, root, "lora_path") : NULL;
+    if (!path) goto out;
+    if (strlen(name) > 256) {
+        zs_http_respond_error(r, 400, "invalid_request_error", "lora_name", "invalid_value",
+                              "Invalid 'lora_name': at most 256 characters.");
+        goto out;
+    }
+    if (zs_api_name_taken(a, name)) {
+        zs_http_respond_error(r, 400, "invalid_request_error", "lora_name", "lora_adapter_exists",
+                              "The name '%s' is already served (a model or a LoRA adapter); unload it first or "
+                              "choose another.", name);
+        goto out;
+    }
+    int rc = zs_api_load_adapter(a, name, path);
+    if (rc == ZS_EBUSY) {
+        adapter_unavailable(a, r);
+    } else if (rc == ZS_ENOMEM) {
+        zs_http_respond_error(r, 500, "server_error", NULL, NULL, "cannot load the adapter: %s", zs_errmsg());
+    } else if (rc < 0) {
+        const char *code = rc == ZS_EUNSUPPORTED ? "unsupported_lora_adapter" : "invalid_lora_adapter";
+        if (zs_api_name_taken(a, name)) code = "lora_adapter_exists"; /* loaded meanwhile under that name */
+        zs_http_respond_error(r, 400, "invalid_request_error", !strcmp(code, "lora_adapter_exists") ? "lora_name" : "lora_path",
+                              code, "Cannot load the LoRA adapter '%s': %s", name, zs_errmsg());
+    } else {
+        const zs_api_model *m = NULL;
+        zs_api_adapter *ad = NULL;
+        json_t *o = NULL;
+        if (zs_api_resolve(a, name, &m, &ad) == 0 && ad) {
+            const zs_lora_params *p = zs_lora_get_params(ad->lora);
+            json_t *tm = json_array();
+            for (int t = 0; t < ZS_LORA_NT; t++)
+                if (p->targets & (1u << t)) json_array_append_new(tm, json_string(zs_lora_target_name(t)));
+            o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:i,s:f,s:o,s:I}", "object", "lora_adapter", "id", ad->name, "created",
+                          (json_int_t)ad->created, "parent", a->base.model_name, "root", ad->dir, "r", p->r, "alpha",
+                          (double)p->alpha, "target_modules", tm, "parameters", (json_int_t)zs_lora_param_count(ad->lora));
+        } else { /* unloaded at once by another request */
+            o = json_pack("{s:s,s:s,s:s,s:s}", "object", "lora_adapter", "id", name, "parent", a->base.model_name,
+                          "root", path);
+        }
+        zs_api_adapter_release(a, ad);
+        zs_http_respond_json(r, 200, o);
+    }
+out:
+    json_decref(root);
+}
+
+#define UNLOAD_WAIT_S 30.0 /* how long an unload waits for the requests using the adapter by default */
+
+/* POST /v1/unload_lora_adapter {"lora_name", "wait_s"?}: stops serving the adapter (404 for it
+ * from now on), waits up to wait_s (default 30, at most 3600) for the requests using it, fails
+ * those left, and answers once it is freed (or left to the last of them). */
+static void h_unload_adapter(void *ud, zs_http_req *r) {
+    zs_api *a = ud;
+    static const char *const known[] = {"lora_name", "lora_int_id", "wait_s", NULL};
+    json_t *root = adapter_body(r, known);
+    if (!root) return;
+    const char *name = adapter_str(r, root, "lora_name");
+    if (!name) goto out;
+    double wait_s = UNLOAD_WAIT_S;
+    json_t *w = json_object_get(root, "wait_s");
+    if (w && !json_is_null(w)) {
+        if (!json_is_number(w) || !(json_number_value(w) >= 0) || json_number_value(w) > 3600) {
+            zs_http_respond_error(r, 400, "invalid_request_error", "wait_s", "invalid_value",
+                                  "Invalid 'wait_s': expected a number of seconds between 0 and 3600.");
+            goto out;
+        }
+        wait_s = json_number_value(w);
+    }
+    int n_failed = 0;
+    int rc = zs_api_unload_adapter(a, name, wait_s, &n_failed);
+    if (rc == ZS_ENOTFOUND) {
+        zs_http_respond_error(r, 404, "invalid_request_error", "lora_name", "lora_adapter_not_found",
+                              "No LoRA adapter named '%s' is served.", name);
+    } else if (rc < 0) {
+        zs_http_respond_error(r, 500, "server_error", NULL, NULL, "cannot unload the adapter: %s", zs_errmsg());
+    } else {
+        zs_http_respond_json(r, 200, json_pack("{s:s,s:s,s:b,s:i}", "object", "lora_adapter", "id", name, "deleted", 1,
+                                               "failed_requests", n_failed));
+    }
+out:
+    json_decref(root);
 }
 
 static void h_metrics(void *ud, zs_http_req *r) {
@@ -660,6 +842,8 @@ int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
     if (!rc) rc = zs_http_route(h, "GET", "/v1/models/{id}", 1, h_model, a);
     if (!rc) rc = zs_http_route(h, "POST", "/v1/completions", 1, h_completions, a);
     if (!rc) rc = zs_http_route(h, "POST", "/v1/chat/completions", 1, h_chat, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/load_lora_adapter", 1, h_load_adapter, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/unload_lora_adapter", 1, h_unload_adapter, a);
     if (rc < 0) {
         zs_api_free(a);
         return rc;
@@ -713,6 +897,7 @@ void zs_api_free(zs_api *a) {
         zs_log_error("api: %ld requests still live at shutdown; leaking them", left);
         return;
     }
+    zs_api_adapters_free(a);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
     for (zs_api_model *m = &a->base, *next; m; m = next) {

@@ -7,7 +7,8 @@
  * Decisions where OpenAI has no exact answer: unknown fields are 400 (param = the field);
  * frequency_penalty / presence_penalty must be 0, echo false, best_of 1, suffix null or "",
  * logit_bias empty, response_format {type:"text"}, tools empty, tool_choice none/auto; other
- * values are 400 code "unsupported_parameter". A missing "model" means the served model.
+ * values are 400 code "unsupported_parameter". A missing "model" means the served model; a
+ * "model" naming a LoRA adapter runs on the base model with it (q->adapter holds a reference).
  * top_p 0 means greedy; top_k (0 or -1 = off), min_p and ignore_eos are extensions. Content
  * parts of one message are joined with "\n". Default max_tokens: 16 (completions, capped by
  * the room left in the context), the rest of the context (chat). */
@@ -122,6 +123,8 @@ static int unsupported(api_err *e, const char *name, const char *what) {
 /* ------------------------------------------------------------------ request parsing */
 
 void zs_api_req_free(req_t *q) {
+    if (q->adapter) zs_api_adapter_release(q->api, q->adapter);
+    q->adapter = NULL;
     for (int i = 0; i < q->n_prompts; i++) free(q->prompts[i]);
     free(q->prompts);
     free(q->n_prompt);
@@ -339,6 +342,7 @@ static int parse_messages(const zs_api_model *a, req_t *q, api_err *e) {
 
 int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e) {
     memset(q, 0, sizeof *q);
+    q->api = a;
     q->chat = chat;
     q->top_logprobs = -1;
     q->n = 1;
@@ -361,8 +365,7 @@ int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err 
     const zs_api_model *m = zs_api_model_find(a, NULL);
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) return bad_type(e, "model", "a string", model);
-        m = zs_api_model_find(a, json_string_value(model));
-        if (!m)
+        if (zs_api_resolve(a, json_string_value(model), &m, &q->adapter) < 0)
             return zs_api_fail(e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s').",
                         json_string_value(model), a->base.model_name);
     }

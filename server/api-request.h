@@ -30,7 +30,11 @@ int zs_api_fail(api_err *e, int status, const char *param, const char *code, con
  * tokenized prompts (one per prompt; chat has one). */
 typedef struct {
     int chat;
-    const zs_api_model *model; /* the model the request names (set by zs_api_parse_request) */
+    const zs_api_model *model; /* the model the request runs on (set by zs_api_parse_request) */
+    zs_api *api;
+    /* the LoRA adapter "model" names (model is then the base), with a reference held (NULL: none);
+     * whoever takes it over sets this to NULL, else zs_api_req_free drops it */
+    zs_api_adapter *adapter;
     json_t *root;
     int max_tokens, max_tokens_given;
     int n, stream, include_usage;
@@ -49,7 +53,8 @@ typedef struct {
 } req_t;
 
 /* Parses the request body of a completions (chat = 0) or chat completions request into q (which
- * zs_api_req_free releases in every case). -1 with e filled on a bad request. */
+ * zs_api_req_free releases in every case, the adapter reference included). -1 with e filled on a
+ * bad request. */
 int  zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e);
 void zs_api_req_free(req_t *q);
 

@@ -27,7 +27,8 @@ typedef struct {
 typedef struct zs_api zs_api;
 
 /* Registers GET /health, GET /, GET /metrics, GET /v1/models, GET /v1/models/{id},
- * POST /v1/completions and POST /v1/chat/completions on h (before traffic). /health and the
+ * POST /v1/completions, POST /v1/chat/completions, POST /v1/load_lora_adapter and
+ * POST /v1/unload_lora_adapter on h (before traffic). /health and the
  * playground page / need no API key (the page holds no data; its API calls send the key). Until
  * zs_api_attach, /health answers 503 {"status":"loading"} and the generation routes 503. */
 int  zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out);
@@ -37,14 +38,14 @@ void zs_api_attach(zs_api *a, zs_engine *e, zs_sched *s);
 int  zs_api_loaded(zs_api *a);
 /* Serves one more model under name (a fine-tuned one) from now on: /v1/models lists it and
  * requests naming it go to s. e and s are borrowed like zs_api_attach's; model_dir is for the
- * chat template. ZS_EEXIST when the name is taken. Thread-safe. */
+ * chat template. ZS_EINVAL when the name is taken. Thread-safe. */
 int  zs_api_add_model(zs_api *a, const char *name, const char *model_dir, zs_engine *e, zs_sched *s);
 /* LoRA adapters over the base model (engine/model/lora.h). zs_api_add_adapter serves l under name
  * from now on: /v1/models lists it with "parent" set to the base model's id, and a request whose
  * "model" names it runs on the base's scheduler with the adapter (rows of different adapters share
  * one batch and one weight stream). The api takes ownership of l in every case (freed at once on
- * failure). dir is shown in /v1/models ("root"). ZS_EEXIST when the name is taken by a model or an
- * adapter, ZS_EINVAL for an empty name, ZS_EBUSY before the base is attached. Thread-safe.
+ * failure). dir is shown in /v1/models ("root"). ZS_EINVAL when the name is taken by a model or an
+ * adapter (the message says so), ZS_EINVAL for an empty name, ZS_EBUSY before the base is attached. Thread-safe.
  * A request takes a reference to its adapter at submit and drops it at on_done. */
 int  zs_api_add_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l);
 /* Loads the PEFT adapter directory dir against the base model and serves it as name: errors name

@@ -1,11 +1,13 @@
 /* finetune-api.h — fine-tuning over HTTP in the OpenAI shape (DESIGN.md §5, §6): uploaded
  * training files (files.c: POST/GET /v1/files), fine-tuning jobs with their events and the job
- * runner that trains a separate copy of the base model and serves the result without a restart
- * (ftjobs.c, ftrun.c), and the small persistence helpers they share (persist.c).
+ * runner that trains a separate copy of the base model (a full fine-tune) or a LoRA adapter over
+ * the served base itself and serves the result without a restart (ftjobs.c, ftrun.c), and the
+ * small persistence helpers they share (persist.c).
  *
  * Everything persists under a data directory: files/<id>.jsonl + files/<id>.json (metadata),
  * jobs/<id>.json (the job object, written atomically: tmp + fsync + rename) +
- * jobs/<id>.events.jsonl (appended), models/<fine-tuned model, sanitized>/ (exported weights).
+ * jobs/<id>.events.jsonl (appended), models/<fine-tuned model, sanitized>/ (exported weights, or
+ * a LoRA job's PEFT adapter).
  *
  * Ownership: zs_files and zs_ftjobs borrow the zs_http they register routes on and the zs_api
  * they add fine-tuned models to; zs_ftjobs owns the engines and schedulers of those models.
@@ -60,9 +62,11 @@ typedef struct zs_ftjobs zs_ftjobs;
 /* Loads the job records under data_dir/jobs and registers the /v1/fine_tuning/jobs routes. Jobs
  * are accepted at once; they run after zs_ftjobs_start. */
 int  zs_ftjobs_open(zs_http *h, const zs_ftjobs_opts *o, zs_ftjobs **out);
-/* The base model is loaded (base is its scheduler): serves the models of succeeded jobs,
- * re-queues the jobs a previous run left running, and starts the runner thread. */
-int  zs_ftjobs_start(zs_ftjobs *j, zs_sched *base);
+/* The base model is loaded (base_engine, served by base; both borrowed): serves the models and
+ * LoRA adapters of succeeded jobs, re-queues the jobs a previous run left running, and starts
+ * the runner thread. LoRA jobs train on base_engine itself, their steps run by base's engine
+ * thread in its idle passes (zs_sched_run_idle). */
+int  zs_ftjobs_start(zs_ftjobs *j, zs_engine *base_engine, zs_sched *base);
 /* Stops the runner (a running job stays "running" on disk and is re-queued at the next start)
  * and drains the fine-tuned models' schedulers for up to drain_s. Before zs_http_stop. */
 void zs_ftjobs_stop(zs_ftjobs *j, double drain_s);

@@ -13,6 +13,16 @@
 #include "finetune-api.h"
 
 #define FT_BASE_LR 1e-3 /* lr = FT_BASE_LR x learning_rate_multiplier */
+/* "lora" absent from a job: LoRA when the base has at least this many parameters or stores
+ * quantized weights (which a full fine-tune refuses), a full fine-tune otherwise */
+#define FT_LORA_DEFAULT_PARAMS 100000000ull
+
+/* The default LoRA of a job ({"r":16,"alpha":32,"dropout":0,"target_modules":[all seven]}),
+ * a new reference (ftjobs.c). */
+json_t *zs_ftjobs_lora_default(void);
+/* The "lora" a job gets when the request has none: zs_ftjobs_lora_default() or null, by the base
+ * (FT_LORA_DEFAULT_PARAMS); a new reference (ftjobs.c). */
+json_t *zs_ftjobs_lora_auto(zs_engine *base);
 
 typedef struct ftjob {
     char id[64];
@@ -35,6 +45,7 @@ struct zs_ftjobs {
     zs_sched_opts sched;
     zs_api *api;
     zs_files *files;
+    zs_engine *base_engine; /* the served base (zs_ftjobs_start; LoRA jobs train on it) */
     zs_sched *base_sched;
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -7,7 +7,18 @@
  *
  * Hyperparameters: n_epochs (1..10000, "auto" = 3), batch_size (sequences per rank and step,
  * 1..256, "auto" = 2), learning_rate_multiplier (> 0 and <= 100, "auto" = 1): the LR is
- * FT_BASE_LR (1e-3) x the multiplier, constant, AdamW, clip 1.0. */
+ * FT_BASE_LR (1e-3) x the multiplier, constant, AdamW, clip 1.0. They are given in OpenAI's
+ * current shape, method: {type: "supervised", supervised: {hyperparameters: {...}}}, or in the
+ * older top-level "hyperparameters" (both given with different values: 400; another method type,
+ * "dpo" or "reinforcement": 400 naming it). The job records both shapes, resolved.
+ *
+ * The extension "lora": {r, alpha, dropout, target_modules} trains a LoRA adapter over the served
+ * base (defaults r 16, alpha 32, dropout 0, all seven projections; target_modules are PEFT's
+ * names, with or without "_proj", or "all-linear"; unknown keys and bad values are 400s naming
+ * them); "lora": null is a full fine-tune of a copy of the base; without the key the base decides:
+ * LoRA when it has at least 100M parameters or stores quantized weights (which a full fine-tune
+ * refuses), full otherwise (decided when the job starts if the base is still loading at creation:
+ * "lora": "auto" until then). The job records the choice ("lora": {...} or null). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <stdio.h>
@@ -18,22 +29,24 @@
 
 #include "cluster.h"
 #include "common.h"
+#include "engine.h"
 #include "ftjobs-internal.h"
 #include "ftrun.h"
+#include "lora.h"
 
 static const char *status_of(const ftjob *j) { return json_string_value(json_object_get(j->obj, "status")); }
 
 /* ------------------------------------------------------------------ create */
 
-static int hp_value(json_t *hp, const char *key, double lo, double hi, double dflt, int integer, double *out,
-                    zs_http_req *r) {
+static int hp_value(json_t *hp, const char *prefix, const char *key, double lo, double hi, double dflt, int integer,
+                    double *out, zs_http_req *r) {
     json_t *v = hp ? json_object_get(hp, key) : NULL;
     *out = dflt;
     if (!v || json_is_null(v) || (json_is_string(v) && !strcmp(json_string_value(v), "auto"))) return 0;
     double x = json_is_number(v) ? json_number_value(v) : -1e300;
     if (x < lo || x > hi || (integer && !json_is_integer(v))) {
-        char param[64];
-        snprintf(param, sizeof param, "hyperparameters.%s", key);
+        char param[96];
+        snprintf(param, sizeof param, "%s.%s", prefix, key);
         zs_http_respond_error(r, 400, "invalid_request_error", param, "invalid_value",
                               "Invalid '%s': expected %s between %g and %g, or \"auto\".", param,
                               integer ? "an integer" : "a number", lo, hi);
@@ -54,6 +67,162 @@ static int opt_string(json_t *root, const char *key, size_t max, const char **ou
     }
     *out = json_string_value(v);
     return 0;
+}
+
+static int bad_param(zs_http_req *r, const char *param, const char *code, const char *msg) {
+    zs_http_respond_error(r, 400, "invalid_request_error", param, code, "%s", msg);
+    return -1;
+}
+
+/* Every key of o is one of known (NULL-terminated); else 400 naming prefix.key. */
+static int known_keys(json_t *o, const char *prefix, const char *const *known, zs_http_req *r) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++) ok = !strcmp(k, known[i]);
+        if (!ok) {
+            char param[128], msg[400];
+            snprintf(param, sizeof param, "%s.%s", prefix, k);
+            int n = snprintf(msg, sizeof msg, "Unrecognized argument '%s' (expected", param);
+            for (int i = 0; known[i] && n > 0 && (size_t)n < sizeof msg; i++)
+                n += snprintf(msg + n, sizeof msg - (size_t)n, "%s %s", i ? "," : "", known[i]);
+            if (n > 0 && (size_t)n < sizeof msg) snprintf(msg + n, sizeof msg - (size_t)n, ").");
+            return bad_param(r, param, "unknown_parameter", msg);
+        }
+    }
+    return 0;
+}
+
+/* The three hyperparameters of hp (an object or NULL) under the name prefix. */
+static int hp_all(json_t *hp, const char *prefix, double *ep, double *bs, double *lrm, zs_http_req *r) {
+    if (hp_value(hp, prefix, "n_epochs", 1, 10000, 3, 1, ep, r) < 0 || hp_value(hp, prefix, "batch_size", 1, 256, 2, 1, bs, r) < 0 ||
+        hp_value(hp, prefix, "learning_rate_multiplier", 1e-6, 100, 1, 0, lrm, r) < 0)
+        return -1;
+    return 0;
+}
+
+/* method: {type: "supervised", supervised: {hyperparameters: {...}}}: *mhp = its hyperparameters
+ * object (or NULL). */
+static int parse_method(json_t *method, json_t **mhp, zs_http_req *r) {
+    *mhp = NULL;
+    if (!method || json_is_null(method)) return 0;
+    if (!json_is_object(method)) return bad_param(r, "method", "invalid_type", "Invalid 'method': expected an object.");
+    json_t *type = json_object_get(method, "type");
+    if (!type || json_is_null(type))
+        return bad_param(r, "method.type", "missing_required_parameter", "Missing required parameter: 'method.type'.");
+    if (!json_is_string(type)) return bad_param(r, "method.type", "invalid_type", "Invalid 'method.type': expected a string.");
+    if (strcmp(json_string_value(type), "supervised")) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "The fine-tuning method '%.100s' is not supported by this server; only \"supervised\" is "
+                 "(\"dpo\" and \"reinforcement\" are not).", json_string_value(type));
+        return bad_param(r, "method.type", "unsupported_parameter", msg);
+    }
+    static const char *const mk[] = {"type", "supervised", NULL};
+    if (known_keys(method, "method", mk, r) < 0) return -1;
+    json_t *sup = json_object_get(method, "supervised");
+    if (!sup || json_is_null(sup)) return 0;
+    if (!json_is_object(sup))
+        return bad_param(r, "method.supervised", "invalid_type", "Invalid 'method.supervised': expected an object.");
+    static const char *const sk[] = {"hyperparameters", NULL};
+    if (known_keys(sup, "method.supervised", sk, r) < 0) return -1;
+    json_t *hp = json_object_get(sup, "hyperparameters");
+    if (!hp || json_is_null(hp)) return 0;
+    if (!json_is_object(hp))
+        return bad_param(r, "method.supervised.hyperparameters", "invalid_type",
+                         "Invalid 'method.supervised.hyperparameters': expected an object.");
+    static const char *const hk[] = {"n_epochs", "batch_size", "learning_rate_multiplier", NULL};
+    if (known_keys(hp, "method.supervised.hyperparameters", hk, r) < 0) return -1;
+    *mhp = hp;
+    return 0;
+}
+
+static json_t *lora_json(int r, double alpha, double dropout, unsigned targets) {
+    json_t *tm = json_array();
+    for (int t = 0; t < ZS_LORA_NT; t++)
+        if (targets & (1u << t)) json_array_append_new(tm, json_string(zs_lora_target_name(t)));
+    return json_pack("{s:i,s:f,s:f,s:o}", "r", r, "alpha", alpha, "dropout", dropout, "target_modules", tm);
+}
+
+json_t *zs_ftjobs_lora_default(void) { return lora_json(16, 32, 0, ZS_LORA_ALL); }
+
+json_t *zs_ftjobs_lora_auto(zs_engine *base) {
+    zs_model *m = zs_engine_model(base);
+    int big = zs_model_param_count(m) >= FT_LORA_DEFAULT_PARAMS, quant = zs_model_quant_dtype(m) != ZS_DTYPE_COUNT;
+    return big || quant ? zs_ftjobs_lora_default() : json_null();
+}
+
+/* A target module name: PEFT's (q_proj ...) or without "_proj" (q ...); -1 for another. */
+static int target_of(const char *name) {
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        const char *full = zs_lora_target_name(t);
+        size_t n = strlen(full) - 5; /* without "_proj" */
+        if (!strcmp(name, full) || (strlen(name) == n && !strncmp(name, full, n))) return t;
+    }
+    return -1;
+}
+
+/* "lora": {r, alpha, dropout, target_modules} -> *out, the normalized object (new reference). */
+static int parse_lora(json_t *lv, json_t **out, zs_http_req *r) {
+    *out = NULL;
+    if (!json_is_object(lv))
+        return bad_param(r, "lora", "invalid_type",
+                         "Invalid 'lora': expected an object {r, alpha, dropout, target_modules} or null (a full fine-tune).");
+    static const char *const lk[] = {"r", "alpha", "dropout", "target_modules", NULL};
+    if (known_keys(lv, "lora", lk, r) < 0) return -1;
+    json_t *v = json_object_get(lv, "r");
+    long long rank = 16;
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 4096)
+            return bad_param(r, "lora.r", "invalid_value", "Invalid 'lora.r': expected an integer between 1 and 4096.");
+        rank = json_integer_value(v);
+    }
+    double alpha = 32, dropout = 0;
+    v = json_object_get(lv, "alpha");
+    if (v && !json_is_null(v)) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0) || json_number_value(v) > 1e6)
+            return bad_param(r, "lora.alpha", "invalid_value", "Invalid 'lora.alpha': expected a number > 0 (at most 1e6).");
+        alpha = json_number_value(v);
+    }
+    v = json_object_get(lv, "dropout");
+    if (v && !json_is_null(v)) {
+        if (!json_is_number(v) || !(json_number_value(v) >= 0) || !(json_number_value(v) < 1))
+            return bad_param(r, "lora.dropout", "invalid_value", "Invalid 'lora.dropout': expected a number >= 0 and < 1.");
+        dropout = json_number_value(v);
+    }
+    unsigned targets = ZS_LORA_ALL;
+    v = json_object_get(lv, "target_modules");
+    if (v && !json_is_null(v)) {
+        if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear")) {
+            targets = ZS_LORA_ALL;
+        } else if (json_is_array(v) && json_array_size(v) > 0) {
+            targets = 0;
+            size_t i;
+            json_t *x;
+            json_array_foreach(v, i, x) {
+                int t = json_is_string(x) ? target_of(json_string_value(x)) : -1;
+                if (json_is_string(x) && !strcmp(json_string_value(x), "all-linear")) {
+                    targets = ZS_LORA_ALL;
+                    continue;
+                }
+                if (t < 0) {
+                    char param[64], msg[400];
+                    snprintf(param, sizeof param, "lora.target_modules[%zu]", i);
+                    snprintf(msg, sizeof msg, "Invalid '%s'%s%.100s%s: the target modules are q_proj, k_proj, v_proj, "
+                             "o_proj, gate_proj, up_proj, down_proj (with or without \"_proj\") or \"all-linear\".",
+                             param, json_is_string(x) ? " '" : "", json_is_string(x) ? json_string_value(x) : "",
+                             json_is_string(x) ? "'" : " (not a string)");
+                    return bad_param(r, param, "invalid_value", msg);
+                }
+                targets |= 1u << t;
+            }
+        } else {
+            return bad_param(r, "lora.target_modules", "invalid_value",
+                             "Invalid 'lora.target_modules': expected a non-empty list of module names or \"all-linear\".");
+        }
+    }
+    *out = lora_json((int)rank, alpha, dropout, targets);
+    return *out ? 0 : bad_param(r, "lora", "invalid_value", "out of memory");
 }
 
 static void h_create(void *ud, zs_http_req *r) {
@@ -78,7 +247,7 @@ static void h_create(void *ud, zs_http_req *r) {
     }
     const char *model, *tf, *vf, *suffix;
     double ep, bs, lrm, seed = 0;
-    json_t *hp = json_object_get(root, "hyperparameters");
+    json_t *hp = json_object_get(root, "hyperparameters"), *mhp = NULL, *lora = NULL;
     char tpath[4096];
     if (opt_string(root, "model", 200, &model, r) < 0 || opt_string(root, "training_file", 100, &tf, r) < 0 ||
         opt_string(root, "validation_file", 100, &vf, r) < 0 || opt_string(root, "suffix", 64, &suffix, r) < 0)
@@ -127,9 +296,36 @@ static void h_create(void *ud, zs_http_req *r) {
         }
         seed = (double)json_integer_value(sv);
     }
-    if (hp_value(hp, "n_epochs", 1, 10000, 3, 1, &ep, r) < 0 || hp_value(hp, "batch_size", 1, 256, 2, 1, &bs, r) < 0 ||
-        hp_value(hp, "learning_rate_multiplier", 1e-6, 100, 1, 0, &lrm, r) < 0)
+    if (parse_method(json_object_get(root, "method"), &mhp, r) < 0) goto out;
+    if (hp_all(hp && json_is_object(hp) ? hp : NULL, "hyperparameters", &ep, &bs, &lrm, r) < 0) goto out;
+    if (mhp) {
+        double e2, b2, l2;
+        if (hp_all(mhp, "method.supervised.hyperparameters", &e2, &b2, &l2, r) < 0) goto out;
+        if (hp && json_is_object(hp) && (e2 != ep || b2 != bs || l2 != lrm)) {
+            bad_param(r, "method.supervised.hyperparameters", "invalid_value",
+                      "'hyperparameters' and 'method.supervised.hyperparameters' are both given, with different values; "
+                      "give one ('hyperparameters' is the older form).");
+            goto out;
+        }
+        ep = e2, bs = b2, lrm = l2;
+    }
+    pthread_mutex_lock(&J->mu);
+    zs_engine *base = J->base_engine;
+    pthread_mutex_unlock(&J->mu);
+    json_t *lv = json_object_get(root, "lora");
+    if (!lv) {
+        lora = base ? zs_ftjobs_lora_auto(base) : json_string("auto"); /* "auto": decided when the job starts */
+    } else if (json_is_null(lv)) {
+        if (base && zs_model_quant_dtype(zs_engine_model(base)) != ZS_DTYPE_COUNT) {
+            bad_param(r, "lora", "invalid_value",
+                      "A full fine-tune ('lora': null) needs a base with unquantized weights; this one stores quantized "
+                      "weights: train a LoRA adapter (give 'lora' as an object, or leave it out).");
+            goto out;
+        }
+        lora = json_null();
+    } else if (parse_lora(lv, &lora, r) < 0) {
         goto out;
+    }
     ftjob *j = calloc(1, sizeof *j);
     if (!j) {
         zs_http_respond_error(r, 500, "server_error", NULL, NULL, "out of memory");
@@ -137,11 +333,14 @@ static void h_create(void *ud, zs_http_req *r) {
     }
     zs_persist_new_id("ftjob-", j->id, sizeof j->id);
     j->events = json_array();
-    j->obj = json_pack("{s:s,s:s,s:s,s:I,s:n,s:n,s:s,s:{s:I,s:I,s:f},s:s,s:o,s:[],s:n,s:n,s:I,s:o,s:s,s:n}",
+    j->obj = json_pack("{s:s,s:s,s:s,s:I,s:n,s:n,s:s,s:{s:I,s:I,s:f},s:{s:s,s:{s:{s:I,s:I,s:f}}},s:O,s:s,s:o,s:[],"
+                       "s:n,s:n,s:I,s:o,s:s,s:n}",
                        "id", j->id, "object", "fine_tuning.job", "model", model, "created_at",
                        (json_int_t)time(NULL), "finished_at", "fine_tuned_model", "organization_id", "org-local",
                        "hyperparameters", "n_epochs", (json_int_t)ep, "batch_size", (json_int_t)bs,
-                       "learning_rate_multiplier", lrm, "training_file", tf, "validation_file",
+                       "learning_rate_multiplier", lrm, "method", "type", "supervised", "supervised",
+                       "hyperparameters", "n_epochs", (json_int_t)ep, "batch_size", (json_int_t)bs,
+                       "learning_rate_multiplier", lrm, "lora", lora, "training_file", tf, "validation_file",
                        vf ? json_string(vf) : json_null(), "result_files", "trained_tokens", "error", "seed",
                        (json_int_t)seed, "user_provided_suffix", suffix ? json_string(suffix) : json_null(),
                        "status", "validating_files", "estimated_finish");
@@ -166,6 +365,7 @@ static void h_create(void *ud, zs_http_req *r) {
     pthread_mutex_unlock(&J->mu);
     zs_http_respond_json(r, 200, snap);
 out:
+    json_decref(lora);
     json_decref(root);
 }
 
@@ -416,13 +616,14 @@ int zs_ftjobs_open(zs_http *h, const zs_ftjobs_opts *o, zs_ftjobs **out) {
     return 0;
 }
 
-int zs_ftjobs_start(zs_ftjobs *J, zs_sched *base) {
+int zs_ftjobs_start(zs_ftjobs *J, zs_engine *base_engine, zs_sched *base) {
     if (zs_cluster_size() > 1) {
         zs_log_warn("fine-tuning: jobs and fine-tuned models are not served by a multi-process world; "
                     "the jobs under the data directory stay as they are");
         return 0;
     }
     pthread_mutex_lock(&J->mu);
+    J->base_engine = base_engine;
     J->base_sched = base;
     ftjob *todo[4096];
     int n = 0;
@@ -434,6 +635,7 @@ int zs_ftjobs_start(zs_ftjobs *J, zs_sched *base) {
         const char *st = status_of(j);
         const char *ftm = json_string_value(json_object_get(j->obj, "fine_tuned_model"));
         char name[256] = "";
+        int is_lora = json_is_object(json_object_get(j->obj, "lora"));
         if (!strcmp(st, "succeeded") && ftm) snprintf(name, sizeof name, "%s", ftm);
         if (!strcmp(st, "running") || !strcmp(st, "validating_files"))
             zs_ftjobs_set_status_locked(J, j, "queued",
@@ -443,7 +645,8 @@ int zs_ftjobs_start(zs_ftjobs *J, zs_sched *base) {
         if (name[0]) {
             char dir[4096];
             zs_ftjobs_model_dir(J, name, dir, sizeof dir);
-            if (zs_ftjobs_serve_model(J, name, dir) < 0)
+            /* a LoRA job's model is its adapter, served over the base */
+            if ((is_lora ? zs_api_load_adapter(J->api, name, dir) : zs_ftjobs_serve_model(J, name, dir)) < 0)
                 zs_log_error("fine-tuning: cannot serve %s from %s: %s", name, dir, zs_errmsg());
         }
     }

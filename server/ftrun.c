@@ -1,13 +1,21 @@
-/* ftrun.c — the fine-tuning job runner: one thread that takes the oldest queued job, trains a
- * separate copy of the base model (a second engine on the same model directory, with the
- * server's ranks and offload settings: the served base model is never touched), exports the
- * result into data_dir/models/<name> and serves it at once under
- * ft:<base>:<suffix>:<job id hex> (ft:<base>:<job id hex> without a suffix).
+/* ftrun.c — the fine-tuning job runner: one thread that takes the oldest queued job and trains
+ * it, then serves the result at once under ft:<base>:<suffix>:<job id hex> (ft:<base>:<job id
+ * hex> without a suffix):
+ *   - a full fine-tune ("lora": null) trains a separate copy of the base model (a second engine
+ *     on the same model directory, with the server's ranks and offload settings: the served base
+ *     model is never touched), exports it into data_dir/models/<name> and serves that model;
+ *   - a LoRA job ("lora": {...}) trains an adapter over the served base engine itself (no second
+ *     engine, no copy of the weights): every training step, evaluation and checkpoint of the run
+ *     goes through zs_finetune_hooks.exec, which runs it on the base scheduler's engine thread
+ *     in an idle pass (zs_sched_run_idle), so steps interleave with serving; the adapter (PEFT's
+ *     format) goes to data_dir/models/<name> and is served over the base (zs_api_load_adapter).
+ * Checkpoints (every 10 steps) go to the job's checkpoint directory; a job interrupted by a
+ * restart continues from the latest.
  *
  * Yielding to serving: before each training step the runner waits while any served model's
  * scheduler has queued or running requests (polling zs_sched_stats_get every millisecond), so a
  * completion waits at most one training step; training uses the idle time. A cancel or a server
- * stop is seen before the next step. */
+ * stop is seen before the next step (and, for a LoRA job, while it waits for an idle pass). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +27,7 @@
 #include "engine.h"
 #include "finetune.h"
 #include "ftrun.h"
+#include "lora.h"
 
 int zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir) {
     zs_engine_opts eo = J->engine;
@@ -84,6 +93,46 @@ static int before_step(void *ud, long step) {
     return stop_requested(c);
 }
 
+/* A LoRA job's exec hook: fn runs on the base scheduler's engine thread when it is idle. */
+typedef struct {
+    run_ctx *c;
+    int (*fn)(void *arg);
+    void *arg;
+} idle_call;
+
+static int idle_fn(void *ud) {
+    idle_call *ic = ud;
+    return ic->fn(ic->arg);
+}
+
+static int idle_cancelled(void *ud) {
+    idle_call *ic = ud;
+    return stop_requested(ic->c);
+}
+
+static int exec_idle(void *ud, int (*fn)(void *arg), void *arg) {
+    run_ctx *c = ud;
+    idle_call ic = {c, fn, arg};
+    return zs_sched_run_idle(c->J->base_sched, idle_fn, &ic, idle_cancelled);
+}
+
+/* A job's "lora" object (as ftjobs.c normalized it) as adapter parameters. */
+static int lora_params_of(json_t *lj, zs_lora_params *p) {
+    memset(p, 0, sizeof *p);
+    p->r = (int)json_integer_value(json_object_get(lj, "r"));
+    p->alpha = (float)json_number_value(json_object_get(lj, "alpha"));
+    p->dropout = (float)json_number_value(json_object_get(lj, "dropout"));
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(lj, "target_modules"), i, x) {
+        for (int t = 0; t < ZS_LORA_NT; t++)
+            if (json_is_string(x) && !strcmp(json_string_value(x), zs_lora_target_name(t))) p->targets |= 1u << t;
+    }
+    if (p->r < 1 || !(p->alpha > 0) || !p->targets)
+        return zs_err(ZS_EINVAL, "the job's 'lora' record is not valid (r %d, alpha %g)", p->r, (double)p->alpha);
+    return 0;
+}
+
 static void on_step(void *ud, long step, long steps, float loss, float lr, size_t tokens) {
     run_ctx *c = ud;
     char msg[128];
@@ -114,6 +163,10 @@ static ftjob *next_queued_locked(zs_ftjobs *J) {
     return found;
 }
 
+static int run_full(zs_ftjobs *J, const zs_finetune_opts *fo, const zs_finetune_hooks *h, zs_finetune_result *res,
+                    const char *hex, int rc);
+static void finish_job(zs_ftjobs *J, ftjob *j, int rc, const char *name, int is_lora, const zs_finetune_result *r);
+
 static void run_job(zs_ftjobs *J, ftjob *j) {
     char tf[4096], vf[4096], name[512], dir[4096], hex[64];
     pthread_mutex_lock(&J->mu);
@@ -122,6 +175,14 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     const char *vid = json_string_value(json_object_get(o, "validation_file"));
     const char *suffix = json_string_value(json_object_get(o, "user_provided_suffix"));
     snprintf(hex, sizeof hex, "%s", j->id + 6);
+    json_t *lj = json_object_get(o, "lora");
+    if (json_is_string(lj)) { /* "auto": created while the base was loading; decided now */
+        json_object_set_new(o, "lora", zs_ftjobs_lora_auto(J->base_engine));
+        lj = json_object_get(o, "lora");
+    }
+    int is_lora = json_is_object(lj);
+    zs_lora_params lp;
+    int lora_rc = is_lora ? lora_params_of(lj, &lp) : 0;
     if (suffix && *suffix) snprintf(name, sizeof name, "ft:%s:%s:%s", J->base_name, suffix, hex);
     else snprintf(name, sizeof name, "ft:%s:%s", J->base_name, hex);
     zs_finetune_opts fo;
@@ -133,7 +194,13 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     int have_files = zs_files_path(J->files, tid, tf, sizeof tf) == 0 &&
                      (!vid || zs_files_path(J->files, vid, vf, sizeof vf) == 0);
     json_object_set_new(o, "trained_tokens", json_integer(0));
-    zs_ftjobs_set_status_locked(J, j, "running", "Fine-tuning job started");
+    char started[160];
+    if (is_lora)
+        snprintf(started, sizeof started, "Fine-tuning job started: a LoRA adapter (r %d, alpha %g) over the served base",
+                 lp.r, (double)lp.alpha);
+    else
+        snprintf(started, sizeof started, "Fine-tuning job started: a full fine-tune of a copy of the base");
+    zs_ftjobs_set_status_locked(J, j, "running", started);
     pthread_mutex_unlock(&J->mu);
     zs_ftjobs_model_dir(J, name, dir, sizeof dir);
     if (zs_persist_mkdirs(J->models_dir) < 0) have_files = 0;
@@ -149,6 +216,28 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     fo.resume = 1;
 
     int rc = have_files ? 0 : zs_err(ZS_ENOTFOUND, "a file of the job no longer exists");
+    if (rc == 0) rc = lora_rc;
+    run_ctx c = {J, j};
+    zs_finetune_hooks h = {on_plan, before_step, on_step, NULL, &c};
+    zs_finetune_result res;
+    memset(&res, 0, sizeof res);
+    if (is_lora) {
+        /* over the served base, its steps in the base scheduler's idle passes */
+        fo.lora = &lp;
+        fo.base_name = J->base_name;
+        h.exec = exec_idle;
+        if (rc == 0) rc = zs_finetune_run(J->base_engine, &fo, &h, &res);
+        if (rc == 0 && !stop_requested(&c)) rc = zs_api_load_adapter(J->api, name, dir);
+    } else {
+        rc = run_full(J, &fo, &h, &res, hex, rc);
+        if (rc == 0 && !stop_requested(&c)) rc = zs_ftjobs_serve_model(J, name, dir);
+    }
+    finish_job(J, j, rc, name, is_lora, &res);
+}
+
+/* A full fine-tune: a training engine of its own on the base's directory. rc: what went before. */
+static int run_full(zs_ftjobs *J, const zs_finetune_opts *fo, const zs_finetune_hooks *h, zs_finetune_result *res,
+                    const char *hex, int rc) {
     zs_engine_opts eo = J->engine;
     eo.max_seqs = 1;
     eo.model.embed_lookup = 0; /* a training engine: every table sharded (the served ones look rows up) */
@@ -160,12 +249,16 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     }
     zs_engine *e = NULL;
     if (rc == 0) rc = zs_engine_open(&eo, &e);
-    run_ctx c = {J, j};
-    zs_finetune_hooks h = {on_plan, before_step, on_step, NULL, &c};
-    zs_finetune_result res;
-    if (rc == 0) rc = zs_finetune_run(e, &fo, &h, &res);
+    if (rc == 0) rc = zs_finetune_run(e, fo, h, res);
     zs_engine_free(e);
-    if (rc == 0 && !stop_requested(&c)) rc = zs_ftjobs_serve_model(J, name, dir);
+    return rc;
+}
+
+/* The job's final record: succeeded (with its model), failed (with the message of rc) or left as
+ * it is (cancelled, or "running" when the server stops: re-queued at the next start). */
+static void finish_job(zs_ftjobs *J, ftjob *j, int rc, const char *name, int is_lora, const zs_finetune_result *r) {
+    const zs_finetune_result res = *r;
+    json_t *o = j->obj;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", zs_errmsg());
     pthread_mutex_lock(&J->mu);
@@ -181,9 +274,19 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
             snprintf(vm, sizeof vm, "Validation loss=%.4f", (double)res.valid_loss);
             zs_ftjobs_event_locked(J, j, "info", vm, json_pack("{s:f}", "valid_loss", (double)res.valid_loss));
         }
+        if (is_lora) {
+            char mm[300];
+            snprintf(mm, sizeof mm, "Memory beyond the served base: adapter %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, "
+                     "activations %.2f MiB", res.mem_params / 1048576.0, res.mem_grads / 1048576.0,
+                     res.mem_optimizer / 1048576.0, res.mem_activations / 1048576.0);
+            zs_ftjobs_event_locked(J, j, "info", mm,
+                                   json_pack("{s:I,s:I,s:I,s:I}", "mem_params", (json_int_t)res.mem_params, "mem_grads",
+                                             (json_int_t)res.mem_grads, "mem_optimizer", (json_int_t)res.mem_optimizer,
+                                             "mem_activations", (json_int_t)res.mem_activations));
+        }
         char done[700];
-        snprintf(done, sizeof done, "New fine-tuned model created: %s (loss %.4f -> %.4f)", name,
-                 (double)res.first_loss, (double)res.last_loss);
+        snprintf(done, sizeof done, "New fine-tuned %s created: %s (loss %.4f -> %.4f)", is_lora ? "LoRA adapter" : "model",
+                 name, (double)res.first_loss, (double)res.last_loss);
         zs_ftjobs_event_locked(J, j, "info", done, NULL);
         zs_ftjobs_set_status_locked(J, j, "succeeded", "The job has successfully completed");
     } else {

@@ -2,7 +2,10 @@
  * model loads), loads the engine and the scheduler in a background thread, then serves the
  * OpenAI API until SIGTERM/SIGINT, when it stops accepting, drains in-flight requests (bounded)
  * and frees everything. With a data directory it also serves the fine-tuning API
- * (finetune-api.h): uploaded files, jobs trained beside serving, and their models. Signals are taken with sigwait in the main thread; no handler runs. */
+ * (finetune-api.h): uploaded files, jobs trained beside serving, and their models. LoRA
+ * adapters given with --lora NAME=DIR are loaded against the base before it is attached (a bad
+ * one fails the start with its name and directory) and served over it from the first request.
+ * Signals are taken with sigwait in the main thread; no handler runs. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -14,16 +17,21 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "api-models.h"
 #include "chat.h"
 #include "cluster.h"
 #include "cli.h"
 #include "common.h"
+#include "device.h"
 #include "engine-flags.h"
 #include "finetune-api.h"
+#include "lora.h"
 
 struct zs_server {
     zs_server_opts o;
     char *model_dir, *nvme_path, *name, *data_dir;
+    char **lora_names, **lora_dirs; /* --lora NAME=DIR, split */
+    int n_loras;
     zs_files *files;
     zs_ftjobs *ftjobs;
     zs_http *http;
@@ -40,22 +48,49 @@ struct zs_server {
     void *ud;
 };
 
+/* Loads the --lora adapters against e's model into ls (n_loras entries). */
+static int load_loras(zs_server *s, zs_engine *e, zs_lora **ls) {
+    for (int i = 0; i < s->n_loras; i++) {
+        int rc = zs_api_adapter_open(e, s->lora_dirs[i], &ls[i]);
+        if (rc < 0) {
+            for (int k = 0; k < i; k++) zs_lora_free(ls[k]);
+            return zs_err_prefix(rc, "--lora %s=%s", s->lora_names[i], s->lora_dirs[i]);
+        }
+    }
+    return 0;
+}
+
 static void *loader_main(void *arg) {
     zs_server *s = arg;
     double t0 = zs_now();
     zs_engine *e = NULL;
     zs_sched *sc = NULL;
-    int rc = zs_engine_open(&s->o.engine, &e);
+    zs_lora **ls = s->n_loras ? calloc((size_t)s->n_loras, sizeof *ls) : NULL;
+    int rc = s->n_loras && !ls ? zs_err(ZS_ENOMEM, "serve: out of memory") : 0;
+    if (rc == 0) rc = zs_engine_open(&s->o.engine, &e);
     if (rc == 0) {
         rc = zs_sched_new(e, &s->o.sched, &sc);
+        if (rc < 0) zs_err_prefix(rc, "scheduler");
+    }
+    if (rc == 0) rc = load_loras(s, e, ls); /* before /health says ok */
+    /* listed before the base is attached: no request sees the base without them (the names
+     * were checked at start: only memory fails here) */
+    for (int i = 0; rc == 0 && i < s->n_loras; i++) {
+        rc = zs_api_preload_adapter(s->api, s->lora_names[i], s->lora_dirs[i], ls[i]);
         if (rc < 0) {
-            zs_err_prefix(rc, "scheduler");
-            zs_engine_free(e);
-            e = NULL;
+            zs_err_prefix(rc, "--lora %s=%s", s->lora_names[i], s->lora_dirs[i]);
+            for (int k = i + 1; k < s->n_loras; k++) zs_lora_free(ls[k]);
         }
     }
+    free(ls);
+    if (rc < 0) {
+        if (sc) zs_sched_free(sc);
+        if (e) zs_engine_free(e);
+        sc = NULL;
+        e = NULL;
+    }
     if (rc == 0) zs_api_attach(s->api, e, sc);
-    if (rc == 0 && s->ftjobs && zs_ftjobs_start(s->ftjobs, sc) < 0)
+    if (rc == 0 && s->ftjobs && zs_ftjobs_start(s->ftjobs, e, sc) < 0)
         zs_log_error("fine-tuning: %s", zs_errmsg()); /* serving goes on without the runner */
     pthread_mutex_lock(&s->mu);
     s->engine = e;
@@ -84,6 +119,12 @@ static void server_free(zs_server *s) {
     free(s->nvme_path);
     free(s->name);
     free(s->data_dir);
+    for (int i = 0; i < s->n_loras; i++) {
+        free(s->lora_names[i]);
+        free(s->lora_dirs[i]);
+    }
+    free(s->lora_names);
+    free(s->lora_dirs);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -115,6 +156,40 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
     s->data_dir = o->data_dir ? strdup(o->data_dir) : NULL;
     s->o.data_dir = s->data_dir;
     s->o.http.api_key = NULL; /* not kept: the HTTP layer copies it */
+    s->o.loras = NULL;        /* kept split in lora_names / lora_dirs */
+    s->o.n_loras = 0;
+    if (o->n_loras > 0) {
+        s->lora_names = calloc((size_t)o->n_loras, sizeof *s->lora_names);
+        s->lora_dirs = calloc((size_t)o->n_loras, sizeof *s->lora_dirs);
+        if (!s->lora_names || !s->lora_dirs) {
+            server_free(s);
+            return zs_err(ZS_ENOMEM, "serve: out of memory");
+        }
+    }
+    for (int i = 0; i < o->n_loras; i++) {
+        const char *spec = o->loras[i] ? o->loras[i] : "";
+        const char *eq = strchr(spec, '=');
+        if (!eq || eq == spec || !eq[1]) {
+            server_free(s);
+            return zs_err(ZS_EINVAL, "--lora '%s': expected NAME=DIR (the name clients give as \"model\", the PEFT "
+                          "adapter directory)", spec);
+        }
+        s->lora_names[i] = strndup(spec, (size_t)(eq - spec));
+        s->lora_dirs[i] = strdup(eq + 1);
+        s->n_loras = i + 1;
+        if (!s->lora_names[i] || !s->lora_dirs[i]) {
+            server_free(s);
+            return zs_err(ZS_ENOMEM, "serve: out of memory");
+        }
+        int dup = !strcmp(s->lora_names[i], s->name);
+        for (int k = 0; k < i && !dup; k++) dup = !strcmp(s->lora_names[k], s->lora_names[i]);
+        if (dup) {
+            int rc = zs_err(ZS_EINVAL, "--lora %s: the name '%s' is already served (%s)", spec, s->lora_names[i],
+                            !strcmp(s->lora_names[i], s->name) ? "the base model" : "another --lora");
+            server_free(s);
+            return rc;
+        }
+    }
 
     int rc = zs_http_start(&o->http, &s->http);
     if (rc < 0) {
@@ -231,6 +306,31 @@ static int want_help(int argc, char **argv) {
     return 0;
 }
 
+#define ZS_SERVE_MAX_LORAS 64 /* --lora flags at most (more at run time: POST /v1/load_lora_adapter) */
+
+/* Takes the repeatable --lora NAME=DIR (or --lora=NAME=DIR) out of argv into loras; the rest stays
+ * in argv (in order) for zs_cli_parse. *n_loras entries, at most ZS_SERVE_MAX_LORAS. */
+static int take_loras(int *argc, char **argv, const char **loras, int *n_loras) {
+    int n = 0, out = 0;
+    for (int i = 0; i < *argc; i++) {
+        int sep = !strcmp(argv[i], "--lora"), joined = !strncmp(argv[i], "--lora=", 7);
+        if ((sep || joined) && n == ZS_SERVE_MAX_LORAS)
+            return zs_err(ZS_EINVAL, "--lora: at most %d adapters at start-up (load more with POST /v1/load_lora_adapter)",
+                          ZS_SERVE_MAX_LORAS);
+        if (sep) {
+            if (i + 1 >= *argc) return zs_err(ZS_EINVAL, "--lora needs a value (NAME=DIR)");
+            loras[n++] = argv[++i];
+        } else if (joined) {
+            loras[n++] = argv[i] + 7;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    *argc = out;
+    *n_loras = n;
+    return 0;
+}
+
 int zs_cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *api_key = NULL, *tmpl_name = "auto", *name = NULL;
     int port = 8080, max_seqs = 32, max_batch = 256, max_queue = 256, threads = 4;
@@ -238,6 +338,7 @@ int zs_cmd_serve(int argc, char **argv) {
     const char *data_dir = "./zeroserve-data";
     zs_engine_flags ef;
     zs_engine_flags_init(&ef);
+    const char *lora_help = NULL; /* --lora is taken out of argv before parsing (repeatable) */
     zs_opt opts[18 + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
@@ -251,14 +352,21 @@ int zs_cmd_serve(int argc, char **argv) {
         {"threads", ZS_OPT_INT, &threads, "HTTP threads (default 4)"},
         {"data-dir", ZS_OPT_STR, &data_dir, "uploaded files, fine-tuning jobs and fine-tuned models (default ./zeroserve-data)"},
         {"max-file-bytes", ZS_OPT_I64, &max_file, "largest uploaded training file (default: --max-body-bytes)"},
+        {"lora", ZS_OPT_STR, &lora_help, "NAME=DIR: serve the PEFT LoRA adapter in DIR over the model as \"model\": NAME "
+                                          "(repeatable; more at run time: POST /v1/load_lora_adapter)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 12);
+    int n_opts = zs_engine_flags_table(&ef, opts, 13);
     if (want_help(argc, argv)) {
         zs_cli_usage("serve", "Serves the model over an OpenAI-compatible HTTP API until SIGTERM/SIGINT.", opts,
                      n_opts);
         return 0;
     }
+    /* --lora is repeatable: taken out of argv (compacted in place) before the table is parsed */
+    const char *loras[ZS_SERVE_MAX_LORAS];
+    int n_loras = 0;
+    ZS_CHECK(take_loras(&argc, argv, loras, &n_loras));
     ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
+    (void)lora_help;
     if (!ef.model) return zs_err(ZS_EINVAL, "--model is required");
     if (port < 0 || port > 65535) return zs_err(ZS_EINVAL, "--port must be between 0 and 65535");
     if (max_seqs < 1 || max_batch < 1 || max_queue < 1)
@@ -290,6 +398,8 @@ int zs_cmd_serve(int argc, char **argv) {
     so.chat_template = tmpl;
     so.data_dir = data_dir;
     so.max_file_bytes = (size_t)(max_file ? max_file : max_body);
+    so.loras = loras;
+    so.n_loras = n_loras;
     if (zs_cluster_follower()) return follow(&so.engine);
 
     /* every thread started from here inherits the blocked set; only sigwait takes them */

@@ -1,12 +1,18 @@
 /* test-api.c — in-process test of the OpenAI-compatible server (server/api-openai.c, serve.c,
  * metrics.c) on the stories260K fixture: health, models, greedy completions against
  * reference.json, streaming (SSE) equal to the plain answer, chat, n > 1, logprobs, every
- * error status, client disconnects and /metrics. The test is its own raw-socket HTTP client. */
+ * error status, client disconnects, /metrics, and LoRA adapters (an adapter saved here for the
+ * fixture, loaded and unloaded over HTTP while requests use it: under ASan this checks that an
+ * unload never frees what a request still reads and frees it after the last). The test is its
+ * own raw-socket HTTP client. */
 #define _GNU_SOURCE
 #include "api.h"
 
 #include "common.h"
+#include "lora.h"
 #include "testutil.h"
+
+#include <pthread.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -418,6 +424,162 @@ static void test_metrics(int port) {
     resp_free(&r);
 }
 
+/* ------------------------------------------------------------------ LoRA adapters */
+
+typedef struct {
+    int port;
+    const char *body;
+    int status;
+    int unloaded; /* the answer says the adapter was unloaded (404 or an SSE error event) */
+    int done;     /* a complete answer: 200 (plain), or [DONE] (stream) */
+} bg_req;
+
+static void *bg_main(void *arg) {
+    bg_req *b = arg;
+    resp_t r;
+    request(b->port, "POST", "/v1/completions", JSON_HDR, b->body, &r);
+    b->status = r.status;
+    b->unloaded = r.body && strstr(r.body, "was unloaded") != NULL;
+    b->done = r.body && (strstr(r.body, "[DONE]") || (r.status == 200 && strstr(r.body, "\"choices\"")));
+    resp_free(&r);
+    return NULL;
+}
+
+/* The first token's logprob of a greedy completion of model (NULL: the base). */
+static double first_logprob(int port, const char *model) {
+    char body[256];
+    snprintf(body, sizeof body, "{%s%s%s\"prompt\":\"Once upon a time\",\"max_tokens\":1,\"temperature\":0,\"logprobs\":0}",
+             model ? "\"model\":\"" : "", model ? model : "", model ? "\"," : "");
+    resp_t r;
+    request(port, "POST", "/v1/completions", JSON_HDR, body, &r);
+    json_t *j = body_json(&r);
+    json_t *v = jget(j, "choices.0.logprobs.token_logprobs.0");
+    double x = json_is_number(v) ? json_number_value(v) : 1e9;
+    if (r.status != 200) fprintf(stderr, "first_logprob(%s): %d %s\n", model ? model : "base", r.status, r.body ? r.body : "");
+    json_decref(j);
+    resp_free(&r);
+    return x;
+}
+
+static void test_lora(int port, const char *model_dir) {
+    /* an adapter for the fixture: PEFT's init (A random, B zero) and then B random, saved in PEFT's format */
+    char tmp[] = "/tmp/zs-test-api-lora.XXXXXX";
+    if (!mkdtemp(tmp)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    char adir[600];
+    snprintf(adir, sizeof adir, "%s/ad", tmp);
+    zs_engine_opts eo;
+    zs_engine_opts_default(&eo);
+    eo.model_dir = model_dir;
+    zs_engine *e = NULL;
+    int rc = zs_engine_open(&eo, &e);
+    CHECK(rc == 0, "open the fixture for the adapter: %s", zs_errmsg());
+    if (rc) return;
+    zs_lora_params lp = {4, 8.0f, 0, 0.0f, ZS_LORA_ALL};
+    zs_lora *l = NULL;
+    rc = zs_lora_new(zs_engine_model(e), &lp, &l);
+    CHECK(rc == 0, "zs_lora_new: %s", zs_errmsg());
+    if (rc == 0) {
+        zs_lora_init(l, 7);
+        for (int layer = 0; layer < zs_lora_n_layers(l); layer++)
+            for (int t = 0; t < ZS_LORA_NT; t++) {
+                int in, out;
+                zs_lora_dims(l, t, &in, &out);
+                float *B = zs_lora_B(l, layer, t);
+                for (int i = 0; i < out * lp.r; i++) B[i] = 0.05f * (float)((i * 7919 + layer * 31 + t * 17) % 200 - 100) / 100.0f;
+            }
+        rc = zs_lora_save(l, adir, "stories260K");
+        CHECK(rc == 0, "zs_lora_save: %s", zs_errmsg());
+    }
+    zs_lora_free(l);
+    zs_engine_free(e);
+    if (rc) return;
+
+    char body[1024];
+    resp_t r;
+    snprintf(body, sizeof body, "{\"lora_name\":\"ad\",\"lora_path\":\"%s\"}", adir);
+    request(port, "POST", "/v1/load_lora_adapter", JSON_HDR, body, &r);
+    json_t *j = body_json(&r);
+    CHECK(r.status == 200 && streq(jstr(j, "object"), "lora_adapter") && streq(jstr(j, "id"), "ad") &&
+              streq(jstr(j, "parent"), "stories260K") && jint(j, "r") == 4 && json_array_size(jget(j, "target_modules")) == 7,
+          "load: %d %s", r.status, r.body ? r.body : "");
+    json_decref(j);
+    resp_free(&r);
+    request(port, "POST", "/v1/load_lora_adapter", KEY_HDR, body, &r); /* without the key's JSON header it still parses */
+    CHECK(r.status == 400, "load twice: %d", r.status);
+    resp_free(&r);
+    request(port, "POST", "/v1/load_lora_adapter", "", body, &r);
+    CHECK(r.status == 401, "load without the API key: %d", r.status);
+    resp_free(&r);
+    snprintf(body, sizeof body, "{\"lora_name\":\"ad2\",\"lora_path\":\"%s/nope\"}", tmp);
+    expect_error(port, "POST", "/v1/load_lora_adapter", JSON_HDR, body, 400, "lora_path", "invalid_lora_adapter", "load a missing dir");
+    expect_error(port, "POST", "/v1/load_lora_adapter", JSON_HDR, "{\"lora_path\":\"x\"}", 400, "lora_name",
+                 "missing_required_parameter", "load without a name");
+
+    request(port, "GET", "/v1/models", KEY_HDR, NULL, &r);
+    j = body_json(&r);
+    CHECK(streq(jstr(j, "data.1.id"), "ad") && streq(jstr(j, "data.1.parent"), "stories260K") && streq(jstr(j, "data.1.root"), adir),
+          "models list the adapter: %s", r.body ? r.body : "");
+    json_decref(j);
+    resp_free(&r);
+    double lb = first_logprob(port, NULL), la = first_logprob(port, "ad");
+    CHECK(lb < 0 && la < 0 && fabs(lb - la) > 1e-4, "the adapter changes the logprob (%g vs %g)", la, lb);
+    CHECK(first_logprob(port, "ad") == la, "the adapter's answer is deterministic");
+
+    /* unload while requests use it (waiting 0 s): every request ends, failed ones say so */
+    enum { NB = 6 };
+    bg_req b[NB];
+    pthread_t th[NB];
+    const char *plain = "{\"model\":\"ad\",\"prompt\":\"Once\",\"max_tokens\":300,\"ignore_eos\":true,\"n\":4}";
+    const char *stream = "{\"model\":\"ad\",\"prompt\":\"Once\",\"max_tokens\":300,\"ignore_eos\":true,\"n\":4,\"stream\":true}";
+    for (int i = 0; i < NB; i++) {
+        b[i] = (bg_req){port, i % 2 ? stream : plain, 0, 0, 0};
+        pthread_create(&th[i], NULL, bg_main, &b[i]);
+    }
+    msleep(30);
+    request(port, "POST", "/v1/unload_lora_adapter", JSON_HDR, "{\"lora_name\":\"ad\",\"wait_s\":0}", &r);
+    j = body_json(&r);
+    CHECK(r.status == 200 && json_is_true(jget(j, "deleted")), "unload: %d %s", r.status, r.body ? r.body : "");
+    fprintf(stderr, "test-api: the unload failed %lld running request(s)\n", jint(j, "failed_requests"));
+    json_decref(j);
+    resp_free(&r);
+    int ended = 0;
+    for (int i = 0; i < NB; i++) {
+        pthread_join(th[i], NULL);
+        ended += (b[i].status == 200 && (b[i].done || b[i].unloaded)) || (b[i].status == 404 && b[i].unloaded);
+    }
+    CHECK(ended == NB, "every request using the unloaded adapter ended completely or with the unload error (%d of %d)", ended, NB);
+    expect_error(port, "POST", "/v1/completions", JSON_HDR, "{\"model\":\"ad\",\"prompt\":\"Once\"}", 404, "model",
+                 "model_not_found", "a request naming the unloaded adapter");
+    expect_error(port, "POST", "/v1/unload_lora_adapter", JSON_HDR, "{\"lora_name\":\"ad\"}", 404, "lora_name", NULL,
+                 "unload twice");
+    CHECK(fabs(first_logprob(port, NULL) - lb) == 0, "the base is unchanged after the unload");
+
+    /* loaded again, a client that goes away, then an unload that waits (nothing left to fail) */
+    snprintf(body, sizeof body, "{\"lora_name\":\"ad\",\"lora_path\":\"%s\"}", adir);
+    request(port, "POST", "/v1/load_lora_adapter", JSON_HDR, body, &r);
+    CHECK(r.status == 200, "load again: %d", r.status);
+    resp_free(&r);
+    CHECK(first_logprob(port, "ad") == la, "the reloaded adapter answers as before");
+    int fd = connect_to(port);
+    char *req = NULL;
+    int n = asprintf(&req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" JSON_HDR "Content-Length: %zu\r\n\r\n%s",
+                     strlen(stream), stream);
+    send_all(fd, req, (size_t)n);
+    free(req);
+    char buf[256];
+    recv(fd, buf, sizeof buf, 0);
+    close(fd);
+    request(port, "POST", "/v1/unload_lora_adapter", JSON_HDR, "{\"lora_name\":\"ad\"}", &r);
+    CHECK(r.status == 200, "unload after a disconnect: %d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    CHECK(system(cmd) == 0, "rm %s", tmp);
+}
+
 int main(void) {
     char dir[512];
     tu_model_dir(dir, sizeof dir, "stories260K");
@@ -456,6 +618,7 @@ int main(void) {
         test_errors(port);
         test_disconnect(port);
         test_metrics(port);
+        test_lora(port, dir);
     }
     zs_server_stop(s, 5);
     fprintf(stderr, "test-api: %.1f s\n", zs_now() - t0);
