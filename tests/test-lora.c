@@ -4,6 +4,7 @@
  * unsupported adapter is refused with a message naming the file and the problem. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "common.h"
@@ -73,6 +74,69 @@ static const char *variant(const char *name, const char *key, const char *value,
     snprintf(p, sizeof p, "%s/adapter_model.safetensors", dir);
     copy_file(REF "/adapter_model.safetensors", p, keep);
     return dir;
+}
+
+/* y += scale·B·A·x for PEFT's adapter through zs_lora_apply against a double-precision
+ * reference: the PEFT-layout path, the frozen f32 copies and the frozen bf16 copies; the frozen
+ * kernel's rows do not depend on the other rows of the call (bit for bit). */
+static void apply_checks(const zs_model *base) {
+    zs_lora *l = NULL, *lf = NULL, *lb = NULL;
+    if (zs_lora_load(REF, base, &l) < 0 || zs_lora_load(REF, base, &lf) < 0 || zs_lora_load(REF, base, &lb) < 0) {
+        CHECK(0, "load for the apply checks: %s", zs_errmsg());
+        zs_lora_free(l); zs_lora_free(lf); zs_lora_free(lb);
+        return;
+    }
+    CHECK(zs_lora_freeze(lf, 0) == 0 && zs_lora_freeze(lb, 1) == 0, "freeze f32 and bf16");
+    CHECK(zs_lora_freeze(lf, 0) == 0 && zs_lora_freeze(lf, 1) < 0, "freeze again: same type idempotent, another refused");
+    enum { N = 7 };
+    int r = zs_lora_get_params(l)->r;
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        int in, out;
+        zs_lora_dims(l, t, &in, &out);
+        float *x = malloc((size_t)N * in * 4), *y0 = calloc((size_t)N * out, 4), *y1 = calloc((size_t)N * out, 4);
+        float *y2 = calloc((size_t)N * out, 4), *y3 = calloc((size_t)out, 4), *u = malloc((size_t)N * r * 4);
+        double *ref = calloc((size_t)N * out, sizeof(double));
+        for (int i = 0; i < N * in; i++) x[i] = (float)sin(0.37 * i + t) * 0.9f;
+        const float *A = zs_lora_A_const(l, 1, t), *B = zs_lora_B_const(l, 1, t);
+        double s = zs_lora_scale(l), worst = 0, worst_b = 0, mag = 0;
+        for (int i = 0; i < N; i++)
+            for (int o = 0; o < out; o++) {
+                double acc = 0;
+                for (int k = 0; k < r; k++) {
+                    double a = 0;
+                    for (int j = 0; j < in; j++) a += (double)A[(size_t)k * in + j] * x[(size_t)i * in + j];
+                    acc += (double)B[(size_t)o * r + k] * a;
+                }
+                ref[(size_t)i * out + o] = s * acc;
+                mag = fmax(mag, fabs(s * acc));
+            }
+        zs_lora_apply(l, 1, t, y0, x, N, u);
+        zs_lora_apply(lf, 1, t, y1, x, N, u);
+        zs_lora_apply(lb, 1, t, y2, x, N, u);
+        double worst_f = 0;
+        for (int i = 0; i < N * out; i++) {
+            worst = fmax(worst, fabs(y0[i] - ref[i]));
+            worst_f = fmax(worst_f, fabs(y1[i] - ref[i]));
+            worst_b = fmax(worst_b, fabs(y2[i] - ref[i]));
+        }
+        CHECK(worst <= 1e-5 * mag && worst_f <= 1e-5 * mag, "%s: PEFT layout %.2e, frozen f32 %.2e of %.2e", zs_lora_target_name(t),
+              worst, worst_f, mag);
+        CHECK(worst_b <= 2e-2 * mag && worst_b > 0, "%s: frozen bf16 %.2e of %.2e", zs_lora_target_name(t), worst_b, mag);
+        /* row 3 alone, and inside a scattered group of rows {5, 3, 0}: the same bits as in the call of 7 */
+        zs_lora_apply(lf, 1, t, y3, x + 3 * in, 1, u);
+        CHECK(!memcmp(y3, y1 + 3 * out, (size_t)out * 4), "%s: frozen kernel: a row alone equals it among 7", zs_lora_target_name(t));
+        float *y4 = calloc((size_t)N * out, 4);
+        int rows[3] = {5, 3, 0};
+        zs_lora_rows g[2] = {{lf, rows, 0, 3}, {lb, NULL, 6, 1}};
+        CHECK(zs_lora_apply_rows(g, 2, 1, t, y4, out, x, in, u) == 0, "apply_rows");
+        int same = 1;
+        for (int k = 0; k < 3; k++) same &= !memcmp(y4 + rows[k] * out, y1 + rows[k] * out, (size_t)out * 4);
+        same &= !memcmp(y4 + 6 * out, y2 + 6 * out, (size_t)out * 4);
+        for (int o = 0; o < out; o++) same &= y4[1 * out + o] == 0 && y4[2 * out + o] == 0;
+        CHECK(same, "%s: two adapters over scattered rows: each row's bits as alone, other rows untouched", zs_lora_target_name(t));
+        free(x); free(y0); free(y1); free(y2); free(y3); free(y4); free(u); free(ref);
+    }
+    zs_lora_free(l); zs_lora_free(lf); zs_lora_free(lb);
 }
 
 int main(void) {
@@ -190,6 +254,7 @@ int main(void) {
         CHECK_ERR(zs_lora_load(REF, other, &x), "lora_A.weight", "expected");
         zs_model_free(other);
     }
+    apply_checks(base);
     zs_model_free(base);
     json_decref(ref);
     tu_rmdir(tmp);

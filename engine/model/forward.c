@@ -38,13 +38,14 @@ struct zs_forward {
     const void **ptrs;
     int n_views, n_ptrs;
     unsigned stamp;
-    /* LoRA, made on the first call with adapters: the call's distinct adapters lgrp[0..n_lgrp) and
-     * their rows lrows[lstart[g] .. lstart[g+1]) (ascending), lrun[g] = 1 when those rows are one
-     * consecutive run (applied in place); lx, ly: packed rows of the other groups [max_tokens * wide];
-     * lscr: zs_lora_apply's scratch, grown with the largest adapter (r, out) seen */
+    /* LoRA, made on the first call with adapters: the call's distinct adapters as groups
+     * lg[0..n_lgrp), each with its rows lrows[lstart[g] .. lstart[g+1]) (ascending; rows NULL in
+     * the group when they are one consecutive run); lscr: the products' u, sum over the groups of
+     * rows * r floats, grown as needed */
     const zs_lora **lgrp;
-    int *lrows, *lstart, *lrun, *lgi, n_lgrp;
-    float *lx, *ly, *lscr;
+    zs_lora_rows *lg;
+    int *lrows, *lstart, *lcnt, *lgi, n_lgrp;
+    float *lscr;
     size_t n_lscr;
 };
 
@@ -95,7 +96,7 @@ void zs_forward_free(zs_forward *f) {
     free(f->att); free(f->h1); free(f->h2);
     free(f->freq[0]); free(f->freq[1]); free(f->freq_tok); free(f->tok_af);
     free(f->views); free(f->view_stamp); free(f->ptrs);
-    free(f->lgrp); free(f->lrows); free(f->lx); free(f->ly); free(f->lscr);
+    free(f->lgrp); free(f->lg); free(f->lrows); free(f->lscr);
     free(f);
 }
 
@@ -156,12 +157,6 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
                            c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, zs_kv_dtype(kv), ZS_ATT_AUTO, &ap);
 }
 
-/* The widest projection input or output of the model (rows of the packed LoRA buffers). */
-static size_t lora_wide(const zs_model_config *c) {
-    size_t qd = (size_t)c->n_heads * (size_t)c->head_dim;
-    return ZS_MAX((size_t)c->ffn_dim, ZS_MAX(qd, (size_t)c->dim));
-}
-
 /* An adapter must be one of this model's shape (the loader checks it against the base it was
  * loaded for; this catches an adapter of another base). */
 static int lora_check(const zs_model_config *c, const zs_lora *l) {
@@ -190,20 +185,19 @@ static int lora_prepare(zs_forward *f, const zs_batch *b) {
     if (!b->lora) return 0;
     if (!f->lgrp) {
         f->lgrp = malloc(nt * sizeof *f->lgrp);
+        f->lg = malloc(nt * sizeof *f->lg);
         f->lrows = malloc((4 * nt + 1) * sizeof *f->lrows);
-        f->lx = zs_aligned_alloc(64, nt * lora_wide(c) * sizeof(float));
-        f->ly = zs_aligned_alloc(64, nt * lora_wide(c) * sizeof(float));
-        if (!f->lgrp || !f->lrows || !f->lx || !f->ly) {
-            free(f->lgrp); free(f->lrows); free(f->lx); free(f->ly);
-            f->lgrp = NULL; f->lrows = NULL; f->lx = f->ly = NULL;
+        if (!f->lgrp || !f->lg || !f->lrows) {
+            free(f->lgrp); free(f->lg); free(f->lrows);
+            f->lgrp = NULL; f->lg = NULL; f->lrows = NULL;
             return zs_err(ZS_ENOMEM, "forward: out of memory for the LoRA rows of %d tokens", f->max_tokens);
         }
         f->lstart = f->lrows + nt;
-        f->lrun = f->lstart + nt + 1;
-        f->lgi = f->lrun + nt;
+        f->lcnt = f->lstart + nt + 1;
+        f->lgi = f->lcnt + nt;
     }
     int n = b->n, ng = 0;
-    int *cnt = f->lrun; /* counts first, run flags after */
+    int *cnt = f->lcnt;
     for (int i = 0; i < n; i++) {
         const zs_lora *l = b->lora[i];
         int g = -1;
@@ -226,14 +220,17 @@ static int lora_prepare(zs_forward *f, const zs_batch *b) {
     size_t need = 0;
     f->lstart[0] = 0;
     for (int g = 0; g < ng; g++) {
-        need = ZS_MAX(need, zs_lora_apply_scratch(f->lgrp[g], cnt[g]));
+        need += zs_lora_apply_scratch(f->lgrp[g], cnt[g]);
         f->lstart[g + 1] = f->lstart[g] + cnt[g];
         cnt[g] = f->lstart[g]; /* fill cursor */
     }
     for (int i = 0; i < n; i++)
         if (f->lgi[i] >= 0) f->lrows[cnt[f->lgi[i]]++] = i;
-    for (int g = 0; g < ng; g++)
-        f->lrun[g] = f->lrows[f->lstart[g + 1] - 1] - f->lrows[f->lstart[g]] == f->lstart[g + 1] - f->lstart[g] - 1;
+    for (int g = 0; g < ng; g++) {
+        const int *rows = f->lrows + f->lstart[g];
+        int k = f->lstart[g + 1] - f->lstart[g], run = rows[k - 1] - rows[0] == k - 1;
+        f->lg[g] = (zs_lora_rows){f->lgrp[g], run ? NULL : rows, run ? rows[0] : 0, k};
+    }
     if (need > f->n_lscr) {
         float *p = zs_aligned_alloc(64, need * sizeof(float));
         if (!p) return zs_err(ZS_ENOMEM, "forward: out of memory for LoRA scratch (%zu floats)", need);
@@ -246,26 +243,17 @@ static int lora_prepare(zs_forward *f, const zs_batch *b) {
 }
 
 /* y[n, out] (the output of projection t of layer `layer` for input x[n, in]) += each row's
- * adapter's scale·B·A·x, one zs_lora_apply per adapter over all its rows. */
-static void lora_add(zs_forward *f, int layer, int t, float *y, int out, const float *x, int in) {
-    for (int g = 0; g < f->n_lgrp; g++) {
-        const zs_lora *l = f->lgrp[g];
-        if (!zs_lora_A_const(l, layer, t)) continue;
-        const int *rows = f->lrows + f->lstart[g];
-        int cnt = f->lstart[g + 1] - f->lstart[g];
-        if (f->lrun[g]) {
-            zs_lora_apply(l, layer, t, y + (size_t)rows[0] * out, x + (size_t)rows[0] * in, cnt, f->lscr);
-            continue;
-        }
-        for (int j = 0; j < cnt; j++) {
-            memcpy(f->lx + (size_t)j * in, x + (size_t)rows[j] * in, (size_t)in * sizeof(float));
-            memcpy(f->ly + (size_t)j * out, y + (size_t)rows[j] * out, (size_t)out * sizeof(float));
-        }
-        zs_lora_apply(l, layer, t, f->ly, f->lx, cnt, f->lscr);
-        for (int j = 0; j < cnt; j++)
-            memcpy(y + (size_t)rows[j] * out, f->ly + (size_t)j * out, (size_t)out * sizeof(float));
-    }
+ * adapter's scale·B·A·x: every adapter of the call in one zs_lora_apply_rows (each adapter's
+ * matrices read once per step, whatever its rows). */
+static int lora_add(zs_forward *f, int layer, int t, float *y, int out, const float *x, int in) {
+    return zs_lora_apply_rows(f->lg, f->n_lgrp, layer, t, y, out, x, in, f->lscr);
 }
+
+#define LORA_ADD(...)                                 \
+    do {                                              \
+        int lrc_ = lora_add(__VA_ARGS__);             \
+        if (lrc_ < 0) return lrc_;                    \
+    } while (0)
 
 static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b,
                          const void *data, const void *res) {
@@ -281,9 +269,9 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     zs_op_matmul(f->k, f->xn, n, d, W(L, ZS_R_WK, data, res), WD(ZS_R_WK), kvd, WF(L, ZS_R_BK, data, res));
     zs_op_matmul(f->v, f->xn, n, d, W(L, ZS_R_WV, data, res), WD(ZS_R_WV), kvd, WF(L, ZS_R_BV, data, res));
     if (f->n_lgrp) {
-        lora_add(f, l, ZS_LORA_Q, f->q, qd, f->xn, d);
-        lora_add(f, l, ZS_LORA_K, f->k, kvd, f->xn, d);
-        lora_add(f, l, ZS_LORA_V, f->v, kvd, f->xn, d);
+        LORA_ADD(f, l, ZS_LORA_Q, f->q, qd, f->xn, d);
+        LORA_ADD(f, l, ZS_LORA_K, f->k, kvd, f->xn, d);
+        LORA_ADD(f, l, ZS_LORA_V, f->v, kvd, f->xn, d);
     }
     if (c->qk_norm) { /* Qwen3, Gemma 3: RMSNorm over each head of q and k */
         zs_op_rmsnorm_off(f->q, f->q, WF(L, ZS_R_Q_NORM, data, res), n * c->n_heads, c->head_dim, c->norm_eps,
@@ -307,7 +295,7 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     int rc = attention(f, kv, l, b);
     if (rc < 0) return rc;
     zs_op_matmul(f->xn, f->att, n, qd, W(L, ZS_R_WO, data, res), WD(ZS_R_WO), d, WF(L, ZS_R_BO, data, res));
-    if (f->n_lgrp) lora_add(f, l, ZS_LORA_O, f->xn, d, f->att, qd);
+    if (f->n_lgrp) LORA_ADD(f, l, ZS_LORA_O, f->xn, d, f->att, qd);
     if (c->post_norms) norm(c, f->xn, f->xn, WF(L, ZS_R_POST_ATTN_NORM, data, res), NULL, n);
     zs_op_add(f->x, f->xn, (size_t)n * d);
 
@@ -319,14 +307,14 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
         zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_GATE, data, res), WD(ZS_R_W_GATE), ff, WF(L, ZS_R_B_GATE, data, res));
         zs_op_matmul(f->h2, f->xn, n, d, W(L, ZS_R_W_UP, data, res), WD(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res));
         if (f->n_lgrp) {
-            lora_add(f, l, ZS_LORA_GATE, f->h1, ff, f->xn, d);
-            lora_add(f, l, ZS_LORA_UP, f->h2, ff, f->xn, d);
+            LORA_ADD(f, l, ZS_LORA_GATE, f->h1, ff, f->xn, d);
+            LORA_ADD(f, l, ZS_LORA_UP, f->h2, ff, f->xn, d);
         }
         if (c->act) zs_op_geglu(f->h1, f->h1, f->h2, (size_t)n * ff); /* Gemma */
         else zs_op_swiglu(f->h1, f->h1, f->h2, (size_t)n * ff);
     }
     zs_op_matmul(f->xn, f->h1, n, ff, W(L, ZS_R_W_DOWN, data, res), WD(ZS_R_W_DOWN), d, WF(L, ZS_R_B_DOWN, data, res));
-    if (f->n_lgrp) lora_add(f, l, ZS_LORA_DOWN, f->xn, d, f->h1, ff);
+    if (f->n_lgrp) LORA_ADD(f, l, ZS_LORA_DOWN, f->xn, d, f->h1, ff);
     if (c->post_norms) norm(c, f->xn, f->xn, WF(L, ZS_R_POST_FFN_NORM, data, res), NULL, n);
     zs_op_add(f->x, f->xn, (size_t)n * d);
 #undef WD

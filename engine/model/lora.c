@@ -14,6 +14,7 @@
 #include "common.h"
 #include "fileio.h"
 #include "ops.h"
+#include "pool.h"
 #include "safetensors.h"
 
 static const char *const lora_names[ZS_LORA_NT] = {"q_proj", "k_proj", "v_proj", "o_proj",
@@ -27,6 +28,9 @@ struct zs_lora {
     float *A[ZS_LORA_NT], *B[ZS_LORA_NT]; /* [n_layers * r * in], [n_layers * out * r], inside flat */
     float *flat;                           /* every parameter: per target, A then B */
     size_t n_flat;
+    void *tflat;                           /* zs_lora_freeze: per target Aᵀ [in, r] and Bᵀ [r, out] per layer */
+    int tbf16;                             /* ... in bf16 (else f32) */
+    void *At[ZS_LORA_NT], *Bt[ZS_LORA_NT];
 };
 
 const char *zs_lora_target_name(int t) { return t >= 0 && t < ZS_LORA_NT ? lora_names[t] : "?"; }
@@ -85,6 +89,7 @@ int zs_lora_new(const zs_model *base, const zs_lora_params *p, zs_lora **out) {
 void zs_lora_free(zs_lora *l) {
     if (!l) return;
     free(l->flat);
+    free(l->tflat);
     free(l);
 }
 
@@ -109,6 +114,38 @@ int zs_lora_copy(zs_lora *dst, const zs_lora *src) {
         dst->n_layers != src->n_layers)
         return zs_err(ZS_EINVAL, "lora: copy between adapters of different shapes");
     memcpy(dst->flat, src->flat, src->n_flat * sizeof(float));
+    return 0;
+}
+
+int zs_lora_serving_bf16(const zs_model *base) {
+    return zs_model_layout(base, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype != ZS_F32;
+}
+
+int zs_lora_freeze(zs_lora *l, int bf16) {
+    if (l->tflat) return l->tbf16 == !!bf16 ? 0 : zs_err(ZS_EINVAL, "lora: the adapter is already frozen in %s", l->tbf16 ? "bf16" : "f32");
+    size_t es = bf16 ? 2 : 4;
+    char *p = zs_aligned_alloc(64, (l->n_flat ? l->n_flat : 1) * es);
+    if (!p) return zs_err(ZS_ENOMEM, "lora: out of memory for the serving copy (%zu parameters)", l->n_flat);
+    l->tflat = p;
+    l->tbf16 = !!bf16;
+    int r = l->p.r;
+#define PUT(base, i, v) (bf16 ? (void)(((uint16_t *)(base))[i] = zs_f32_to_bf16(v)) : (void)(((float *)(base))[i] = (v)))
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        if (!l->A[t]) continue;
+        size_t na = (size_t)r * (size_t)l->in[t], nb = (size_t)l->out[t] * (size_t)r;
+        l->At[t] = p;
+        l->Bt[t] = p + (size_t)l->n_layers * na * es;
+        for (int layer = 0; layer < l->n_layers; layer++) {
+            const float *A = l->A[t] + (size_t)layer * na, *B = l->B[t] + (size_t)layer * nb;
+            char *At = (char *)l->At[t] + (size_t)layer * na * es, *Bt = (char *)l->Bt[t] + (size_t)layer * nb * es;
+            for (int k = 0; k < r; k++)
+                for (int j = 0; j < l->in[t]; j++) PUT(At, (size_t)j * r + k, A[(size_t)k * l->in[t] + j]);
+            for (int o = 0; o < l->out[t]; o++)
+                for (int k = 0; k < r; k++) PUT(Bt, (size_t)k * l->out[t] + o, B[(size_t)o * r + k]);
+        }
+        p += (size_t)l->n_layers * (na + nb) * es;
+    }
+#undef PUT
     return 0;
 }
 
@@ -145,21 +182,124 @@ void zs_lora_init(zs_lora *l, uint64_t seed) {
     }
 }
 
-size_t zs_lora_apply_scratch(const zs_lora *l, int n) {
-    int wide = 0;
-    for (int t = 0; t < ZS_LORA_NT; t++)
-        if (l->A[t]) wide = ZS_MAX(wide, l->out[t]);
-    return (size_t)n * (size_t)(l->p.r + wide);
+size_t zs_lora_apply_scratch(const zs_lora *l, int n) { return (size_t)n * (size_t)l->p.r; }
+
+/* a·b over n floats in a fixed order: 8 lanes over k, the lanes added pairwise, then the tail (the
+ * loop vectorises; the result depends on n and the values only) */
+static inline float lora_dot(const float *a, const float *b, int n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int q = 0; q < 8; q++) acc[q] += a[k + q] * b[k + q];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
+enum { LORA_RC = 4, LORA_OC = 128 }; /* ranks / output features per task */
+
+typedef struct {
+    const zs_lora_rows *g;
+    int ng, layer, t, in, out;
+    float *y, *u;
+    const float *x;
+    int *tstart; /* [ng + 1]: first task of each group */
+    size_t *ustart; /* [ng]: first u element of each group */
+    int phase;
+} apply_job;
+
+static inline int grow(const zs_lora_rows *g, int i) { return g->rows ? g->rows[i] : g->row0 + i; }
+
+static void apply_task(void *arg, int task) {
+    const apply_job *j = arg;
+    int gi = 0;
+    while (task >= j->tstart[gi + 1]) gi++;
+    const zs_lora_rows *g = &j->g[gi];
+    const zs_lora *l = g->l;
+    int r = l->p.r, c = task - j->tstart[gi];
+    float *u = j->u + j->ustart[gi];
+    if (j->phase == 0) {
+        float s = zs_lora_scale(l);
+        if (l->tflat) { /* frozen: the transposed copy, 4 rows per task reading it once */
+            size_t es = l->tbf16 ? 2 : 4;
+            const char *At = (const char *)l->At[j->t] + (size_t)j->layer * (size_t)r * (size_t)j->in * es;
+            float *up[4];
+            const float *xp[4];
+            int n = ZS_MIN(4, g->n - 4 * c);
+            for (int i = 0; i < n; i++) {
+                up[i] = u + (size_t)(4 * c + i) * r;
+                xp[i] = j->x + (size_t)grow(g, 4 * c + i) * (size_t)j->in;
+            }
+            zs_op_lora_down4(up, xp, n, At, l->tbf16, j->in, r, s);
+            return;
+        }
+        /* u[i, k] = scale · A[k]·x[i] for a chunk of ranks k */
+        const float *A = zs_lora_A_const(l, j->layer, j->t);
+        int k1 = ZS_MIN(r, (c + 1) * LORA_RC);
+        for (int i = 0; i < g->n; i++) {
+            const float *x = j->x + (size_t)grow(g, i) * (size_t)j->in;
+            for (int k = c * LORA_RC; k < k1; k++) u[(size_t)i * r + k] = s * lora_dot(x, A + (size_t)k * j->in, j->in);
+        }
+    } else { /* y[i, o] += B[o]·u[i] for a chunk of outputs o */
+        int o0 = c * LORA_OC, o1 = ZS_MIN(j->out, o0 + LORA_OC);
+        if (l->tflat) {
+            size_t es = l->tbf16 ? 2 : 4;
+            const char *Bt = (const char *)l->Bt[j->t] + (size_t)j->layer * (size_t)j->out * (size_t)r * es;
+            for (int i = 0; i < g->n; i++)
+                zs_op_lora_up(j->y + (size_t)grow(g, i) * (size_t)j->out, u + (size_t)i * r, Bt, l->tbf16, r, j->out, o0, o1);
+            return;
+        }
+        const float *B = zs_lora_B_const(l, j->layer, j->t);
+        for (int i = 0; i < g->n; i++) {
+            float *y = j->y + (size_t)grow(g, i) * (size_t)j->out;
+            for (int o = o0; o < o1; o++) y[o] += lora_dot(u + (size_t)i * r, B + (size_t)o * r, r);
+        }
+    }
+}
+
+int zs_lora_apply_rows(const zs_lora_rows *g, int ng, int layer, int t, float *y, int out, const float *x, int in,
+                       float *u) {
+    int stack_ts[17];
+    size_t stack_us[16];
+    int *ts = ng <= 16 ? stack_ts : malloc((size_t)(ng + 1) * sizeof(int));
+    size_t *us = ng <= 16 ? stack_us : malloc((size_t)ng * sizeof(size_t));
+    if (!ts || !us) {
+        if (ng > 16) { free(ts); free(us); }
+        return zs_err(ZS_ENOMEM, "lora: out of memory");
+    }
+    apply_job j = {g, ng, layer, t, in, out, y, u, x, ts, us, 0};
+    size_t uoff = 0;
+    long work = 0;
+    for (int p = 0; p < 2; p++) {
+        j.phase = p;
+        ts[0] = 0;
+        for (int i = 0; i < ng; i++) {
+            const zs_lora *l = g[i].l;
+            int act = l->A[t] && g[i].n > 0 && l->in[t] == in && l->out[t] == out;
+            int n = !act ? 0 : p == 0 ? (l->tflat ? (g[i].n + 3) / 4 : (l->p.r + LORA_RC - 1) / LORA_RC) : (out + LORA_OC - 1) / LORA_OC;
+            ts[i + 1] = ts[i] + n;
+            if (p == 0) {
+                us[i] = uoff;
+                if (act) {
+                    uoff += (size_t)g[i].n * (size_t)l->p.r;
+                    work += (long)g[i].n * l->p.r * (long)(in + out);
+                }
+            }
+        }
+        if (ts[ng] == 0) break;
+        if (work < 32768) /* too little to wake the pool for */
+            for (int k = 0; k < ts[ng]; k++) apply_task(&j, k);
+        else
+            zs_pool_run(apply_task, &j, ts[ng]);
+    }
+    if (ng > 16) { free(ts); free(us); }
+    return 0;
 }
 
 void zs_lora_apply(const zs_lora *l, int layer, int t, float *y, const float *x, int n, float *scratch) {
     if (!l->A[t] || n <= 0) return;
-    int r = l->p.r, in = l->in[t], out = l->out[t];
-    float *u = scratch, *v = scratch + (size_t)n * (size_t)r, s = zs_lora_scale(l);
-    zs_op_matmul(u, x, n, in, zs_lora_A_const(l, layer, t), ZS_F32, r, NULL);
-    for (size_t i = 0; i < (size_t)n * (size_t)r; i++) u[i] *= s;
-    zs_op_matmul(v, u, n, r, zs_lora_B_const(l, layer, t), ZS_F32, out, NULL);
-    zs_op_add(y, v, (size_t)n * (size_t)out);
+    zs_lora_rows g = {l, NULL, 0, n};
+    (void)zs_lora_apply_rows(&g, 1, layer, t, y, l->out[t], x, l->in[t], scratch); /* one group: no allocation */
 }
 
 const zs_lora_params *zs_lora_get_params(const zs_lora *l) { return &l->p; }

@@ -57,6 +57,16 @@ int zs_lora_copy(zs_lora *dst, const zs_lora *src);
  * U(-1/sqrt(in), 1/sqrt(in)), from a deterministic stream of seed; every B zero (the adapter
  * starts as the identity change). */
 void zs_lora_init(zs_lora *l, uint64_t seed);
+/* Serving: builds transposed copies of every A and B, which zs_lora_apply(_rows) then read with
+ * vector kernels (kernels/cpu/lora-kern.h: each element one fused multiply-add chain,
+ * batch-invariant) instead of dot products over the PEFT layout. bf16: the copies in bf16
+ * (rounded to nearest even; half the bytes each step reads; the server uses it over a base whose
+ * matrices are 16-bit or block formats, keeping f32 over an f32 base). The adapter must not change
+ * afterwards (a served adapter is read-only; training never freezes). Idempotent for the same
+ * bf16; ZS_ENOMEM. Not thread-safe: call before the adapter is shared. */
+int zs_lora_freeze(zs_lora *l, int bf16);
+/* The serving copies' element type the server picks for base: 1 (bf16) unless its matrices are f32. */
+int zs_lora_serving_bf16(const zs_model *base);
 /* Every parameter as one flat array of *n floats (see Storage above). */
 float *zs_lora_data(zs_lora *l, size_t *n);
 const float *zs_lora_data_const(const zs_lora *l, size_t *n);
@@ -70,10 +80,23 @@ int zs_lora_n_layers(const zs_lora *l);
 int zs_lora_merge_export(const char *base_dir, const char *adapter_dir, const char *out_dir);
 
 /* y[n, out] += scale · (x[n, in]·Aᵀ)·Bᵀ for target t of layer `layer` (nothing when t is not a
- * target): u = x·Aᵀ, u *= scale, y += u·Bᵀ, with the batch-invariant zs_op_matmul, so a row's
- * result does not depend on the other rows. scratch holds zs_lora_apply_scratch(l, n) floats. */
+ * target): u = scale·(x·Aᵀ), then y += u·Bᵀ. Every element is one dot product in a fixed order
+ * (8 lanes over k, added pairwise, then the tail), so a row's result depends on that row alone
+ * (batch-invariant) and not on the thread count. scratch holds zs_lora_apply_scratch(l, n) floats. */
 void zs_lora_apply(const zs_lora *l, int layer, int t, float *y, const float *x, int n, float *scratch);
-size_t zs_lora_apply_scratch(const zs_lora *l, int n);
+size_t zs_lora_apply_scratch(const zs_lora *l, int n); /* n * r */
+/* The same for several adapters at once, each over its own rows of x [.., in] and y [.., out]
+ * (rows[i], or row0 + i when rows is NULL; the groups' rows must not overlap): one pass of the
+ * kernel pool per phase for all of them, each adapter's A and B read once. Groups whose adapter
+ * lacks target t or whose shape is not in -> out are skipped. u: sum over groups of n * r floats.
+ * ZS_ENOMEM only (more than 16 groups need a small allocation). */
+typedef struct {
+    const zs_lora *l;
+    const int *rows;
+    int row0, n;
+} zs_lora_rows;
+int zs_lora_apply_rows(const zs_lora_rows *g, int ng, int layer, int t, float *y, int out, const float *x, int in,
+                       float *u);
 
 const zs_lora_params *zs_lora_get_params(const zs_lora *l);
 float zs_lora_scale(const zs_lora *l);

@@ -112,6 +112,7 @@ int zs_bench_lora(const zs_bench_opts *o) {
                 }
             }
         ad_bytes += zs_lora_param_count(ad[i]) * sizeof(float);
+        if ((rc = zs_lora_freeze(ad[i], zs_lora_serving_bf16(m))) < 0) break; /* as the server serves them */
     }
     if (rc < 0) goto done;
     fprintf(stderr, "bench: %s, %.1fM parameters, %s weights; %d sequences decoding %d tokens; %d adapters of rank %d "

@@ -15,6 +15,12 @@
  * t of x (bit for bit), never on T or the other rows. */
 void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dtype wdt, int out,
                   const float *bias);
+/* LoRA's row kernels over transposed adapter matrices (lora-kern.h; AVX2+FMA or generic, the same
+ * bits), At = Aᵀ [in, r] and Bt = Bᵀ [r, out] in f32, or bf16 when bf16 is set (widened exactly):
+ * u[i][k] = s · Σ_j x[i][j]·At[j*r + k] for k < r and n <= 4 rows, and y[o] += Σ_k u[k]·Bt[k*out + o]
+ * for o in [o0, o1); each element one fused multiply-add chain in index order. */
+void zs_op_lora_down4(float *const *u, const float *const *x, int n, const void *At, int bf16, int in, int r, float s);
+void zs_op_lora_up(float *y, const float *u, const void *Bt, int bf16, int r, int out, int o0, int o1);
 /* y[T,d] = x / rms(x) * w, per row (w in f32). y may alias x. */
 void zs_op_rmsnorm(float *y, const float *x, const float *w, int T, int d, float eps);
 /* The same with the weight offset of Gemma's RMSNorm: y = x / rms(x) * (off + w) (off 0: bit for bit
