@@ -111,12 +111,12 @@ int zs_bench_lora(const zs_bench_opts *o) {
                     B[k] = ((float)(st >> 40) / (float)(1u << 24) - 0.5f) * 0.02f;
                 }
             }
-        ad_bytes += zs_lora_param_count(ad[i]) * sizeof(float);
+        ad_bytes += zs_lora_param_count(ad[i]) * (zs_lora_serving_bf16(m) ? 2 : 4);
         if ((rc = zs_lora_freeze(ad[i], zs_lora_serving_bf16(m))) < 0) break; /* as the server serves them */
     }
     if (rc < 0) goto done;
     fprintf(stderr, "bench: %s, %.1fM parameters, %s weights; %d sequences decoding %d tokens; %d adapters of rank %d "
-            "(%.1f MB each), %d interleaved runs\n", c->arch_name, (double)zs_model_param_count(m) / 1e6,
+            "(%.1f MB each as served), %d interleaved runs\n", c->arch_name, (double)zs_model_param_count(m) / 1e6,
             zs_dtype_name(zs_model_layout(m, 1)->slot[ZS_R_WQ].dtype), S, nd, N, R, (double)ad_bytes / N / 1e6, runs);
     double warm;
     if ((rc = one_run(e, S, np, 2, NULL, 0, logits, &warm)) < 0) goto done;
@@ -131,8 +131,8 @@ int zs_bench_lora(const zs_bench_opts *o) {
     printf("decode, %d sequences, base alone:   %8.2f tokens/s\n", S, base);
     printf("decode, %d sequences, %d adapters:  %8.2f tokens/s\n", S, N, mixed);
     printf("mixed adapters / base:             %8.3f  (median of the per-pair ratios; goal >= 0.9)\n", rt);
-    printf("adapter bytes per step:            %8.1f MB (f32, every adapter of the batch read once)\n",
-           (double)ad_bytes / 1e6);
+    printf("adapter bytes per step:            %8.1f MB (%s serving copies, every adapter of the batch read once)\n",
+           (double)ad_bytes / 1e6, zs_lora_serving_bf16(m) ? "bf16" : "f32");
 done:
     for (int i = 0; ad && i < N; i++) zs_lora_free(ad[i]);
     free(ad);
