@@ -61,11 +61,6 @@ struct zs_lora_training {
     char fail_err[512];
 };
 
-static long count_targets(const int32_t *tg, size_t n) {
-    long c = 0;
-    for (size_t i = 0; i < n; i++) c += tg[i] >= 0;
-    return c;
-}
 
 static uint64_t mix64(uint64_t z) {
     z += 0x9e3779b97f4a7c15ull;
@@ -140,7 +135,7 @@ static void micro_job(void *ud, int rank) {
         memset(gr, 0, np * sizeof(float)); /* a failed rank still takes part, with zeros */
         loss = 0;
     }
-    R->loss = (double)loss * (double)count_targets(tg, (size_t)t->o.micro_batch * (size_t)t->o.seq_len);
+    R->loss = (double)loss * (double)zs_train_count_targets(tg, (size_t)t->o.micro_batch * (size_t)t->o.seq_len);
 
     /* every rank's status and loss, then (training) every rank's gradient in chunks, summed in
      * rank order into the step's gradient by this process's first rank */
@@ -175,7 +170,7 @@ static void micro_job(void *ud, int rank) {
         }
         if (rank != 0) continue;
         for (int k = 0; k < t->n; k++) {
-            long cnt = count_targets(t->targets[t->micro * t->n + k], bt);
+            long cnt = zs_train_count_targets(t->targets[t->micro * t->n + k], bt);
             float s = t->total_count > 0 ? (float)cnt / (float)t->total_count : 0.0f;
             const float *gk = R->gbuf + (size_t)k * len;
             float *ac = acc + off;
@@ -273,7 +268,7 @@ static int run_micro(zs_lora_training *t, const int32_t *const *tokens, const in
     t->tokens = tokens;
     t->targets = targets;
     t->total_count = 0;
-    for (int i = 0; i < t->n * accum; i++) t->total_count += count_targets(targets[i], bt);
+    for (int i = 0; i < t->n * accum; i++) t->total_count += zs_train_count_targets(targets[i], bt);
     t->loss_sum = 0;
     t->fail_rc = 0;
     t->fail_err[0] = 0;

@@ -97,7 +97,7 @@ static int reduce_bucket(zs_training *t, int rank, int b, float *gdata, float *g
     return rc;
 }
 
-static long count_targets(const int32_t *tg, size_t n) {
+long zs_train_count_targets(const int32_t *tg, size_t n) {
     long c = 0;
     for (size_t i = 0; i < n; i++) c += tg[i] >= 0;
     return c;
@@ -115,7 +115,7 @@ static void micro_job(void *ud, int rank) {
     int i = t->micro * t->n + t->first + rank, L = c->n_layers, eb = zs_bucket_embed(), hb = zs_bucket_head(m);
     size_t bt = (size_t)t->o.micro_batch * (size_t)t->o.seq_len;
     const int32_t *tok = t->tokens[i], *tg = t->targets[i];
-    long count = count_targets(tg, bt);
+    long count = zs_train_count_targets(tg, bt);
     /* the trainer's gradient is of this rank's mean loss: weigh it by its share of the step */
     float scale = t->total_count > 0 ? (float)count / (float)t->total_count : 0.0f;
     const void *d, *d2;
@@ -442,7 +442,7 @@ static int run_micro(zs_training *t, const int32_t *const *tokens, const int32_t
     t->tokens = tokens;
     t->targets = targets;
     t->total_count = 0;
-    for (int i = 0; i < t->n * accum; i++) t->total_count += count_targets(targets[i], bt);
+    for (int i = 0; i < t->n * accum; i++) t->total_count += zs_train_count_targets(targets[i], bt);
     for (int r = 0; r < t->nl; r++) {
         t->r[r].loss_sum = 0;
         t->r[r].rc = 0;

@@ -61,5 +61,8 @@ int  zs_training_load(zs_training *t, const char *dir, long *step, char **meta_j
 typedef struct { size_t params, grads, optimizer; } zs_train_memory;
 void zs_training_memory(const zs_training *t, zs_train_memory *out);
 void zs_training_end(zs_training *t);
+/* The counted (non-negative) targets among n: the weight of a micro-batch in a step's mean loss
+ * (shared with lora-train.c). */
+long zs_train_count_targets(const int32_t *targets, size_t n);
 
 #endif
