@@ -157,29 +157,8 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
                            c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, zs_kv_dtype(kv), ZS_ATT_AUTO, &ap);
 }
 
-/* An adapter must be one of this model's shape (the loader checks it against the base it was
- * loaded for; this catches an adapter of another base). */
-static int lora_check(const zs_model_config *c, const zs_lora *l) {
-    if (c->arch == ZS_ARCH_GPT2) return zs_err(ZS_EUNSUPPORTED, "forward: LoRA adapters are not supported for GPT-2 models");
-    if (zs_lora_n_layers(l) != c->n_layers)
-        return zs_err(ZS_EINVAL, "forward: a LoRA adapter of %d layers for a model of %d", zs_lora_n_layers(l), c->n_layers);
-    int d = c->dim, ff = c->ffn_dim, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
-    const int want_in[ZS_LORA_NT] = {d, d, d, qd, d, d, ff}, want_out[ZS_LORA_NT] = {qd, kvd, kvd, d, ff, ff, d};
-    unsigned targets = zs_lora_get_params(l)->targets;
-    for (int t = 0; t < ZS_LORA_NT; t++) {
-        int in, out;
-        if (!(targets >> t & 1)) continue;
-        zs_lora_dims(l, t, &in, &out);
-        if (in != want_in[t] || out != want_out[t])
-            return zs_err(ZS_EINVAL, "forward: the LoRA adapter's %s maps %d to %d features; the model's maps %d to %d",
-                          zs_lora_target_name(t), in, out, want_in[t], want_out[t]);
-    }
-    return 0;
-}
-
 /* Groups the rows of b by adapter and sizes the scratch (before anything is acquired). */
 static int lora_prepare(zs_forward *f, const zs_batch *b) {
-    const zs_model_config *c = zs_model_config_get(f->m);
     size_t nt = (size_t)f->max_tokens;
     f->n_lgrp = 0;
     if (!b->lora) return 0;
@@ -209,7 +188,7 @@ static int lora_prepare(zs_forward *f, const zs_batch *b) {
         for (int k = 0; g < 0 && k < ng; k++)
             if (f->lgrp[k] == l) g = k;
         if (g < 0) {
-            ZS_CHECK(lora_check(c, l));
+            ZS_CHECK(zs_lora_check_base(l, f->m)); /* the loader checks it against its base; this catches another base's */
             g = ng++;
             f->lgrp[g] = l;
             cnt[g] = 0;

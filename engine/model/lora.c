@@ -117,6 +117,23 @@ int zs_lora_copy(zs_lora *dst, const zs_lora *src) {
     return 0;
 }
 
+int zs_lora_check_base(const zs_lora *l, const zs_model *base) {
+    const zs_model_config *c = zs_model_config_get(base);
+    if (c->arch == ZS_ARCH_GPT2) return zs_err(ZS_EUNSUPPORTED, "lora: LoRA adapters are not supported for GPT-2 models");
+    if (l->n_layers != c->n_layers)
+        return zs_err(ZS_EINVAL, "lora: the adapter has %d layers; the model has %d", l->n_layers, c->n_layers);
+    const zs_bucket_layout *L = zs_model_layout(base, zs_bucket_layer(0));
+    for (int t = 0; t < ZS_LORA_NT; t++) {
+        if (!l->A[t]) continue;
+        const zs_slot *s = &L->slot[lora_roles[t]];
+        if (!s->present || s->shape[0] != l->out[t] || s->shape[1] != l->in[t])
+            return zs_err(ZS_EINVAL, "lora: the adapter's %s maps %d to %d features; the model's maps %d to %d",
+                          lora_names[t], l->in[t], l->out[t], s->present ? (int)s->shape[1] : 0,
+                          s->present ? (int)s->shape[0] : 0);
+    }
+    return 0;
+}
+
 int zs_lora_serving_bf16(const zs_model *base) {
     return zs_model_layout(base, zs_bucket_layer(0))->slot[ZS_R_WQ].dtype != ZS_F32;
 }

@@ -65,6 +65,10 @@ void zs_lora_init(zs_lora *l, uint64_t seed);
  * afterwards (a served adapter is read-only; training never freezes). Idempotent for the same
  * bf16; ZS_ENOMEM. Not thread-safe: call before the adapter is shared. */
 int zs_lora_freeze(zs_lora *l, int bf16);
+/* An adapter fits base when it has base's layer count and every target's [out, in] is base's
+ * projection's (an adapter loaded for another base, or made by zs_lora_new for one); GPT-2 takes
+ * none. ZS_EINVAL / ZS_EUNSUPPORTED naming the target and both shapes. */
+int zs_lora_check_base(const zs_lora *l, const zs_model *base);
 /* The serving copies' element type the server picks for base: 1 (bf16) unless its matrices are f32. */
 int zs_lora_serving_bf16(const zs_model *base);
 /* Every parameter as one flat array of *n floats (see Storage above). */

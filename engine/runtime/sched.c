@@ -446,21 +446,7 @@ static int check_lora(zs_sched *s, const zs_lora *l) {
     if (zs_engine_device(s->e) == ZS_DEVICE_CUDA)
         return zs_err(ZS_EUNSUPPORTED, "lora: LoRA adapters are not supported on the CUDA device yet (serve with "
                       "--device cpu to use them)");
-    const zs_model_config *c = zs_model_config_get(zs_engine_model(s->e));
-    if (c->arch == ZS_ARCH_GPT2) return zs_err(ZS_EUNSUPPORTED, "lora: LoRA adapters are not supported for GPT-2 models");
-    if (zs_lora_n_layers(l) != c->n_layers)
-        return zs_err(ZS_EINVAL, "lora: the adapter has %d layers; the model has %d", zs_lora_n_layers(l), c->n_layers);
-    int d = c->dim, ff = c->ffn_dim, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
-    const int want_in[ZS_LORA_NT] = {d, d, d, qd, d, d, ff}, want_out[ZS_LORA_NT] = {qd, kvd, kvd, d, ff, ff, d};
-    for (int t = 0; t < ZS_LORA_NT; t++) {
-        int in, out;
-        if (!(zs_lora_get_params(l)->targets >> t & 1)) continue;
-        zs_lora_dims(l, t, &in, &out);
-        if (in != want_in[t] || out != want_out[t])
-            return zs_err(ZS_EINVAL, "lora: the adapter's %s maps %d to %d features; the model's maps %d to %d",
-                          zs_lora_target_name(t), in, out, want_in[t], want_out[t]);
-    }
-    return 0;
+    return zs_lora_check_base(l, zs_engine_model(s->e));
 }
 
 int zs_sched_submit(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink, zs_request **out) {
