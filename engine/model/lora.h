@@ -4,6 +4,9 @@
  * B [out, r], both f32, and y = W·x + scale·B·(A·x) with scale = alpha / r (alpha / sqrt(r) with
  * use_rslora), as PEFT's LoraLayer computes it.
  *
+ * Read but not acted upon: base_model_name_or_path, task_type and inference_mode (the adapter fits
+ * a base when its shapes do); lora_dropout is used by training only.
+ *
  * What is refused, with a message naming the file and the key: another peft_type, DoRA, bias
  * other than "none", modules_to_save, fan_in_fan_out, layers_to_transform / layers_pattern,
  * rank_pattern / alpha_pattern entries, a regular-expression target_modules, targets the base does
