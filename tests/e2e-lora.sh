@@ -227,14 +227,17 @@ code=$(post /v1/unload_lora_adapter '{"lora_name":"b"}')
 check "unload b again: 404" '[ "$code" = 404 ]' "$code"
 code=$(post /v1/load_lora_adapter "{\"lora_name\":\"b\",\"lora_path\":\"$FTDIR\"}")
 check "the name b can be loaded again" '[ "$code" = 200 ] && [ "$(cmpl b)" = "$OUT_B" ]' "$code"
-# under load: 24 requests of 8 sequences x 48 tokens with b (4 sequences at a time), one streaming
+# under load: one streaming request (admitted first: its first event is in before the rest are
+# sent, so the unload can only find it running or finished), then 24 requests of 8 sequences x 48
+# tokens with b (4 sequences at a time)
+J -N "$U/v1/completions" -d "$STREAM" > "$T/stream2.txt" &
+BGPIDS="$BGPIDS $!"
+for _ in $(seq 500); do grep -q '^data: ' "$T/stream2.txt" 2>/dev/null && break; sleep 0.01; done
 for k in $(seq 24); do
     J "$U/v1/completions" -d "{\"model\":\"b\",\"prompt\":$P,\"temperature\":0,\"max_tokens\":48,\"ignore_eos\":true,\"n\":8}" \
         -o "$T/ld-$k.json" -w '%{http_code}' > "$T/ld-$k.code" &
     BGPIDS="$BGPIDS $!"
 done
-J -N "$U/v1/completions" -d "$STREAM" > "$T/stream2.txt" &
-BGPIDS="$BGPIDS $!"
 wait_gauge zeroserve_queue_length 16 || echo "# note: the queue never reached 16 requests"
 code=$(post /v1/unload_lora_adapter '{"lora_name":"b","wait_s":0}')
 cp "$T/r.json" "$T/unload2.json"
