@@ -1,6 +1,7 @@
 /* config.h — model configuration: reads a Hugging Face config.json into zs_model_config (the
  * llama family: Llama (with RoPE scaling), Mistral (sliding window), Qwen2, Qwen3, Gemma 2,
- * Gemma 3 (text), Phi-3; and GPT-2) and writes one back (init-model).
+ * Gemma 3 (text), Phi-3; the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE; and
+ * GPT-2) and writes one back (init-model).
  * The struct is plain data owned by the caller; every function is thread-safe (no globals). */
 #ifndef ZS_CONFIG_H
 #define ZS_CONFIG_H
@@ -15,7 +16,9 @@ typedef enum { ZS_ARCH_LLAMA = 0, ZS_ARCH_GPT2 = 1 } zs_arch;
  * (zs_model_config's flags below follow from it and from config.json). */
 typedef enum {
     ZS_FAM_LLAMA = 0, ZS_FAM_MISTRAL, ZS_FAM_QWEN2, ZS_FAM_QWEN3, ZS_FAM_GEMMA2, ZS_FAM_GEMMA3,
-    ZS_FAM_PHI3, ZS_FAM_GPT2
+    ZS_FAM_PHI3, ZS_FAM_GPT2,
+    /* mixtures of experts (n_experts > 0 below) */
+    ZS_FAM_MIXTRAL, ZS_FAM_QWEN2MOE, ZS_FAM_QWEN3MOE, ZS_FAM_OLMOE
 } zs_family;
 
 /* RoPE scaling, as transformers' modeling_rope_utils.py defines each type (rope.h computes the
@@ -76,7 +79,27 @@ typedef struct {
                              0: every layer of layer_sliding below as read */
     unsigned char layer_sliding[ZS_MAX_LAYERS]; /* 1: layer l is a sliding layer (uses the window and,
                                                    for Gemma 3, the local RoPE) */
+    /* --- mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; all 0 for a dense model) --- */
+    int n_experts;        /* num_local_experts (Mixtral) / num_experts; 0: dense */
+    int n_experts_used;   /* num_experts_per_tok (top-k) */
+    int moe_ffn_dim;      /* each expert's intermediate size (moe_intermediate_size; Mixtral: intermediate_size) */
+    int shared_ffn_dim;   /* Qwen2-MoE: shared_expert_intermediate_size of the shared expert, whose output is
+                             scaled by sigmoid(shared_expert_gate(x)) (a [1, dim] weight); 0: none */
+    int norm_topk_prob;   /* routing: softmax over all experts (f32), top-k, then the k weights divided by their sum
+                             when set (Mixtral: always; the others: norm_topk_prob) */
+    float router_aux_loss_coef; /* training: loss += coef * load_balancing_loss when output_router_logits */
+    int output_router_logits;   /* config.json's output_router_logits (transformers adds the aux loss only then) */
+    int qk_norm_full;     /* OLMoE: q_norm / k_norm are RMSNorms over the whole q [n_heads*head_dim] and k
+                             [n_kv_heads*head_dim] projections (not per head), before RoPE */
+    float clip_qkv;       /* OLMoE: q, k, v clamped to [-clip_qkv, clip_qkv]; 0: none */
+    unsigned char layer_moe[ZS_MAX_LAYERS]; /* 1: layer l's MLP is the sparse block (decoder_sparse_step,
+                                               mlp_only_layers); 0: a dense MLP of ffn_dim */
 } zs_model_config;
+
+/* 1 when layer l's MLP is a mixture of experts. */
+static inline int zs_config_layer_moe(const zs_model_config *c, int l) {
+    return c->n_experts > 0 && l >= 0 && l < ZS_MAX_LAYERS && c->layer_moe[l];
+}
 
 /* 1 when layer l attends through the sliding window. */
 static inline int zs_config_layer_sliding(const zs_model_config *c, int l) {

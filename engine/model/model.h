@@ -1,5 +1,6 @@
-/* model.h — a loaded model: its configuration, the layout of its parameter buckets, and the
- * forward pass over a batch of tokens from one or more sequences.
+/* model.h — a loaded model: its configuration, the layout of its parameter buckets (experts of a
+ * mixture of experts each their own), and the forward pass over a batch of tokens from one or more
+ * sequences.
  *
  * Parameters are packed into flat buckets (DESIGN.md §3): bucket 0 holds the embeddings,
  * buckets 1..L the transformer blocks, bucket L+1 the final norm and LM head. Tensors with fewer
@@ -47,6 +48,12 @@ enum {
      * before their residual adds (HF post_attention_layernorm / post_feedforward_layernorm; the MLP's
      * input norm, pre_feedforward_layernorm, is ZS_R_FFN_NORM_W) */
     ZS_R_POST_ATTN_NORM, ZS_R_POST_FFN_NORM,
+    /* MoE layers (zs_config_layer_moe): the router [n_experts, dim] (HF mlp.gate / block_sparse_moe.gate);
+     * Qwen2-MoE's shared expert is ZS_R_W_GATE/UP/DOWN of the layer bucket ([shared_ffn_dim, dim] ...) with
+     * its sigmoid gate ZS_R_SHARED_GATE [1, dim]. A MoE layer has no dense MLP; its experts are buckets of
+     * their own (below) whose slots are ZS_R_W_GATE, ZS_R_W_UP, ZS_R_W_DOWN ([moe_ffn_dim, dim], [moe_ffn_dim,
+     * dim], [dim, moe_ffn_dim]; Mixtral's w1, w3, w2). */
+    ZS_R_ROUTER, ZS_R_SHARED_GATE,
     ZS_R_LAYER_COUNT
 };
 /* Embedding bucket and head bucket: */
@@ -88,11 +95,17 @@ void zs_model_opts_default(zs_model_opts *o);
 
 typedef struct zs_model zs_model;
 
-/* Bucket ids. */
+/* Bucket ids. Mixtures of experts: each expert of each MoE layer is a bucket of its own (its own
+ * shard, tier placement, NVMe offset and checksum), numbered after the head: zs_bucket_expert. The
+ * layer bucket of a MoE layer holds its attention, norms, router and (Qwen2-MoE) shared expert. */
 static inline int zs_bucket_embed(void) { return 0; }
 static inline int zs_bucket_layer(int l) { return 1 + l; }
-int zs_model_n_buckets(const zs_model *m);
+int zs_model_n_buckets(const zs_model *m);   /* every bucket, experts included */
 int zs_bucket_head(const zs_model *m);
+/* Expert e of layer l's bucket, or -1 when layer l is dense (or e is out of range). */
+int zs_bucket_expert(const zs_model *m, int layer, int e);
+/* 1 (and *layer, *e) when bucket b is an expert's; 0 otherwise (layer, e may be NULL). */
+int zs_bucket_is_expert(const zs_model *m, int b, int *layer, int *e);
 
 /* Reads config.json and checks every tensor the architecture needs (names, shapes, dtypes)
  * without copying weight data yet. The checkpoint stays mapped until zs_model_free or
@@ -144,10 +157,26 @@ size_t zs_model_embed_table_bytes(const zs_model *m);
  * list zs_model_pass_order gives): without embed_lookup embed, layer 0 .. layer L-1, head, and
  * embed once more when the LM head is tied to the embeddings; with embed_lookup the lookup reads
  * the host tables, so the pass is layer 0 .. layer L-1, head, plus embed (once) for a tied head. */
+/*
+ * Mixtures of experts: a MoE layer's experts are not in the static order. The pass order has a
+ * mark, ZS_PASS_EXPERTS(l), right after layer l's bucket (zs_model_pass_order); there the forward,
+ * still holding the layer bucket, routes its tokens and calls experts() with the bitmask of the
+ * experts its own tokens selected (n_experts bits, 64 per word, bit e of word e/64; all zero for
+ * a rank with no tokens). The source agrees on the union with every other rank (one small
+ * collective, so every rank gathers the same experts in the same order) and writes it to agreed.
+ * The caller then acquires and releases EVERY expert bucket of agreed, one at a time, in
+ * increasing expert order, whether or not its own tokens use it, and only then releases the layer
+ * bucket. experts NULL (the resident source, a single process's own buffers): agreed = mask. */
+#define ZS_PASS_EXPERTS(l) (-2 - (l))
+static inline int zs_pass_is_experts(int entry) { return entry <= -2; }
+static inline int zs_pass_experts_layer(int entry) { return -2 - entry; }
+#define ZS_MAX_EXPERTS 512
+#define ZS_EXPERT_WORDS (ZS_MAX_EXPERTS / 64)
 typedef struct {
     int (*acquire)(void *ctx, int bucket, const void **data);
     void (*release)(void *ctx, int bucket);
     void *ctx;
+    int (*experts)(void *ctx, int layer, const uint64_t *mask, uint64_t *agreed);
 } zs_weight_source;
 /* The source that serves the model's own resident buffers. */
 zs_weight_source zs_model_resident_source(zs_model *m);
@@ -164,9 +193,14 @@ typedef struct {
 } zs_slot_source;
 int zs_model_slot_source(const zs_model *m, int bucket, int role, zs_slot_source *out);
 
-/* The order in which one forward pass acquires buckets (see zs_weight_source); returns the count
- * (<= n_buckets + 1). */
+/* The order in which one forward pass acquires buckets (see zs_weight_source), with a
+ * ZS_PASS_EXPERTS(l) mark after each MoE layer l (expert buckets are never in it); returns the
+ * count (<= zs_model_pass_order_max). */
 int zs_model_pass_order(const zs_model *m, int *order);
+int zs_model_pass_order_max(const zs_model *m);
+/* MoE: bytes of one expert bucket's data part (the largest, when a quant mix makes them differ);
+ * 0 for a dense model. */
+size_t zs_model_expert_bytes(const zs_model *m);
 
 /* A batch: n tokens; token i belongs to kv sequence seq[i] at position pos[i]. Tokens of one
  * sequence are consecutive with increasing positions; the cache must already have room

@@ -57,6 +57,14 @@ typedef struct {
     int replicate;          /* ZeRO stages 1 and 2: every rank holds every bucket whole (no
                                gathers); the "shard" of a bucket is then the whole bucket, padded to
                                nranks partitions (tiers none and cpu, CPU device) */
+    /* Mixtures of experts (see "Experts" below) */
+    size_t expert_cache_bytes; /* full expert buckets held at once (in use, cached, speculated): part of
+                                  max_live_bytes, the rest bounds the other buckets; 0: two layers' worth
+                                  of experts (or what max_live_bytes leaves over two of the largest other
+                                  buckets, when that is given) */
+    int expert_gather_all;     /* the baseline: every expert of a MoE layer gathered in every pass (a
+                                  whole-block gather, as DeepSpeed ZeRO-3 does), nothing cached */
+    int expert_no_speculate;   /* no speculative expert gathers */
 } zs_gather_opts;
 
 typedef struct {
@@ -70,6 +78,14 @@ typedef struct {
     size_t live_limit;        /* the bound in force */
     long items;               /* buckets gathered */
     long read_errors, repairs;
+    /* mixtures of experts */
+    long expert_layers;       /* MoE layer passes (agreements) */
+    long expert_selected;     /* agreed experts, summed over those */
+    long expert_hits, expert_misses; /* agreed experts found in the cache / gathered for the layer */
+    long expert_spec, expert_spec_used; /* gathered speculatively / of those, used before evicted */
+    uint64_t expert_bytes;    /* full expert bytes gathered (misses and speculation) */
+    uint64_t expert_block_bytes; /* what gathering every expert of each of those layers would have moved */
+    size_t expert_cache_used, expert_cache_limit; /* full expert bytes held now / the bound */
 } zs_gather_stats;
 
 /* Shard sizes: every bucket's data part is split into nranks equal shards of this many bytes
@@ -102,6 +118,19 @@ int  zs_gather_attach_file(zs_gather *g, void *shard_file /* zs_shard_file* */);
 /* Starts the prefetch thread (after the shards are in place). */
 int  zs_gather_start(zs_gather *g);
 void zs_gather_free(zs_gather *g);   /* stops the thread; call after zs_comm_abort on shutdown */
+
+/* Experts (mixtures of experts). Each expert is a bucket of its own, stored in its tier like any
+ * other; only the experts a pass routes to are gathered. At a layer's ZS_PASS_EXPERTS mark
+ * (model.h) the prefetch thread first gathers, speculatively, the experts that layer used in the
+ * previous pass that are not cached (only while speculation has been right for that layer at
+ * least half the time, only into room that no expert of this pass holds, never evicting one of
+ * this pass), then takes the compute thread's bitmask, agrees on the union (an all-reduce of the
+ * mask), and gathers the union's uncached experts in increasing order while the compute thread
+ * uses them. Every decision (hit, miss, eviction victim, speculation) depends only on the agreed
+ * masks and the sizes, so every rank issues the same gathers in the same order; a victim still
+ * in use is waited for, never skipped. Released experts stay cached (least recently used out
+ * first) within expert_cache_bytes. Direct mode (one rank, nothing to move) hands out the shards
+ * themselves; several replicated ranks (ZeRO 1/2) agree on the compute thread. */
 
 /* The weight source that a forward pass reads through. */
 zs_weight_source zs_gather_source(zs_gather *g);

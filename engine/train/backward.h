@@ -62,6 +62,24 @@ size_t zs_trainer_bytes(const zs_trainer *t);
  * zs_model_embed_table) instead of the bucket; data and res may then be NULL. */
 int zs_trainer_set_lora(zs_trainer *t, const zs_lora *adapter, zs_lora *grad, uint64_t seed, uint64_t key);
 
+/* Mixtures of experts (model.h): the source each MoE layer takes its experts from, and where their
+ * gradients go. zs_train_layer_fwd of a MoE layer routes its tokens, calls src->experts() with the
+ * experts they selected and acquires/releases every agreed expert in increasing order (the
+ * protocol of model.h); zs_train_layer_bwd of that layer acquires/releases the same agreed experts
+ * again, in the same order, without a new agreement (src->experts is not called), and accumulates
+ * (+=) expert e's gradient into egrad(gctx, layer, e): its f32 data area (zs_model_grad_layout of
+ * the expert bucket; NULL from egrad, or egrad NULL: no gradient, as in LoRA and evaluation).
+ * The router and the shared expert are in the layer bucket and get their gradients with it. The
+ * auxiliary load-balancing loss (transformers' load_balancing_loss_func over the sparse layers,
+ * times router_aux_loss_coef, when the config has output_router_logits) is added to the loss
+ * zs_train_head reports and to the router gradients. src and the callback are borrowed and must
+ * outlive the passes; a MoE model without them is ZS_EINVAL at its first MoE layer. */
+typedef float *(*zs_expert_grad_fn)(void *gctx, int layer, int e);
+int zs_trainer_set_experts(zs_trainer *t, const zs_weight_source *src, zs_expert_grad_fn egrad, void *gctx);
+/* The experts layer `layer` agreed on in the current pass (ZS_EXPERT_WORDS words; zeros before its
+ * forward): the expert buckets whose gradients the step reduces (every rank the same). */
+const uint64_t *zs_trainer_experts_used(const zs_trainer *t, int layer);
+
 /* Embeddings of tokens[B*T] (sequence b is tokens[b*T .. b*T+T), positions 0..T-1). Checks the
  * ids (ZS_ERANGE). */
 int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const int32_t *tokens);
