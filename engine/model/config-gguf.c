@@ -1,7 +1,9 @@
 /* config-gguf.c — zs_model_config from a GGUF file's metadata (llama.cpp's <arch>.* keys, and the
- * RoPE factor tensors), the reading side of gguf-convert.c's hyperparameters: llama (Llama, Mistral),
- * qwen2, qwen3, gemma2, gemma3, phi3 and gpt2, with what llama.cpp hard-codes per architecture
- * (Gemma's attention scale, sliding-layer pattern, local RoPE base, embedding scale). See config.h. */
+ * RoPE factor tensors), the reading side of gguf-convert.c's hyperparameters: llama (Llama, Mistral,
+ * and Mixtral when it has experts), qwen2, qwen3, gemma2, gemma3, phi3, gpt2 and the mixtures of
+ * experts qwen2moe, qwen3moe and olmoe, with what llama.cpp hard-codes per architecture (Gemma's
+ * attention scale, sliding-layer pattern, local RoPE base, embedding scale; the experts' top-k
+ * renormalisation). See config.h. */
 #include "config.h"
 
 #include <limits.h>
@@ -11,6 +13,7 @@
 
 #include "common.h"
 #include "gguf.h"
+#include "model.h" /* ZS_MAX_EXPERTS */
 #include "rope.h"
 
 /* Names <arch>.<key> in k and looks it up: 1 present, 0 absent (and not required), or
@@ -100,6 +103,9 @@ static const struct {
     {"qwen3", "Qwen3ForCausalLM", ZS_FAM_QWEN3},     {"gemma2", "Gemma2ForCausalLM", ZS_FAM_GEMMA2},
     {"gemma3", "Gemma3ForCausalLM", ZS_FAM_GEMMA3},  {"phi3", "Phi3ForCausalLM", ZS_FAM_PHI3},
     {"gpt2", "GPT2LMHeadModel", ZS_FAM_GPT2},
+    /* mixtures of experts (llama with <arch>.expert_count > 0 is Mixtral) */
+    {"qwen2moe", "Qwen2MoeForCausalLM", ZS_FAM_QWEN2MOE}, {"qwen3moe", "Qwen3MoeForCausalLM", ZS_FAM_QWEN3MOE},
+    {"olmoe", "OlmoeForCausalLM", ZS_FAM_OLMOE},
 };
 
 /* RoPE scaling as llama.cpp reads it: rope.scaling.type linear / yarn (none and absent: no scaling),
@@ -128,7 +134,8 @@ static int gg_rope(const zs_gguf *g, const char *arch, zs_model_config *c) {
     int half = c->head_dim / 2;
     if (half > ZS_ROPE_MAX_FACTORS) return zs_err(ZS_EINVAL, "%s: head_dim %d is too large", path, c->head_dim);
     int has_freqs = 0, has_long = 0, has_short = 0;
-    if (c->family == ZS_FAM_LLAMA) ZS_CHECK(has_freqs = gg_factors(g, "rope_freqs.weight", half, r->long_factor));
+    if (c->family == ZS_FAM_LLAMA || c->family == ZS_FAM_MIXTRAL)
+        ZS_CHECK(has_freqs = gg_factors(g, "rope_freqs.weight", half, r->long_factor));
     if (c->family == ZS_FAM_PHI3) {
         ZS_CHECK(has_long = gg_factors(g, "rope_factors_long.weight", half, r->long_factor));
         ZS_CHECK(has_short = gg_factors(g, "rope_factors_short.weight", half, r->short_factor));
@@ -174,6 +181,98 @@ static int gg_rope(const zs_gguf *g, const char *arch, zs_model_config *c) {
     return 0;
 }
 
+/* <arch>.<key> as an integer >= 0: 1 found (in *out), 0 absent. */
+static int gg_count(const zs_gguf *g, const char *arch, const char *key, int *out) {
+    char k[160];
+    if (gg_key(g, arch, key, 0, k, sizeof k) == 0) return 0;
+    int64_t v;
+    ZS_CHECK(zs_gguf_get_i64(g, k, &v));
+    if (v < 0 || v > INT_MAX)
+        return zs_err(ZS_EINVAL, "%s: '%s' is %lld; it must be a non-negative integer", zs_gguf_path(g), k, (long long)v);
+    *out = (int)v;
+    return 1;
+}
+
+/* The experts as llama.cpp reads them: <arch>.expert_count, expert_used_count, the experts' width
+ * expert_feed_forward_length (qwen2moe, qwen3moe; absent: feed_forward_length / expert_used_count) or
+ * feed_forward_length itself (llama, olmoe), qwen2moe's shared expert expert_shared_feed_forward_length
+ * (absent: feed_forward_length), and the renormalisation of the top-k weights that llama.cpp's graphs
+ * hard-code (llama and qwen3moe: yes; qwen2moe and olmoe: no). Every layer routes, as llama.cpp has
+ * it; for qwen2moe / qwen3moe a layer with a dense ffn_up and no ffn_gate_inp (what an mlp_only_layers
+ * checkpoint converts to) is dense. A llama file with experts becomes Mixtral. */
+static int gg_moe(const zs_gguf *g, const char *arch, zs_model_config *c) {
+    const char *path = zs_gguf_path(g);
+    int fam = c->family, n = 0, k = 0, has_n, has_k;
+    ZS_CHECK(has_n = gg_count(g, arch, "expert_count", &n));
+    ZS_CHECK(has_k = gg_count(g, arch, "expert_used_count", &k));
+    if (fam == ZS_FAM_LLAMA && n > 0) {
+        fam = c->family = ZS_FAM_MIXTRAL;
+        snprintf(c->arch_name, sizeof c->arch_name, "MixtralForCausalLM");
+    }
+    int moe = fam == ZS_FAM_MIXTRAL || fam == ZS_FAM_QWEN2MOE || fam == ZS_FAM_QWEN3MOE || fam == ZS_FAM_OLMOE;
+    if (!moe) {
+        if (has_n && n > 0)
+            return zs_err(ZS_EUNSUPPORTED, "%s: '%s.expert_count' is %d; %s has no mixture of experts", path, arch, n,
+                          arch);
+        return 0;
+    }
+    if (!has_n || n < 1)
+        return zs_err(has_n ? ZS_EINVAL : ZS_ENOTFOUND, "%s: '%s.expert_count' %s; %s needs at least one expert",
+                      path, arch, has_n ? "is 0" : "is missing", arch);
+    if (n > ZS_MAX_EXPERTS)
+        return zs_err(ZS_EUNSUPPORTED, "%s: '%s.expert_count' is %d; at most %d experts are supported", path, arch, n,
+                      ZS_MAX_EXPERTS);
+    if (!has_k || k < 1 || k > n)
+        return zs_err(has_k ? ZS_EINVAL : ZS_ENOTFOUND, "%s: '%s.expert_used_count' %s; it must be from 1 to "
+                      "'%s.expert_count' (%d)", path, arch, has_k ? "is out of range" : "is missing", arch, n);
+    c->n_experts = n;
+    c->n_experts_used = k;
+    int qwen = fam == ZS_FAM_QWEN2MOE || fam == ZS_FAM_QWEN3MOE;
+    c->moe_ffn_dim = c->ffn_dim;
+    if (qwen) ZS_CHECK(gg_int(g, arch, "expert_feed_forward_length", 0, c->ffn_dim / k, &c->moe_ffn_dim));
+    if (c->moe_ffn_dim < 1)
+        return zs_err(ZS_EINVAL, "%s: the experts' width (%s.feed_forward_length / expert_used_count) is 0", path, arch);
+    int sh = 0, has_sh;
+    ZS_CHECK(has_sh = gg_count(g, arch, "expert_shared_feed_forward_length", &sh));
+    if (fam == ZS_FAM_QWEN2MOE) {
+        c->shared_ffn_dim = has_sh && sh > 0 ? sh : c->ffn_dim;
+    } else if (has_sh && sh > 0) {
+        return zs_err(ZS_EUNSUPPORTED, "%s: '%s.expert_shared_feed_forward_length' is %d; only qwen2moe's shared "
+                      "expert is supported", path, arch, sh);
+    }
+    c->norm_topk_prob = fam == ZS_FAM_MIXTRAL || fam == ZS_FAM_QWEN3MOE;
+    c->router_aux_loss_coef = fam == ZS_FAM_OLMOE ? 0.01f : 0.001f; /* not in GGUF: transformers' defaults */
+    c->output_router_logits = 0;
+    /* the gating llama.cpp uses for these is softmax whatever the file says; say so when it differs */
+    char key[160];
+    int gf = 0;
+    ZS_CHECK(gg_count(g, arch, "expert_gating_func", &gf));
+    if (gf > 1) zs_log_info("%s: '%s.expert_gating_func' %d is ignored (softmax), as llama.cpp does for %s", path, arch, gf, arch);
+    if (gg_key(g, arch, "expert_weights_norm", 0, key, sizeof key) > 0)
+        zs_log_info("%s: '%s' is ignored (%s renormalises the top-k weights %s), as llama.cpp does", path, key, arch,
+                    c->norm_topk_prob ? "always" : "never");
+    if (fam == ZS_FAM_OLMOE) {
+        c->qk_norm_full = 1;
+        float clip = 0;
+        int rc;
+        ZS_CHECK(rc = gg_num(g, arch, "attention.clamp_kqv", &clip));
+        if (rc > 0 && clip < 0)
+            return zs_err(ZS_EINVAL, "%s: '%s.attention.clamp_kqv' is %g; it must be positive", path, arch, (double)clip);
+        c->clip_qkv = clip;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        char t[96];
+        snprintf(t, sizeof t, "blk.%d.ffn_gate_inp.weight", l);
+        int dense = 0;
+        if (qwen && !zs_gguf_find_tensor(g, t)) {
+            snprintf(t, sizeof t, "blk.%d.ffn_up.weight", l);
+            dense = zs_gguf_find_tensor(g, t) != NULL;
+        }
+        c->layer_moe[l] = !dense;
+    }
+    return 0;
+}
+
 int zs_config_from_gguf(const zs_gguf *g, zs_model_config *out) {
     if (!g || !out) return zs_err(ZS_EINVAL, "zs_config_from_gguf: NULL argument");
     const char *path = zs_gguf_path(g), *arch;
@@ -186,7 +285,7 @@ int zs_config_from_gguf(const zs_gguf *g, zs_model_config *out) {
     while (ai < na && strcmp(arch, gg_archs[ai].arch)) ai++;
     if (ai == na)
         return zs_err(ZS_EUNSUPPORTED, "%s: general.architecture '%.60s' is not supported (supported: "
-                      "llama, qwen2, qwen3, gemma2, gemma3, phi3, gpt2)", path, arch);
+                      "llama, qwen2, qwen3, gemma2, gemma3, phi3, gpt2, qwen2moe, qwen3moe, olmoe)", path, arch);
     int fam = gg_archs[ai].family, gpt2 = fam == ZS_FAM_GPT2, qwen2 = fam == ZS_FAM_QWEN2;
     int gemma = fam == ZS_FAM_GEMMA2 || fam == ZS_FAM_GEMMA3;
     c.arch = gpt2 ? ZS_ARCH_GPT2 : ZS_ARCH_LLAMA;
@@ -251,12 +350,13 @@ int zs_config_from_gguf(const zs_gguf *g, zs_model_config *out) {
     if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads)
         return zs_err(ZS_EINVAL, "%s: '%s.attention.head_count' (%d) is not a multiple of "
                       "'%s.attention.head_count_kv' (%d)", path, arch, c.n_heads, arch, c.n_kv_heads);
+    ZS_CHECK(gg_moe(g, arch, &c));
     ZS_CHECK(gg_rope(g, arch, &c));
     /* biases: Qwen2 q, k, v always; the others when the file has them */
     c.qkv_bias = qwen2 || zs_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
     c.o_bias = !qwen2 && zs_gguf_find_tensor(g, "blk.0.attn_output.bias") != NULL;
     c.act = gemma;
-    c.qk_norm = fam == ZS_FAM_QWEN3 || fam == ZS_FAM_GEMMA3;
+    c.qk_norm = fam == ZS_FAM_QWEN3 || fam == ZS_FAM_GEMMA3 || fam == ZS_FAM_QWEN3MOE;
     /* sliding window: gemma2 (default 4096), gemma3 (required) every layer but each second / sixth; phi3
      * every layer (which llama.cpp itself leaves unapplied: a checkpoint's window is kept here) */
     int window = 0;

@@ -1,5 +1,6 @@
 /* config.c — Hugging Face config.json <-> zs_model_config: strict parsing (types, ranges,
- * supported architectures and options, with messages that name the file and the key) and an
+ * supported architectures and options, with messages that name the file and the key; the defaults
+ * of transformers 4.57's config classes for absent keys, the mixtures of experts' included) and an
  * atomic writer whose output reads back equal. See config.h. */
 #include "config.h"
 
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "model.h" /* ZS_MAX_EXPERTS */
 #include "rope.h"
 
 #define CFG_MAX_FILE ((off_t)64 * 1024 * 1024)
@@ -35,13 +37,21 @@ static const cfg_arch cfg_archs[] = {
     {"Gemma3ForCausalLM", "gemma3_text", ZS_ARCH_LLAMA, ZS_FAM_GEMMA3, 131072},
     {"Phi3ForCausalLM", "phi3", ZS_ARCH_LLAMA, ZS_FAM_PHI3, 4096},
     {"GPT2LMHeadModel", "gpt2", ZS_ARCH_GPT2, ZS_FAM_GPT2, 1024},
+    {"MixtralForCausalLM", "mixtral", ZS_ARCH_LLAMA, ZS_FAM_MIXTRAL, 131072},
+    {"Qwen2MoeForCausalLM", "qwen2_moe", ZS_ARCH_LLAMA, ZS_FAM_QWEN2MOE, 32768},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", ZS_ARCH_LLAMA, ZS_FAM_QWEN3MOE, 32768},
+    {"OlmoeForCausalLM", "olmoe", ZS_ARCH_LLAMA, ZS_FAM_OLMOE, 4096},
 };
 #define CFG_NARCH (sizeof cfg_archs / sizeof cfg_archs[0])
 #define CFG_SUPPORTED "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, " \
-                      "Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel"
+                      "Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, GPT2LMHeadModel, " \
+                      "MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM"
 
 const char *zs_family_name(int f) {
-    static const char *n[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "gpt2"};
+    /* the init-model --arch names; the MoE ones are also llama.cpp's general.architecture, except
+     * Mixtral's (llama.cpp calls it "llama", as it does Mistral) */
+    static const char *n[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "gpt2",
+                              "mixtral", "qwen2moe", "qwen3moe", "olmoe"};
     return f >= 0 && f < (int)(sizeof n / sizeof n[0]) ? n[f] : "?";
 }
 
@@ -270,8 +280,86 @@ static int cfg_layer_types(const char *origin, json_t *root, zs_model_config *c,
     return 0;
 }
 
-/* The llama family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3) after the sizes: activation,
- * biases, RoPE and its scaling, sliding window, and the families' own pieces. */
+/* A list of layer indices (mlp_only_layers): flags[l] = 1 for each listed l < n_layers (transformers
+ * never matches the others). */
+static int cfg_layer_list(const char *origin, json_t *root, const char *key, int n_layers, unsigned char *flags) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_array(v))
+        return zs_err(ZS_EINVAL, "%s: '%s' must be a list of layer indices, got %s", origin, key, cfg_type(v));
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *x = json_array_get(v, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
+            return zs_err(ZS_EINVAL, "%s: '%s[%zu]' must be a non-negative integer (a layer index)", origin, key, i);
+        if (json_integer_value(x) < n_layers) flags[json_integer_value(x)] = 1;
+    }
+    return 0;
+}
+
+/* The mixture-of-experts keys of Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE with their config classes'
+ * defaults (transformers 4.57), and which layers are sparse. */
+static int cfg_moe(const char *origin, json_t *root, int fam, zs_model_config *c) {
+    int qwen = fam == ZS_FAM_QWEN2MOE || fam == ZS_FAM_QWEN3MOE;
+    const char *nkey = fam == ZS_FAM_MIXTRAL ? "num_local_experts" : "num_experts";
+    int n_def = fam == ZS_FAM_MIXTRAL ? 8 : fam == ZS_FAM_QWEN2MOE ? 60 : fam == ZS_FAM_QWEN3MOE ? 128 : 64;
+    int k_def = fam == ZS_FAM_MIXTRAL ? 2 : fam == ZS_FAM_OLMOE || fam == ZS_FAM_QWEN3MOE ? 8 : 4;
+    /* Qwen: num_experts 0 makes every layer dense; Mixtral and OLMoE always route */
+    ZS_CHECK(cfg_int(origin, root, nkey, 0, n_def, qwen ? 0 : 1, &c->n_experts));
+    if (c->n_experts > ZS_MAX_EXPERTS)
+        return zs_err(ZS_EUNSUPPORTED, "%s: '%s' is %d; at most %d experts are supported", origin, nkey, c->n_experts,
+                      ZS_MAX_EXPERTS);
+    ZS_CHECK(cfg_int(origin, root, "num_experts_per_tok", 0, k_def, 1, &c->n_experts_used));
+    if (c->n_experts > 0 && c->n_experts_used > c->n_experts)
+        return zs_err(ZS_EINVAL, "%s: 'num_experts_per_tok' (%d) is larger than '%s' (%d)", origin, c->n_experts_used,
+                      nkey, c->n_experts);
+    if (qwen) {
+        ZS_CHECK(cfg_int(origin, root, "moe_intermediate_size", 0, fam == ZS_FAM_QWEN2MOE ? 1408 : 768, 1,
+                         &c->moe_ffn_dim));
+    } else {
+        c->moe_ffn_dim = c->ffn_dim; /* the experts are intermediate_size wide; no dense MLP */
+    }
+    c->shared_ffn_dim = 0;
+    if (fam == ZS_FAM_QWEN2MOE)
+        ZS_CHECK(cfg_int(origin, root, "shared_expert_intermediate_size", 0, 5632, 1, &c->shared_ffn_dim));
+    if (fam == ZS_FAM_MIXTRAL) {
+        c->norm_topk_prob = 1; /* MixtralSparseMoeBlock always renormalises the top-k weights */
+        float jitter;
+        ZS_CHECK(cfg_num(origin, root, "router_jitter_noise", "router_jitter_noise", 0, &jitter));
+        if (jitter != 0)
+            return zs_err(ZS_EUNSUPPORTED, "%s: 'router_jitter_noise' is %g; the router's random input jitter in "
+                          "training is not supported (0 is)", origin, (double)jitter);
+    } else {
+        ZS_CHECK(cfg_bool(origin, root, "norm_topk_prob", 0, &c->norm_topk_prob));
+    }
+    ZS_CHECK(cfg_num(origin, root, "router_aux_loss_coef", "router_aux_loss_coef", fam == ZS_FAM_OLMOE ? 0.01f : 0.001f,
+                     &c->router_aux_loss_coef));
+    if (c->router_aux_loss_coef < 0)
+        return zs_err(ZS_EINVAL, "%s: 'router_aux_loss_coef' is %g; it must not be negative", origin,
+                      (double)c->router_aux_loss_coef);
+    ZS_CHECK(cfg_bool(origin, root, "output_router_logits", 0, &c->output_router_logits));
+    c->qk_norm_full = fam == ZS_FAM_OLMOE;
+    c->clip_qkv = 0;
+    if (fam == ZS_FAM_OLMOE) ZS_CHECK(cfg_float(origin, root, "clip_qkv", 0, &c->clip_qkv)); /* null: none */
+    /* the sparse layers: Mixtral and OLMoE every one; Qwen: (l + 1) % decoder_sparse_step == 0 and not in
+     * mlp_only_layers */
+    memset(c->layer_moe, 0, sizeof c->layer_moe);
+    int step = 1;
+    unsigned char dense[ZS_MAX_LAYERS] = {0};
+    if (qwen) {
+        ZS_CHECK(cfg_int(origin, root, "decoder_sparse_step", 0, 1, 1, &step));
+        ZS_CHECK(cfg_layer_list(origin, root, "mlp_only_layers", c->n_layers, dense));
+    }
+    for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = c->n_experts > 0 && !dense[l] && (l + 1) % step == 0;
+    if (c->n_experts == 0) { /* a dense model: the routing fields are all 0 */
+        c->n_experts_used = c->moe_ffn_dim = c->shared_ffn_dim = c->norm_topk_prob = c->output_router_logits = 0;
+        c->router_aux_loss_coef = 0;
+    }
+    return 0;
+}
+
+/* The llama family (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, and the mixtures of experts
+ * Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) after the sizes: activation, biases, RoPE and its scaling,
+ * sliding window, and the families' own pieces (cfg_moe: the experts). */
 static int cfg_llama_family(const char *origin, json_t *root, const cfg_arch *a, zs_model_config *cp) {
     zs_model_config c = *cp;
     const char *s;
@@ -298,19 +386,21 @@ static int cfg_llama_family(const char *origin, json_t *root, const cfg_arch *a,
     int ab;
     switch (fam) {
     case ZS_FAM_QWEN2: c.qkv_bias = 1; break; /* q, k, v have biases, o_proj and the MLP do not */
+    case ZS_FAM_QWEN2MOE: ZS_CHECK(cfg_bool(origin, root, "qkv_bias", 1, &c.qkv_bias)); break; /* q, k, v only */
     case ZS_FAM_MISTRAL:
+    case ZS_FAM_MIXTRAL:
     case ZS_FAM_PHI3: break; /* no biases whatever the config says */
     case ZS_FAM_LLAMA:
         ZS_CHECK(cfg_bool(origin, root, "attention_bias", 0, &ab));
         c.qkv_bias = c.o_bias = ab;
         ZS_CHECK(cfg_bool(origin, root, "mlp_bias", 0, &c.mlp_bias));
         break;
-    default: /* Qwen3, Gemma: attention_bias on q, k, v and o */
+    default: /* Qwen3, Qwen3-MoE, OLMoE, Gemma: attention_bias on q, k, v and o */
         ZS_CHECK(cfg_bool(origin, root, "attention_bias", 0, &ab));
         c.qkv_bias = c.o_bias = ab;
     }
     /* RoPE: rope_theta, rope_scaling / rope_parameters */
-    float theta = gemma && fam == ZS_FAM_GEMMA3 ? 1000000.0f : 10000.0f;
+    float theta = fam == ZS_FAM_GEMMA3 || fam == ZS_FAM_MIXTRAL ? 1000000.0f : 10000.0f;
     memset(&c.rope, 0, sizeof c.rope);
     ZS_CHECK(cfg_rope(origin, root, &c, &theta));
     ZS_CHECK(cfg_float(origin, root, "rope_theta", theta, &c.rope_theta));
@@ -338,6 +428,25 @@ static int cfg_llama_family(const char *origin, json_t *root, const cfg_arch *a,
         by_default = 1;
         break;
     case ZS_FAM_PHI3: by_default = 1; break; /* every layer */
+    case ZS_FAM_MIXTRAL: by_default = 1; break; /* every layer; MixtralConfig defaults to none */
+    case ZS_FAM_QWEN2MOE: {
+        /* its eager/sdpa mask windows every layer but its flash attention only layers >= max_window_layers */
+        int use;
+        ZS_CHECK(cfg_bool(origin, root, "use_sliding_window", 0, &use));
+        if (use)
+            return zs_err(ZS_EUNSUPPORTED, "%s: 'use_sliding_window' true is not supported for Qwen2-MoE (transformers' "
+                          "attention implementations disagree on which layers it windows)", origin);
+        window = 0;
+        break;
+    }
+    case ZS_FAM_QWEN3MOE: { /* every layer when use_sliding_window (no max_window_layers) */
+        int use;
+        ZS_CHECK(cfg_bool(origin, root, "use_sliding_window", 0, &use));
+        if (!use) window = 0;
+        else if (!sw) window = 4096;
+        by_default = 1;
+        break;
+    }
     case ZS_FAM_QWEN2:
     case ZS_FAM_QWEN3: {
         int use, mwl;
@@ -365,9 +474,12 @@ static int cfg_llama_family(const char *origin, json_t *root, const cfg_arch *a,
                     "no window", origin, window, c.max_seq);
         window = 0;
     }
+    int moe_fam = fam == ZS_FAM_MIXTRAL || fam == ZS_FAM_QWEN2MOE || fam == ZS_FAM_QWEN3MOE || fam == ZS_FAM_OLMOE;
     if (window) {
         int keep_q = fam == ZS_FAM_QWEN2 || fam == ZS_FAM_QWEN3;
-        if (!keep_q || json_object_get(root, "layer_types")) ZS_CHECK(cfg_layer_types(origin, root, &c, by_default));
+        if (moe_fam) /* their config classes have no layer_types: every layer */
+            for (int l = 0; l < c.n_layers; l++) c.layer_sliding[l] = 1;
+        else if (!keep_q || json_object_get(root, "layer_types")) ZS_CHECK(cfg_layer_types(origin, root, &c, by_default));
         if (window > c.max_seq)
             return zs_err(ZS_EINVAL, "%s: 'sliding_window' (%d) is larger than the context "
                           "'max_position_embeddings' (%d)", origin, window, c.max_seq);
@@ -377,7 +489,8 @@ static int cfg_llama_family(const char *origin, json_t *root, const cfg_arch *a,
     }
     c.sliding_window = window;
     /* the families' own pieces */
-    c.qk_norm = fam == ZS_FAM_QWEN3 || fam == ZS_FAM_GEMMA3;
+    c.qk_norm = fam == ZS_FAM_QWEN3 || fam == ZS_FAM_GEMMA3 || fam == ZS_FAM_QWEN3MOE;
+    if (moe_fam) ZS_CHECK(cfg_moe(origin, root, fam, &c));
     if (gemma) {
         c.norm_offset = 1.0f;
         c.post_norms = 1;
@@ -492,14 +605,20 @@ static int cfg_parse_root(json_t *root, const char *origin, zs_model_config *out
         ZS_CHECK(cfg_int(origin, root, "hidden_size", 1, 0, 1, &c.dim));
         ZS_CHECK(cfg_int(origin, root, "num_hidden_layers", 1, 0, 1, &c.n_layers));
         ZS_CHECK(cfg_int(origin, root, "num_attention_heads", 1, 0, 1, &c.n_heads));
-        ZS_CHECK(cfg_int(origin, root, "num_key_value_heads", 0, c.n_heads, 1, &c.n_kv_heads));
+        /* num_key_value_heads: null = num_attention_heads; absent = the config class's default */
+        int fam = a->family, kv_def = c.n_heads;
+        if (!json_object_get(root, "num_key_value_heads"))
+            kv_def = fam == ZS_FAM_MIXTRAL ? 8 : fam == ZS_FAM_QWEN2MOE ? 16 : fam == ZS_FAM_QWEN3MOE ? 4 : c.n_heads;
+        ZS_CHECK(cfg_int(origin, root, "num_key_value_heads", 0, kv_def, 1, &c.n_kv_heads));
         ZS_CHECK(cfg_int(origin, root, "intermediate_size", 1, 0, 1, &c.ffn_dim));
         ZS_CHECK(cfg_int(origin, root, "max_position_embeddings", 0, a->max_seq_default, 1,
                          &c.max_seq));
-        ZS_CHECK(cfg_float(origin, root, "rms_norm_eps", 1e-6f, &c.norm_eps));
+        float eps_def = fam == ZS_FAM_PHI3 || fam == ZS_FAM_MIXTRAL || fam == ZS_FAM_OLMOE ? 1e-5f : 1e-6f;
+        ZS_CHECK(cfg_float(origin, root, "rms_norm_eps", eps_def, &c.norm_eps));
         int gemma = a->family == ZS_FAM_GEMMA2 || a->family == ZS_FAM_GEMMA3;
         ZS_CHECK(cfg_bool(origin, root, "tie_word_embeddings", gemma, &c.tied_embeddings));
         json_t *hd = json_object_get(root, "head_dim");
+        if (fam == ZS_FAM_OLMOE) hd = NULL; /* OlmoeAttention: always hidden_size / num_attention_heads */
         if (hd && !json_is_null(hd)) {
             ZS_CHECK(cfg_int(origin, root, "head_dim", 1, 0, 1, &c.head_dim));
         } else if (a->family == ZS_FAM_QWEN3 || gemma) { /* the config classes' own defaults */
@@ -511,6 +630,9 @@ static int cfg_parse_root(json_t *root, const char *origin, zs_model_config *out
                               origin, c.n_heads, c.dim);
             c.head_dim = c.dim / c.n_heads;
         }
+        if (fam == ZS_FAM_QWEN2MOE && (int64_t)c.head_dim * c.n_heads != c.dim) /* Qwen2MoeAttention raises */
+            return zs_err(ZS_EINVAL, "%s: 'head_dim' (%d) times 'num_attention_heads' (%d) must be 'hidden_size' "
+                          "(%d) for Qwen2-MoE", origin, c.head_dim, c.n_heads, c.dim);
         if (c.head_dim % 2)
             return zs_err(ZS_EINVAL, "%s: 'head_dim' (%d) must be even for RoPE", origin,
                           c.head_dim);
@@ -648,6 +770,43 @@ static json_t *cfg_rope_json(const zs_model_config *c) {
 
 static json_t *cfg_id(int id) { return id < 0 ? json_null() : json_integer(id); }
 
+/* The mixture-of-experts keys of c into r (the other keys already there). */
+static void cfg_moe_json(const zs_model_config *c, json_t *r) {
+    int fam = c->family, qwen = fam == ZS_FAM_QWEN2MOE || fam == ZS_FAM_QWEN3MOE;
+    cfg_set(r, fam == ZS_FAM_MIXTRAL ? "num_local_experts" : "num_experts", json_integer(c->n_experts));
+    if (fam == ZS_FAM_OLMOE) cfg_set(r, "clip_qkv", c->clip_qkv > 0 ? json_real(cfg_short(c->clip_qkv)) : json_null());
+    if (c->n_experts == 0) { /* Qwen's all-dense model: the other keys keep their defaults */
+        if (qwen) cfg_set(r, "mlp_only_layers", json_array());
+        return;
+    }
+    cfg_set(r, "num_experts_per_tok", json_integer(c->n_experts_used));
+    if (qwen) cfg_set(r, "moe_intermediate_size", json_integer(c->moe_ffn_dim));
+    if (fam == ZS_FAM_QWEN2MOE) cfg_set(r, "shared_expert_intermediate_size", json_integer(c->shared_ffn_dim));
+    if (fam != ZS_FAM_MIXTRAL) cfg_set(r, "norm_topk_prob", json_boolean(c->norm_topk_prob));
+    else cfg_set(r, "router_jitter_noise", json_real(0));
+    cfg_set(r, "router_aux_loss_coef", json_real(cfg_short(c->router_aux_loss_coef)));
+    cfg_set(r, "output_router_logits", json_boolean(c->output_router_logits));
+    if (qwen) {
+        /* the largest step that puts every sparse layer on (l + 1) % step == 0, the rest listed as dense */
+        int L = c->n_layers < ZS_MAX_LAYERS ? c->n_layers : ZS_MAX_LAYERS, step = 1, any = 0;
+        for (int l = 0; l < L; l++) any |= c->layer_moe[l];
+        for (int s = any ? L : 1; s > 1; s--) {
+            int ok = 1;
+            for (int l = 0; l < L && ok; l++)
+                if (c->layer_moe[l] && (l + 1) % s) ok = 0;
+            if (ok) {
+                step = s;
+                break;
+            }
+        }
+        json_t *only = json_array();
+        for (int l = 0; l < L; l++)
+            if ((l + 1) % step == 0 && !c->layer_moe[l]) json_array_append_new(only, json_integer(l));
+        cfg_set(r, "decoder_sparse_step", json_integer(step));
+        cfg_set(r, "mlp_only_layers", only);
+    }
+}
+
 /* c as a config.json object (*out, owned by the caller); a = its architecture entry. */
 static int cfg_build(const zs_model_config *c, const char *path, json_t **out, const cfg_arch **ap) {
     const cfg_arch *a = NULL;
@@ -696,16 +855,21 @@ static int cfg_build(const zs_model_config *c, const char *path, json_t **out, c
         if (fam == ZS_FAM_LLAMA) { /* only plain llama has configurable MLP biases */
             cfg_set(r, "attention_bias", json_boolean(c->qkv_bias));
             cfg_set(r, "mlp_bias", json_boolean(c->mlp_bias));
-        } else if (fam == ZS_FAM_QWEN3 || gemma) {
+        } else if (fam == ZS_FAM_QWEN3 || fam == ZS_FAM_QWEN3MOE || fam == ZS_FAM_OLMOE || gemma) {
             cfg_set(r, "attention_bias", json_boolean(c->qkv_bias));
+        } else if (fam == ZS_FAM_QWEN2MOE) {
+            cfg_set(r, "qkv_bias", json_boolean(c->qkv_bias));
         }
         if (c->rope.type == ZS_ROPE_LONGROPE && c->rope.orig_max_pos > 0)
             cfg_set(r, "original_max_position_embeddings", json_integer(c->rope.orig_max_pos));
         if (fam == ZS_FAM_PHI3) /* its config class defaults to 32000, past a small vocabulary */
             cfg_set(r, "pad_token_id", c->eos_id >= 0 ? json_integer(c->eos_id) : json_null());
-        if (fam == ZS_FAM_QWEN2 || fam == ZS_FAM_QWEN3) cfg_set(r, "use_sliding_window", json_boolean(c->sliding_window > 0));
-        if (fam != ZS_FAM_LLAMA) cfg_set(r, "sliding_window", c->sliding_window ? json_integer(c->sliding_window) : json_null());
-        if (c->sliding_window && fam != ZS_FAM_MISTRAL && fam != ZS_FAM_PHI3) {
+        int moe_fam = fam == ZS_FAM_MIXTRAL || fam == ZS_FAM_QWEN2MOE || fam == ZS_FAM_QWEN3MOE || fam == ZS_FAM_OLMOE;
+        if (fam == ZS_FAM_QWEN2 || fam == ZS_FAM_QWEN3 || fam == ZS_FAM_QWEN2MOE || fam == ZS_FAM_QWEN3MOE)
+            cfg_set(r, "use_sliding_window", json_boolean(c->sliding_window > 0));
+        if (fam != ZS_FAM_LLAMA && fam != ZS_FAM_OLMOE)
+            cfg_set(r, "sliding_window", c->sliding_window ? json_integer(c->sliding_window) : json_null());
+        if (c->sliding_window && fam != ZS_FAM_MISTRAL && fam != ZS_FAM_PHI3 && !moe_fam) {
             json_t *lt = json_array();
             for (int l = 0; l < c->n_layers; l++)
                 json_array_append_new(lt, json_string(c->layer_sliding[l] ? "sliding_attention" : "full_attention"));
@@ -720,6 +884,7 @@ static int cfg_build(const zs_model_config *c, const char *path, json_t **out, c
                 cfg_set(r, "sliding_window_pattern", json_integer(c->swa_pattern > 0 ? c->swa_pattern : 6));
             }
         }
+        if (moe_fam) cfg_moe_json(c, r);
     }
     cfg_set(r, "tie_word_embeddings", json_boolean(c->tied_embeddings));
     cfg_set(r, "bos_token_id", cfg_id(c->bos_id));
@@ -783,12 +948,18 @@ int zs_config_write(const zs_model_config *c, const char *path) {
     CFG_SAME(act) CFG_SAME(family) CFG_SAME(rope_local_theta) CFG_SAME(qk_norm) CFG_SAME(norm_offset)
     CFG_SAME(post_norms) CFG_SAME(embed_scale) CFG_SAME(attn_softcap) CFG_SAME(final_softcap)
     CFG_SAME(query_pre_attn_scalar) CFG_SAME(sliding_window)
+    CFG_SAME(n_experts) CFG_SAME(n_experts_used) CFG_SAME(moe_ffn_dim) CFG_SAME(shared_ffn_dim)
+    CFG_SAME(norm_topk_prob) CFG_SAME(router_aux_loss_coef) CFG_SAME(output_router_logits)
+    CFG_SAME(qk_norm_full) CFG_SAME(clip_qkv)
 #undef CFG_SAME
     if (rc == 0 && memcmp(&b.rope, &c->rope, sizeof b.rope))
         rc = zs_err(ZS_EINVAL, "%s: cannot write config: the RoPE scaling is not expressible for %s (it would "
                     "read back differently)", path, a->cls);
     if (rc == 0 && c->sliding_window && memcmp(b.layer_sliding, c->layer_sliding, (size_t)c->n_layers))
         rc = zs_err(ZS_EINVAL, "%s: cannot write config: the sliding layers are not expressible for %s", path, a->cls);
+    if (rc == 0 && c->n_experts > 0 && memcmp(b.layer_moe, c->layer_moe, (size_t)c->n_layers))
+        rc = zs_err(ZS_EINVAL, "%s: cannot write config: the sparse (mixture-of-experts) layers are not expressible "
+                    "for %s", path, a->cls);
     if (rc < 0) {
         free(text);
         return rc;

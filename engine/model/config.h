@@ -123,8 +123,9 @@ const char *zs_family_name(int family);
 int zs_config_load(const char *dir, zs_model_config *out);
 /* Parses config.json text; origin names it in messages (e.g. the file path). */
 int zs_config_parse(const char *json_text, const char *origin, zs_model_config *out);
-/* The same configuration from a GGUF file's metadata (general.architecture llama | qwen2 | qwen3 |
- * gemma2 | gemma3 | phi3 | gpt2, llama.cpp's <arch>.* keys, the RoPE scaling keys and factor tensors
+/* The same configuration from a GGUF file's metadata (general.architecture llama (with
+ * <arch>.expert_count > 0: Mixtral) | qwen2 | qwen3 | gemma2 | gemma3 | phi3 | gpt2 | qwen2moe |
+ * qwen3moe | olmoe, llama.cpp's <arch>.* keys, the RoPE scaling keys and factor tensors
  * (rope_freqs, rope_factors_long/short); vocab size from tokenizer.ggml.tokens; tied when
  * output.weight is absent; dtype from token_embd.weight; Gemma's norm weights already hold the + 1,
  * so norm_offset is 0). Errors as zs_config_load's, naming the file and key. In config-gguf.c. */

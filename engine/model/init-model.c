@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "model.h" /* ZS_MAX_EXPERTS */
 #include "safetensors.h"
 #include "tensor.h"
 
@@ -48,12 +49,17 @@ int zs_init_opts_default(const char *arch, zs_init_opts *o) {
             {"gemma2", "Gemma2ForCausalLM", ZS_FAM_GEMMA2, 4, 256, 2, 1, 256, 1024, 1024, 1, 1e-6f, 10000.0f},
             {"gemma3", "Gemma3ForCausalLM", ZS_FAM_GEMMA3, 6, 256, 2, 1, 256, 1024, 1024, 1, 1e-6f, 1000000.0f},
             {"phi3", "Phi3ForCausalLM", ZS_FAM_PHI3, 4, 256, 4, 2, 64, 688, 1024, 0, 1e-5f, 10000.0f},
+            /* mixtures of experts (the experts' sizes below); Mixtral's and OLMoE's ffn is the experts' */
+            {"mixtral", "MixtralForCausalLM", ZS_FAM_MIXTRAL, 4, 256, 8, 2, 32, 256, 1024, 0, 1e-5f, 1000000.0f},
+            {"qwen2moe", "Qwen2MoeForCausalLM", ZS_FAM_QWEN2MOE, 4, 256, 4, 4, 64, 688, 1024, 0, 1e-6f, 1000000.0f},
+            {"qwen3moe", "Qwen3MoeForCausalLM", ZS_FAM_QWEN3MOE, 4, 256, 4, 2, 128, 688, 1024, 0, 1e-6f, 1000000.0f},
+            {"olmoe", "OlmoeForCausalLM", ZS_FAM_OLMOE, 4, 256, 4, 4, 64, 128, 1024, 0, 1e-5f, 10000.0f},
         };
         size_t i = 0;
         while (i < sizeof F / sizeof F[0] && strcmp(arch, F[i].name)) i++;
         if (i == sizeof F / sizeof F[0])
             return zs_err(ZS_EUNSUPPORTED, "init-model: unknown --arch '%s' (llama, mistral, qwen2, qwen3, gemma2, "
-                          "gemma3, phi3 or gpt2)", arch);
+                          "gemma3, phi3, gpt2, mixtral, qwen2moe, qwen3moe or olmoe)", arch);
         c->arch = ZS_ARCH_LLAMA;
         c->family = F[i].fam;
         snprintf(c->arch_name, sizeof c->arch_name, "%s", F[i].cls);
@@ -73,6 +79,21 @@ int zs_init_opts_default(const char *arch, zs_init_opts *o) {
             } else {
                 c->rope_local_theta = 10000.0f;
             }
+        }
+        /* mixtures of experts: Mixtral 8 experts top-2; Qwen2-MoE 16 top-4 with a shared expert 4 experts
+         * wide; Qwen3-MoE 16 top-4 renormalised (as Qwen3-30B-A3B); OLMoE 16 top-4; every layer sparse */
+        switch (c->family) {
+        case ZS_FAM_MIXTRAL: c->n_experts = 8; c->n_experts_used = 2; c->moe_ffn_dim = c->ffn_dim; break;
+        case ZS_FAM_QWEN2MOE:
+            c->n_experts = 16; c->n_experts_used = 4; c->moe_ffn_dim = 128; c->shared_ffn_dim = 512;
+            c->qkv_bias = 1;
+            break;
+        case ZS_FAM_QWEN3MOE: c->n_experts = 16; c->n_experts_used = 4; c->moe_ffn_dim = 128; c->norm_topk_prob = 1; break;
+        case ZS_FAM_OLMOE: c->n_experts = 16; c->n_experts_used = 4; c->moe_ffn_dim = c->ffn_dim; break;
+        }
+        if (c->n_experts) {
+            c->router_aux_loss_coef = c->family == ZS_FAM_OLMOE ? 0.01f : 0.001f;
+            for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = 1;
         }
         /* the families' fixed pieces, as the config parser sets them */
         return zs_config_override(c, "{}", "init-model");
@@ -117,6 +138,33 @@ static void add(tdesc *t, int *n, int init, int ndim, int64_t a, int64_t b, cons
     x->d.ndim = ndim;
     x->d.shape[0] = a;
     x->d.shape[1] = b;
+}
+
+/* Layer l's sparse MLP under transformers' names: the router, each expert's three projections, and
+ * Qwen2-MoE's shared expert with its gate. */
+static void list_moe(const zs_model_config *c, int l, tdesc *t, int *n) {
+    int64_t d = c->dim, F = c->moe_ffn_dim, S = c->shared_ffn_dim, E = c->n_experts;
+    if (c->family == ZS_FAM_MIXTRAL) {
+        add(t, n, INIT_NORMAL, 2, E, d, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        for (int e = 0; e < E; e++) {
+            add(t, n, INIT_NORMAL, 2, F, d, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
+            add(t, n, INIT_NORMAL, 2, d, F, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+            add(t, n, INIT_NORMAL, 2, F, d, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+        }
+        return;
+    }
+    add(t, n, INIT_NORMAL, 2, E, d, "model.layers.%d.mlp.gate.weight", l);
+    for (int e = 0; e < E; e++) {
+        add(t, n, INIT_NORMAL, 2, F, d, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+        add(t, n, INIT_NORMAL, 2, F, d, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+        add(t, n, INIT_NORMAL, 2, d, F, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+    }
+    if (S > 0) {
+        add(t, n, INIT_NORMAL, 2, S, d, "model.layers.%d.mlp.shared_expert.gate_proj.weight", l);
+        add(t, n, INIT_NORMAL, 2, S, d, "model.layers.%d.mlp.shared_expert.up_proj.weight", l);
+        add(t, n, INIT_NORMAL, 2, d, S, "model.layers.%d.mlp.shared_expert.down_proj.weight", l);
+        add(t, n, INIT_NORMAL, 2, 1, d, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+    }
 }
 
 static int list_tensors(const zs_model_config *c, tdesc *t) {
@@ -165,12 +213,20 @@ static int list_tensors(const zs_model_config *c, tdesc *t) {
                 add(t, &n, INIT_NORM, 1, c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, l);
                 add(t, &n, INIT_NORM, 1, c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, l);
             }
+            if (c->qk_norm_full) { /* OLMoE: over the whole projections */
+                add(t, &n, INIT_NORM, 1, q, 0, "%s.%d.self_attn.q_norm.weight", p, l);
+                add(t, &n, INIT_NORM, 1, kv, 0, "%s.%d.self_attn.k_norm.weight", p, l);
+            }
             add(t, &n, INIT_NORMAL, 2, d, q, "%s.%d.self_attn.o_proj.weight", p, l);
             if (c->o_bias) add(t, &n, INIT_BIAS, 1, d, 0, "%s.%d.self_attn.o_proj.bias", p, l);
             add(t, &n, INIT_NORM, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l);
             if (gemma) {
                 add(t, &n, INIT_NORM, 1, d, 0, "%s.%d.pre_feedforward_layernorm.weight", p, l);
                 add(t, &n, INIT_NORM, 1, d, 0, "%s.%d.post_feedforward_layernorm.weight", p, l);
+            }
+            if (zs_config_layer_moe(c, l)) {
+                list_moe(c, l, t, &n);
+                continue;
             }
             if (phi3) {
                 add(t, &n, INIT_NORMAL, 2, 2 * f, d, "%s.%d.mlp.gate_up_proj.weight", p, l);
@@ -306,11 +362,18 @@ int zs_init_model_write(const zs_init_opts *o, const char *dir) {
     if (c.arch == ZS_ARCH_GPT2 && (c.head_dim * c.n_heads != c.dim || c.n_kv_heads != c.n_heads))
         return zs_err(ZS_EINVAL, "init-model: gpt2 needs heads * head_dim == dim and no grouped kv heads");
     if (c.head_dim % 2) return zs_err(ZS_EINVAL, "init-model: head dim must be even (RoPE)");
+    if (c.n_experts < 0 || c.n_experts > ZS_MAX_EXPERTS ||
+        (c.n_experts > 0 && (c.n_experts_used < 1 || c.n_experts_used > c.n_experts || c.moe_ffn_dim <= 0 ||
+                             c.shared_ffn_dim < 0)))
+        return zs_err(ZS_EINVAL, "init-model: invalid experts (%d experts, %d used per token, each %d wide, shared %d; "
+                      "at most %d experts)", c.n_experts, c.n_experts_used, c.moe_ffn_dim, c.shared_ffn_dim,
+                      ZS_MAX_EXPERTS);
     c.bos_id = c.eos_id = c.vocab_size - 1;
     ZS_CHECK(mkdir_p(dir));
 
-    tdesc *t = calloc((size_t)(8 + 24 * c.n_layers), sizeof *t);
-    zs_st_decl *decls = calloc((size_t)(8 + 24 * c.n_layers), sizeof *decls);
+    size_t max_t = 8 + (size_t)c.n_layers * (24 + 8 + 3 * (size_t)(c.n_experts > 0 ? c.n_experts : 0));
+    tdesc *t = calloc(max_t, sizeof *t);
+    zs_st_decl *decls = calloc(max_t, sizeof *decls);
     float *buf = malloc((size_t)1 << 22);
     uint16_t *buf16 = malloc((size_t)1 << 21);
     zs_st_writer *w = NULL;
