@@ -12,7 +12,20 @@
  * distinct adapter are grouped once per call (packed into scratch when they are not one
  * consecutive run), so an adapter's matrices are read once per projection and step and the base
  * weights once for the whole batch; every product is the batch-invariant zs_op_matmul, so a row's
- * result does not depend on the other rows or their adapters. */
+ * result does not depend on the other rows or their adapters.
+ *
+ * Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; zs_config_layer_moe), as transformers
+ * computes the sparse block: router logits x·routerᵀ, softmax in f32, the top k (equal
+ * probabilities: the lower expert id first), renormalised to sum 1 when norm_topk_prob; the
+ * source agrees on the union of the experts over ranks (zs_weight_source.experts); then each
+ * expert of the union, in increasing id order, is acquired, runs its SwiGLU MLP over the rows
+ * routed to it (packed together; none when only other ranks' rows use it) and is released; row i
+ * gets weight·output of its experts added in increasing expert id order (the order of
+ * transformers' index_add_ loop), so its bits depend neither on the other rows nor on the rank
+ * count. Qwen2-MoE then adds sigmoid(x·shared_gateᵀ)·SwiGLU_shared(x). OLMoE's q_norm / k_norm are
+ * RMSNorms over the whole q and k rows, and clip_qkv clamps q, k (after those norms) and v, before
+ * RoPE. LoRA adapters of the attention projections work on MoE models; MLP targets on a model with
+ * MoE layers are refused by zs_lora_check_base (the experts have no adapter slots). */
 #include <math.h>
 #include <string.h>
 
@@ -32,6 +45,12 @@ struct zs_forward {
     float *freq[2], freq_af[2], *freq_tok, *tok_af;
     int pos_layer; /* zs_rope_pos_layer */
     float *x, *xn, *q, *k, *v, *att, *h1, *h2;
+    /* mixtures of experts (models with MoE layers only): router probabilities rl [n, E], each row's
+     * experts sel and weights wt [n, k] in top-k order, the rows of each expert erow / ewt (ascending)
+     * from estart[e] to estart[e + 1], a fill cursor ecur [E], the packed rows of one expert xe [n, d],
+     * its output ye [n, d], and the block's output mo [n, d] */
+    float *rl, *wt, *ewt, *xe, *ye, *mo;
+    int *sel, *erow, *estart, *ecur;
     /* the attention's view of the cache: per sequence slot, its block tables (grown on use) */
     zs_att_seq *views;
     unsigned *view_stamp; /* the call that last filled a slot's view */
@@ -59,6 +78,9 @@ int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
     size_t n = (size_t)max_tokens, qd = (size_t)c->n_heads * (size_t)c->head_dim;
     size_t kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
     size_t wide = ZS_MAX((size_t)c->ffn_dim, ZS_MAX(qd, (size_t)c->dim));
+    int moe = 0;
+    for (int l = 0; l < c->n_layers; l++) moe |= zs_config_layer_moe(c, l);
+    if (moe) wide = ZS_MAX(wide, (size_t)ZS_MAX(c->moe_ffn_dim, c->shared_ffn_dim));
     f->x = zs_aligned_alloc(64, n * (size_t)c->dim * 4);
     f->xn = zs_aligned_alloc(64, n * ZS_MAX((size_t)c->dim, qd) * 4);
     f->q = zs_aligned_alloc(64, n * qd * 4);
@@ -67,6 +89,24 @@ int zs_forward_new(const zs_model *m, int max_tokens, zs_forward **out) {
     f->att = zs_aligned_alloc(64, n * qd * 4);
     f->h1 = zs_aligned_alloc(64, n * wide * 4);
     f->h2 = zs_aligned_alloc(64, n * wide * 4);
+    if (moe) {
+        size_t ne = (size_t)c->n_experts, nk = n * (size_t)c->n_experts_used;
+        f->rl = zs_aligned_alloc(64, n * ne * 4);
+        f->wt = malloc(nk * sizeof(float));
+        f->ewt = malloc(nk * sizeof(float));
+        f->sel = malloc(nk * sizeof(int));
+        f->erow = malloc(nk * sizeof(int));
+        f->estart = malloc((ne + 1) * sizeof(int));
+        f->ecur = malloc(ne * sizeof(int));
+        f->xe = zs_aligned_alloc(64, n * (size_t)c->dim * 4);
+        f->ye = zs_aligned_alloc(64, n * (size_t)c->dim * 4);
+        f->mo = zs_aligned_alloc(64, n * (size_t)c->dim * 4);
+        if (!f->rl || !f->wt || !f->ewt || !f->sel || !f->erow || !f->estart || !f->ecur || !f->xe || !f->ye ||
+            !f->mo) {
+            zs_forward_free(f);
+            return zs_err(ZS_ENOMEM, "forward: cannot allocate the experts' scratch for %d tokens", max_tokens);
+        }
+    }
     size_t half = (size_t)ZS_MAX(c->head_dim / 2, 1);
     f->freq[0] = malloc(half * sizeof(float));
     f->freq[1] = malloc(half * sizeof(float));
@@ -97,6 +137,8 @@ void zs_forward_free(zs_forward *f) {
     free(f->freq[0]); free(f->freq[1]); free(f->freq_tok); free(f->tok_af);
     free(f->views); free(f->view_stamp); free(f->ptrs);
     free(f->lgrp); free(f->lg); free(f->lrows); free(f->lscr);
+    free(f->rl); free(f->wt); free(f->ewt); free(f->sel); free(f->erow); free(f->estart); free(f->ecur);
+    free(f->xe); free(f->ye); free(f->mo);
     free(f);
 }
 
@@ -188,7 +230,8 @@ static int lora_prepare(zs_forward *f, const zs_batch *b) {
         for (int k = 0; g < 0 && k < ng; k++)
             if (f->lgrp[k] == l) g = k;
         if (g < 0) {
-            ZS_CHECK(zs_lora_check_base(l, f->m)); /* the loader checks it against its base; this catches another base's */
+            ZS_CHECK(zs_lora_check_base(l, f->m)); /* the loader checks it against its base; this catches another base's
+                                                      (and MLP targets on a mixture of experts) */
             g = ng++;
             f->lgrp[g] = l;
             cnt[g] = 0;
@@ -234,7 +277,101 @@ static int lora_add(zs_forward *f, int layer, int t, float *y, int out, const fl
         if (lrc_ < 0) return lrc_;                    \
     } while (0)
 
-static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b,
+/* The sparse block of MoE layer l over xn [n, d] (the MLP's normed input) into f->mo [n, d]; L,
+ * data, res: the layer bucket (router, shared expert), held by the caller throughout. */
+static int moe_block(zs_forward *f, zs_weight_source *src, int l, int n, const zs_bucket_layout *L,
+                     const void *data, const void *res) {
+    const zs_model *m = f->m;
+    const zs_model_config *c = zs_model_config_get(m);
+    int d = c->dim, ne = c->n_experts, k = c->n_experts_used, mf = c->moe_ffn_dim, sf = c->shared_ffn_dim, rc;
+    /* routing: probabilities in f32, the k largest (ties: lower id), renormalised when asked */
+    zs_op_matmul(f->rl, f->xn, n, d, W(L, ZS_R_ROUTER, data, res), L->slot[ZS_R_ROUTER].dtype, ne, NULL);
+    uint64_t mask[ZS_EXPERT_WORDS] = {0}, agreed[ZS_EXPERT_WORDS] = {0};
+    for (int i = 0; i < n; i++) {
+        float *p = f->rl + (size_t)i * ne, *w = f->wt + (size_t)i * k;
+        int *s = f->sel + (size_t)i * k;
+        uint64_t taken[ZS_EXPERT_WORDS] = {0};
+        zs_op_softmax(p, ne);
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < ne; e++)
+                if (!(taken[e >> 6] >> (e & 63) & 1) && (best < 0 || p[e] > p[best])) best = e;
+            taken[best >> 6] |= 1ull << (best & 63);
+            s[j] = best;
+            w[j] = p[best];
+        }
+        if (c->norm_topk_prob) {
+            float sum = 0.0f;
+            for (int j = 0; j < k; j++) sum += w[j];
+            for (int j = 0; j < k; j++) w[j] /= sum;
+        }
+        for (int w8 = 0; w8 < ZS_EXPERT_WORDS; w8++) mask[w8] |= taken[w8];
+    }
+    if (src->experts) {
+        if ((rc = src->experts(src->ctx, l, mask, agreed)) < 0) return rc;
+    } else {
+        memcpy(agreed, mask, sizeof agreed);
+    }
+    for (int w8 = 0; w8 < ZS_EXPERT_WORDS; w8++)
+        if (mask[w8] & ~agreed[w8])
+            return zs_err(ZS_EINVAL, "forward: layer %d: the agreed experts lack expert %d that this rank's tokens "
+                          "selected", l, w8 * 64 + __builtin_ctzll(mask[w8] & ~agreed[w8]));
+    /* each expert's rows, ascending */
+    memset(f->estart, 0, (size_t)(ne + 1) * sizeof *f->estart);
+    for (int i = 0; i < n * k; i++) f->estart[f->sel[i] + 1]++;
+    for (int e = 0; e < ne; e++) {
+        f->estart[e + 1] += f->estart[e];
+        f->ecur[e] = f->estart[e];
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < k; j++) {
+            int e = f->sel[(size_t)i * k + j], at = f->ecur[e]++;
+            f->erow[at] = i;
+            f->ewt[at] = f->wt[(size_t)i * k + j];
+        }
+    memset(f->mo, 0, (size_t)n * d * sizeof(float));
+    for (int e = 0; e < ne; e++) {
+        if (!(agreed[e >> 6] >> (e & 63) & 1)) continue;
+        int eb = zs_bucket_expert(m, l, e), cnt = f->estart[e + 1] - f->estart[e];
+        const void *xd;
+        if (eb < 0) return zs_err(ZS_EINVAL, "forward: layer %d has no expert %d", l, e);
+        if ((rc = src->acquire(src->ctx, eb, &xd)) < 0) return rc;
+        const zs_bucket_layout *X = zs_model_layout(m, eb);
+        const void *xr = zs_model_bucket_resident(m, eb);
+        const int *rows = f->erow + f->estart[e];
+        const float *wts = f->ewt + f->estart[e];
+        if (cnt > 0) {
+            for (int j = 0; j < cnt; j++)
+                memcpy(f->xe + (size_t)j * d, f->xn + (size_t)rows[j] * d, (size_t)d * sizeof(float));
+            zs_op_matmul(f->h1, f->xe, cnt, d, W(X, ZS_R_W_GATE, xd, xr), X->slot[ZS_R_W_GATE].dtype, mf, NULL);
+            zs_op_matmul(f->h2, f->xe, cnt, d, W(X, ZS_R_W_UP, xd, xr), X->slot[ZS_R_W_UP].dtype, mf, NULL);
+            zs_op_swiglu(f->h1, f->h1, f->h2, (size_t)cnt * mf);
+            zs_op_matmul(f->ye, f->h1, cnt, mf, W(X, ZS_R_W_DOWN, xd, xr), X->slot[ZS_R_W_DOWN].dtype, d, NULL);
+            for (int j = 0; j < cnt; j++) { /* transformers: out.index_add_(rows, expert(x) * weight) */
+                float *o = f->mo + (size_t)rows[j] * d, wj = wts[j];
+                const float *y = f->ye + (size_t)j * d;
+                for (int t = 0; t < d; t++) o[t] += y[t] * wj;
+            }
+        }
+        src->release(src->ctx, eb);
+    }
+    if (sf > 0) { /* Qwen2-MoE: + sigmoid(x·shared_gateᵀ) * shared_expert(x) */
+        zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_GATE, data, res), L->slot[ZS_R_W_GATE].dtype, sf, NULL);
+        zs_op_matmul(f->h2, f->xn, n, d, W(L, ZS_R_W_UP, data, res), L->slot[ZS_R_W_UP].dtype, sf, NULL);
+        zs_op_swiglu(f->h1, f->h1, f->h2, (size_t)n * sf);
+        zs_op_matmul(f->ye, f->h1, n, sf, W(L, ZS_R_W_DOWN, data, res), L->slot[ZS_R_W_DOWN].dtype, d, NULL);
+        zs_op_matmul(f->rl, f->xn, n, d, W(L, ZS_R_SHARED_GATE, data, res), L->slot[ZS_R_SHARED_GATE].dtype, 1, NULL);
+        for (int i = 0; i < n; i++) {
+            float g = 1.0f / (1.0f + expf(-f->rl[i]));
+            float *o = f->mo + (size_t)i * d;
+            const float *y = f->ye + (size_t)i * d;
+            for (int t = 0; t < d; t++) o[t] += g * y[t];
+        }
+    }
+    return 0;
+}
+
+static int layer_forward(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, int l, const zs_batch *b,
                          const void *data, const void *res) {
     const zs_model *m = f->m;
     const zs_model_config *c = zs_model_config_get(m);
@@ -257,6 +394,19 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
                           c->norm_offset);
         zs_op_rmsnorm_off(f->k, f->k, WF(L, ZS_R_K_NORM, data, res), n * c->n_kv_heads, c->head_dim, c->norm_eps,
                           c->norm_offset);
+    } else if (c->qk_norm_full) { /* OLMoE: RMSNorm over the whole q and k rows */
+        zs_op_rmsnorm_off(f->q, f->q, WF(L, ZS_R_Q_NORM, data, res), n, qd, c->norm_eps, c->norm_offset);
+        zs_op_rmsnorm_off(f->k, f->k, WF(L, ZS_R_K_NORM, data, res), n, kvd, c->norm_eps, c->norm_offset);
+    }
+    if (c->clip_qkv > 0) { /* OLMoE: q, k, v clamped (after the norms, before RoPE; NaN stays NaN) */
+        float lim = c->clip_qkv;
+        float *const vec[3] = {f->q, f->k, f->v};
+        const size_t len[3] = {(size_t)n * qd, (size_t)n * kvd, (size_t)n * kvd};
+        for (int t = 0; t < 3; t++)
+            for (size_t i = 0; i < len[t]; i++) {
+                float x = vec[t][i];
+                vec[t][i] = x < -lim ? -lim : x > lim ? lim : x;
+            }
     }
     int kind = zs_rope_layer_local(c, l), per_tok = zs_rope_pos_dependent(c, l);
     size_t half = (size_t)(c->head_dim / 2);
@@ -279,6 +429,12 @@ static int layer_forward(zs_forward *f, zs_kvcache *kv, int l, const zs_batch *b
     zs_op_add(f->x, f->xn, (size_t)n * d);
 
     norm(c, f->xn, f->x, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), n);
+    if (zs_config_layer_moe(c, l)) { /* the sparse block (no LoRA targets here: zs_lora_check_base) */
+        if ((rc = moe_block(f, src, l, n, L, data, res)) < 0) return rc;
+        if (c->post_norms) norm(c, f->mo, f->mo, WF(L, ZS_R_POST_FFN_NORM, data, res), NULL, n);
+        zs_op_add(f->x, f->mo, (size_t)n * d);
+        return 0;
+    }
     if (c->arch == ZS_ARCH_GPT2) {
         zs_op_matmul(f->h1, f->xn, n, d, W(L, ZS_R_W_UP, data, res), WD(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res));
         zs_op_gelu(f->h1, (size_t)n * ff);
@@ -354,7 +510,7 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
     for (int l = 0; l < c->n_layers; l++) {
         int lb = zs_bucket_layer(l);
         if ((rc = src->acquire(src->ctx, lb, &data)) < 0) return rc;
-        rc = layer_forward(f, kv, l, b, data, zs_model_bucket_resident(m, lb));
+        rc = layer_forward(f, src, kv, l, b, data, zs_model_bucket_resident(m, lb)); /* + its experts */
         src->release(src->ctx, lb);
         if (rc < 0) return rc;
     }

@@ -1,7 +1,9 @@
 /* model.c — opening a checkpoint as a model: the bucket layout of each architecture (with the
- * host embedding lookup tables of inference models), the mapping from Hugging Face tensor names
- * (a safetensors directory) or llama.cpp tensor names (a GGUF file with F32/F16/BF16 tensors,
- * Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K matrices, each kept as stored) to roles, validation of every tensor, packing buckets, and the pass order. */
+ * host embedding lookup tables of inference models; the experts of a mixture of experts each a
+ * bucket of their own), the mapping from Hugging Face tensor names (a safetensors directory) or
+ * llama.cpp tensor names (a GGUF file with F32/F16/BF16 tensors, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K
+ * matrices, each kept as stored; stacked expert tensors cut into one slice per expert) to roles,
+ * validation of every tensor, packing buckets, and the pass order. */
 #include "model.h"
 
 #include <errno.h>
@@ -39,6 +41,9 @@ struct zs_model {
     zs_st_tensor *gt;         /* [tensor count of gg] its tensors described as safetensors ones
                                  (HF dim order; dtype ZS_DTYPE_COUNT for a type we cannot load) */
     int n_buckets;
+    int head;                 /* the head bucket: n_layers + 1 (the expert buckets follow it) */
+    int *moe_base;            /* [n_layers] first expert bucket of a MoE layer, or -1 (dense) */
+    int *exp_layer;           /* [n_moe_layers] the layer of each MoE layer's experts, in order */
     int as_stored;            /* layouts rebuilt "as stored": a matrix whose source is a block format keeps it */
     zs_bucket_layout *layout; /* [n_buckets] */
     zs_bucket_layout *glayout; /* [n_buckets] the same slots, every tensor f32 (gradients, master weights) */
@@ -59,7 +64,27 @@ void zs_model_opts_default(zs_model_opts *o) {
 }
 
 int zs_model_n_buckets(const zs_model *m) { return m->n_buckets; }
-int zs_bucket_head(const zs_model *m) { return m->n_buckets - 1; }
+int zs_bucket_head(const zs_model *m) { return m->head; }
+
+int zs_bucket_expert(const zs_model *m, int layer, int e) {
+    if (layer < 0 || layer >= m->cfg.n_layers || e < 0 || e >= m->cfg.n_experts || m->moe_base[layer] < 0)
+        return -1;
+    return m->moe_base[layer] + e;
+}
+
+int zs_bucket_is_expert(const zs_model *m, int b, int *layer, int *e) {
+    int first = m->head + 1, ne = m->cfg.n_experts;
+    if (b < first || b >= m->n_buckets || ne <= 0) return 0;
+    if (layer) *layer = m->exp_layer[(b - first) / ne];
+    if (e) *e = (b - first) % ne;
+    return 1;
+}
+
+size_t zs_model_expert_bytes(const zs_model *m) {
+    size_t mx = 0;
+    for (int b = m->head + 1; b < m->n_buckets; b++) mx = ZS_MAX(mx, m->layout[b].data_bytes);
+    return mx;
+}
 const zs_model_config *zs_model_config_get(const zs_model *m) { return &m->cfg; }
 const zs_bucket_layout *zs_model_layout(const zs_model *m, int b) { return &m->layout[b]; }
 const zs_bucket_layout *zs_model_grad_layout(const zs_model *m, int b) { return &m->glayout[b]; }
@@ -125,12 +150,34 @@ static zs_dtype matrix_dtype(const zs_model *m, int b, int role, zs_dtype wd) {
     return zs_dtype_block(wd) == ZS_QK_K ? ZS_BF16 : wd;
 }
 
+/* the storage dtype of a MoE router: as stored when that is an element type (a GGUF file's f32 router
+ * stays f32 in an f16 model, as llama.cpp computes it; a block format only "as stored"), whatever the
+ * weight dtype; never made a block format at load (convert_hf_to_gguf.py keeps ffn_gate_inp f32 and
+ * llama-quantize leaves it alone: a quantized router would pick other experts). Before the checkpoint
+ * is mapped: the weight dtype, f32 for a block one (zs_model_open lays a MoE model out again once it
+ * knows the sources). */
+static zs_dtype router_dtype(const zs_model *m, int b, zs_dtype wd) {
+    const zs_st_tensor *t = m->src[b * ZS_MAX_ROLES + ZS_R_ROUTER].t;
+    if (t && t->dtype < ZS_DTYPE_COUNT && (m->as_stored || !zs_dtype_is_quant(t->dtype))) return t->dtype;
+    return zs_dtype_block(wd) > 1 ? ZS_F32 : wd;
+}
+
+/* Qwen2-MoE's shared-expert gate [1, dim]: a matrix under the weight dtypes convert_hf_to_gguf.py
+ * writes (f32, f16, bf16, q8_0: it quantizes the one-row tensor too), f32 under the 4- and 5-bit
+ * ones, which llama-quantize makes and which leave a one-row tensor as the f32 conversion has it (the
+ * Q4_K_M mix says the same: quant-mix.h); as stored when a checkpoint of block formats is kept so. */
+static zs_dtype shared_gate_dtype(const zs_model *m, int b, zs_dtype wd) {
+    zs_dtype dt = matrix_dtype(m, b, ZS_R_SHARED_GATE, wd);
+    if (m->as_stored) return dt;
+    return zs_dtype_is_quant(dt) && dt != ZS_Q8_0 ? ZS_F32 : dt;
+}
+
 static void build_layouts(zs_model *m) {
     const zs_model_config *c = &m->cfg;
     zs_dtype wd0 = m->opts.weight_dtype;
 #define WD(b, role) matrix_dtype(m, (b), (role), wd0)
     int64_t d = c->dim, q = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
-    int64_t f = c->ffn_dim;
+    int64_t f = c->ffn_dim, mf = c->moe_ffn_dim, sf = c->shared_ffn_dim;
     int gpt2 = c->arch == ZS_ARCH_GPT2;
 
     zs_bucket_layout *E = &m->layout[0];
@@ -140,6 +187,7 @@ static void build_layouts(zs_model *m) {
 
     for (int l = 0; l < c->n_layers; l++) {
         zs_bucket_layout *L = &m->layout[1 + l];
+        int moe = zs_config_layer_moe(c, l);
         L->n_roles = ZS_R_LAYER_COUNT;
         slot_set(L, ZS_R_ATTN_NORM_W, ZS_F32, 1, d, 1);
         slot_set(L, ZS_R_WQ, WD(1 + l, ZS_R_WQ), 2, q, d);
@@ -147,9 +195,27 @@ static void build_layouts(zs_model *m) {
         slot_set(L, ZS_R_WV, WD(1 + l, ZS_R_WV), 2, kvd, d);
         slot_set(L, ZS_R_WO, WD(1 + l, ZS_R_WO), 2, d, q);
         slot_set(L, ZS_R_FFN_NORM_W, ZS_F32, 1, d, 1);
-        if (!gpt2) slot_set(L, ZS_R_W_GATE, WD(1 + l, ZS_R_W_GATE), 2, f, d);
-        slot_set(L, ZS_R_W_UP, WD(1 + l, ZS_R_W_UP), 2, f, d);
-        slot_set(L, ZS_R_W_DOWN, WD(1 + l, ZS_R_W_DOWN), 2, d, f);
+        if (moe) { /* router (+ the shared expert and its gate); the experts are buckets of their own */
+            slot_set(L, ZS_R_ROUTER, router_dtype(m, 1 + l, wd0), 2, c->n_experts, d);
+            if (sf > 0) {
+                slot_set(L, ZS_R_W_GATE, WD(1 + l, ZS_R_W_GATE), 2, sf, d);
+                slot_set(L, ZS_R_W_UP, WD(1 + l, ZS_R_W_UP), 2, sf, d);
+                slot_set(L, ZS_R_W_DOWN, WD(1 + l, ZS_R_W_DOWN), 2, d, sf);
+                slot_set(L, ZS_R_SHARED_GATE, shared_gate_dtype(m, 1 + l, wd0), 2, 1, d);
+            }
+            for (int e = 0; e < c->n_experts; e++) {
+                int eb = m->moe_base[l] + e;
+                zs_bucket_layout *X = &m->layout[eb];
+                X->n_roles = ZS_R_LAYER_COUNT;
+                slot_set(X, ZS_R_W_GATE, WD(eb, ZS_R_W_GATE), 2, mf, d);
+                slot_set(X, ZS_R_W_UP, WD(eb, ZS_R_W_UP), 2, mf, d);
+                slot_set(X, ZS_R_W_DOWN, WD(eb, ZS_R_W_DOWN), 2, d, mf);
+            }
+        } else {
+            if (!gpt2) slot_set(L, ZS_R_W_GATE, WD(1 + l, ZS_R_W_GATE), 2, f, d);
+            slot_set(L, ZS_R_W_UP, WD(1 + l, ZS_R_W_UP), 2, f, d);
+            slot_set(L, ZS_R_W_DOWN, WD(1 + l, ZS_R_W_DOWN), 2, d, f);
+        }
         if (gpt2) {
             slot_set(L, ZS_R_ATTN_NORM_B, ZS_F32, 1, d, 1);
             slot_set(L, ZS_R_FFN_NORM_B, ZS_F32, 1, d, 1);
@@ -163,31 +229,40 @@ static void build_layouts(zs_model *m) {
         if (c->qk_norm) {
             slot_set(L, ZS_R_Q_NORM, ZS_F32, 1, c->head_dim, 1);
             slot_set(L, ZS_R_K_NORM, ZS_F32, 1, c->head_dim, 1);
+        } else if (c->qk_norm_full) { /* OLMoE: over the whole q and k rows */
+            slot_set(L, ZS_R_Q_NORM, ZS_F32, 1, q, 1);
+            slot_set(L, ZS_R_K_NORM, ZS_F32, 1, kvd, 1);
         }
         if (c->post_norms) {
             slot_set(L, ZS_R_POST_ATTN_NORM, ZS_F32, 1, d, 1);
             slot_set(L, ZS_R_POST_FFN_NORM, ZS_F32, 1, d, 1);
         }
-        if (gpt2 || c->mlp_bias) {
+        if ((gpt2 || c->mlp_bias) && !moe) {
             if (!gpt2) slot_set(L, ZS_R_B_GATE, ZS_F32, 1, f, 1);
             slot_set(L, ZS_R_B_UP, ZS_F32, 1, f, 1);
             slot_set(L, ZS_R_B_DOWN, ZS_F32, 1, d, 1);
         }
     }
-    zs_bucket_layout *H = &m->layout[m->n_buckets - 1];
+    zs_bucket_layout *H = &m->layout[m->head];
     H->n_roles = ZS_R_HEAD_COUNT;
     slot_set(H, ZS_R_OUT_NORM_W, ZS_F32, 1, d, 1);
     if (gpt2) slot_set(H, ZS_R_OUT_NORM_B, ZS_F32, 1, d, 1);
-    if (!c->tied_embeddings) slot_set(H, ZS_R_LM_HEAD, WD(m->n_buckets - 1, ZS_R_LM_HEAD), 2, c->vocab_size, d);
+    if (!c->tied_embeddings) slot_set(H, ZS_R_LM_HEAD, WD(m->head, ZS_R_LM_HEAD), 2, c->vocab_size, d);
     if (m->opts.quant_mix == ZS_QUANT_MIX_Q4_K_M) { /* llama.cpp's Q4_K_M: each matrix its own format */
-        unsigned fl = (c->tied_embeddings ? ZS_QMIX_TIED : 0u) | (gpt2 ? ZS_QMIX_FUSED_QKV : 0u);
-        for (int b = 0; b < m->n_buckets; b++)
+        unsigned fl = (c->tied_embeddings ? ZS_QMIX_TIED : 0u) | (gpt2 ? ZS_QMIX_FUSED_QKV : 0u) |
+                      (c->n_experts == 8 ? ZS_QMIX_EXPERTS8 : 0u);
+        for (int b = 0; b < m->n_buckets; b++) {
+            /* quant-mix.h's layer: -1 embeddings, the block, n_layers the head; an expert is its layer's
+             * gate / up / down (as llama.cpp's ffn_*_exps); the router is not in the mix (kept) */
+            int xl, layer = b == m->head ? c->n_layers : b - 1;
+            if (zs_bucket_is_expert(m, b, &xl, NULL)) layer = xl;
             for (int r = 0; r < m->layout[b].n_roles; r++) {
                 zs_slot *s = &m->layout[b].slot[r];
                 if (!s->present || s->ndim != 2) continue;
-                zs_dtype dt = zs_quant_mix_q4_k_m(b - 1, r, c->n_layers, s->shape[1], fl);
+                zs_dtype dt = zs_quant_mix_q4_k_m(layer, r, c->n_layers, s->shape[1], fl);
                 s->dtype = dt < ZS_DTYPE_COUNT ? dt : s->dtype;
             }
+        }
     }
 
     /* inference models: the tables that are only looked up are host-resident (model.h); a tied
@@ -228,8 +303,10 @@ static int find_gguf(zs_model *m, const char *name, int ndim, const int64_t *sha
         return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' has type %s, which cannot hold weights "
                       "(only F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)", path, name, tn ? tn : "?");
     }
-    /* quantized blocks must be whole rows of a matrix (packing reads rows, never single elements) */
-    if (zs_dtype_is_quant(t->dtype) && (ndim != 2 || t->ndim != 2 || t->shape[1] % zs_dtype_block(t->dtype)))
+    /* quantized blocks must be whole rows of a matrix (packing reads rows, never single elements; a
+     * stacked expert tensor [n_expert, out, in] is rows too) */
+    if (zs_dtype_is_quant(t->dtype) &&
+        (ndim < 2 || t->ndim != ndim || t->shape[ndim - 1] % zs_dtype_block(t->dtype)))
         return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' is %s but is not a matrix with rows of a multiple of %d "
                       "(only matrices can be quantized)", path, name, zs_dtype_name(t->dtype), zs_dtype_block(t->dtype));
     int ok = t->ndim == ndim;
@@ -263,18 +340,51 @@ static const char *gpt2_prefix(const zs_model *m) {
                : "";
 }
 
-static int map_llama(zs_model *m) {
-    const zs_model_config *c = &m->cfg;
-    int64_t d = c->dim, q = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
-    int64_t f = c->ffn_dim;
-    char nm[256];
-    src_ref *S = m->src;
 #define GET(b, role, nd, a0, a1, ...)                                                      \
     do {                                                                                   \
         snprintf(nm, sizeof nm, __VA_ARGS__);                                              \
         ZS_CHECK(find_src(m, nm, nd, a0, a1, &S[(b)*ZS_MAX_ROLES + (role)].t));            \
         S[(b)*ZS_MAX_ROLES + (role)].kind = ZS_SRC_COPY;                                      \
     } while (0)
+
+/* The sparse block of MoE layer l by Hugging Face names: the router (Mixtral
+ * block_sparse_moe.gate, the others mlp.gate), Qwen2-MoE's shared expert and its gate, and every
+ * expert's gate / up / down (Mixtral's w1 / w3 / w2) into its own bucket. */
+static int map_moe_hf(zs_model *m, int l) {
+    const zs_model_config *c = &m->cfg;
+    int64_t d = c->dim, mf = c->moe_ffn_dim, sf = c->shared_ffn_dim;
+    int b = zs_bucket_layer(l), mixtral = c->family == ZS_FAM_MIXTRAL;
+    const char *p = "model.layers", *blk = mixtral ? "block_sparse_moe" : "mlp";
+    char nm[256];
+    src_ref *S = m->src;
+    GET(b, ZS_R_ROUTER, 2, c->n_experts, d, "%s.%d.%s.gate.weight", p, l, blk);
+    if (sf > 0) {
+        GET(b, ZS_R_W_GATE, 2, sf, d, "%s.%d.mlp.shared_expert.gate_proj.weight", p, l);
+        GET(b, ZS_R_W_UP, 2, sf, d, "%s.%d.mlp.shared_expert.up_proj.weight", p, l);
+        GET(b, ZS_R_W_DOWN, 2, d, sf, "%s.%d.mlp.shared_expert.down_proj.weight", p, l);
+        GET(b, ZS_R_SHARED_GATE, 2, 1, d, "%s.%d.mlp.shared_expert_gate.weight", p, l);
+    }
+    for (int e = 0; e < c->n_experts; e++) {
+        int eb = zs_bucket_expert(m, l, e);
+        if (mixtral) {
+            GET(eb, ZS_R_W_GATE, 2, mf, d, "%s.%d.%s.experts.%d.w1.weight", p, l, blk, e);
+            GET(eb, ZS_R_W_UP, 2, mf, d, "%s.%d.%s.experts.%d.w3.weight", p, l, blk, e);
+            GET(eb, ZS_R_W_DOWN, 2, d, mf, "%s.%d.%s.experts.%d.w2.weight", p, l, blk, e);
+        } else {
+            GET(eb, ZS_R_W_GATE, 2, mf, d, "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e);
+            GET(eb, ZS_R_W_UP, 2, mf, d, "%s.%d.mlp.experts.%d.up_proj.weight", p, l, e);
+            GET(eb, ZS_R_W_DOWN, 2, d, mf, "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e);
+        }
+    }
+    return 0;
+}
+
+static int map_llama(zs_model *m) {
+    const zs_model_config *c = &m->cfg;
+    int64_t d = c->dim, q = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t f = c->ffn_dim;
+    char nm[256];
+    src_ref *S = m->src;
     int phi3 = c->family == ZS_FAM_PHI3, gemma = c->post_norms;
     GET(0, ZS_R_TOK_EMB, 2, c->vocab_size, d, "model.embed_tokens.weight");
     for (int l = 0; l < c->n_layers; l++) {
@@ -302,8 +412,10 @@ static int map_llama(zs_model *m) {
             R[ZS_R_WQ].kind = ZS_SRC_COPY;
             GET(b, ZS_R_WK, 2, kvd, d, "%s.%d.self_attn.k_proj.weight", p, l);
             GET(b, ZS_R_WV, 2, kvd, d, "%s.%d.self_attn.v_proj.weight", p, l);
-            GET(b, ZS_R_W_GATE, 2, f, d, "%s.%d.mlp.gate_proj.weight", p, l);
-            GET(b, ZS_R_W_UP, 2, f, d, "%s.%d.mlp.up_proj.weight", p, l);
+            if (!zs_config_layer_moe(c, l)) {
+                GET(b, ZS_R_W_GATE, 2, f, d, "%s.%d.mlp.gate_proj.weight", p, l);
+                GET(b, ZS_R_W_UP, 2, f, d, "%s.%d.mlp.up_proj.weight", p, l);
+            }
         }
         GET(b, ZS_R_WO, 2, d, q, "%s.%d.self_attn.o_proj.weight", p, l);
         if (gemma) { /* Gemma: the MLP's input norm is pre_feedforward_layernorm */
@@ -313,24 +425,29 @@ static int map_llama(zs_model *m) {
         } else {
             GET(b, ZS_R_FFN_NORM_W, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l);
         }
-        if (c->qk_norm) {
-            GET(b, ZS_R_Q_NORM, 1, c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, l);
-            GET(b, ZS_R_K_NORM, 1, c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, l);
+        if (c->qk_norm || c->qk_norm_full) { /* per head (Qwen3), or over the whole q / k (OLMoE) */
+            int64_t nq = c->qk_norm ? c->head_dim : q, nk = c->qk_norm ? c->head_dim : kvd;
+            GET(b, ZS_R_Q_NORM, 1, nq, 0, "%s.%d.self_attn.q_norm.weight", p, l);
+            GET(b, ZS_R_K_NORM, 1, nk, 0, "%s.%d.self_attn.k_norm.weight", p, l);
         }
-        GET(b, ZS_R_W_DOWN, 2, d, f, "%s.%d.mlp.down_proj.weight", p, l);
+        if (zs_config_layer_moe(c, l)) {
+            ZS_CHECK(map_moe_hf(m, l));
+        } else {
+            GET(b, ZS_R_W_DOWN, 2, d, f, "%s.%d.mlp.down_proj.weight", p, l);
+            if (c->mlp_bias) {
+                GET(b, ZS_R_B_GATE, 1, f, 0, "%s.%d.mlp.gate_proj.bias", p, l);
+                GET(b, ZS_R_B_UP, 1, f, 0, "%s.%d.mlp.up_proj.bias", p, l);
+                GET(b, ZS_R_B_DOWN, 1, d, 0, "%s.%d.mlp.down_proj.bias", p, l);
+            }
+        }
         if (c->qkv_bias) {
             GET(b, ZS_R_BQ, 1, q, 0, "%s.%d.self_attn.q_proj.bias", p, l);
             GET(b, ZS_R_BK, 1, kvd, 0, "%s.%d.self_attn.k_proj.bias", p, l);
             GET(b, ZS_R_BV, 1, kvd, 0, "%s.%d.self_attn.v_proj.bias", p, l);
         }
         if (c->o_bias) GET(b, ZS_R_BO, 1, d, 0, "%s.%d.self_attn.o_proj.bias", p, l);
-        if (c->mlp_bias) {
-            GET(b, ZS_R_B_GATE, 1, f, 0, "%s.%d.mlp.gate_proj.bias", p, l);
-            GET(b, ZS_R_B_UP, 1, f, 0, "%s.%d.mlp.up_proj.bias", p, l);
-            GET(b, ZS_R_B_DOWN, 1, d, 0, "%s.%d.mlp.down_proj.bias", p, l);
-        }
     }
-    int h = m->n_buckets - 1;
+    int h = m->head;
     GET(h, ZS_R_OUT_NORM_W, 1, d, 0, "model.norm.weight");
     if (!c->tied_embeddings) GET(h, ZS_R_LM_HEAD, 2, c->vocab_size, d, "lm_head.weight");
     return 0;
@@ -368,14 +485,51 @@ static int map_gpt2(zs_model *m) {
         R[ZS_R_W_DOWN].kind = ZS_SRC_TRANSPOSE_COLS;
         GET(b, ZS_R_B_DOWN, 1, d, 0, "%sh.%d.mlp.c_proj.bias", pre, l);
     }
-    int h = m->n_buckets - 1;
+    int h = m->head;
     GET(h, ZS_R_OUT_NORM_W, 1, d, 0, "%sln_f.weight", pre);
     GET(h, ZS_R_OUT_NORM_B, 1, d, 0, "%sln_f.bias", pre);
     if (!c->tied_embeddings) GET(h, ZS_R_LM_HEAD, 2, c->vocab_size, d, "lm_head.weight");
     return 0;
 }
 
-/* llama.cpp's names (llama, qwen2, qwen3, gemma2, gemma3, phi3, gpt2). A GGUF [ne0 = in, ne1 = out]
+/* The sparse block of MoE layer l by llama.cpp's names: the router ffn_gate_inp, the experts' stacked
+ * ffn_{gate,up,down}_exps (ne [in, out, n_expert], i.e. [n_expert, out, in]: expert e is rows
+ * [e*out, (e+1)*out) of it viewed as [n_expert*out, in]; the files of one tensor per expert that
+ * llama.cpp no longer loads are not read either), and qwen2moe's shared expert ffn_{gate,up,down}_shexp with
+ * its gate ffn_gate_inp_shexp (a [dim] vector; [1, dim] also taken). */
+static int map_moe_gguf(zs_model *m, int l) {
+    const zs_model_config *c = &m->cfg;
+    int64_t d = c->dim, mf = c->moe_ffn_dim, sf = c->shared_ffn_dim, ne = c->n_experts;
+    int b = zs_bucket_layer(l);
+    char nm[256];
+    src_ref *S = m->src;
+    GET(b, ZS_R_ROUTER, 2, ne, d, "blk.%d.ffn_gate_inp.weight", l);
+    if (sf > 0) {
+        GET(b, ZS_R_W_GATE, 2, sf, d, "blk.%d.ffn_gate_shexp.weight", l);
+        GET(b, ZS_R_W_UP, 2, sf, d, "blk.%d.ffn_up_shexp.weight", l);
+        GET(b, ZS_R_W_DOWN, 2, d, sf, "blk.%d.ffn_down_shexp.weight", l);
+        snprintf(nm, sizeof nm, "blk.%d.ffn_gate_inp_shexp.weight", l);
+        const zs_gguf_tensor *g = zs_gguf_find_tensor(m->gg, nm);
+        if (g && g->n_dims == 2) GET(b, ZS_R_SHARED_GATE, 2, 1, d, "blk.%d.ffn_gate_inp_shexp.weight", l);
+        else GET(b, ZS_R_SHARED_GATE, 1, d, 0, "blk.%d.ffn_gate_inp_shexp.weight", l);
+    }
+    static const char *const part[3] = {"gate", "up", "down"};
+    static const int role[3] = {ZS_R_W_GATE, ZS_R_W_UP, ZS_R_W_DOWN};
+    for (int k = 0; k < 3; k++) {
+        int64_t out = k == 2 ? d : mf, in = k == 2 ? mf : d;
+        snprintf(nm, sizeof nm, "blk.%d.ffn_%s_exps.weight", l, part[k]);
+        const zs_st_tensor *t;
+        int64_t shape[3] = {ne, out, in};
+        ZS_CHECK(find_gguf(m, nm, 3, shape, &t));
+        for (int e = 0; e < ne; e++)
+            S[zs_bucket_expert(m, l, e) * ZS_MAX_ROLES + role[k]] =
+                (src_ref){.t = t, .kind = ZS_SRC_ROW_SLICE, .col0 = e * out};
+    }
+    return 0;
+}
+
+/* llama.cpp's names (llama, qwen2, qwen3, gemma2, gemma3, phi3, gpt2; the mixtures llama with experts
+ * (Mixtral), qwen2moe, qwen3moe, olmoe). A GGUF [ne0 = in, ne1 = out]
  * matrix is laid out as our [out, in], so every weight is a copy, except: llama's Q and K rows (and
  * biases) are per head in the interleaved RoPE order (convert_hf_to_gguf.py permutes them; the other
  * architectures are stored in rotate_half order), gpt2's q, k, v are row blocks of one fused
@@ -386,7 +540,7 @@ static int map_gguf(zs_model *m) {
     int64_t d = c->dim, q = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     int64_t f = c->ffn_dim;
     int gpt2 = c->arch == ZS_ARCH_GPT2, phi3 = c->family == ZS_FAM_PHI3;
-    int perm = !gpt2 && c->family == ZS_FAM_LLAMA;
+    int perm = !gpt2 && (c->family == ZS_FAM_LLAMA || c->family == ZS_FAM_MIXTRAL); /* llama.cpp's `llama` */
     char nm[256];
     src_ref *S = m->src;
     GET(0, ZS_R_TOK_EMB, 2, c->vocab_size, d, "token_embd.weight");
@@ -397,7 +551,9 @@ static int map_gguf(zs_model *m) {
         GET(b, ZS_R_ATTN_NORM_W, 1, d, 0, "blk.%d.attn_norm.weight", l);
         GET(b, ZS_R_FFN_NORM_W, 1, d, 0, "blk.%d.ffn_norm.weight", l);
         GET(b, ZS_R_WO, 2, d, q, "blk.%d.attn_output.weight", l);
-        GET(b, ZS_R_W_DOWN, 2, d, f, "blk.%d.ffn_down.weight", l);
+        int moe = zs_config_layer_moe(c, l);
+        if (moe) ZS_CHECK(map_moe_gguf(m, l));
+        else GET(b, ZS_R_W_DOWN, 2, d, f, "blk.%d.ffn_down.weight", l);
         if (gpt2) {
             GET(b, ZS_R_W_UP, 2, f, d, "blk.%d.ffn_up.weight", l);
             GET(b, ZS_R_ATTN_NORM_B, 1, d, 0, "blk.%d.attn_norm.bias", l);
@@ -425,18 +581,21 @@ static int map_gguf(zs_model *m) {
             GET(b, ZS_R_WK, 2, kvd, d, "blk.%d.attn_k.weight", l);
             GET(b, ZS_R_WV, 2, kvd, d, "blk.%d.attn_v.weight", l);
         }
-        if (phi3) { /* ffn_up: [gate; up] rows, no ffn_gate */
+        if (phi3 && !moe) { /* ffn_up: [gate; up] rows, no ffn_gate */
             GET(b, ZS_R_W_GATE, 2, 2 * f, d, "blk.%d.ffn_up.weight", l);
             R[ZS_R_W_UP] = R[ZS_R_W_GATE];
             R[ZS_R_W_GATE].kind = R[ZS_R_W_UP].kind = ZS_SRC_ROW_SLICE;
             R[ZS_R_W_UP].col0 = f;
-        } else {
+        } else if (!moe) { /* (a MoE layer's sparse block: map_moe_gguf above) */
             GET(b, ZS_R_W_GATE, 2, f, d, "blk.%d.ffn_gate.weight", l);
             GET(b, ZS_R_W_UP, 2, f, d, "blk.%d.ffn_up.weight", l);
         }
         if (c->qk_norm) {
             GET(b, ZS_R_Q_NORM, 1, c->head_dim, 0, "blk.%d.attn_q_norm.weight", l);
             GET(b, ZS_R_K_NORM, 1, c->head_dim, 0, "blk.%d.attn_k_norm.weight", l);
+        } else if (c->qk_norm_full) { /* olmoe */
+            GET(b, ZS_R_Q_NORM, 1, q, 0, "blk.%d.attn_q_norm.weight", l);
+            GET(b, ZS_R_K_NORM, 1, kvd, 0, "blk.%d.attn_k_norm.weight", l);
         }
         if (c->post_norms) {
             GET(b, ZS_R_POST_ATTN_NORM, 1, d, 0, "blk.%d.post_attention_norm.weight", l);
@@ -453,7 +612,7 @@ static int map_gguf(zs_model *m) {
             R[ZS_R_WK].rope_heads = R[ZS_R_BK].rope_heads = c->n_kv_heads;
         }
     }
-    int h = m->n_buckets - 1;
+    int h = m->head;
     GET(h, ZS_R_OUT_NORM_W, 1, d, 0, "output_norm.weight");
     if (gpt2) GET(h, ZS_R_OUT_NORM_B, 1, d, 0, "output_norm.bias");
     if (!c->tied_embeddings) GET(h, ZS_R_LM_HEAD, 2, c->vocab_size, d, "output.weight");
@@ -523,6 +682,38 @@ static int open_gguf(zs_model *m, const char *path) {
     return rc;
 }
 
+/* Bucket ids: embed, the L layers, the head, then the experts of each MoE layer in layer order (checks
+ * the expert counts the forward pass relies on). */
+static int bucket_numbering(zs_model *m) {
+    const zs_model_config *c = &m->cfg;
+    int L = c->n_layers, n_moe = 0;
+    m->head = L + 1;
+    m->moe_base = malloc((size_t)(L > 0 ? L : 1) * sizeof *m->moe_base);
+    m->exp_layer = malloc((size_t)(L > 0 ? L : 1) * sizeof *m->exp_layer);
+    if (!m->moe_base || !m->exp_layer) return zs_err(ZS_ENOMEM, "out of memory");
+    for (int l = 0; l < L; l++) n_moe += zs_config_layer_moe(c, l);
+    if (n_moe > 0) {
+        if (c->arch != ZS_ARCH_LLAMA || c->n_experts > ZS_MAX_EXPERTS || c->n_experts_used < 1 ||
+            c->n_experts_used > c->n_experts || c->moe_ffn_dim < 1 || c->shared_ffn_dim < 0)
+            return zs_err(ZS_EUNSUPPORTED, "%s: a mixture of %d experts with %d per token and expert size %d (the "
+                          "engine takes 1..%d experts, 1..n_experts per token, of a llama-family block)", m->dir,
+                          c->n_experts, c->n_experts_used, c->moe_ffn_dim, ZS_MAX_EXPERTS);
+        if ((int64_t)n_moe * c->n_experts > INT32_MAX / 2 - L)
+            return zs_err(ZS_EUNSUPPORTED, "%s: %d MoE layers of %d experts are too many buckets", m->dir, n_moe,
+                          c->n_experts);
+    }
+    int next = L + 2, k = 0;
+    for (int l = 0; l < L; l++) {
+        m->moe_base[l] = -1;
+        if (!zs_config_layer_moe(c, l)) continue;
+        m->moe_base[l] = next;
+        m->exp_layer[k++] = l;
+        next += c->n_experts;
+    }
+    m->n_buckets = next;
+    return 0;
+}
+
 int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
     zs_model *m = calloc(1, sizeof *m);
     if (!m) return zs_err(ZS_ENOMEM, "out of memory");
@@ -547,7 +738,7 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
         if (m->opts.weight_dtype >= ZS_DTYPE_COUNT) m->opts.weight_dtype = m->cfg.dtype;
         if ((rc = zs_st_open_dir(dir, &m->st)) < 0) goto fail;
     }
-    m->n_buckets = m->cfg.n_layers + 2;
+    if ((rc = bucket_numbering(m)) < 0) goto fail;
     m->layout = calloc((size_t)m->n_buckets, sizeof *m->layout);
     m->glayout = calloc((size_t)m->n_buckets, sizeof *m->glayout);
     m->src = calloc((size_t)m->n_buckets * ZS_MAX_ROLES, sizeof *m->src);
@@ -564,7 +755,9 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
         r->shape[1] = r->t->ndim > 1 ? r->t->shape[1] : 1;
     }
     /* When the checkpoint's dtype is not the one config.json says, store as the checkpoint has it
-     * (and with block formats, each matrix in its own: matrix_dtype). */
+     * (and with block formats, each matrix in its own: matrix_dtype). A MoE model is laid out again
+     * in any case: its routers keep their sources' dtype (router_dtype). */
+    int relayout = m->n_buckets > m->head + 1;
     if (!o || o->weight_dtype >= ZS_DTYPE_COUNT) {
         zs_dtype st_dt = m->src[ZS_R_TOK_EMB].t->dtype;
         int any_quant = 0;
@@ -573,20 +766,23 @@ int zs_model_open(const char *dir, const zs_model_opts *o, zs_model **out) {
         if (st_dt != m->opts.weight_dtype || any_quant) {
             m->opts.weight_dtype = st_dt;
             m->as_stored = any_quant;
-            memset(m->layout, 0, (size_t)m->n_buckets * sizeof *m->layout);
-            memset(m->glayout, 0, (size_t)m->n_buckets * sizeof *m->glayout);
-            m->n_params = 0;
-            build_layouts(m);
+            relayout = 1;
         }
+    }
+    if (relayout) {
+        memset(m->layout, 0, (size_t)m->n_buckets * sizeof *m->layout);
+        memset(m->glayout, 0, (size_t)m->n_buckets * sizeof *m->glayout);
+        m->n_params = 0;
+        build_layouts(m);
     }
     char fp[64];
     if (m->gg) snprintf(fp, sizeof fp, "gguf-%s", m->gfp);
     else if ((rc = zs_st_fingerprint(m->st, fp, sizeof fp)) < 0) goto fail;
     /* everything that changes what a shard holds: the dtype, the resident split, and whether the
      * lookup tables are host-resident (e1: inference layout, e0: training layout) */
-    snprintf(m->fingerprint, sizeof m->fingerprint, "%s-%s-p%lld-e%d-v2", fp,
+    snprintf(m->fingerprint, sizeof m->fingerprint, "%s-%s-p%lld-e%d-v2%s", fp,
              m->opts.quant_mix ? "Q4_K_M" : zs_dtype_name(m->opts.weight_dtype), (long long)m->opts.persist_threshold,
-             m->opts.embed_lookup);
+             m->opts.embed_lookup, m->n_buckets > m->head + 1 ? "-x1" : ""); /* x1: one bucket per expert */
     *out = m;
     return 0;
 fail:
@@ -751,6 +947,8 @@ void zs_model_free(zs_model *m) {
     free(m->tok_lookup);
     free(m->layout);
     free(m->glayout);
+    free(m->moe_base);
+    free(m->exp_layer);
     free(m->src);
     free(m->dir);
     free(m);
@@ -765,18 +963,30 @@ static int resident_acquire(void *ctx, int b, const void **data) {
 static void resident_release(void *ctx, int b) { (void)ctx; (void)b; }
 
 zs_weight_source zs_model_resident_source(zs_model *m) {
-    return (zs_weight_source){resident_acquire, resident_release, m};
+    return (zs_weight_source){resident_acquire, resident_release, m, NULL}; /* experts: agreed = mask */
 }
 
-/* Without embed_lookup: embed, layers, head (+ embed for a tied head). With it the lookup reads
+/* Without embed_lookup: embed, layers (each MoE layer followed by its ZS_PASS_EXPERTS mark), head
+ * (+ embed for a tied head). With it the lookup reads
  * the host tables, so bucket 0 is acquired only by a tied head, once, after the head bucket: an
  * untied pass is layers, head; a tied one layers, head, embed. (Holding a tied bucket 0 from the
  * lookup to the head instead would keep the largest bucket live through the whole pass, beyond a
  * --max-live-bytes of a few layers.) */
 int zs_model_pass_order(const zs_model *m, int *order) {
     int n = 0;
-    for (int b = m->opts.embed_lookup ? 1 : 0; b < m->n_buckets; b++) order[n++] = b;
+    if (!m->opts.embed_lookup) order[n++] = zs_bucket_embed();
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        order[n++] = zs_bucket_layer(l);
+        if (m->moe_base[l] >= 0) order[n++] = ZS_PASS_EXPERTS(l); /* the experts, chosen by routing */
+    }
+    order[n++] = m->head;
     if (m->cfg.tied_embeddings) order[n++] = zs_bucket_embed();
+    return n;
+}
+
+int zs_model_pass_order_max(const zs_model *m) {
+    int n = 1 + m->cfg.n_layers + 1 + 1; /* embed, layers, head, tied embed */
+    for (int l = 0; l < m->cfg.n_layers; l++) n += m->moe_base[l] >= 0;
     return n;
 }
 

@@ -17,6 +17,7 @@ enum { ZS_QUANT_MIX_NONE = 0, ZS_QUANT_MIX_Q4_K_M = 1 };
 enum {
     ZS_QMIX_TIED = 1,      /* the token table is also the LM head (there is no output.weight) */
     ZS_QMIX_FUSED_QKV = 2, /* Q, K and V are one tensor in the file (GPT-2's attn_qkv) */
+    ZS_QMIX_EXPERTS8 = 4,  /* a mixture of exactly 8 experts (llama-quantize's n_expert == 8 rules) */
 };
 
 /* llama.cpp's use_more_bits(i, n): layer i of n gets more bits under the _M mixes — the first
@@ -35,11 +36,19 @@ int zs_quant_mix_more_bits(int layer, int n_layers);
  *   - GPT-2's fused attn_qkv (ZS_QMIX_FUSED_QKV: its Q, K and V roles): llama.cpp makes it Q5_K,
  *     which the engine does not have; here Q6_K (more bits, as llama.cpp intends);
  *   - every other matrix (attn_q, attn_k, attn_output, ffn_gate, ffn_up, an untied token_embd): Q4_K;
+ *   - mixtures of experts: an expert's matrices (its bucket's ZS_R_W_GATE / W_UP / W_DOWN; pass the
+ *     expert's layer) and Qwen2-MoE's shared expert (the layer bucket's W_GATE / W_UP / W_DOWN) follow
+ *     ffn_gate / ffn_up / ffn_down's rules (llama-quantize matches ffn_down_exps and ffn_down_shexp as
+ *     "ffn_down", with the layer read from the name); the router (ZS_R_ROUTER, ffn_gate_inp) and the
+ *     shared expert's gate (ZS_R_SHARED_GATE, one row: 1-D to llama-quantize) are not quantized;
+ *     with ZS_QMIX_EXPERTS8 (exactly 8 experts, as Mixtral) attn_v and attn_k are Q8_0 and
+ *     attn_output Q5_K, which the engine does not have: here Q6_K (more bits, as for the fused qkv);
  *   - rows that are not a multiple of 256 fall back as llama-quantize does: Q4_K -> Q5_0,
- *     Q6_K -> Q8_0, and F16 when row_len is not a multiple of 32 either;
- *   - not quantized (norms, biases, GPT-2's position table, llama.cpp's pos_embd): ZS_F32.
- * Not covered (no such models here): llama.cpp's 70B rule (attn_v Q5_K), the 8-expert MoE rules,
- * Falcon's. ZS_DTYPE_COUNT for a role or layer outside those ranges. */
+ *     Q5_K -> Q5_1, Q6_K -> Q8_0, and F16 when row_len is not a multiple of 32 either (also for a
+ *     Q8_0 choice, which llama-quantize refuses then);
+ *   - not quantized (norms, biases, GPT-2's position table, llama.cpp's pos_embd, the routers): ZS_F32.
+ * Not covered (no such models here): llama.cpp's 70B rule (attn_v Q5_K), Falcon's. ZS_DTYPE_COUNT for
+ * a role or layer outside those ranges. */
 zs_dtype zs_quant_mix_q4_k_m(int layer, int role, int n_layers, int64_t row_len, unsigned flags);
 
 #endif
