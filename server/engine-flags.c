@@ -13,6 +13,7 @@ void zs_engine_flags_init(zs_engine_flags *f) {
     memset(f, 0, sizeof *f);
     f->max_live_bytes = -1;
     f->persist_threshold = -1;
+    f->expert_cache_bytes = -1;
 }
 
 int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
@@ -33,6 +34,9 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
         {"buffer-count", ZS_OPT_INT, &f->buffer_count, "pinned read slots per rank (default 4)"},
         {"aio-queue-depth", ZS_OPT_INT, &f->aio_queue_depth, "io_uring queue depth (default 32)"},
         {"aio-block-size", ZS_OPT_I64, &f->aio_block_size, "bytes per read request (default 1 MiB)"},
+        {"expert-cache-bytes", ZS_OPT_I64, &f->expert_cache_bytes, "mixtures of experts: full expert bytes held at once, part of --max-live-bytes (default: two layers' experts)"},
+        {"moe-gather-all", ZS_OPT_FLAG, &f->moe_gather_all, "mixtures of experts: gather every expert of a layer in every pass, nothing cached (the whole-block baseline)"},
+        {"no-expert-speculation", ZS_OPT_FLAG, &f->no_expert_speculation, "mixtures of experts: no speculative expert gathers"},
     };
     memcpy(o + n, t, sizeof t);
     return n + ZS_ENGINE_FLAG_COUNT;
@@ -87,6 +91,10 @@ int zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo) {
         return zs_err(ZS_EINVAL, "--aio-block-size must be a positive multiple of 4096");
     if (z.aio_block_size > 0) eo->gather.block_size = (size_t)z.aio_block_size;
     eo->gather.verify = f->verify;
+    if (f->expert_cache_bytes != -1 && f->expert_cache_bytes <= 0) return zs_err(ZS_EINVAL, "--expert-cache-bytes must be positive");
+    if (f->expert_cache_bytes > 0) eo->gather.expert_cache_bytes = (size_t)f->expert_cache_bytes;
+    eo->gather.expert_gather_all = f->moe_gather_all;
+    eo->gather.expert_no_speculate = f->no_expert_speculation;
     eo->kv_dtype = ZS_F32;
     if (f->kv_dtype) {
         zs_dtype kt;

@@ -117,6 +117,34 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     head(&b, "zeroserve_gather_stall_seconds_total", "counter", "Time compute waited for a layer to be gathered.");
     outf(&b, "zeroserve_gather_stall_seconds_total %.9g\n", st.gather.stall_s);
 
+    const zs_gather_stats *gs = &st.gather;
+    if (gs->expert_layers > 0) { /* a mixture of experts */
+        uint64_t tokens = st.prompt_tokens + st.generated_tokens;
+        long looked = gs->expert_hits + gs->expert_misses;
+        head(&b, "zeroserve_expert_bytes_total", "counter",
+             "Mixture of experts: full expert bytes gathered (routed misses and speculation; summed over ranks).");
+        outf(&b, "zeroserve_expert_bytes_total %llu\n", (unsigned long long)gs->expert_bytes);
+        head(&b, "zeroserve_expert_block_bytes_total", "counter",
+             "Mixture of experts: the bytes a whole-block gather (every expert of every MoE layer) would have moved.");
+        outf(&b, "zeroserve_expert_block_bytes_total %llu\n", (unsigned long long)gs->expert_block_bytes);
+        head(&b, "zeroserve_expert_bytes_per_token", "gauge", "Expert bytes gathered per token processed (prompt and generated).");
+        outf(&b, "zeroserve_expert_bytes_per_token %.9g\n", tokens ? (double)gs->expert_bytes / (double)tokens : 0.0);
+        head(&b, "zeroserve_expert_lookups_total", "counter", "Agreed experts looked up in the expert cache, by result.");
+        outf(&b, "zeroserve_expert_lookups_total{result=\"hit\"} %ld\n", gs->expert_hits);
+        outf(&b, "zeroserve_expert_lookups_total{result=\"miss\"} %ld\n", gs->expert_misses);
+        head(&b, "zeroserve_expert_cache_hit_ratio", "gauge", "Expert cache hits over lookups.");
+        outf(&b, "zeroserve_expert_cache_hit_ratio %.6f\n", looked ? (double)gs->expert_hits / (double)looked : 0.0);
+        head(&b, "zeroserve_expert_speculative_total", "counter", "Experts gathered speculatively, and of those used.");
+        outf(&b, "zeroserve_expert_speculative_total{result=\"gathered\"} %ld\n", gs->expert_spec);
+        outf(&b, "zeroserve_expert_speculative_total{result=\"used\"} %ld\n", gs->expert_spec_used);
+        head(&b, "zeroserve_expert_selected_total", "counter", "Experts the ranks agreed on, summed over MoE layer passes.");
+        outf(&b, "zeroserve_expert_selected_total %ld\n", gs->expert_selected);
+        head(&b, "zeroserve_expert_cache_bytes", "gauge", "Full expert bytes held now (largest rank).");
+        outf(&b, "zeroserve_expert_cache_bytes %zu\n", gs->expert_cache_used);
+        head(&b, "zeroserve_expert_cache_limit_bytes", "gauge", "The expert cache's bound.");
+        outf(&b, "zeroserve_expert_cache_limit_bytes %zu\n", gs->expert_cache_limit);
+    }
+
     head(&b, "zeroserve_engine_steps_total", "counter", "Engine steps (one pass over all layers each).");
     outf(&b, "zeroserve_engine_steps_total %llu\n", (unsigned long long)st.steps);
     head(&b, "zeroserve_requests_finished_total", "counter", "Generation requests finished, by reason.");

@@ -125,6 +125,9 @@ int zs_forward_cuda_new(const zs_model *m, int max_tokens, zs_dev *d, const zs_k
     if (max_tokens <= 0) return zs_err(ZS_EINVAL, "forward: max_tokens must be positive");
     if (c->head_dim > 256 || c->head_dim % 2)
         return zs_err(ZS_EUNSUPPORTED, "CUDA forward: head_dim %d (at most 256, even)", c->head_dim);
+    if (c->n_experts > 0)
+        return zs_err(ZS_EUNSUPPORTED, "CUDA forward: %s is a mixture of experts, which runs on the CPU device only "
+                      "for now (--device cpu)", c->arch_name);
     ZS_CHECK(zs_dev_set_current(d));
     zs_forward_cuda *f = calloc(1, sizeof *f);
     if (!f) return zs_err(ZS_ENOMEM, "out of memory");

@@ -1,7 +1,8 @@
 /* gather.c — the ZeRO-3 gather coordinator of one rank: shard storage per tier, the prefetch
  * thread (read -> agree -> all_gather -> publish, in pass order, within the live budget), the
  * acquire/release weight source, counters, the repair of truncated or corrupt shards, and
- * reading / writing back one shard of any tier between passes (training). */
+ * reading / writing back one shard of any tier between passes (training). The experts of a
+ * mixture of experts (their marks in the pass order, the cache) are in gather-experts.c. */
 #include "gather.h"
 
 #include <pthread.h>
@@ -9,72 +10,7 @@
 #include <sys/stat.h>
 
 #include "common.h"
-#include "pinned.h"
-#include "store.h"
-
-typedef struct {
-    int bucket;
-    int slot;          /* pinned slot of its NVMe read, -1 */
-    int read_done;     /* NVMe read finished */
-    int read_status;
-    int ready;         /* published to the compute thread */
-    int status;        /* agreed status */
-    void *buf;         /* full bucket (or the shard itself in direct mode) */
-    size_t live;       /* bytes it counts against the live budget */
-    int remote;        /* failed because another rank's read failed */
-    char msg[320];
-} item_t;
-
-typedef struct fbuf { void *p; size_t cap; struct fbuf *next; } fbuf;
-
-struct zs_gather {
-    const zs_model *m;
-    int rank, nranks;
-    zs_comm *comm;
-    zs_gather_opts o;
-    int n_buckets;
-    size_t *shard_bytes, *full_bytes;
-    void **shards;            /* none/cpu: shard of each bucket */
-    void *host_region;        /* cpu tier: one pinned region holding all shards */
-    zs_pinned *pinned_all;    /* cpu tier */
-    zs_shard_file *file;      /* nvme tier */
-    zs_pinned *slots;         /* nvme tier: read slots */
-    zs_shard_reader *reader;
-    int direct;               /* no pipeline: acquire returns the shard itself */
-
-    int order[1100];          /* pass order of kind 0 (inference) */
-    int n_order;
-    int torder[2200];         /* pass order of kind 1 (training: forward, then layers in reverse) */
-    int n_torder;
-    int max_len;              /* longest pass */
-    /* which bucket item k is: with speculation on (serving), every pass from spec_base on is of
-     * kind 0 and the prefetcher runs into the next pass; with it off, only the items of the
-     * current pass (begun with its kind) are known */
-    int spec;
-    long spec_base;
-    long cur_start;           /* first item of the consumer's current pass */
-    int cur_kind;
-    item_t *ring;
-    long ring_n;
-
-    pthread_t thread;
-    int thread_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stop;
-    long produced;            /* items published */
-    long consumed;            /* items acquired */
-    long released;            /* items released */
-    long submitted;           /* NVMe reads submitted (item index) */
-    long pass_start;
-    size_t live, live_limit;
-    int pass_rc, pass_remote; /* first failure of this pass (a local one preferred) */
-    char pass_msg[320];
-    fbuf *free_bufs;
-    zs_gather_stats st;
-    int has_dev;              /* the rank's device is a GPU: buffers in device memory */
-    zs_gather_dev dv;
-};
+#include "gather-impl.h"
 
 size_t zs_partition_shard_bytes(const zs_model *m, int bucket, int nranks) {
     size_t d = zs_model_layout(m, bucket)->data_bytes;
@@ -82,12 +18,15 @@ size_t zs_partition_shard_bytes(const zs_model *m, int bucket, int nranks) {
     return ZS_ALIGN_UP((d + (size_t)nranks - 1) / (size_t)nranks, 4096);
 }
 
-static const char *bucket_label(const zs_model *m, int b, char *buf, size_t cap) {
+const char *zs_gather_label(const zs_model *m, int b, char *buf, size_t cap) {
+    int l, e;
     if (b == zs_bucket_embed()) snprintf(buf, cap, "embeddings");
     else if (b == zs_bucket_head(m)) snprintf(buf, cap, "head");
+    else if (zs_bucket_is_expert(m, b, &l, &e)) snprintf(buf, cap, "layer %d expert %d", l, e);
     else snprintf(buf, cap, "layer %d", b - 1);
     return buf;
 }
+#define bucket_label zs_gather_label
 
 int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const zs_gather_opts *o,
                   zs_gather **out) {
@@ -111,7 +50,7 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
     g->full_bytes = calloc((size_t)g->n_buckets, sizeof(size_t));
     g->shards = calloc((size_t)g->n_buckets, sizeof(void *));
     if (!g->shard_bytes || !g->full_bytes || !g->shards) goto nomem;
-    size_t max_full = 0, total = 0, max_shard = 0;
+    size_t total = 0, max_shard = 0;
     if (o->replicate && (o->tier == ZS_OFFLOAD_NVME || o->dev)) {
         zs_gather_free(g);
         return zs_err(ZS_EUNSUPPORTED, "ZeRO stages 1 and 2 (replicated parameters) need --offload none or cpu on the CPU device");
@@ -119,26 +58,33 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
     for (int b = 0; b < g->n_buckets; b++) {
         g->shard_bytes[b] = zs_partition_shard_bytes(m, b, nranks) * (o->replicate ? (size_t)nranks : 1);
         g->full_bytes[b] = g->shard_bytes[b] * (o->replicate ? 1 : (size_t)nranks);
-        max_full = ZS_MAX(max_full, g->full_bytes[b]);
         max_shard = ZS_MAX(max_shard, g->shard_bytes[b]);
         total += g->shard_bytes[b];
     }
+    int nl = zs_model_config_get(m)->n_layers, omax = zs_model_pass_order_max(m);
+    g->order = malloc((size_t)omax * sizeof(int));
+    g->torder = malloc((size_t)(omax + 2 * nl) * sizeof(int));
+    if (!g->order || !g->torder) goto nomem;
     g->n_order = zs_model_pass_order(m, g->order);
     /* training: embeddings, layers, head (+ embeddings again for a tied head: both at once),
-     * then the layers in reverse for the backward pass (the embedding backward reads no weights) */
+     * then the layers in reverse for the backward pass (the embedding backward reads no weights),
+     * each MoE layer followed by its experts' mark again */
     for (int i = 0; i < g->n_order; i++) g->torder[g->n_torder++] = g->order[i];
-    for (int l = zs_model_config_get(m)->n_layers - 1; l >= 0; l--) g->torder[g->n_torder++] = zs_bucket_layer(l);
+    for (int l = nl - 1; l >= 0; l--) {
+        g->torder[g->n_torder++] = zs_bucket_layer(l);
+        if (zs_bucket_expert(m, l, 0) >= 0) g->torder[g->n_torder++] = ZS_PASS_EXPERTS(l);
+    }
     g->max_len = ZS_MAX(g->n_order, g->n_torder);
     g->spec = 1;
     /* on a GPU a cpu-tier shard is host memory, so it still goes through the pipeline */
     g->direct = (nranks == 1 || o->replicate) &&
                 (g->has_dev ? o->tier == ZS_OFFLOAD_NONE : o->tier != ZS_OFFLOAD_NVME);
-    g->live_limit = o->max_live_bytes ? o->max_live_bytes : 4 * max_full;
-    if (!g->direct && g->live_limit < max_full) {
-        int rc = zs_err(ZS_EINVAL, "max_live_bytes (%zu) is smaller than the largest bucket (%zu bytes)",
-                        g->live_limit, max_full);
+    for (int b = 0; b < g->n_buckets; b++)
+        if (!zs_bucket_is_expert(m, b, NULL, NULL)) g->max_static_full = ZS_MAX(g->max_static_full, g->full_bytes[b]);
+    int xrc = zs_gx_init(g); /* the experts' share of the budget; sets live_limit */
+    if (xrc < 0) {
         zs_gather_free(g);
-        return rc;
+        return xrc;
     }
     g->st.live_limit = g->live_limit;
     if (o->tier == ZS_OFFLOAD_NONE) {
@@ -162,6 +108,11 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
         n = ZS_MIN(n, 64);
         int rc = zs_pinned_init(ZS_MAX(max_shard, 4096), n, &g->slots);
         if (rc < 0) { zs_gather_free(g); return rc; }
+        if (g->moe) {
+            g->xr = calloc((size_t)n, sizeof *g->xr);
+            g->xsync = zs_aligned_alloc(4096, ZS_MAX(max_shard, 4096));
+            if (!g->xr || !g->xsync) goto nomem;
+        }
     }
     g->ring_n = g->max_len + g->o.buffer_count + 2;
     g->ring = calloc((size_t)g->ring_n, sizeof(item_t));
@@ -270,6 +221,7 @@ static void pool_put(zs_gather *g, void *p, size_t cap) {
 /* ---- the prefetch thread ---- */
 
 static item_t *ring_at(zs_gather *g, long k) { return &g->ring[k % g->ring_n]; }
+item_t *zs_gather_ring_at(zs_gather *g, long k) { return ring_at(g, k); }
 
 static int pass_len(const zs_gather *g, int kind) { return kind ? g->n_torder : g->n_order; }
 
@@ -281,25 +233,38 @@ static int bucket_of(const zs_gather *g, long k) {
     return -1;
 }
 
+int zs_gather_bucket_of(const zs_gather *g, long k) { return bucket_of(g, k); }
+
+int zs_gather_item_is_bwd(const zs_gather *g, long k) {
+    if (g->spec && k >= g->spec_base) return 0;
+    return g->cur_kind == 1 && k >= g->cur_start + g->n_order && k < g->cur_start + g->n_torder;
+}
+
+/* The full bytes item k's bucket counts against the live budget (0 for a mark). */
+static size_t item_need(const zs_gather *g, int b) { return b >= 0 ? g->full_bytes[b] : 0; }
+
 /* The end (exclusive) of the items the prefetcher may work on now. Under g->mu. */
 static long prefetch_limit(const zs_gather *g) {
     if (g->spec) return g->consumed + g->n_order;
     return g->cur_start + pass_len(g, g->cur_kind);
 }
 
-/* Submits NVMe reads for items [submitted, limit) while slots are free. Caller holds no lock. */
-static void submit_reads(zs_gather *g, long limit) {
+/* Submits NVMe reads for items [submitted, limit) while slots are free, never past a mark after
+ * item cur (the prefetcher's current item): a mark's experts take the slots first. Caller holds
+ * no lock. */
+static void submit_reads(zs_gather *g, long limit, long cur) {
     while (g->submitted < limit) {
         long j = g->submitted;
         item_t *it = ring_at(g, j);
         pthread_mutex_lock(&g->mu);
         int b = bucket_of(g, j);
         pthread_mutex_unlock(&g->mu);
-        if (b < 0) return; /* its pass has not begun */
+        if (b == -1) return; /* its pass has not begun */
+        if (zs_pass_is_experts(b) && j > cur) return;
         memset(it, 0, sizeof *it);
         it->bucket = b;
         it->slot = -1;
-        if (g->shard_bytes[b] == 0) {
+        if (zs_pass_is_experts(b) || g->shard_bytes[b] == 0) {
             it->read_done = 1;
             g->submitted++;
             continue;
@@ -317,31 +282,55 @@ static void submit_reads(zs_gather *g, long limit) {
     }
 }
 
+#define XTAG (1ULL << 62) /* an expert read's tag: XTAG | slot */
+
+/* Waits for one NVMe completion and files it with its item or expert read; a failure of the
+ * reader itself fails every read in flight. */
+void zs_gather_reap(zs_gather *g) {
+    uint64_t tag;
+    int status;
+    int r = zs_shard_reader_poll(g->reader, 1, &tag, &status);
+    if (r < 0) {
+        char msg[240];
+        snprintf(msg, sizeof msg, "%s", zs_errmsg());
+        for (long j = g->produced; j < g->submitted; j++) {
+            item_t *it = ring_at(g, j);
+            if (it->read_done) continue;
+            it->read_done = 1;
+            it->read_status = r;
+            snprintf(it->msg, sizeof it->msg, "%s", msg);
+        }
+        for (int i = 0; g->xr && i < zs_pinned_count(g->slots); i++)
+            if (g->xr[i].busy && !g->xr[i].done) {
+                g->xr[i].done = 1;
+                g->xr[i].status = r;
+                snprintf(g->xr[i].msg, sizeof g->xr[i].msg, "%s", msg);
+            }
+        return;
+    }
+    if (r == 0) return;
+    if (tag & XTAG) {
+        xread_t *x = &g->xr[(int)(tag & 0xffff)];
+        x->done = 1;
+        x->status = status;
+        if (status < 0) snprintf(x->msg, sizeof x->msg, "%s", zs_errmsg());
+        return;
+    }
+    item_t *d = ring_at(g, (long)tag);
+    d->read_done = 1;
+    d->read_status = status;
+    if (status < 0) snprintf(d->msg, sizeof d->msg, "%s", zs_errmsg());
+}
+
 /* Waits until item k's read is done, reaping other completions on the way. */
 static void wait_read(zs_gather *g, long k) {
     item_t *it = ring_at(g, k);
-    while (!it->read_done) {
-        uint64_t tag;
-        int status;
-        int r = zs_shard_reader_poll(g->reader, 1, &tag, &status);
-        if (r < 0) { /* the reader itself failed: fail the item */
-            it->read_done = 1;
-            it->read_status = r;
-            snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
-            return;
-        }
-        if (r == 0) continue;
-        item_t *d = ring_at(g, (long)tag);
-        d->read_done = 1;
-        d->read_status = status;
-        if (status < 0) snprintf(d->msg, sizeof d->msg, "%s", zs_errmsg());
-    }
+    while (!it->read_done) zs_gather_reap(g);
 }
 
 /* Rewrites bucket b's shard, and every shard past the end of a truncated file, from the
  * checkpoint; then reads again the shards of those buckets that were already in flight. */
-static void repair(zs_gather *g, int bad, long k) {
-    char fixed[1024] = {0};
+void zs_gather_repair(zs_gather *g, int bad, long k, unsigned char *fixed) {
     struct stat sb;
     off_t size = stat(zs_shard_file_path(g->file), &sb) == 0 ? sb.st_size : 0;
     for (int b = 0; b < g->n_buckets; b++) {
@@ -357,7 +346,7 @@ static void repair(zs_gather *g, int bad, long k) {
         free(full);
         char lb[32];
         if (rc == 0) {
-            if (b < (int)sizeof fixed) fixed[b] = 1;
+            fixed[b] = 1;
             g->st.repairs++;
             zs_log_warn("rank %d: rewrote the %s shard of %s from the checkpoint", g->rank,
                         bucket_label(g->m, b, lb, sizeof lb), zs_shard_file_path(g->file));
@@ -368,7 +357,7 @@ static void repair(zs_gather *g, int bad, long k) {
     }
     for (long j = k + 1; j < g->submitted; j++) {
         item_t *it = ring_at(g, j);
-        if (it->slot < 0 || it->bucket >= (int)sizeof fixed || !fixed[it->bucket]) continue;
+        if (it->slot < 0 || it->bucket < 0 || !fixed[it->bucket]) continue;
         wait_read(g, j);
         it->read_done = 0;
         it->read_status = 0;
@@ -389,21 +378,29 @@ static void *prefetch_main(void *arg) {
         /* stay within the known passes, one pass of the compute thread, and the live budget */
         pthread_mutex_lock(&g->mu);
         int b = -1;
-        while (!g->stop && (k >= prefetch_limit(g) || (b = bucket_of(g, k)) < 0 ||
-                            (g->live > 0 && g->live + g->full_bytes[b] > g->live_limit)))
+        while (!g->stop && (k >= prefetch_limit(g) || (b = bucket_of(g, k)) == -1 ||
+                            (g->live > 0 && g->live + item_need(g, b) > g->live_limit)))
             pthread_cond_wait(&g->cv, &g->mu);
         long window = prefetch_limit(g);
-        int stop = g->stop;
+        int stop = g->stop, bwd = zs_gather_item_is_bwd(g, k);
         pthread_mutex_unlock(&g->mu);
         if (stop) break;
-        size_t need = g->full_bytes[b];
+        size_t need = item_need(g, b);
 
         item_t *it = ring_at(g, k);
+        if (zs_pass_is_experts(b)) { /* a MoE layer's experts (gather-experts.c) */
+            if (nvme && g->submitted <= k) submit_reads(g, k + 1, k);
+            if (!nvme) memset(it, 0, sizeof *it);
+            it->bucket = b;
+            it->slot = -1;
+            zs_gx_mark(g, k, zs_pass_experts_layer(b), bwd);
+            continue;
+        }
         if (nvme) {
             /* every earlier item has returned its slot, so item k always gets one */
-            if (g->submitted <= k) submit_reads(g, k + 1);
+            if (g->submitted <= k) submit_reads(g, k + 1, k);
             ZS_ASSERT(g->submitted > k);
-            submit_reads(g, ZS_MIN(window, k + zs_pinned_count(g->slots)));
+            submit_reads(g, ZS_MIN(window, k + zs_pinned_count(g->slots)), k);
             wait_read(g, k);
         } else {
             memset(it, 0, sizeof *it);
@@ -453,7 +450,11 @@ static void *prefetch_main(void *arg) {
                 }
             }
             if (nvme && it->slot >= 0) zs_pinned_release(g->slots, it->slot);
-            if (nvme && local < 0 && local != ZS_EIO) repair(g, b, k);
+            if (nvme && local < 0 && local != ZS_EIO) {
+                unsigned char *fixed = calloc((size_t)g->n_buckets, 1);
+                if (fixed) zs_gather_repair(g, b, k, fixed);
+                free(fixed);
+            }
         }
         pthread_mutex_lock(&g->mu);
         if (global < 0 && !it->remote && local == 0 && it->msg[0] == 0)
@@ -495,7 +496,13 @@ static int g_acquire(void *ctx, int bucket, const void **data) {
         *data = g->shards[bucket];
         return 0;
     }
+    if (g->moe && zs_bucket_is_expert(g->m, bucket, NULL, NULL)) return zs_gx_acquire(g, bucket, data);
+    return zs_gather_acquire_static(g, bucket, data);
+}
+
+int zs_gather_acquire_static(zs_gather *g, int bucket, const void **data) {
     pthread_mutex_lock(&g->mu);
+    if (g->moe) zs_gx_consume_bwd_marks(g); /* a backward mark whose plan is empty */
     long k = g->consumed++;
     ZS_ASSERT(bucket_of(g, k) == bucket);
     pthread_cond_broadcast(&g->cv); /* the window moved */
@@ -525,9 +532,19 @@ static int g_acquire(void *ctx, int bucket, const void **data) {
 
 static void g_release(void *ctx, int bucket) {
     zs_gather *g = ctx;
-    (void)bucket;
     if (g->direct) return;
+    if (g->moe && bucket >= 0 && zs_bucket_is_expert(g->m, bucket, NULL, NULL)) {
+        zs_gx_release(g, bucket);
+        return;
+    }
+    zs_gather_release_static(g);
+}
+
+/* Releases the oldest item still held (items are released in the order they were acquired; the
+ * marks consumed after it need no release and are passed over). */
+void zs_gather_release_static(zs_gather *g) {
     pthread_mutex_lock(&g->mu);
+    while (g->released < g->consumed && zs_pass_is_experts(ring_at(g, g->released)->bucket)) g->released++;
     ZS_ASSERT(g->released < g->consumed);
     item_t *it = ring_at(g, g->released++);
     if (it->ready && it->buf) {
@@ -537,12 +554,13 @@ static void g_release(void *ctx, int bucket) {
         it->buf = NULL;
         it->live = 0;
     }
+    while (g->released < g->consumed && zs_pass_is_experts(ring_at(g, g->released)->bucket)) g->released++;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
 }
 
 zs_weight_source zs_gather_source(zs_gather *g) {
-    return (zs_weight_source){g_acquire, g_release, g};
+    return (zs_weight_source){g_acquire, g_release, g, g->moe ? zs_gx_experts : NULL};
 }
 
 void zs_gather_pass_begin(zs_gather *g, int kind) {
@@ -562,14 +580,27 @@ void zs_gather_pass_begin(zs_gather *g, int kind) {
 
 void zs_gather_pass_end(zs_gather *g) {
     if (g->direct) return;
-    while (g->released < g->consumed) g_release(g, -1);
+    if (g->moe) zs_gx_drain(g); /* the rest of the experts of an open plan */
+    for (;;) {
+        pthread_mutex_lock(&g->mu);
+        while (g->released < g->consumed && zs_pass_is_experts(ring_at(g, g->released)->bucket)) g->released++;
+        int held = g->released < g->consumed;
+        pthread_mutex_unlock(&g->mu);
+        if (!held) break;
+        zs_gather_release_static(g);
+    }
     while (g->consumed < g->pass_start + pass_len(g, g->cur_kind)) {
         const void *d;
         pthread_mutex_lock(&g->mu);
-        int b = bucket_of(g, g->consumed);
+        long k = g->consumed;
+        int b = bucket_of(g, k);
         pthread_mutex_unlock(&g->mu);
-        (void)g_acquire(g, b, &d);
-        g_release(g, b);
+        if (zs_pass_is_experts(b)) {
+            (void)zs_gx_drain_mark(g, k);
+            continue;
+        }
+        (void)zs_gather_acquire_static(g, b, &d);
+        zs_gather_release_static(g);
     }
 }
 
@@ -609,6 +640,7 @@ void zs_gather_stats_get(zs_gather *g, zs_gather_stats *s) {
     pthread_mutex_lock(&g->mu);
     *s = g->st;
     s->live_bytes = g->live;
+    s->expert_cache_used = g->xused;
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -644,6 +676,9 @@ void zs_gather_free(zs_gather *g) {
     if (g->o.tier == ZS_OFFLOAD_NONE && g->shards)
         for (int b = 0; b < g->n_buckets; b++) buf_free(g, g->shards[b]);
     zs_pinned_free(g->pinned_all);
+    zs_gx_free(g);
+    free(g->order);
+    free(g->torder);
     free(g->shards);
     free(g->shard_bytes);
     free(g->full_bytes);

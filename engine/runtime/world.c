@@ -182,8 +182,10 @@ int zs_world_is_cuda(const zs_world *w) { return w->n > 0 && w->ranks[0].dev != 
 /* ---- placement ---- */
 
 static const char *label_of(const zs_model *m, int b, char *buf, size_t cap) {
+    int l, e;
     if (b == zs_bucket_embed()) snprintf(buf, cap, "embeddings");
     else if (b == zs_bucket_head(m)) snprintf(buf, cap, "head");
+    else if (zs_bucket_is_expert(m, b, &l, &e)) snprintf(buf, cap, "layer %d expert %d", l, e);
     else snprintf(buf, cap, "layer %d", b - 1);
     return buf;
 }
@@ -491,6 +493,17 @@ void zs_world_stats(zs_world *w, zs_gather_stats *out) {
         out->live_bytes = ZS_MAX(out->live_bytes, s.live_bytes);
         out->max_live_bytes = ZS_MAX(out->max_live_bytes, s.max_live_bytes);
         out->live_limit = s.live_limit;
+        /* experts: bytes summed like the rest; the decisions are the same on every rank */
+        out->expert_bytes += s.expert_bytes;
+        out->expert_block_bytes += s.expert_block_bytes;
+        out->expert_layers = ZS_MAX(out->expert_layers, s.expert_layers);
+        out->expert_selected = ZS_MAX(out->expert_selected, s.expert_selected);
+        out->expert_hits = ZS_MAX(out->expert_hits, s.expert_hits);
+        out->expert_misses = ZS_MAX(out->expert_misses, s.expert_misses);
+        out->expert_spec = ZS_MAX(out->expert_spec, s.expert_spec);
+        out->expert_spec_used = ZS_MAX(out->expert_spec_used, s.expert_spec_used);
+        out->expert_cache_used = ZS_MAX(out->expert_cache_used, s.expert_cache_used);
+        out->expert_cache_limit = s.expert_cache_limit;
     }
 }
 
