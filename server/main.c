@@ -151,6 +151,17 @@ static int cmd_generate(int argc, char **argv) {
                     zs_world_ranks(zs_engine_world(e)), gs.bytes_nvme / 1e6, gs.bytes_host / 1e6,
                     gs.bytes_gathered / 1e6, gs.stall_s, gs.max_depth, gs.max_live_bytes / 1e6,
                     gs.live_limit / 1e6, gs.read_errors, gs.repairs);
+            if (gs.expert_layers > 0) {
+                long looked = gs.expert_hits + gs.expert_misses;
+                fprintf(stderr, "experts: layer passes %ld, selected %ld, hits %ld, misses %ld (hit rate %.3f), "
+                        "speculative %ld (used %ld), gathered %.3f MB, whole-block %.3f MB (ratio %.4f), "
+                        "cache %.1f MB (limit %.1f MB)\n",
+                        gs.expert_layers, gs.expert_selected, gs.expert_hits, gs.expert_misses,
+                        looked ? (double)gs.expert_hits / (double)looked : 0.0, gs.expert_spec, gs.expert_spec_used,
+                        gs.expert_bytes / 1e6, gs.expert_block_bytes / 1e6,
+                        gs.expert_block_bytes ? (double)gs.expert_bytes / (double)gs.expert_block_bytes : 0.0,
+                        gs.expert_cache_used / 1e6, gs.expert_cache_limit / 1e6);
+            }
         }
         free(res.ids);
     }
@@ -168,9 +179,15 @@ static int cmd_init_model(int argc, char **argv) {
     if (help) return 0;
     const zs_model_config *c = &io.cfg;
     ZS_CHECK(zs_init_model_write(&io, out));
-    double params = (double)c->vocab_size * c->dim * (c->tied_embeddings ? 1 : 2) +
-                    (double)c->n_layers * ((double)c->dim * c->head_dim * (2 * c->n_heads + 2 * c->n_kv_heads) +
-                                           (double)c->dim * c->ffn_dim * (c->arch == ZS_ARCH_GPT2 ? 2 : 3));
+    double params = (double)c->vocab_size * c->dim * (c->tied_embeddings ? 1 : 2);
+    for (int l = 0; l < c->n_layers; l++) {
+        params += (double)c->dim * c->head_dim * (2 * c->n_heads + 2 * c->n_kv_heads);
+        if (zs_config_layer_moe(c, l)) /* router, experts, shared expert and its gate */
+            params += (double)c->dim * (c->n_experts + 3.0 * c->n_experts * c->moe_ffn_dim + 3.0 * c->shared_ffn_dim +
+                                        (c->shared_ffn_dim > 0));
+        else
+            params += (double)c->dim * c->ffn_dim * (c->arch == ZS_ARCH_GPT2 ? 2 : 3);
+    }
     printf("wrote %s: %s, %d layers, dim %d, %.1fM parameters, %s, seed %llu — the weights are random\n", out,
            c->arch_name, c->n_layers, c->dim, params / 1e6, zs_dtype_name(c->dtype), (unsigned long long)io.seed);
     return 0;
@@ -181,7 +198,7 @@ static int cmd_bench(int argc, char **argv) {
     zs_bench_opts_default(&bo);
     zs_engine_flags ef;
     zs_engine_flags_init(&ef);
-    zs_opt opts[8 + ZS_ENGINE_FLAG_COUNT] = {
+    zs_opt opts[9 + ZS_ENGINE_FLAG_COUNT] = {
         {"runs", ZS_OPT_INT, &bo.runs, "repetitions, medians reported (default 5)"},
         {"prefill", ZS_OPT_INT, &bo.prefill_tokens, "prompt tokens (default 128)"},
         {"decode", ZS_OPT_INT, &bo.decode_tokens, "decode tokens per run (default 32)"},
@@ -190,8 +207,9 @@ static int cmd_bench(int argc, char **argv) {
         {"lora", ZS_OPT_INT, &bo.lora_adapters, "N: decode of a batch mixing N random LoRA adapters against the base alone"},
         {"lora-r", ZS_OPT_INT, &bo.lora_r, "rank of those adapters (default 16)"},
         {"lora-seqs", ZS_OPT_INT, &bo.lora_seqs, "sequences decoding together with --lora (default 16)"},
+        {"moe", ZS_OPT_FLAG, &bo.moe, "a mixture of experts: decode at batch 1, 8, 32 with only the routed experts gathered against --moe-gather-all"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 8);
+    int n_opts = zs_engine_flags_table(&ef, opts, 9);
     if (want_help(argc, argv)) {
         zs_cli_usage("bench", "Measures prefill and decode throughput against bounds measured in the same run.", opts, n_opts);
         return 0;
@@ -206,6 +224,9 @@ static int cmd_bench(int argc, char **argv) {
     bo.engine.max_seqs = 1;
     bo.engine.max_batch_tokens = ZS_MAX(256, bo.prefill_tokens);
     ZS_CHECK(zs_engine_flags_apply(&ef, &bo.engine));
+    if (bo.moe && (bo.lora_adapters || ef.moe_gather_all))
+        return zs_err(ZS_EINVAL, "--moe runs the --moe-gather-all baseline itself and does not combine with --lora");
+    if (bo.moe) return zs_bench_moe(&bo);
     if (bo.lora_adapters) return zs_bench_lora(&bo);
     if (bo.engine.ranks > 1 || bo.engine.gather.tier != ZS_OFFLOAD_NONE) return zs_bench_offload(&bo);
     return zs_bench_run(&bo);

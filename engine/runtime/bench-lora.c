@@ -21,9 +21,8 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* One run: S sequences prefilled with np tokens each (one forward call per sequence), then nd
- * decode steps of S tokens; returns the decode tokens/s. lora NULL: every row through the base. */
-static int one_run(zs_engine *e, int S, int np, int nd, zs_lora *const *ad, int n_ad, float *logits, double *tok_s) {
+int zs_bench_decode_batch(zs_engine *e, int S, int np, int nd, zs_lora *const *ad, int n_ad, float *logits,
+                          double *tok_s) {
     zs_kvcache *kv = zs_engine_kv(e);
     const zs_model_config *c = zs_model_config_get(zs_engine_model(e));
     int V = c->vocab_size, rc = 0;
@@ -119,11 +118,11 @@ int zs_bench_lora(const zs_bench_opts *o) {
             "(%.1f MB each as served), %d interleaved runs\n", c->arch_name, (double)zs_model_param_count(m) / 1e6,
             zs_dtype_name(zs_model_layout(m, 1)->slot[ZS_R_WQ].dtype), S, nd, N, R, (double)ad_bytes / N / 1e6, runs);
     double warm;
-    if ((rc = one_run(e, S, np, 2, NULL, 0, logits, &warm)) < 0) goto done;
-    if ((rc = one_run(e, S, np, 2, ad, N, logits, &warm)) < 0) goto done;
+    if ((rc = zs_bench_decode_batch(e, S, np, 2, NULL, 0, logits, &warm)) < 0) goto done;
+    if ((rc = zs_bench_decode_batch(e, S, np, 2, ad, N, logits, &warm)) < 0) goto done;
     for (int r = 0; r < runs && rc == 0; r++) {
-        if ((rc = one_run(e, S, np, nd, NULL, 0, logits, &tb[r])) < 0) break;
-        if ((rc = one_run(e, S, np, nd, ad, N, logits, &tm[r])) < 0) break;
+        if ((rc = zs_bench_decode_batch(e, S, np, nd, NULL, 0, logits, &tb[r])) < 0) break;
+        if ((rc = zs_bench_decode_batch(e, S, np, nd, ad, N, logits, &tm[r])) < 0) break;
         ratio[r] = tm[r] / tb[r];
     }
     if (rc < 0) goto done;

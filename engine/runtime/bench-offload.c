@@ -29,7 +29,7 @@ static void *raw_main(void *p) {
 }
 
 /* Aggregate raw read GB/s of all rank files read at once (as the ranks read them). */
-static int raw_bound(const char *dir, int ranks, const zs_gather_opts *g, double *gbps) {
+int zs_bench_raw_bound(const char *dir, int ranks, const zs_gather_opts *g, double *gbps) {
     raw_arg a[64];
     pthread_t th[64];
     if (ranks > 64) ranks = 64;
@@ -86,9 +86,13 @@ int zs_bench_offload(const zs_bench_opts *o) {
     char arch[64]; /* kept: the engine (and its config) is freed before the JSON is written */
     snprintf(arch, sizeof arch, "%s", c->arch_name);
     /* bytes one pass streams from the tier, all ranks together */
-    int order[1100], n_order = zs_model_pass_order(m, order);
-    double pass_bytes = 0;
-    for (int i = 0; i < n_order; i++) pass_bytes += (double)zs_partition_shard_bytes(m, order[i], ranks) * ranks;
+    int *order = malloc((size_t)zs_model_pass_order_max(m) * sizeof(int));
+    if (!order) { zs_engine_free(e); return zs_err(ZS_ENOMEM, "out of memory"); }
+    int n_order = zs_model_pass_order(m, order);
+    double pass_bytes = 0; /* a mixture of experts' routed experts come on top (bench --moe) */
+    for (int i = 0; i < n_order; i++)
+        if (order[i] >= 0) pass_bytes += (double)zs_partition_shard_bytes(m, order[i], ranks) * ranks;
+    free(order);
     zs_gather_stats st;
     zs_world_stats(zs_engine_world(e), &st);
     fprintf(stderr, "bench: %s, %.1fM parameters, %d rank(s), offload %s, %.1f MB streamed per pass, live budget %.1f MB\n",
@@ -99,7 +103,7 @@ int zs_bench_offload(const zs_bench_opts *o) {
     double *b = calloc((size_t)runs * 2, sizeof *b), *io = b + runs;
     if (!b) { zs_engine_free(e); return zs_err(ZS_ENOMEM, "out of memory"); }
     for (int r = 0; r < runs; r++) {
-        rc = tier == ZS_OFFLOAD_NVME ? raw_bound(o->engine.nvme_path, ranks, &o->engine.gather, &b[r])
+        rc = tier == ZS_OFFLOAD_NVME ? zs_bench_raw_bound(o->engine.nvme_path, ranks, &o->engine.gather, &b[r])
                                      : zs_bench_mem_bw((size_t)512 << 20, o->threads, 1, &b[r]);
         if (rc < 0) goto fail;
     }

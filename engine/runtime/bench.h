@@ -15,6 +15,7 @@ typedef struct {
     int lora_adapters;  /* > 0: zs_bench_lora with this many adapters */
     int lora_r;         /* their rank (default 16) */
     int lora_seqs;      /* sequences decoding together (default 16) */
+    int moe;            /* zs_bench_moe */
 } zs_bench_opts;
 
 void zs_bench_opts_default(zs_bench_opts *o);
@@ -31,5 +32,17 @@ int zs_bench_offload(const zs_bench_opts *o);
 int zs_bench_lora(const zs_bench_opts *o);
 /* The median of n values (sorts v). */
 double zs_bench_median(double *v, int n);
+/* One decode run (bench-lora.c): S sequences prefilled with np tokens each (one forward call per
+ * sequence), then nd decode steps of S tokens; *tok_s the decode tokens/s. ad NULL: every row
+ * through the base, else sequence s through ad[s % n_ad]. logits: S x vocab floats. */
+int zs_bench_decode_batch(zs_engine *e, int S, int np, int nd, zs_lora *const *ad, int n_ad, float *logits,
+                          double *tok_s);
+/* The aggregate raw io_uring O_DIRECT read rate of the ranks' shard files in dir, read at once
+ * (bench-offload.c). */
+int zs_bench_raw_bound(const char *dir, int ranks, const zs_gather_opts *g, double *gbps);
+/* `bench --moe`: a mixture of experts' decode at batch 1, 8 and 32, routed-only against the
+ * whole-block baseline (--moe-gather-all), interleaved; expert bytes per token, the cache's hit
+ * rate and the stream rate against the tier's bound (bench-moe.c). */
+int zs_bench_moe(const zs_bench_opts *o);
 
 #endif
