@@ -1,5 +1,6 @@
 /* gguf-convert.c — Hugging Face checkpoint -> GGUF tensors and hyperparameters for llama.cpp: the
- * tensor plan (names, types, sources from model.c's slot sources, the computed RoPE factor tensors),
+ * tensor plan (names, types, sources from model.c's slot sources, the computed RoPE factor tensors,
+ * the experts of a mixture stacked into one 3-D tensor per layer and matrix),
  * llama-quantize's type rules, what llama.cpp can represent per architecture, the metadata keys, and
  * the data stream (chunks of rows converted on the CPU worker pool). See gguf-convert.h. */
 #include "gguf-convert.h"
@@ -30,16 +31,22 @@ typedef struct {
 typedef struct {
     zs_gguf_conv_tensor pub;
     cv_part part[3];
+    cv_part *xpart;     /* stacked experts: n_parts parts of xrows rows each (owned); else NULL, part[] */
     int n_parts;
-    int64_t rows, cols; /* rows x cols of row length cols (1-D: one row) */
+    int vec;            /* 1-D in the checkpoint: its parts are element ranges (part_vec), not rows */
+    int64_t xrows;
+    int64_t rows, cols; /* rows x cols of row length cols (1-D: one row; stacked: n_experts x xrows rows) */
     float *fixed;       /* a computed 1-D tensor (rope_freqs, rope_factors_*): its values; owned */
 } cv_tensor;
+
+static const cv_part *parts_of(const cv_tensor *t) { return t->xpart ? t->xpart : t->part; }
 
 struct zs_gguf_conv {
     char *dir;
     zs_model_config cfg;
     const char *arch;
     zs_llama_ftype ftype;
+    int head_copy;      /* a tied model whose architecture needs output.weight: the token table copied */
     zs_st_set *st;
     cv_tensor *t;
     size_t n, cap;
@@ -98,7 +105,12 @@ static int64_t blck(zs_ggml_type t) {
 }
 
 /* What a matrix is, for the type rules. */
-enum { M_TOKEN, M_OUTPUT, M_ATTN_V, M_FFN_DOWN, M_ATTN_QKV, M_OTHER, V_F32 /* 1-D or position table */ };
+enum {
+    M_TOKEN, M_OUTPUT, M_ATTN_V, M_FFN_DOWN, M_ATTN_QKV, M_OTHER,
+    M_ROUTER,      /* ffn_gate_inp: F32 for every file type */
+    M_SHEXP_GATE,  /* ffn_gate_inp_shexp [dim, 1]: a matrix to the converter, 1-D to llama-quantize */
+    V_F32          /* 1-D or position table */
+};
 
 static zs_ggml_type ggml_of(zs_dtype d) {
     static const zs_ggml_type map[ZS_DTYPE_COUNT] = {
@@ -109,12 +121,29 @@ static zs_ggml_type ggml_of(zs_dtype d) {
     return (unsigned)d < ZS_DTYPE_COUNT ? map[d] : ZS_GGML_TYPE_COUNT;
 }
 
+/* 1: llama.cpp makes the file type with llama-quantize from an f32 conversion (0: convert_hf_to_gguf.py
+ * writes it) */
+static int by_llama_quantize(zs_llama_ftype f) {
+    return f != ZS_FTYPE_ALL_F32 && f != ZS_FTYPE_MOSTLY_F16 && f != ZS_FTYPE_MOSTLY_BF16 && f != ZS_FTYPE_MOSTLY_Q8_0;
+}
+
 /* The type of a tensor (what: M_* / V_F32; layer: quant-mix.h's -1 embeddings, 0.. blocks,
  * n_layers head; role: model.h's; cols: the row length). */
 static zs_ggml_type pick_type(const zs_gguf_conv *c, int what, int layer, int role, int64_t cols, const char **note) {
     *note = NULL;
     if (what == V_F32) return ZS_GGML_F32;
     zs_llama_ftype f = c->ftype;
+    int tied = c->cfg.tied_embeddings && !c->head_copy; /* the token table is the output tensor */
+    if (what == M_ROUTER) { /* convert_hf_to_gguf.py: FFN_GATE_INP always F32; llama-quantize: never quantized */
+        if (f != ZS_FTYPE_ALL_F32) *note = "the router (ffn_gate_inp): F32 (convert_hf_to_gguf.py and llama-quantize)";
+        return ZS_GGML_F32;
+    }
+    if (what == M_SHEXP_GATE && by_llama_quantize(f)) {
+        *note = "the shared expert's gate: F32 (one row: 1-D to llama-quantize, which leaves it unquantized)";
+        return ZS_GGML_F32;
+    }
+    /* llama-quantize's rules for exactly 8 experts (Mixtral 8x7B / 8x22B) */
+    int x8 = c->cfg.n_experts == 8 && layer >= 0 && layer < c->cfg.n_layers;
     switch (f) {
     case ZS_FTYPE_ALL_F32: return ZS_GGML_F32;
     case ZS_FTYPE_MOSTLY_F16: return ZS_GGML_F16;
@@ -126,14 +155,20 @@ static zs_ggml_type pick_type(const zs_gguf_conv *c, int what, int layer, int ro
         }
         return ZS_GGML_Q8_0;
     case ZS_FTYPE_MOSTLY_Q4_K_M: { /* llama-quantize's mix, shared with the loader (quant-mix.h) */
-        unsigned fl = (c->cfg.tied_embeddings ? ZS_QMIX_TIED : 0) | (what == M_ATTN_QKV ? ZS_QMIX_FUSED_QKV : 0);
+        unsigned fl = (tied ? ZS_QMIX_TIED : 0) | (what == M_ATTN_QKV ? ZS_QMIX_FUSED_QKV : 0) |
+                      (c->cfg.n_experts == 8 ? ZS_QMIX_EXPERTS8 : 0);
         zs_ggml_type t = ggml_of(zs_quant_mix_q4_k_m(layer, role, c->cfg.n_layers, cols, fl));
-        int head = what == M_OUTPUT || (what == M_TOKEN && c->cfg.tied_embeddings);
+        int head = what == M_OUTPUT || (what == M_TOKEN && tied);
         if (t == ZS_GGML_F16) *note = "rows are not a multiple of 32: F16 (llama-quantize's last fallback)";
         else if (t == ZS_GGML_Q5_0) *note = "rows are not a multiple of 256: Q5_0 instead of Q4_K (llama-quantize's fallback)";
         else if (head) *note = t == ZS_GGML_Q6_K ? "the output tensor: Q6_K (Q4_K_M mix)"
                                                  : "the output tensor: Q8_0 (Q4_K_M mix; rows are not a multiple of 256)";
         else if (what == M_ATTN_QKV) *note = "fused attn_qkv: Q6_K (llama-quantize makes it Q5_K, which this build cannot make)";
+        else if (x8 && role == ZS_R_WO)
+            *note = t == ZS_GGML_Q6_K ? "8 experts: attn_output Q6_K (llama-quantize makes it Q5_K, which this build cannot make)"
+                                      : "8 experts: attn_output Q5_1 (llama-quantize's fallback for Q5_K)";
+        else if (x8 && (role == ZS_R_WK || role == ZS_R_WV) && t == ZS_GGML_Q8_0)
+            *note = "8 experts: Q8_0 (llama-quantize's rule for attn_k and attn_v)";
         else if (t == ZS_GGML_Q6_K) *note = "Q4_K_M mix: Q6_K in this layer";
         else if (t == ZS_GGML_Q8_0) *note = "rows are not a multiple of 256: Q8_0 instead of Q6_K (llama-quantize's fallback)";
         return t;
@@ -142,11 +177,14 @@ static zs_ggml_type pick_type(const zs_gguf_conv *c, int what, int layer, int ro
     }
     zs_ggml_type t = f == ZS_FTYPE_MOSTLY_Q4_0 ? ZS_GGML_Q4_0 : f == ZS_FTYPE_MOSTLY_Q4_1 ? ZS_GGML_Q4_1
                    : f == ZS_FTYPE_MOSTLY_Q5_0 ? ZS_GGML_Q5_0 : ZS_GGML_Q5_1;
-    if (what == M_OUTPUT || (what == M_TOKEN && c->cfg.tied_embeddings)) {
+    if (what == M_OUTPUT || (what == M_TOKEN && tied)) {
         /* llama-quantize: the output tensor (a tied token table is it) gets Q6_K, Q8_0 when its rows are not 256s */
         t = cols % 256 ? ZS_GGML_Q8_0 : ZS_GGML_Q6_K;
         *note = cols % 256 ? "the output tensor: Q8_0 (rows are not a multiple of 256; llama-quantize's rule)"
                            : "the output tensor: Q6_K (llama-quantize's rule)";
+    } else if (x8 && (role == ZS_R_WK || role == ZS_R_WV) && what != M_ATTN_QKV) {
+        t = ZS_GGML_Q8_0; /* llama-quantize: "for the 8-expert model, bumping this to Q8_0" */
+        *note = "8 experts: Q8_0 (llama-quantize's rule for attn_k and attn_v)";
     }
     if (cols % blck(t)) {
         t = ZS_GGML_F16;
@@ -171,6 +209,19 @@ static cv_tensor *new_tensor(zs_gguf_conv *c, const char *name) {
     memset(t, 0, sizeof *t);
     snprintf(t->pub.name, sizeof t->pub.name, "%s", name);
     return t;
+}
+
+/* Chooses the type of tensor t (c->t[c->n], its shape set) and adds it to the plan. */
+static int finish_tensor(zs_gguf_conv *c, cv_tensor *t, int what, int mix_layer, int mix_role) {
+    t->pub.type = pick_type(c, what, mix_layer, mix_role, t->cols, &t->pub.note);
+    /* llama-quantize writes a tensor of one row as the 1-D tensor ggml_n_dims says it is */
+    if (what == M_SHEXP_GATE && by_llama_quantize(c->ftype)) t->pub.n_dims = 1;
+    c->n++;
+    zs_dtype od = dtype_of(t->pub.type);
+    if (od == ZS_DTYPE_COUNT || (zs_dtype_is_quant(od) && !zs_dtype_can_quantize(od)))
+        return zs_err(ZS_EUNSUPPORTED, "%s: %s would be %s, which this build cannot quantize into", c->dir, t->pub.name,
+                      zs_gguf_type_name((int)t->pub.type));
+    return 0;
 }
 
 static int add_tensor(zs_gguf_conv *c, zs_model *m, const char *name, int b, const int *roles, int n_roles,
@@ -202,17 +253,47 @@ static int add_tensor(zs_gguf_conv *c, zs_model *m, const char *name, int b, con
         }
     }
     t->n_parts = n_roles;
+    t->vec = !two_d;
     t->pub.n_dims = two_d ? 2 : 1;
     t->pub.ne[0] = t->cols;
     t->pub.ne[1] = two_d ? t->rows : 1;
-    int mix_layer = b == zs_bucket_embed() ? -1 : b == zs_bucket_head(m) ? c->cfg.n_layers : b - 1;
-    t->pub.type = pick_type(c, two_d ? what : V_F32, mix_layer, roles[0], t->cols, &t->pub.note);
-    zs_dtype od = dtype_of(t->pub.type);
-    if (od == ZS_DTYPE_COUNT || (zs_dtype_is_quant(od) && !zs_dtype_can_quantize(od)))
-        return zs_err(ZS_EUNSUPPORTED, "%s: %s would be %s, which this build cannot quantize into", c->dir, name,
-                      zs_gguf_type_name((int)t->pub.type));
-    c->n++;
-    return 0;
+    t->pub.ne[2] = 1;
+    int mix_layer = b == zs_bucket_embed() ? -1 : b == zs_bucket_head(m) ? c->cfg.n_layers : b - 1, mix_role = roles[0];
+    if (what == M_OUTPUT) mix_layer = c->cfg.n_layers, mix_role = ZS_R_LM_HEAD; /* also the token table's copy */
+    return finish_tensor(c, t, two_d ? what : V_F32, mix_layer, mix_role);
+}
+
+/* Layer l's experts' matrix of role (ZS_R_W_GATE / W_UP / W_DOWN of each expert bucket) as one 3-D
+ * tensor, ne [in, out, n_experts]: expert e's [out, in] rows, e = 0 .. n_experts-1 (torch.stack). */
+static int add_experts(zs_gguf_conv *c, zs_model *m, const char *name, int l, int role, int what) {
+    int ne = c->cfg.n_experts;
+    cv_tensor *t = new_tensor(c, name);
+    if (!t || !(t->xpart = calloc((size_t)ne, sizeof *t->xpart))) return zs_err(ZS_ENOMEM, "out of memory");
+    c->n++; /* in the plan from here, so that a failure below frees xpart with it; finish_tensor re-adds it */
+    t->n_parts = ne;
+    for (int e = 0; e < ne; e++) {
+        int eb = zs_bucket_expert(m, l, e);
+        zs_slot_source src;
+        if (eb < 0 || zs_model_slot_source(m, eb, role, &src) != 0)
+            return zs_err(ZS_EINVAL, "%s: %s: expert %d of layer %d has no source tensor", c->dir, name, e, l);
+        const zs_slot *s = &zs_model_layout(m, eb)->slot[role];
+        cv_part *p = &t->xpart[e];
+        if (!(p->t = zs_st_find(c->st, src.name))) return zs_err(ZS_ENOTFOUND, "%s: tensor '%s' not found", c->dir, src.name);
+        p->kind = src.kind;
+        p->col0 = src.col0;
+        p->n = s->shape[0];
+        if (e == 0) t->xrows = s->shape[0], t->cols = s->shape[1];
+        else if (s->shape[0] != t->xrows || s->shape[1] != t->cols)
+            return zs_err(ZS_EINVAL, "%s: %s: expert %d is [%lld, %lld], expert 0 [%lld, %lld]", c->dir, name, e,
+                          (long long)s->shape[0], (long long)s->shape[1], (long long)t->xrows, (long long)t->cols);
+    }
+    t->rows = (int64_t)ne * t->xrows;
+    t->pub.n_dims = 3;
+    t->pub.ne[0] = t->cols;
+    t->pub.ne[1] = t->xrows;
+    t->pub.ne[2] = ne;
+    c->n--;
+    return finish_tensor(c, t, what, l, role);
 }
 
 /* A computed F32 vector (convert_hf_to_gguf.py's generate_extra_tensors). */
@@ -225,6 +306,7 @@ static int add_fixed(zs_gguf_conv *c, const char *name, const float *v, int n, c
     t->pub.n_dims = 1;
     t->pub.ne[0] = n;
     t->pub.ne[1] = 1;
+    t->pub.ne[2] = 1;
     t->pub.type = ZS_GGML_F32;
     t->pub.note = note;
     c->n++;
@@ -323,6 +405,32 @@ static int plan(zs_gguf_conv *c, zs_model *m) {
         ADD(b, V_F32, 0, 0, ZS_R_FFN_NORM_B);
         NAME("blk.%d.post_ffw_norm.weight", l);
         ADD(b, V_F32, 0, nf, ZS_R_POST_FFN_NORM);
+        if (zs_config_layer_moe(g, l)) { /* the sparse block (conv_check: every layer is one) */
+            size_t n0 = c->n;
+            NAME("blk.%d.ffn_gate_inp.weight", l);
+            ADD(b, M_ROUTER, 0, 0, ZS_R_ROUTER);
+            if (c->n == n0) return zs_err(ZS_EINVAL, "%s: layer %d is a mixture of experts without a router", c->dir, l);
+            NAME("blk.%d.ffn_gate_exps.weight", l);
+            ZS_CHECK(add_experts(c, m, nm, l, ZS_R_W_GATE, M_OTHER));
+            NAME("blk.%d.ffn_up_exps.weight", l);
+            ZS_CHECK(add_experts(c, m, nm, l, ZS_R_W_UP, M_OTHER));
+            NAME("blk.%d.ffn_down_exps.weight", l);
+            ZS_CHECK(add_experts(c, m, nm, l, ZS_R_W_DOWN, M_FFN_DOWN));
+            if (g->shared_ffn_dim > 0) { /* Qwen2-MoE's shared expert: the layer bucket's MLP roles */
+                n0 = c->n;
+                NAME("blk.%d.ffn_gate_inp_shexp.weight", l);
+                ADD(b, M_SHEXP_GATE, 0, 0, ZS_R_SHARED_GATE);
+                NAME("blk.%d.ffn_gate_shexp.weight", l);
+                ADD(b, M_OTHER, 0, 0, ZS_R_W_GATE);
+                NAME("blk.%d.ffn_up_shexp.weight", l);
+                ADD(b, M_OTHER, 0, 0, ZS_R_W_UP);
+                NAME("blk.%d.ffn_down_shexp.weight", l);
+                ADD(b, M_FFN_DOWN, 0, 0, ZS_R_W_DOWN);
+                if (c->n != n0 + 4)
+                    return zs_err(ZS_EINVAL, "%s: layer %d: the shared expert or its gate is missing", c->dir, l);
+            }
+            continue;
+        }
         if (phi3) { /* and its fused gate_up_proj: rows of the gate, then of up */
             NAME("blk.%d.ffn_up.weight", l);
             ADD(b, M_OTHER, 0, 0, ZS_R_W_GATE, ZS_R_W_UP);
@@ -345,7 +453,12 @@ static int plan(zs_gguf_conv *c, zs_model *m) {
     NAME("output_norm.bias");
     ADD(h, V_F32, 0, 0, ZS_R_OUT_NORM_B);
     NAME("output.weight");
-    ADD(h, M_OUTPUT, 0, 0, ZS_R_LM_HEAD);
+    if (c->head_copy) { /* qwen2moe, olmoe: always a head */
+        ADD(zs_bucket_embed(), M_OUTPUT, 0, 0, ZS_R_TOK_EMB);
+        if (!c->t[c->n - 1].pub.note)
+            c->t[c->n - 1].pub.note = "the tied token table, copied (llama.cpp's qwen2moe and olmoe require output.weight)";
+    } else
+        ADD(h, M_OUTPUT, 0, 0, ZS_R_LM_HEAD);
 #undef ADD
 #undef NAME
     return 0;
@@ -371,6 +484,48 @@ static double longrope_attn(const zs_model_config *g) {
     return factor <= 1.0 ? 1.0 : sqrt(1 + log(factor) / log((double)orig));
 }
 
+/* A mixture of experts against llama.cpp 0.3.16's loaders and graphs (src/llama-model.cpp): every
+ * layer sparse, softmax routing, the top-k weights renormalised or not as the architecture hard-codes
+ * it (build_moe_ffn's norm_w: llama and qwen3moe true, qwen2moe and olmoe false), and each
+ * architecture's fixed tensor shapes. */
+static int moe_check(const zs_gguf_conv *c) {
+    const zs_model_config *g = &c->cfg;
+    const char *d = c->dir, *a = c->arch;
+    int fam = g->family;
+    if (fam != ZS_FAM_MIXTRAL && fam != ZS_FAM_QWEN2MOE && fam != ZS_FAM_QWEN3MOE && fam != ZS_FAM_OLMOE)
+        return zs_err(ZS_EUNSUPPORTED, "%s: %s with experts: not a mixture llama.cpp's converter writes (Mixtral, "
+                      "Qwen2-MoE, Qwen3-MoE, OLMoE)", d, g->arch_name);
+    if (g->n_experts > 384)
+        return zs_err(ZS_EUNSUPPORTED, "%s: %d experts: llama.cpp 0.3.16 loads at most 384 (LLAMA_MAX_EXPERTS)", d,
+                      g->n_experts);
+    for (int l = 0; l < g->n_layers; l++)
+        if (!zs_config_layer_moe(g, l))
+            return zs_err(ZS_EUNSUPPORTED, "%s: layer %d has a dense MLP (decoder_sparse_step / mlp_only_layers): "
+                          "llama.cpp's '%s' makes every layer a mixture of experts, a GGUF file cannot hold a dense "
+                          "layer among them", d, l, a);
+    int norm = fam == ZS_FAM_MIXTRAL || fam == ZS_FAM_QWEN3MOE; /* llama.cpp's norm_w for the architecture */
+    if (!!g->norm_topk_prob != norm)
+        return zs_err(ZS_EUNSUPPORTED, "%s: norm_topk_prob %s: llama.cpp's '%s' %s renormalises the top-%d routing "
+                      "weights (a GGUF file cannot say otherwise)", d, g->norm_topk_prob ? "true" : "false", a,
+                      norm ? "always" : "never", g->n_experts_used);
+    if ((g->shared_ffn_dim > 0) != (fam == ZS_FAM_QWEN2MOE))
+        return zs_err(ZS_EUNSUPPORTED, "%s: %s: llama.cpp's '%s' %s", d,
+                      g->shared_ffn_dim > 0 ? "a shared expert" : "no shared expert (shared_expert_intermediate_size 0)", a,
+                      fam == ZS_FAM_QWEN2MOE ? "requires the shared expert and its gate" : "has no shared expert");
+    if ((fam == ZS_FAM_QWEN2MOE || fam == ZS_FAM_OLMOE) && (int64_t)g->n_heads * g->head_dim != g->dim)
+        return zs_err(ZS_EUNSUPPORTED, "%s: %d heads of %d (head_dim) are not hidden_size %d: llama.cpp's '%s' shapes "
+                      "attn_q and attn_output [dim, dim]", d, g->n_heads, g->head_dim, g->dim, a);
+    if (fam == ZS_FAM_OLMOE) {
+        if (g->clip_qkv > 0)
+            return zs_err(ZS_EUNSUPPORTED, "%s: clip_qkv %g: llama.cpp's 'olmoe' does not clamp q, k and v", d,
+                          (double)g->clip_qkv);
+        if (g->n_kv_heads != g->n_heads)
+            return zs_err(ZS_EUNSUPPORTED, "%s: %d KV heads of %d heads: llama.cpp's 'olmoe' shapes k_norm [dim] "
+                          "(no grouped-query attention)", d, g->n_kv_heads, g->n_heads);
+    }
+    return 0;
+}
+
 /* The configuration against what llama.cpp (llama-cpp-python 0.3.16's) reads for the architecture
  * and what it hard-codes: ZS_EUNSUPPORTED naming what a GGUF file cannot say, rather than a file
  * that llama.cpp would run differently. */
@@ -383,9 +538,12 @@ static int conv_check(const zs_gguf_conv *c) {
     if (g->mlp_bias)
         return zs_err(ZS_EUNSUPPORTED, "%s: MLP biases (mlp_bias) cannot be converted yet: zeroserve's GGUF reader "
                       "does not read them back", d);
-    if ((g->qkv_bias || g->o_bias) && fam != ZS_FAM_LLAMA && fam != ZS_FAM_QWEN2)
-        return zs_err(ZS_EUNSUPPORTED, "%s: attention biases (attention_bias) of %s: llama.cpp's '%s' architecture has "
-                      "none", d, g->arch_name, a);
+    if ((g->qkv_bias || g->o_bias) && fam != ZS_FAM_LLAMA && fam != ZS_FAM_QWEN2 &&
+        !(fam == ZS_FAM_QWEN2MOE && !g->o_bias))
+        return zs_err(ZS_EUNSUPPORTED, "%s: attention biases (%s) of %s: llama.cpp's '%s' architecture has "
+                      "%s", d, fam == ZS_FAM_QWEN2MOE ? "of the output projection" : "attention_bias", g->arch_name, a,
+                      fam == ZS_FAM_QWEN2MOE ? "q, k and v biases only" : "none");
+    if (g->n_experts > 0) ZS_CHECK(moe_check(c));
     /* RoPE scaling: llama.cpp reads rope.scaling.{type,factor,original_context_length,attn_factor} for every
      * architecture, per-frequency divisors (rope_freqs) for llama, LongRoPE factors for phi3 */
     switch (r->type) {
@@ -458,8 +616,9 @@ static int conv_check(const zs_gguf_conv *c) {
         if (r->type != ZS_ROPE_DEFAULT && r->type != ZS_ROPE_LINEAR)
             return zs_err(ZS_EUNSUPPORTED, "%s: Gemma 3 RoPE scaling other than linear", d);
     }
-    if (g->sliding_window > 0 && g->sliding_window < g->max_seq && (!strcmp(a, "llama") || !strcmp(a, "qwen2") ||
-                                                                     !strcmp(a, "qwen3")))
+    if (g->sliding_window > 0 && g->sliding_window < g->max_seq &&
+        (!strcmp(a, "llama") || !strcmp(a, "qwen2") || !strcmp(a, "qwen3") || !strcmp(a, "qwen2moe") ||
+         !strcmp(a, "qwen3moe") || !strcmp(a, "olmoe")))
         zs_log_warn("%s: sliding_window %d: llama.cpp's '%s' architecture has no sliding window (convert_hf_to_gguf.py "
                     "drops it): the GGUF file attends to the whole context, so outputs differ from the checkpoint's "
                     "past %d tokens", d, g->sliding_window, a, g->sliding_window);
@@ -474,7 +633,10 @@ static const char *arch_of(const zs_model_config *g) {
     case ZS_FAM_GEMMA2: return "gemma2";
     case ZS_FAM_GEMMA3: return "gemma3";
     case ZS_FAM_PHI3: return "phi3";
-    default: return g->arch == ZS_ARCH_GPT2 ? "gpt2" : "llama"; /* llama, mistral */
+    case ZS_FAM_QWEN2MOE: return "qwen2moe";
+    case ZS_FAM_QWEN3MOE: return "qwen3moe";
+    case ZS_FAM_OLMOE: return "olmoe";
+    default: return g->arch == ZS_ARCH_GPT2 ? "gpt2" : "llama"; /* llama, mistral, mixtral (llama with experts) */
     }
 }
 
@@ -498,6 +660,8 @@ int zs_gguf_conv_open(const char *dir, zs_llama_ftype ftype, zs_gguf_conv **out)
     if (rc == 0) {
         c->cfg = *zs_model_config_get(m);
         c->arch = arch_of(&c->cfg);
+        /* llama.cpp's qwen2moe and olmoe require output.weight: a tied head is written as a copy */
+        c->head_copy = c->cfg.tied_embeddings && (c->cfg.family == ZS_FAM_QWEN2MOE || c->cfg.family == ZS_FAM_OLMOE);
         zs_model_close_checkpoint(m);
         rc = conv_check(c);
     }
@@ -515,7 +679,10 @@ int zs_gguf_conv_open(const char *dir, zs_llama_ftype ftype, zs_gguf_conv **out)
 void zs_gguf_conv_close(zs_gguf_conv *c) {
     if (!c) return;
     zs_st_close(c->st);
-    for (size_t i = 0; i < c->n; i++) free(c->t[i].fixed);
+    for (size_t i = 0; i < c->n; i++) {
+        free(c->t[i].fixed);
+        free(c->t[i].xpart);
+    }
     free(c->t);
     free(c->dir);
     free(c);
@@ -563,7 +730,12 @@ int zs_gguf_conv_put_meta(const zs_gguf_conv *c, zs_gguf_writer *w, const char *
     ZS_CHECK(zs_gguf_writer_kv_u32(w, K("block_count"), (uint32_t)g->n_layers));
     ZS_CHECK(zs_gguf_writer_kv_u32(w, K("context_length"), (uint32_t)g->max_seq));
     ZS_CHECK(zs_gguf_writer_kv_u32(w, K("embedding_length"), (uint32_t)g->dim));
-    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("feed_forward_length"), (uint32_t)g->ffn_dim));
+    /* a mixture: llama and olmoe shape the experts by feed_forward_length (Mixtral's and OLMoE's
+     * intermediate_size is the expert size); qwen2moe / qwen3moe write intermediate_size and take the
+     * expert sizes from their own keys */
+    int ff = g->n_experts > 0 && (!strcmp(a, "llama") || !strcmp(a, "olmoe") || g->ffn_dim <= 0) ? g->moe_ffn_dim
+                                                                                                 : g->ffn_dim;
+    ZS_CHECK(zs_gguf_writer_kv_u32(w, K("feed_forward_length"), (uint32_t)ff));
     ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.head_count"), (uint32_t)g->n_heads));
     if (g->arch == ZS_ARCH_GPT2) {
         ZS_CHECK(zs_gguf_writer_kv_f32(w, K("attention.layer_norm_epsilon"), g->norm_eps));
@@ -573,7 +745,16 @@ int zs_gguf_conv_put_meta(const zs_gguf_conv *c, zs_gguf_writer *w, const char *
     /* (Gemma 2's converter leaves rope.freq_base out, llama.cpp's default 10000; written here so that
      * another base is not lost: llama.cpp reads the key for every architecture) */
     ZS_CHECK(zs_gguf_writer_kv_f32(w, K("rope.freq_base"), g->rope_theta));
+    /* (OlmoeModel writes 1e-5 whatever the checkpoint's; llama.cpp reads the key: the checkpoint's here) */
     ZS_CHECK(zs_gguf_writer_kv_f32(w, K("attention.layer_norm_rms_epsilon"), g->norm_eps));
+    if (g->n_experts > 0) { /* TextModel / Qwen2MoeModel / OlmoeModel.set_gguf_parameters */
+        ZS_CHECK(zs_gguf_writer_kv_u32(w, K("expert_count"), (uint32_t)g->n_experts));
+        ZS_CHECK(zs_gguf_writer_kv_u32(w, K("expert_used_count"), (uint32_t)g->n_experts_used));
+        if (!strcmp(a, "qwen2moe") || !strcmp(a, "qwen3moe"))
+            ZS_CHECK(zs_gguf_writer_kv_u32(w, K("expert_feed_forward_length"), (uint32_t)g->moe_ffn_dim));
+        if (g->shared_ffn_dim > 0)
+            ZS_CHECK(zs_gguf_writer_kv_u32(w, K("expert_shared_feed_forward_length"), (uint32_t)g->shared_ffn_dim));
+    }
     /* Phi3MiniModel writes no key/value length (llama.cpp takes dim / heads): only when they differ */
     if (!phi3 || g->head_dim * g->n_heads != g->dim) {
         ZS_CHECK(zs_gguf_writer_kv_u32(w, K("attention.key_length"), (uint32_t)g->head_dim));
@@ -674,8 +855,10 @@ static void row_task(void *arg, int task) {
     const cv_chunk *j = arg;
     const cv_tensor *t = j->t;
     int64_t r = j->r0 + task;
-    const cv_part *p = t->part;
-    while (r >= p->n) r -= p->n, p++; /* GPT-2's attn_qkv: rows of q, then k, then v */
+    const cv_part *p = parts_of(t);
+    if (t->xpart) p += r / t->xrows, r %= t->xrows; /* stacked experts: expert r / xrows's rows */
+    else
+        while (r >= p->n) r -= p->n, p++; /* GPT-2's attn_qkv: rows of q, then k, then v */
     float *f = j->f + (size_t)task * (size_t)t->cols;
     part_row(p, r, t->cols, f);
     zs_convert(j->o + (size_t)task * j->rb, j->od, f, ZS_F32, (size_t)t->cols); /* quantizes into a block format */
@@ -690,7 +873,7 @@ static int put_one(zs_gguf_writer *w, const cv_tensor *t, float *f, char *obuf, 
         zs_convert(obuf, od, t->fixed, ZS_F32, (size_t)t->cols);
         return zs_gguf_writer_write(w, obuf, rb);
     }
-    if (t->pub.n_dims == 1) {
+    if (t->vec) {
         float *v = f;
         for (int k = 0; k < t->n_parts; k++) {
             part_vec(&t->part[k], v);
@@ -723,10 +906,10 @@ int zs_gguf_conv_put_tensors(zs_gguf_conv *c, zs_gguf_writer *w) {
         const cv_tensor *t = &c->t[i];
         rc = put_one(w, t, f, obuf, fcap);
         if (rc < 0) zs_err_prefix(rc, "while writing %s", t->pub.name);
-        for (int k = 0; k < t->n_parts; k++) zs_st_release(c->st, t->part[k].t); /* its pages are not needed again */
-        zs_log_debug("convert: %-28s %-5s [%lld, %lld]%s%s", t->pub.name, zs_gguf_type_name((int)t->pub.type),
-                     (long long)t->pub.ne[0], (long long)t->pub.ne[1], t->pub.note ? " — " : "",
-                     t->pub.note ? t->pub.note : "");
+        for (int k = 0; k < t->n_parts; k++) zs_st_release(c->st, parts_of(t)[k].t); /* its pages are not needed again */
+        zs_log_debug("convert: %-28s %-5s [%lld, %lld, %lld]%s%s", t->pub.name, zs_gguf_type_name((int)t->pub.type),
+                     (long long)t->pub.ne[0], (long long)t->pub.ne[1], (long long)t->pub.ne[2],
+                     t->pub.note ? " — " : "", t->pub.note ? t->pub.note : "");
     }
     free(f);
     free(obuf);
