@@ -26,51 +26,14 @@
 #include "init-cmd.h"
 #include "init-model.h"
 #include "model.h"
+#include "testmodel.h"
 #include "testutil.h"
 
 #define REF_JSON "tests/ref/family-ref.json"
 #define LOGIT_TOL 1e-5   /* absolute (logits of magnitude ~1; the code meets ~1e-6) */
 #define GRAD_TOL 1e-4    /* relative (norms; L2 over the sampled elements; the code meets ~3e-6) */
 
-static void *xcalloc(size_t n) {
-    void *p = calloc(1, n ? n : 1);
-    if (!p) { fprintf(stderr, "out of memory\n"); exit(1); }
-    return p;
-}
-
 /* ---- the model: init-model's flags, through the CLI's own parser (server/init-cmd.c) ---- */
-
-static int regen_model(json_t *args, const char *out) {
-    int argc = (int)json_array_size(args);
-    char **argv = xcalloc(sizeof(char *) * (size_t)(argc + 3));
-    for (int i = 0; i < argc; i++) argv[i] = (char *)json_string_value(json_array_get(args, i));
-    argv[argc] = "--out";
-    argv[argc + 1] = (char *)out;
-    zs_init_opts io;
-    const char *o;
-    int help, rc = zs_init_cmd_parse(argc + 2, argv, &io, &o, &help);
-    free(argv);
-    if (rc < 0) return rc;
-    return zs_init_model_write(&io, out);
-}
-
-/* make_family_ref.py's checksum: little-endian uint32 words w_i (zero-padded), sum w_i * (2i + 1). */
-static int file_checksum(const char *path, char hex[17]) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    uint64_t s = 0, i = 0;
-    unsigned char b[4];
-    size_t n;
-    while ((n = fread(b, 1, 4, f)) > 0) {
-        if (n < 4) memset(b + n, 0, 4 - n);
-        uint64_t w = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24;
-        s += w * (2 * i + 1);
-        i++;
-    }
-    fclose(f);
-    snprintf(hex, 17, "%016llx", (unsigned long long)s);
-    return 0;
-}
 
 /* ---- inference ---- */
 
@@ -111,9 +74,9 @@ static int run_sequence(infer_rig *r, const int32_t *ids, int n, const int *cuts
                         int nw, float *out) {
     int seq, rc, V = r->c->vocab_size;
     if ((rc = zs_kv_seq_open(r->kv, &seq)) < 0) return rc;
-    int32_t *pos = xcalloc(sizeof(int32_t) * (size_t)n), *sq = xcalloc(sizeof(int32_t) * (size_t)n);
-    int32_t *li = xcalloc(sizeof(int32_t) * (size_t)n);
-    float *lg = xcalloc(sizeof(float) * (size_t)n * V);
+    int32_t *pos = tu_xcalloc(sizeof(int32_t) * (size_t)n), *sq = tu_xcalloc(sizeof(int32_t) * (size_t)n);
+    int32_t *li = tu_xcalloc(sizeof(int32_t) * (size_t)n);
+    float *lg = tu_xcalloc(sizeof(float) * (size_t)n * V);
     int start = 0, k = 0;
     while (rc == 0 && start < n) {
         int end = k < ncuts ? cuts[k++] : start + 1;
@@ -258,7 +221,7 @@ static void check_logits(const char *name, const char *dir, json_t *cs, const fl
         return;
     }
     const float *ref = bin + off;
-    float *out = xcalloc(sizeof(float) * (size_t)nw * V);
+    float *out = tu_xcalloc(sizeof(float) * (size_t)nw * V);
     /* chunked prefill (cuts inside the window and across the original context), then token by token;
      * and one prefill of everything */
     const int cuts_a[] = {37, 60, 101}, cuts_b[] = {n};
@@ -292,7 +255,7 @@ static void check_grads(const char *name, const char *dir, json_t *cs, const flo
     int B = (int)json_integer_value(json_object_get(tr, "B")), T = (int)json_integer_value(json_object_get(tr, "T"));
     int ns = (int)json_integer_value(json_object_get(tr, "n_sample"));
     if (B <= 0 || T <= 0 || B * T > 4096 || ns < 0 || ns > 4096) { CHECK(0, "%s: train sizes", name); return; }
-    int32_t *tok = xcalloc(sizeof(int32_t) * (size_t)(B * T)), *tgt = xcalloc(sizeof(int32_t) * (size_t)(B * T));
+    int32_t *tok = tu_xcalloc(sizeof(int32_t) * (size_t)(B * T)), *tgt = tu_xcalloc(sizeof(int32_t) * (size_t)(B * T));
     for (int b = 0; b < B; b++) {
         read_ids(json_array_get(json_object_get(tr, "tokens"), b), tok + b * T, T);
         read_ids(json_array_get(json_object_get(tr, "targets"), b), tgt + b * T, T);
@@ -308,12 +271,12 @@ static void check_grads(const char *name, const char *dir, json_t *cs, const flo
     zs_model_close_checkpoint(r.m);
     r.c = zs_model_config_get(r.m);
     r.nb = zs_model_n_buckets(r.m);
-    r.gd = xcalloc(sizeof(float *) * (size_t)r.nb);
-    r.gr = xcalloc(sizeof(float *) * (size_t)r.nb);
+    r.gd = tu_xcalloc(sizeof(float *) * (size_t)r.nb);
+    r.gr = tu_xcalloc(sizeof(float *) * (size_t)r.nb);
     for (int b = 0; b < r.nb; b++) {
         const zs_bucket_layout *GL = zs_model_grad_layout(r.m, b);
-        r.gd[b] = xcalloc(GL->data_bytes);
-        r.gr[b] = xcalloc(GL->resident_bytes);
+        r.gd[b] = tu_xcalloc(GL->data_bytes);
+        r.gr[b] = tu_xcalloc(GL->resident_bytes);
     }
     zs_trainer *t = NULL;
     rc = zs_trainer_new(r.m, B, T, &t);
@@ -328,7 +291,7 @@ static void check_grads(const char *name, const char *dir, json_t *cs, const flo
     long cap = 0;
     for (size_t i = 0; i < json_array_size(ts); i++)
         cap = ZS_MAX(cap, (long)json_integer_value(json_object_get(json_array_get(ts, i), "numel")));
-    float *buf = xcalloc(sizeof(float) * (size_t)cap);
+    float *buf = tu_xcalloc(sizeof(float) * (size_t)cap);
     long total = 0;
     const char *worst_name = "";
     for (size_t i = 0; rc == 0 && i < json_array_size(ts); i++) {
@@ -387,7 +350,7 @@ int main(int argc, char **argv) {
     char p[512];
     snprintf(p, sizeof p, "tests/ref/%s", json_string_value(json_object_get(doc, "bin")));
     FILE *f = fopen(p, "rb");
-    float *bin = xcalloc(sizeof(float) * (size_t)(nbin > 0 ? nbin : 1));
+    float *bin = tu_xcalloc(sizeof(float) * (size_t)(nbin > 0 ? nbin : 1));
     size_t got = f ? fread(bin, sizeof(float), (size_t)nbin, f) : 0;
     if (f) fclose(f);
     if (nbin <= 0 || (long)got != nbin) { fprintf(stderr, "%s: missing or short\n", p); return 1; }
@@ -402,12 +365,12 @@ int main(int argc, char **argv) {
         if (only && strcmp(only, name)) continue;
         char dir[4200], st[4300], hex[17] = "";
         snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-        int rc = regen_model(json_object_get(cs, "init_args"), dir);
+        int rc = tu_regen_model(json_object_get(cs, "init_args"), dir);
         CHECK(rc == 0, "%s: init-model: %s", name, zs_errmsg());
         if (rc < 0) continue;
         snprintf(st, sizeof st, "%s/model.safetensors", dir);
         const char *want = json_string_value(json_object_get(cs, "safetensors_checksum"));
-        CHECK(file_checksum(st, hex) == 0 && want && !strcmp(hex, want),
+        CHECK(tu_file_checksum(st, 4, hex, 17) == 0 && want && !strcmp(hex, want),
               "%s: the regenerated model.safetensors (checksum %s) is not the reference's (%s): init-model "
               "changed; re-run tests/ref/make_family_ref.py", name, hex, want ? want : "?");
         figures fg = {0, 0, 0};

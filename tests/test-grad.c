@@ -12,6 +12,7 @@
 #include "backward.h"
 #include "common.h"
 #include "model.h"
+#include "testmodel.h"
 #include "testutil.h"
 
 #define REF_DIR "tests/ref"
@@ -24,12 +25,6 @@ typedef struct {
     float **gd, **gr;   /* gradients, grad layout */
     int own_weights;    /* pd/pr are our f32 copies (else the model's buffers) */
 } rig;
-
-static void *xcalloc(size_t n) {
-    void *p = calloc(1, n ? n : 1);
-    if (!p) { fprintf(stderr, "out of memory\n"); exit(1); }
-    return p;
-}
 
 /* Opens a model; own = 1 copies its (f32) weights into mutable buffers. */
 static int rig_open(rig *r, const char *dir, zs_dtype wdt, int64_t threshold, int own) {
@@ -44,26 +39,26 @@ static int rig_open(rig *r, const char *dir, zs_dtype wdt, int64_t threshold, in
     zs_model_close_checkpoint(r->m);
     r->c = zs_model_config_get(r->m);
     r->nb = zs_model_n_buckets(r->m);
-    r->pd = xcalloc(sizeof(void *) * (size_t)r->nb);
-    r->pr = xcalloc(sizeof(void *) * (size_t)r->nb);
-    r->gd = xcalloc(sizeof(float *) * (size_t)r->nb);
-    r->gr = xcalloc(sizeof(float *) * (size_t)r->nb);
+    r->pd = tu_xcalloc(sizeof(void *) * (size_t)r->nb);
+    r->pr = tu_xcalloc(sizeof(void *) * (size_t)r->nb);
+    r->gd = tu_xcalloc(sizeof(float *) * (size_t)r->nb);
+    r->gr = tu_xcalloc(sizeof(float *) * (size_t)r->nb);
     r->own_weights = own;
     for (int b = 0; b < r->nb; b++) {
         const zs_bucket_layout *L = zs_model_layout(r->m, b), *GL = zs_model_grad_layout(r->m, b);
         if (own) {
             /* f32 weights: the storage layout is the grad layout, so the copies double as masters */
             if (L->data_bytes != GL->data_bytes || L->resident_bytes != GL->resident_bytes) return ZS_EINVAL;
-            r->pd[b] = xcalloc(L->data_bytes);
-            r->pr[b] = xcalloc(L->resident_bytes);
+            r->pd[b] = tu_xcalloc(L->data_bytes);
+            r->pr[b] = tu_xcalloc(L->resident_bytes);
             memcpy(r->pd[b], zs_model_bucket_data(r->m, b), L->data_bytes);
             memcpy(r->pr[b], zs_model_bucket_resident(r->m, b), L->resident_bytes);
         } else {
             r->pd[b] = (void *)zs_model_bucket_data(r->m, b);
             r->pr[b] = (void *)zs_model_bucket_resident(r->m, b);
         }
-        r->gd[b] = xcalloc(GL->data_bytes);
-        r->gr[b] = xcalloc(GL->resident_bytes);
+        r->gd[b] = tu_xcalloc(GL->data_bytes);
+        r->gr[b] = tu_xcalloc(GL->resident_bytes);
     }
     return 0;
 }
@@ -221,8 +216,8 @@ static int ref_load(ref *f, const char *model) {
     f->T = (int)json_integer_value(json_object_get(f->j, "T"));
     f->nfloats = (long)json_integer_value(json_object_get(f->j, "bin_floats"));
     f->loss = (float)json_real_value(json_object_get(f->j, "loss"));
-    f->tok = xcalloc(sizeof(int32_t) * (size_t)(f->B * f->T));
-    f->tgt = xcalloc(sizeof(int32_t) * (size_t)(f->B * f->T));
+    f->tok = tu_xcalloc(sizeof(int32_t) * (size_t)(f->B * f->T));
+    f->tgt = tu_xcalloc(sizeof(int32_t) * (size_t)(f->B * f->T));
     for (int b = 0; b < f->B; b++)
         for (int i = 0; i < f->T; i++) {
             f->tok[b * f->T + i] =
@@ -243,7 +238,7 @@ static int ref_load(ref *f, const char *model) {
     snprintf(p, sizeof p, REF_DIR "/%s", json_string_value(json_object_get(f->j, "bin")));
     FILE *fp = fopen(p, "rb");
     if (!fp) { fprintf(stderr, "cannot open %s\n", p); return -1; }
-    f->bin = xcalloc(sizeof(float) * (size_t)f->nfloats);
+    f->bin = tu_xcalloc(sizeof(float) * (size_t)f->nfloats);
     size_t got = fread(f->bin, sizeof(float), (size_t)f->nfloats, fp);
     fclose(fp);
     if ((long)got != f->nfloats) { fprintf(stderr, "%s: short file\n", p); return -1; }
@@ -258,7 +253,7 @@ static void ref_free(ref *f) {
 /* Compares every tensor's gradient; returns the worst relative L2 error (-1 on a mapping error). */
 static double compare_grads(const rig *r, const ref *f, double tol, const char *tag, int verbose) {
     json_t *ts = json_object_get(f->j, "tensors");
-    float *buf = xcalloc(sizeof(float) * (size_t)f->nfloats);
+    float *buf = tu_xcalloc(sizeof(float) * (size_t)f->nfloats);
     double worst = 0.0;
     long total = 0;
     for (size_t i = 0; i < json_array_size(ts); i++) {
@@ -304,12 +299,12 @@ static void adam_area(float *p, const float *g, float *m, float *v, size_t n, co
 
 static void test_adamw(rig *r, zs_trainer *t, const ref *f, const char *tag) {
     adam_state a;
-    a.md = xcalloc(sizeof(float *) * (size_t)r->nb); a.mr = xcalloc(sizeof(float *) * (size_t)r->nb);
-    a.vd = xcalloc(sizeof(float *) * (size_t)r->nb); a.vr = xcalloc(sizeof(float *) * (size_t)r->nb);
+    a.md = tu_xcalloc(sizeof(float *) * (size_t)r->nb); a.mr = tu_xcalloc(sizeof(float *) * (size_t)r->nb);
+    a.vd = tu_xcalloc(sizeof(float *) * (size_t)r->nb); a.vr = tu_xcalloc(sizeof(float *) * (size_t)r->nb);
     for (int b = 0; b < r->nb; b++) {
         const zs_bucket_layout *GL = zs_model_grad_layout(r->m, b);
-        a.md[b] = xcalloc(GL->data_bytes); a.vd[b] = xcalloc(GL->data_bytes);
-        a.mr[b] = xcalloc(GL->resident_bytes); a.vr[b] = xcalloc(GL->resident_bytes);
+        a.md[b] = tu_xcalloc(GL->data_bytes); a.vd[b] = tu_xcalloc(GL->data_bytes);
+        a.mr[b] = tu_xcalloc(GL->resident_bytes); a.vr[b] = tu_xcalloc(GL->resident_bytes);
     }
     double worst = 0;
     for (int s = 0; s < f->n_adam; s++) {
@@ -458,7 +453,7 @@ static void test_model(const char *name) {
                   zs_errmsg());
             /* worst per-tensor relative L2 error against the f32 torch gradients */
             json_t *ts = json_object_get(f.j, "tensors");
-            float *buf = xcalloc(sizeof(float) * (size_t)f.nfloats);
+            float *buf = tu_xcalloc(sizeof(float) * (size_t)f.nfloats);
             double w4 = 0;
             for (size_t i = 0; i < json_array_size(ts); i++) {
                 json_t *e = json_array_get(ts, i);
@@ -493,7 +488,7 @@ static void test_model(const char *name) {
         CHECK(zs_train_embed_fwd(t, r.pd[0], r.pr[0], f.tok) == 0, "embed fwd");
         CHECK_ERR(zs_train_layer_fwd(t, 1, r.pd[2], r.pr[2]), "out of order");
         CHECK_ERR(zs_train_layer_bwd(t, L - 1, r.pd[L], r.pr[L], r.gd[L], r.gr[L]), "out of order");
-        int32_t *bad = xcalloc(sizeof(int32_t) * (size_t)(f.B * f.T));
+        int32_t *bad = tu_xcalloc(sizeof(int32_t) * (size_t)(f.B * f.T));
         memcpy(bad, f.tok, sizeof(int32_t) * (size_t)(f.B * f.T));
         bad[3] = r.c->vocab_size;
         CHECK_ERR(zs_train_embed_fwd(t, r.pd[0], r.pr[0], bad), "token id", "out of range");

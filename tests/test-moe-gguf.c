@@ -34,6 +34,7 @@
 #include "matmul-q8act.h"
 #include "model.h"
 #include "quant-mix.h"
+#include "testmodel.h"
 #include "testutil.h"
 
 /* Limits on max |dlogit|, from the differences measured on 2026-12-01 (in brackets; the logits of these
@@ -58,26 +59,6 @@ static void on_logits(void *ud, const float *logits, int vocab) {
     }
     l->vocab = vocab;
     memcpy(l->rows + (size_t)l->n++ * vocab, logits, (size_t)vocab * sizeof(float));
-}
-
-/* make_ref.py's checksum: sum over the file's little-endian 64-bit words w[i] (zero-padded) of
- * w[i] * (2i + 1), mod 2^64. */
-static int file_checksum(const char *path, char *hex, size_t n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    uint64_t h = 0, i = 0;
-    unsigned char b[8];
-    size_t got;
-    while ((got = fread(b, 1, 8, f)) > 0) {
-        uint64_t w = 0;
-        for (size_t k = 0; k < got; k++) w |= (uint64_t)b[k] << (8 * k);
-        h += w * (2 * i + 1);
-        i++;
-        if (got < 8) break;
-    }
-    fclose(f);
-    snprintf(hex, n, "%016llx", (unsigned long long)h);
-    return 0;
 }
 
 /* The case's checkpoint as `zeroserve init-model --arch A --random-norms --init-std X --seed S --set JSON` writes it
@@ -365,7 +346,7 @@ static void run_case(json_t *c, const char *tmp) {
     CHECK(rc == 0, "%s: init-model + convert: %s", name, zs_errmsg());
     if (rc) return;
     const char *want = json_string_value(json_object_get(c, "gguf_checksum"));
-    CHECK(file_checksum(gguf, sum, sizeof sum) == 0 && want && !strcmp(sum, want),
+    CHECK(tu_file_checksum(gguf, 8, sum, sizeof sum) == 0 && want && !strcmp(sum, want),
           "%s: the GGUF file (checksum %s) is not the one llama.cpp ran (%s): init-model or convert changed; "
           "regenerate tests/ref/moe-llamacpp/ref.json with tests/ref/moe-llamacpp/make_ref.py", name, sum,
           want ? want : "?");

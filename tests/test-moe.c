@@ -43,6 +43,7 @@
 #include "lora.h"
 #include "model.h"
 #include "quant-mix.h"
+#include "testmodel.h"
 #include "testutil.h"
 
 #define REF_JSON "tests/ref/moe/moe-ref.json"
@@ -55,44 +56,6 @@
 #define QUANT_Q4KM_RMS 0.35
 #define MAXT 128
 #define SEQ_MAX 64
-
-static void *xcalloc(size_t n) {
-    void *p = calloc(1, n ? n : 1);
-    if (!p) { fprintf(stderr, "out of memory\n"); exit(1); }
-    return p;
-}
-
-static int regen_model(json_t *args, const char *out) {
-    int argc = (int)json_array_size(args);
-    char **argv = xcalloc(sizeof(char *) * (size_t)(argc + 3));
-    for (int i = 0; i < argc; i++) argv[i] = (char *)json_string_value(json_array_get(args, i));
-    argv[argc] = "--out";
-    argv[argc + 1] = (char *)out;
-    zs_init_opts io;
-    const char *o;
-    int help, rc = zs_init_cmd_parse(argc + 2, argv, &io, &o, &help);
-    free(argv);
-    if (rc < 0) return rc;
-    return zs_init_model_write(&io, out);
-}
-
-/* make_moe_ref.py's checksum: little-endian uint32 words w_i (zero-padded), sum w_i * (2i + 1). */
-static int file_checksum(const char *path, char hex[17]) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    uint64_t s = 0, i = 0;
-    unsigned char b[4];
-    size_t n;
-    while ((n = fread(b, 1, 4, f)) > 0) {
-        if (n < 4) memset(b + n, 0, 4 - n);
-        uint64_t w = (uint64_t)b[0] | (uint64_t)b[1] << 8 | (uint64_t)b[2] << 16 | (uint64_t)b[3] << 24;
-        s += w * (2 * i + 1);
-        i++;
-    }
-    fclose(f);
-    snprintf(hex, 17, "%016llx", (unsigned long long)s);
-    return 0;
-}
 
 /* ---- the checking weight source ---- */
 
@@ -444,7 +407,7 @@ static void check_case(const char *name, const char *dir, json_t *cs, const floa
     cs_init(&s, r.m);
     zs_weight_source src = cs_source(&s);
     route_check chk = {name, &r, &s, json_object_get(cs, "routes"), (int)json_integer_value(json_object_get(cs, "n_experts_used")), 0, ""};
-    float *one = xcalloc(sizeof(float) * MAXT * V), *lg = xcalloc(sizeof(float) * MAXT * V);
+    float *one = tu_xcalloc(sizeof(float) * MAXT * V), *lg = tu_xcalloc(sizeof(float) * MAXT * V);
 
     /* (1) one prefill, against transformers; the masks are transformers' routes */
     int whole[] = {n};
@@ -565,7 +528,7 @@ static void check_case(const char *name, const char *dir, json_t *cs, const floa
             int eb = zs_bucket_expert(q.m, zs_config_layer_moe(q.c, 0) ? 0 : 1, 0);
             const zs_bucket_layout *X = zs_model_layout(q.m, eb);
             CHECK(X->slot[ZS_R_W_DOWN].resident && X->data_bytes == 0, "%s: resident expert layout", name);
-            float *lq = xcalloc(sizeof(float) * MAXT * V);
+            float *lq = tu_xcalloc(sizeof(float) * MAXT * V);
             zs_weight_source rs = zs_model_resident_source(q.m);
             rc = run_seq(&q, &rs, ids, n, whole, 1, lq, NULL, NULL);
             CHECK(rc == 0 && same_rows(lq, one, n, V), "%s: resident experts: %s", name, rc ? zs_errmsg() : "logits differ");
@@ -604,7 +567,7 @@ static void check_case(const char *name, const char *dir, json_t *cs, const floa
                     int xb = zs_bucket_expert(q.m, l, e);
                     const zs_slot *fs = &zs_model_layout(r.m, xb)->slot[role];
                     size_t cnt = (size_t)(sl->shape[0] * sl->shape[1]), nb = zs_dtype_bytes(sl->dtype, cnt);
-                    void *conv = xcalloc(nb);
+                    void *conv = tu_xcalloc(nb);
                     zs_convert(conv, sl->dtype, (const char *)zs_model_bucket_data(r.m, xb) + fs->offset, ZS_F32, cnt);
                     CHECK(!fs->resident && !sl->resident && sl->nbytes == nb &&
                           !memcmp(conv, (const char *)zs_model_bucket_data(q.m, xb) + sl->offset, nb),
@@ -613,7 +576,7 @@ static void check_case(const char *name, const char *dir, json_t *cs, const floa
                 }
             }
         }
-        float *lq = xcalloc(sizeof(float) * MAXT * V);
+        float *lq = tu_xcalloc(sizeof(float) * MAXT * V);
         zs_weight_source rs = zs_model_resident_source(q.m);
         rc = run_seq(&q, &rs, ids, n, whole, 1, lq, NULL, NULL);
         double se = 0, sr = 0, lim = qk ? QUANT_Q4KM_RMS : QUANT_Q8_RMS;
@@ -651,7 +614,7 @@ static int regen_words(const char *words, const char *out) {
     snprintf(buf, sizeof buf, "%s %s", words, common);
     json_t *a = json_array();
     for (char *t = strtok(buf, " "); t; t = strtok(NULL, " ")) json_array_append_new(a, json_string(t));
-    int rc = regen_model(a, out);
+    int rc = tu_regen_model(a, out);
     json_decref(a);
     return rc;
 }
@@ -685,8 +648,8 @@ static void check_gguf(const char *tmp) {
         o.embed_lookup = 1;
         o8 = o;
         o8.weight_dtype = ZS_Q8_0;
-        float *hf = xcalloc(sizeof(float) * MAXT * V), *hf8 = xcalloc(sizeof(float) * MAXT * V);
-        float *gg = xcalloc(sizeof(float) * MAXT * V);
+        float *hf = tu_xcalloc(sizeof(float) * MAXT * V), *hf8 = tu_xcalloc(sizeof(float) * MAXT * V);
+        float *gg = tu_xcalloc(sizeof(float) * MAXT * V);
         rc = logits_of(dir, &o, ids, n, hf, NULL);
         CHECK(rc == 0, "gguf %s: the directory: %s", name, zs_errmsg());
         rc = rc ? rc : logits_of(dir, &o8, ids, n, hf8, NULL);
@@ -742,7 +705,7 @@ int main(void) {
     char p[512];
     snprintf(p, sizeof p, "tests/ref/moe/%s", json_string_value(json_object_get(doc, "bin")));
     FILE *f = fopen(p, "rb");
-    float *bin = xcalloc(sizeof(float) * (size_t)(nbin > 0 ? nbin : 1));
+    float *bin = tu_xcalloc(sizeof(float) * (size_t)(nbin > 0 ? nbin : 1));
     size_t got = f ? fread(bin, sizeof(float), (size_t)nbin, f) : 0;
     if (f) fclose(f);
     if (nbin <= 0 || (long)got != nbin) { fprintf(stderr, "%s: missing or short\n", p); return 1; }
@@ -756,12 +719,12 @@ int main(void) {
         const char *name = json_string_value(json_object_get(cs, "name"));
         char dir[4200], stp[4300], hex[17] = "";
         snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-        int rc = regen_model(json_object_get(cs, "init_args"), dir);
+        int rc = tu_regen_model(json_object_get(cs, "init_args"), dir);
         CHECK(rc == 0, "%s: init-model: %s", name, zs_errmsg());
         if (rc < 0) continue;
         snprintf(stp, sizeof stp, "%s/model.safetensors", dir);
         const char *want = json_string_value(json_object_get(cs, "safetensors_checksum"));
-        CHECK(file_checksum(stp, hex) == 0 && want && !strcmp(hex, want),
+        CHECK(tu_file_checksum(stp, 4, hex, 17) == 0 && want && !strcmp(hex, want),
               "%s: the regenerated model.safetensors (checksum %s) is not the reference's (%s): init-model "
               "changed; re-run tests/ref/moe/make_moe_ref.py", name, hex, want ? want : "?");
         long off = (long)json_integer_value(json_object_get(cs, "logits_offset"));

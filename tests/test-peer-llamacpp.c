@@ -36,6 +36,7 @@
 #include "init-model.h"
 #include "matmul-q8act.h"
 #include "quant-mix.h"
+#include "testmodel.h"
 #include "testutil.h"
 
 #define MIN_STEPS 8          /* steps compared at least: the cases on f32 arithmetic on both sides */
@@ -227,26 +228,6 @@ static void check_tokenize(json_t *t) {
 #define TOL_GELU 2e-3   /* [3e-4] gemma2, gemma3 */
 #define FEATURE_MARGIN 10 /* a feature must move llama.cpp's logits by this many tolerances */
 
-/* The checksum of make_family_llamacpp_ref.py: sum over the file's little-endian 64-bit words w[i]
- * (zero-padded) of w[i] * (2i + 1), mod 2^64. */
-static int file_checksum(const char *path, char *hex, size_t n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    uint64_t h = 0, i = 0;
-    unsigned char b[8];
-    size_t got;
-    while ((got = fread(b, 1, 8, f)) > 0) {
-        uint64_t w = 0;
-        for (size_t k = 0; k < got; k++) w |= (uint64_t)b[k] << (8 * k);
-        h += w * (2 * i + 1);
-        i++;
-        if (got < 8) break;
-    }
-    fclose(f);
-    snprintf(hex, n, "%016llx", (unsigned long long)h);
-    return 0;
-}
-
 /* The case's checkpoint as `zeroserve init-model --arch A --random-norms --seed S --set JSON` writes it
  * and its GGUF file as `zeroserve convert --dtype D --name zs-peer` does. */
 static int make_family_gguf(json_t *c, const char *tmp, char *gguf, size_t n) {
@@ -284,7 +265,7 @@ static void run_family_case(json_t *c, const char *tmp) {
     CHECK(rc == 0, "%s: init-model + convert: %s", name, zs_errmsg());
     if (rc) return;
     const char *want = json_string_value(json_object_get(c, "gguf_checksum"));
-    CHECK(file_checksum(gguf, sum, sizeof sum) == 0 && want && !strcmp(sum, want),
+    CHECK(tu_file_checksum(gguf, 8, sum, sizeof sum) == 0 && want && !strcmp(sum, want),
           "%s: the GGUF file (checksum %s) is not the one llama.cpp ran (%s): init-model or convert changed; "
           "regenerate tests/ref/llamacpp-family-ref.json with tests/ref/make_family_llamacpp_ref.py", name, sum,
           want ? want : "?");

@@ -362,7 +362,7 @@ static int run(const char *dir, const char *out, int quick) {
     zs_model *m = zs_engine_model(e);
     const zs_model_config *c = zs_model_config_get(m);
     json_object_set_new(j, "params_billions", json_real((double)zs_model_param_count(m) / 1e9));
-    int order[1100], n_order = zs_model_pass_order(m, order);
+    int order[2 * ZS_MAX_LAYERS + 8], n_order = zs_model_pass_order(m, order); /* dense here: no marks */
     double pass_bytes = 0;
     for (int i = 0; i < n_order; i++) pass_bytes += (double)zs_partition_shard_bytes(m, order[i], 1);
     json_object_set_new(j, "offload_cpu_pass_gb", json_real(pass_bytes / 1e9));
