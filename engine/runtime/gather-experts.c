@@ -441,6 +441,10 @@ void zs_gx_mark(zs_gather *g, long k, int layer, int bwd) {
     int n = mask_list(agreed, g->n_exp, list);
     long pid = ++g->xplan_id;
     pthread_mutex_lock(&g->mu);
+    /* plans share experts (a backward repeats its forward's), and an entry is made ready for one
+     * plan at a time: the compute thread gives the previous plan back first (a forward mark's
+     * mask already comes after it; a backward mark would otherwise run ahead) */
+    while (g->cdone_plan < pid - 1 && !g->stop) pthread_cond_wait(&g->cv, &g->mu);
     for (int i = 0; i < n; i++) g->xe[zs_bucket_expert(g->m, layer, list[i])].used_plan = pid;
     it->plan_id = pid;
     it->plan_n = n;
@@ -513,6 +517,10 @@ static void open_plan(zs_gather *g, const item_t *it, int layer) {
     g->cplan_n = mask_list(it->agreed, g->n_exp, g->cplan_list);
     g->cplan_next = 0;
     g->cplan_layer = layer;
+    if (g->cplan_n == 0) {
+        g->cdone_plan = g->cplan_id;
+        pthread_cond_broadcast(&g->cv);
+    }
 }
 
 /* Under mu: takes mark item k (the next one), waits for its plan and opens it. */
@@ -636,6 +644,7 @@ void zs_gx_release(zs_gather *g, int bucket) {
         if (g->has_dev && x->buf) g->dv.retire(g->dv.ctx, x->buf);
         x->held = 0;
         x->released_plan = g->cplan_id;
+        if (g->cplan_next == g->cplan_n) g->cdone_plan = g->cplan_id; /* the plan's last expert */
         pthread_cond_broadcast(&g->cv);
     }
     pthread_mutex_unlock(&g->mu);
@@ -677,4 +686,14 @@ int zs_gx_drain_mark(zs_gather *g, long k) {
     }
     zs_gx_drain(g);
     return rc;
+}
+
+void zs_gx_invalidate(zs_gather *g, int bucket) {
+    pthread_mutex_lock(&g->mu);
+    xent_t *x = &g->xe[bucket];
+    if (x->present) { /* between passes: nothing is still to be used */
+        ZS_ASSERT(!pending(x));
+        evict(g, bucket);
+    }
+    pthread_mutex_unlock(&g->mu);
 }

@@ -114,6 +114,7 @@ struct zs_gather {
     /* the plan the compute thread is consuming (compute thread; read by the prefetcher under mu) */
     int cplan_open, cplan_layer;
     long cplan_id;
+    long cdone_plan;          /* the last plan the compute thread has wholly given back */
     int cplan_n, cplan_next;
     int *cplan_list;          /* [n_exp] expert ids in increasing order */
     xread_t *xr;              /* [pinned slots] NVMe expert reads */
@@ -138,6 +139,7 @@ int  zs_gx_experts(void *ctx, int layer, const uint64_t *mask, uint64_t *agreed)
 int  zs_gx_acquire(zs_gather *g, int bucket, const void **data);
 void zs_gx_release(zs_gather *g, int bucket);
 void zs_gx_consume_bwd_marks(zs_gather *g);      /* under mu: consume backward marks with empty plans */
+void zs_gx_invalidate(zs_gather *g, int bucket); /* a new shard was written: drop the cached expert */
 void zs_gx_drain(zs_gather *g);                  /* pass_end: finish the open plan */
 int  zs_gx_drain_mark(zs_gather *g, long k);     /* pass_end: consume mark item k and its plan */
 

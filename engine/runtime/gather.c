@@ -149,6 +149,8 @@ int zs_gather_read_shard(zs_gather *g, int b, void *dst) {
 
 int zs_gather_write_shard(zs_gather *g, int b, const void *src) {
     if (!g->shard_bytes[b]) return 0;
+    if (g->moe && !g->direct && zs_bucket_is_expert(g->m, b, NULL, NULL))
+        zs_gx_invalidate(g, b); /* the cached full expert is the old one */
     if (g->o.tier != ZS_OFFLOAD_NVME) return zs_gather_put_shard(g, b, src);
     if (!g->file || !g->reader) return zs_err(ZS_EINVAL, "rank %d: no shard file attached", g->rank);
     /* between passes with speculation off: every item of the last pass was produced and
