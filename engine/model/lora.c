@@ -57,6 +57,21 @@ static int lora_alloc(zs_lora *l) {
     return 0;
 }
 
+/* Mixtures of experts: the MLP targets are refused when any layer is sparse (targets apply to every
+ * layer; PEFT adapts each expert's gate_proj / up_proj / down_proj, and Qwen2-MoE's shared expert,
+ * as modules of their own, which this engine does not serve); the attention projections are fine. */
+static int lora_check_moe(const zs_model_config *c, unsigned targets) {
+    for (int t = ZS_LORA_GATE; t <= ZS_LORA_DOWN; t++) {
+        if (!(targets >> t & 1)) continue;
+        for (int l = 0; l < c->n_layers; l++)
+            if (zs_config_layer_moe(c, l))
+                return zs_err(ZS_EUNSUPPORTED, "lora: target %s: layer %d of this %s is a mixture of experts, whose "
+                              "experts' %s are not adaptable yet; adapt the attention projections (q_proj, k_proj, "
+                              "v_proj, o_proj)", lora_names[t], l, c->arch_name, lora_names[t]);
+    }
+    return 0;
+}
+
 int zs_lora_new(const zs_model *base, const zs_lora_params *p, zs_lora **out) {
     const zs_model_config *c = zs_model_config_get(base);
     if (c->arch != ZS_ARCH_LLAMA)
@@ -67,6 +82,7 @@ int zs_lora_new(const zs_model *base, const zs_lora_params *p, zs_lora **out) {
     if (!(p->alpha > 0) || !isfinite(p->alpha)) return zs_err(ZS_EINVAL, "lora: lora_alpha must be a positive number");
     if (!p->targets || (p->targets & ~ZS_LORA_ALL)) return zs_err(ZS_EINVAL, "lora: no target module");
     if (!(p->dropout >= 0 && p->dropout < 1)) return zs_err(ZS_EINVAL, "lora: lora_dropout must be in [0, 1)");
+    ZS_CHECK(lora_check_moe(c, p->targets));
     zs_lora *l = calloc(1, sizeof *l);
     if (!l) return zs_err(ZS_ENOMEM, "out of memory");
     l->p = *p;
@@ -122,6 +138,7 @@ int zs_lora_check_base(const zs_lora *l, const zs_model *base) {
     if (c->arch == ZS_ARCH_GPT2) return zs_err(ZS_EUNSUPPORTED, "lora: LoRA adapters are not supported for GPT-2 models");
     if (l->n_layers != c->n_layers)
         return zs_err(ZS_EINVAL, "lora: the adapter has %d layers; the model has %d", l->n_layers, c->n_layers);
+    ZS_CHECK(lora_check_moe(c, l->p.targets));
     const zs_bucket_layout *L = zs_model_layout(base, zs_bucket_layer(0));
     for (int t = 0; t < ZS_LORA_NT; t++) {
         if (!l->A[t]) continue;

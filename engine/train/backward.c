@@ -7,7 +7,13 @@
  * kernels/cpu/ops-backward.c. With a LoRA adapter set (zs_trainer_set_lora) the base is frozen:
  * every adapted projection adds scale·B·A·drop(x) in the forward and the recompute, the backward
  * accumulates only the adapter's gradient, and the base weights may be of any dtype (block formats
- * dequantized in the dx products) and may belong to an inference model (host embedding tables). */
+ * dequantized in the dx products) and may belong to an inference model (host embedding tables).
+ * Mixtures of experts (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE): the sparse block as forward.c computes
+ * it (routing, the agreed experts acquired through the expert source in increasing order, the shared
+ * expert), recomputed in the backward with the experts acquired again; gradients of the experts
+ * (egrad), the router (through the renormalisation and the softmax, plus the auxiliary
+ * load-balancing loss) and the shared expert and its gate; OLMoE's whole-projection q/k norms and
+ * clip_qkv. */
 #include "backward.h"
 
 #include <math.h>
@@ -53,6 +59,32 @@ struct zs_trainer {
     float lp;
     float *lu[ZS_LORA_NT], *lxd, *lv, *ldu, *ldx;
     size_t lbytes;
+    /* mixtures of experts (zs_config_layer_moe layers): E experts, top K, expert / shared ffn widths;
+     * the expert source and gradient callback (zs_trainer_set_experts); per layer the agreed experts
+     * of this pass; of the current layer: router probabilities rp [N*E] (their gradient drp), the K
+     * selected experts of each token (sel, descending probability), their probabilities sp and
+     * routing weights rw (after the renormalisation), drw the gradient of rw; the rows of each expert
+     * (erow: token, eslot: index into sel; expert e's rows are eoff[e] .. eoff[e+1]-1, increasing
+     * tokens); the local mask; gathered rows ex and expert outputs ey [N*d], their gradients edy,
+     * edx; the shared expert's output shv [N*d] and gate sg [N] (sigmoid); OLMoE's clip_qkv masks.
+     * The auxiliary loss: selections acnt and probability sums apsum per expert over the sparse
+     * layers of this forward (an of them), and agrad, d(coef * aux)/d p (one value per expert). */
+    int E, K, mf, sf;
+    const zs_weight_source *xsrc;
+    zs_expert_grad_fn egrad;
+    void *gctx;
+    uint64_t *agreed;       /* [L * ZS_EXPERT_WORDS] */
+    uint64_t xmask[ZS_EXPERT_WORDS];
+    float *rp, *drp, *sp, *rw, *drw, *ex, *ey, *edy, *edx, *shv, *sg;
+    int32_t *sel, *erow, *eslot, *eoff, *ecur;
+    unsigned char *clipm;   /* [N * (qd + 2 kvd)]: 1 where q | k | v was inside [-clip, clip] */
+    double *acnt, *apsum;
+    float *agrad;
+    int an;
+    /* the expert protocol of the current MoE layer call (zs_trainer_experts_sync): layer, phase
+     * (0 forward, 1 backward), the last expert acquired, whether the forward's agreement was made,
+     * and whether a sync may continue from there (only after a failed call) */
+    int xl, xph, xlast, xagreed, xvalid;
 };
 
 static float *talloc(zs_trainer *t, size_t n) {
@@ -82,7 +114,21 @@ int zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out) {
     t->V = c->vocab_size;
     t->L = c->n_layers;
     t->next = -1;
-    size_t N = (size_t)t->N, d = (size_t)t->d, qd = (size_t)t->qd, kvd = (size_t)t->kvd, ff = (size_t)t->ff;
+    if (c->n_experts > 0) {
+        if (c->n_experts > ZS_MAX_EXPERTS || c->n_experts_used < 1 || c->n_experts_used > c->n_experts ||
+            c->moe_ffn_dim < 1 || c->shared_ffn_dim < 0) {
+            free(t);
+            return zs_err(ZS_EINVAL, "trainer: %d experts, top %d, expert width %d: not a mixture of experts it can train",
+                          c->n_experts, c->n_experts_used, c->moe_ffn_dim);
+        }
+        t->E = c->n_experts;
+        t->K = c->n_experts_used;
+        t->mf = c->moe_ffn_dim;
+        t->sf = c->shared_ffn_dim;
+    }
+    /* the MLP activations are sized for the widest MLP: dense, expert or shared */
+    size_t N = (size_t)t->N, d = (size_t)t->d, qd = (size_t)t->qd, kvd = (size_t)t->kvd;
+    size_t ff = (size_t)ZS_MAX(t->ff, ZS_MAX(t->mf, t->sf));
     t->chunk = (int)ZS_MIN(N, ZS_MAX((size_t)1, ((size_t)1 << 22) / (size_t)t->V));
     size_t wide = ZS_MAX(d, ZS_MAX(qd, ff));
     t->tokens = calloc(N, sizeof(int32_t));
@@ -112,7 +158,7 @@ int zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out) {
     t->logits = talloc(t, (size_t)t->chunk * (size_t)t->V);
     t->wscratch = talloc(t, (size_t)ZS_MATMUL_BWD_BLOCK * wide);
     int extra_ok = 1;
-    if (c->qk_norm) {
+    if (c->qk_norm || c->qk_norm_full) {
         extra_ok &= !!(t->qraw = talloc(t, N * qd));
         extra_ok &= !!(t->kraw = talloc(t, N * kvd));
         extra_ok &= !!(t->dqraw = talloc(t, N * qd));
@@ -123,6 +169,31 @@ int zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out) {
         extra_ok &= !!(t->mo = talloc(t, N * d));
     }
     extra_ok &= !!(t->dtmp = talloc(t, N * d));
+    if (t->E > 0) {
+        size_t E = (size_t)t->E, NK = N * (size_t)t->K;
+        extra_ok &= !!(t->rp = talloc(t, N * E)) && !!(t->drp = talloc(t, N * E));
+        extra_ok &= !!(t->sp = talloc(t, NK)) && !!(t->rw = talloc(t, NK)) && !!(t->drw = talloc(t, NK));
+        extra_ok &= !!(t->ex = talloc(t, N * d)) && !!(t->ey = talloc(t, N * d));
+        extra_ok &= !!(t->edy = talloc(t, N * d)) && !!(t->edx = talloc(t, N * d));
+        extra_ok &= !!(t->shv = talloc(t, N * d)) && !!(t->sg = talloc(t, N));
+        extra_ok &= !!(t->agrad = talloc(t, E));
+        t->sel = calloc(NK, sizeof(int32_t));
+        t->erow = calloc(NK, sizeof(int32_t));
+        t->eslot = calloc(NK, sizeof(int32_t));
+        t->eoff = calloc(E + 1, sizeof(int32_t));
+        t->ecur = calloc(E, sizeof(int32_t));
+        t->agreed = calloc((size_t)t->L * ZS_EXPERT_WORDS, sizeof(uint64_t));
+        t->acnt = calloc(E, sizeof(double));
+        t->apsum = calloc(E, sizeof(double));
+        extra_ok &= t->sel && t->erow && t->eslot && t->eoff && t->ecur && t->agreed && t->acnt && t->apsum;
+        t->bytes += 3 * NK * sizeof(int32_t) + (2 * E + 1) * sizeof(int32_t) + 2 * E * sizeof(double) +
+                    (size_t)t->L * ZS_EXPERT_WORDS * sizeof(uint64_t);
+    }
+    if (c->clip_qkv > 0) {
+        t->clipm = calloc(N * (qd + 2 * kvd), 1);
+        extra_ok &= !!t->clipm;
+        t->bytes += N * (qd + 2 * kvd);
+    }
     if (c->final_softcap > 0) extra_ok &= !!(t->capped = talloc(t, (size_t)t->chunk * (size_t)t->V));
     size_t half = (size_t)ZS_MAX(c->head_dim / 2, 1);
     int pl = zs_rope_pos_layer(c);
@@ -164,8 +235,11 @@ void zs_trainer_free(zs_trainer *t) {
     float *bufs[] = {t->xs, t->dres, t->xn1, t->q, t->k, t->v, t->att, t->xmid, t->xn2, t->hg, t->hu,
                      t->ha, t->tmp, t->dxn, t->dq, t->dk, t->dv, t->datt, t->dhg, t->dhu, t->dha,
                      t->scores, t->logits, t->wscratch, t->qraw, t->kraw, t->dqraw, t->dkraw, t->ao, t->mo, t->dtmp, t->capped,
-                     t->freq[0], t->freq[1], t->freq_tok, t->tok_af};
+                     t->freq[0], t->freq[1], t->freq_tok, t->tok_af, t->rp, t->drp, t->sp, t->rw, t->drw,
+                     t->ex, t->ey, t->edy, t->edx, t->shv, t->sg, t->agrad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(t->sel); free(t->erow); free(t->eslot); free(t->eoff); free(t->ecur); free(t->agreed);
+    free(t->acnt); free(t->apsum); free(t->clipm);
     free(t->tokens);
     free(t->pos);
     free(t);
@@ -364,8 +438,23 @@ static zs_att_params att_params(const zs_model_config *c, int l) {
     return p;
 }
 
+/* torch.clamp_(x, -c, c), m[i] = 1 where x[i] was inside [-c, c] (the gradient passes there) */
+static void clip_fwd(float *x, unsigned char *m, size_t n, float c) {
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        m[i] = v >= -c && v <= c;
+        x[i] = v < -c ? -c : v > c ? c : v;
+    }
+}
+
+static void clip_bwd(float *dx, const unsigned char *m, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!m[i]) dx[i] = 0.0f;
+}
+
 /* The forward of layer l from x_in, keeping its activations in the workspace; writes the layer's
- * output to x_out unless it is NULL (the backward recompute needs only the activations). */
+ * output to x_out unless it is NULL (the backward recompute needs only the activations). A MoE
+ * layer stops after its MLP input norm (xn2): the sparse block is moe_route + moe_fwd / moe_bwd. */
 static void layer_compute(zs_trainer *t, int l, const void *data, const void *res, const float *x_in,
                           float *x_out) {
     const zs_model_config *c = t->c;
@@ -381,13 +470,21 @@ static void layer_compute(zs_trainer *t, int l, const void *data, const void *re
     lora_fwd(t, l, ZS_LORA_Q, t->q, t->xn1, n);
     lora_fwd(t, l, ZS_LORA_K, t->k, t->xn1, n);
     lora_fwd(t, l, ZS_LORA_V, t->v, t->xn1, n);
-    if (c->qk_norm) { /* per-head RMSNorm of q and k (the inputs kept for the backward) */
+    if (c->qk_norm || c->qk_norm_full) { /* RMSNorm of q and k per head, or (OLMoE) over the whole
+                                             projection (the inputs kept for the backward) */
+        int full = !c->qk_norm; /* qk_norm_full alone: OLMoE (forward.c: per head wins when both are set) */
         memcpy(t->qraw, t->q, (size_t)n * qd * sizeof(float));
         memcpy(t->kraw, t->k, (size_t)n * kvd * sizeof(float));
-        zs_op_rmsnorm_off(t->q, t->qraw, WF(L, ZS_R_Q_NORM, data, res), n * c->n_heads, c->head_dim, c->norm_eps,
-                          c->norm_offset);
-        zs_op_rmsnorm_off(t->k, t->kraw, WF(L, ZS_R_K_NORM, data, res), n * c->n_kv_heads, c->head_dim, c->norm_eps,
-                          c->norm_offset);
+        zs_op_rmsnorm_off(t->q, t->qraw, WF(L, ZS_R_Q_NORM, data, res), full ? n : n * c->n_heads,
+                          full ? qd : c->head_dim, c->norm_eps, c->norm_offset);
+        zs_op_rmsnorm_off(t->k, t->kraw, WF(L, ZS_R_K_NORM, data, res), full ? n : n * c->n_kv_heads,
+                          full ? kvd : c->head_dim, c->norm_eps, c->norm_offset);
+    }
+    if (c->clip_qkv > 0) { /* OLMoE: q, k, v clamped (torch.clamp_), the mask kept for the backward */
+        size_t nq = (size_t)n * qd, nk = (size_t)n * kvd;
+        clip_fwd(t->q, t->clipm, nq, c->clip_qkv);
+        clip_fwd(t->k, t->clipm + nq, nk, c->clip_qkv);
+        clip_fwd(t->v, t->clipm + nq + nk, nk, c->clip_qkv);
     }
     if (c->arch != ZS_ARCH_GPT2) {
         rope_all(t, l, t->q, c->n_heads, qd, 0);
@@ -409,6 +506,7 @@ static void layer_compute(zs_trainer *t, int l, const void *data, const void *re
     zs_op_add(t->xmid, t->tmp, nd);
 
     norm_fwd(c, t->xn2, t->xmid, WF(L, ZS_R_FFN_NORM_W, data, res), WF(L, ZS_R_FFN_NORM_B, data, res), n);
+    if (zs_config_layer_moe(c, l)) return; /* the sparse block: moe_route, moe_fwd / moe_bwd */
     size_t nf = (size_t)n * ff;
     if (c->arch == ZS_ARCH_GPT2) {
         zs_op_matmul(t->hu, t->xn2, n, d, W(L, ZS_R_W_UP, data, res), WD(ZS_R_W_UP), ff, WF(L, ZS_R_B_UP, data, res));
@@ -441,6 +539,311 @@ static void layer_compute(zs_trainer *t, int l, const void *data, const void *re
 #undef WD
 }
 
+/* ---- mixtures of experts: routing, the experts, the shared expert, the router's gradient ---- */
+
+static inline int bit_of(const uint64_t *m, int e) { return (int)(m[e >> 6] >> (e & 63) & 1); }
+
+/* Routing of the current layer's xn2 (transformers' sparse blocks): logits = xn2·Wrᵀ, f32 softmax
+ * over the E experts (rp), the K largest probabilities in descending order (a tie: the lower
+ * expert first), renormalised to sum 1 when norm_topk_prob (Mixtral always); then each expert's
+ * rows (tokens in increasing order) and the local mask. fwd: the forward pass, which adds the
+ * layer to the auxiliary loss's sums (the recompute does not). */
+static void moe_route(zs_trainer *t, int l, const void *data, const void *res, int fwd) {
+    const zs_model_config *c = t->c;
+    const zs_bucket_layout *L = zs_model_layout(t->m, zs_bucket_layer(l));
+    int n = t->N, E = t->E, K = t->K;
+    zs_op_matmul(t->rp, t->xn2, n, t->d, W(L, ZS_R_ROUTER, data, res), L->slot[ZS_R_ROUTER].dtype, E, NULL);
+    memset(t->eoff, 0, (size_t)(E + 1) * sizeof(int32_t));
+    for (int i = 0; i < n; i++) {
+        float *p = t->rp + (size_t)i * E;
+        zs_op_softmax(p, E);
+        int32_t *se = t->sel + (size_t)i * K;
+        float *sp = t->sp + (size_t)i * K, *w = t->rw + (size_t)i * K;
+        for (int j = 0; j < K; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < j && !taken; q++) taken = se[q] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            se[j] = best;
+            sp[j] = p[best];
+            t->eoff[best + 1]++;
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < K; j++) sum += sp[j];
+        for (int j = 0; j < K; j++) w[j] = c->norm_topk_prob ? sp[j] / sum : sp[j];
+    }
+    for (int e = 0; e < E; e++) t->eoff[e + 1] += t->eoff[e];
+    memset(t->xmask, 0, sizeof t->xmask);
+    int32_t *fill = t->ecur;
+    for (int e = 0; e < E; e++) {
+        fill[e] = t->eoff[e];
+        if (t->eoff[e + 1] > t->eoff[e]) t->xmask[e >> 6] |= 1ull << (e & 63);
+    }
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < K; j++) {
+            int e = t->sel[(size_t)i * K + j], r = fill[e]++;
+            t->erow[r] = i;
+            t->eslot[r] = i * K + j;
+        }
+    if (fwd) {
+        for (int e = 0; e < E; e++) {
+            double ps = 0.0;
+            for (int i = 0; i < n; i++) ps += t->rp[(size_t)i * E + e];
+            t->apsum[e] += ps;
+            t->acnt[e] += (double)(t->eoff[e + 1] - t->eoff[e]);
+        }
+        t->an++;
+    }
+}
+
+/* Expert e's MLP over its R rows (gathered into ex): hg = ex·Wgᵀ, hu = ex·Wuᵀ, ha = act(hg, hu),
+ * ey = ha·Wdᵀ. */
+static void expert_mlp(zs_trainer *t, const zs_bucket_layout *X, const void *ed, const void *er, int e, int R) {
+    int d = t->d, mf = t->mf, r0 = t->eoff[e];
+    for (int r = 0; r < R; r++)
+        memcpy(t->ex + (size_t)r * d, t->xn2 + (size_t)t->erow[r0 + r] * d, (size_t)d * sizeof(float));
+    zs_op_matmul(t->hg, t->ex, R, d, W(X, ZS_R_W_GATE, ed, er), X->slot[ZS_R_W_GATE].dtype, mf, NULL);
+    zs_op_matmul(t->hu, t->ex, R, d, W(X, ZS_R_W_UP, ed, er), X->slot[ZS_R_W_UP].dtype, mf, NULL);
+    if (t->c->act) zs_op_geglu(t->ha, t->hg, t->hu, (size_t)R * mf);
+    else zs_op_swiglu(t->ha, t->hg, t->hu, (size_t)R * mf);
+    zs_op_matmul(t->ey, t->ha, R, mf, W(X, ZS_R_W_DOWN, ed, er), X->slot[ZS_R_W_DOWN].dtype, d, NULL);
+}
+
+/* Qwen2-MoE's shared expert over every row (layer bucket W_GATE/UP/DOWN, width sf): shv, and its
+ * gate sg = sigmoid(xn2·Wsgᵀ). */
+static void shared_mlp(zs_trainer *t, const zs_bucket_layout *L, const void *data, const void *res) {
+    int n = t->N, d = t->d, sf = t->sf;
+    zs_op_matmul(t->hg, t->xn2, n, d, W(L, ZS_R_W_GATE, data, res), L->slot[ZS_R_W_GATE].dtype, sf, NULL);
+    zs_op_matmul(t->hu, t->xn2, n, d, W(L, ZS_R_W_UP, data, res), L->slot[ZS_R_W_UP].dtype, sf, NULL);
+    if (t->c->act) zs_op_geglu(t->ha, t->hg, t->hu, (size_t)n * sf);
+    else zs_op_swiglu(t->ha, t->hg, t->hu, (size_t)n * sf);
+    zs_op_matmul(t->shv, t->ha, n, sf, W(L, ZS_R_W_DOWN, data, res), L->slot[ZS_R_W_DOWN].dtype, d, NULL);
+    zs_op_matmul(t->sg, t->xn2, n, d, W(L, ZS_R_SHARED_GATE, data, res), L->slot[ZS_R_SHARED_GATE].dtype, 1, NULL);
+    for (int i = 0; i < n; i++) t->sg[i] = 1.0f / (1.0f + expf(-t->sg[i]));
+}
+
+/* A layer call of the expert protocol begins (its state for zs_trainer_experts_sync). */
+static void xbegin(zs_trainer *t, int l, int ph) {
+    t->xl = l;
+    t->xph = ph;
+    t->xlast = -1;
+    t->xagreed = 0;
+    t->xvalid = 1;
+}
+
+static int check_mask(zs_trainer *t, int l, const uint64_t *agreed) {
+    for (int w = 0; w < ZS_EXPERT_WORDS; w++)
+        if (t->xmask[w] & ~agreed[w]) {
+            int e = w * 64 + __builtin_ctzll(t->xmask[w] & ~agreed[w]);
+            return zs_err(ZS_EINVAL, "trainer: layer %d: the agreed experts lack expert %d, which this rank's tokens "
+                                     "selected", l, e);
+        }
+    return 0;
+}
+
+/* The sparse block's forward (after moe_route, holding the layer bucket): agreement, then every
+ * agreed expert acquired and released in increasing order (computed over its rows when it has
+ * any), the routed outputs added per token in increasing expert order (out += w·y, as
+ * transformers' index_add_), then Qwen2-MoE's shared expert (out += sigmoid·shared). Writes the
+ * block's output to tmp. Once the agreement is made, every agreed expert is acquired and
+ * released even after a failure (the first error is returned). */
+static int moe_fwd(zs_trainer *t, int l, const void *data, const void *res) {
+    const zs_weight_source *src = t->xsrc;
+    int d = t->d, E = t->E;
+    size_t nd = (size_t)t->N * d;
+    uint64_t *ag = t->agreed + (size_t)l * ZS_EXPERT_WORDS;
+    int rc = src->experts ? src->experts(src->ctx, l, t->xmask, ag) : 0;
+    if (!src->experts) memcpy(ag, t->xmask, sizeof t->xmask);
+    if (rc < 0) memset(ag, 0, ZS_EXPERT_WORDS * sizeof(uint64_t)); /* the collective failed: nothing to drive */
+    t->xagreed = 1;
+    if (rc == 0) rc = check_mask(t, l, ag);
+    memset(t->tmp, 0, nd * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        if (!bit_of(ag, e)) continue;
+        int b = zs_bucket_expert(t->m, l, e), R = t->eoff[e + 1] - t->eoff[e];
+        const void *ed = NULL;
+        t->xlast = e;
+        int arc = src->acquire(src->ctx, b, &ed);
+        if (arc < 0 && rc == 0) rc = arc;
+        const void *er = zs_model_bucket_resident(t->m, b);
+        const zs_bucket_layout *X = zs_model_layout(t->m, b);
+        if (rc == 0 && R > 0 && (rc = check_areas(X, ed, er, "expert forward")) == 0) {
+            expert_mlp(t, X, ed, er, e, R);
+            for (int r = 0; r < R; r++) {
+                int i = t->erow[t->eoff[e] + r];
+                float w = t->rw[t->eslot[t->eoff[e] + r]], *o = t->tmp + (size_t)i * d;
+                const float *y = t->ey + (size_t)r * d;
+                for (int k = 0; k < d; k++) o[k] += y[k] * w;
+            }
+        }
+        src->release(src->ctx, b);
+    }
+    if (rc == 0 && t->sf > 0) {
+        const zs_bucket_layout *L = zs_model_layout(t->m, zs_bucket_layer(l));
+        shared_mlp(t, L, data, res);
+        for (int i = 0; i < t->N; i++) {
+            float g = t->sg[i], *o = t->tmp + (size_t)i * d;
+            const float *y = t->shv + (size_t)i * d;
+            for (int k = 0; k < d; k++) o[k] += g * y[k];
+        }
+    }
+    t->xvalid = rc < 0;
+    return rc;
+}
+
+/* The sparse block's backward (after the recompute and moe_route, holding the layer bucket):
+ * dres is the gradient of the block's output. Every agreed expert again, in increasing order:
+ * recomputed over its rows, the gradients of its routing weights (drw = dres·y), its weight
+ * gradients into egrad's area, its input gradient scattered into dxn; the shared expert and its
+ * gate; then the router: through the renormalisation and the softmax (top-k selection is not
+ * differentiated), with the auxiliary loss's d/dp added to every probability. dxn receives the
+ * gradient of xn2 (written: zeroed here first). */
+static int moe_bwd(zs_trainer *t, int l, const void *data, const void *res, float *g_data, float *g_res) {
+    const zs_model_config *c = t->c;
+    const zs_weight_source *src = t->xsrc;
+    int n = t->N, d = t->d, E = t->E, K = t->K, mf = t->mf;
+    size_t nd = (size_t)n * d;
+    float *ws = t->wscratch;
+    const zs_bucket_layout *L = zs_model_layout(t->m, zs_bucket_layer(l)), *GL = zs_model_grad_layout(t->m, zs_bucket_layer(l));
+    const uint64_t *ag = t->agreed + (size_t)l * ZS_EXPERT_WORDS;
+    int rc = check_mask(t, l, ag);
+    memset(t->dxn, 0, nd * sizeof(float));
+    memset(t->drw, 0, (size_t)n * K * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        if (!bit_of(ag, e)) continue;
+        int b = zs_bucket_expert(t->m, l, e), R = t->eoff[e + 1] - t->eoff[e], r0 = t->eoff[e];
+        const void *ed = NULL;
+        t->xlast = e;
+        int arc = src->acquire(src->ctx, b, &ed);
+        if (arc < 0 && rc == 0) rc = arc;
+        const void *er = zs_model_bucket_resident(t->m, b);
+        const zs_bucket_layout *X = zs_model_layout(t->m, b), *GX = zs_model_grad_layout(t->m, b);
+        if (rc == 0 && R > 0 && (rc = check_areas(X, ed, er, "expert backward")) == 0) {
+            float *gx = !t->lora && t->egrad ? t->egrad(t->gctx, l, e) : NULL;
+            float *gxr = gx ? gx + GX->data_bytes / sizeof(float) : NULL; /* its resident area follows */
+            expert_mlp(t, X, ed, er, e, R);
+            for (int r = 0; r < R; r++) {
+                int i = t->erow[r0 + r], s = t->eslot[r0 + r];
+                const float *dy = t->dres + (size_t)i * d, *y = t->ey + (size_t)r * d;
+                float w = t->rw[s], *o = t->edy + (size_t)r * d;
+                double dot = 0.0;
+                for (int k = 0; k < d; k++) {
+                    dot += (double)dy[k] * y[k];
+                    o[k] = dy[k] * w;
+                }
+                t->drw[s] = (float)dot;
+            }
+            size_t rf = (size_t)R * mf;
+            memset(t->dha, 0, rf * sizeof(float));
+            zs_op_matmul_bwd(t->dha, G(GX, ZS_R_W_DOWN, gx, gxr), NULL, t->edy, t->ha, W(X, ZS_R_W_DOWN, ed, er),
+                             X->slot[ZS_R_W_DOWN].dtype, R, mf, d, ws);
+            if (c->act) zs_op_geglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, rf);
+            else zs_op_swiglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, rf);
+            memset(t->edx, 0, (size_t)R * d * sizeof(float));
+            zs_op_matmul_bwd(t->edx, G(GX, ZS_R_W_GATE, gx, gxr), NULL, t->dhg, t->ex, W(X, ZS_R_W_GATE, ed, er),
+                             X->slot[ZS_R_W_GATE].dtype, R, d, mf, ws);
+            zs_op_matmul_bwd(t->edx, G(GX, ZS_R_W_UP, gx, gxr), NULL, t->dhu, t->ex, W(X, ZS_R_W_UP, ed, er),
+                             X->slot[ZS_R_W_UP].dtype, R, d, mf, ws);
+            for (int r = 0; r < R; r++) zs_op_add(t->dxn + (size_t)t->erow[r0 + r] * d, t->edx + (size_t)r * d, (size_t)d);
+        }
+        src->release(src->ctx, b);
+    }
+    if (rc < 0) return rc; /* xvalid stays set: the protocol of this layer is complete anyway */
+#define GR(role) G(GL, role, g_data, g_res)
+    if (t->sf > 0) { /* out += sg·shv: d shv = sg·dres, d(gate logit) = (dres·shv)·sg·(1 - sg) */
+        int sf = t->sf;
+        size_t nf = (size_t)n * sf;
+        shared_mlp(t, L, data, res);
+        float *dgl = t->drp; /* [N] scratch (the router's gradient is made below) */
+        for (int i = 0; i < n; i++) {
+            const float *dy = t->dres + (size_t)i * d, *y = t->shv + (size_t)i * d;
+            float g = t->sg[i], *o = t->edy + (size_t)i * d;
+            double dot = 0.0;
+            for (int k = 0; k < d; k++) {
+                dot += (double)dy[k] * y[k];
+                o[k] = dy[k] * g;
+            }
+            dgl[i] = (float)dot * g * (1.0f - g);
+        }
+        memset(t->dha, 0, nf * sizeof(float));
+        zs_op_matmul_bwd(t->dha, GR(ZS_R_W_DOWN), NULL, t->edy, t->ha, W(L, ZS_R_W_DOWN, data, res),
+                         L->slot[ZS_R_W_DOWN].dtype, n, sf, d, ws);
+        if (c->act) zs_op_geglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
+        else zs_op_swiglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
+        zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_GATE), NULL, t->dhg, t->xn2, W(L, ZS_R_W_GATE, data, res),
+                         L->slot[ZS_R_W_GATE].dtype, n, d, sf, ws);
+        zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_UP), NULL, t->dhu, t->xn2, W(L, ZS_R_W_UP, data, res),
+                         L->slot[ZS_R_W_UP].dtype, n, d, sf, ws);
+        zs_op_matmul_bwd(t->dxn, GR(ZS_R_SHARED_GATE), NULL, dgl, t->xn2, W(L, ZS_R_SHARED_GATE, data, res),
+                         L->slot[ZS_R_SHARED_GATE].dtype, n, d, 1, ws);
+    }
+    /* the router: d w -> d (selected p) through w_j = s_j / S (renormalised), then d logits
+     * through the softmax, dp also receiving the auxiliary loss's d/dp */
+    for (int i = 0; i < n; i++) {
+        const float *w = t->rw + (size_t)i * K, *sp = t->sp + (size_t)i * K, *dw = t->drw + (size_t)i * K;
+        const int32_t *se = t->sel + (size_t)i * K;
+        const float *p = t->rp + (size_t)i * E;
+        float *dp = t->drp + (size_t)i * E;
+        memcpy(dp, t->agrad, (size_t)E * sizeof(float));
+        if (c->norm_topk_prob) {
+            float S = 0.0f, wd = 0.0f;
+            for (int j = 0; j < K; j++) S += sp[j];
+            for (int j = 0; j < K; j++) wd += w[j] * dw[j];
+            for (int j = 0; j < K; j++) dp[se[j]] += (dw[j] - wd) / S;
+        } else {
+            for (int j = 0; j < K; j++) dp[se[j]] += dw[j];
+        }
+        double pd = 0.0;
+        for (int e = 0; e < E; e++) pd += (double)p[e] * dp[e];
+        for (int e = 0; e < E; e++) dp[e] = p[e] * (dp[e] - (float)pd);
+    }
+    zs_op_matmul_bwd(t->dxn, GR(ZS_R_ROUTER), NULL, t->drp, t->xn2, W(L, ZS_R_ROUTER, data, res),
+                     L->slot[ZS_R_ROUTER].dtype, n, d, E, ws);
+#undef GR
+    t->xvalid = 0;
+    return 0;
+}
+
+int zs_trainer_set_experts(zs_trainer *t, const zs_weight_source *src, zs_expert_grad_fn egrad, void *gctx) {
+    t->xsrc = src;
+    t->egrad = egrad;
+    t->gctx = gctx;
+    t->xvalid = 0;
+    return 0;
+}
+
+const uint64_t *zs_trainer_experts_used(const zs_trainer *t, int layer) {
+    static const uint64_t none[ZS_EXPERT_WORDS];
+    if (!t->agreed || !zs_config_layer_moe(t->c, layer) || layer >= t->L) return none;
+    return t->agreed + (size_t)layer * ZS_EXPERT_WORDS;
+}
+
+int zs_trainer_experts_sync(zs_trainer *t, int layer, int backward) {
+    if (!t->agreed || !zs_config_layer_moe(t->c, layer) || layer >= t->L || !t->xsrc) return 0;
+    const zs_weight_source *src = t->xsrc;
+    int cont = t->xvalid && t->xl == layer && t->xph == !!backward;
+    int from = cont ? t->xlast + 1 : 0;
+    t->xvalid = 0;
+    uint64_t *ag = t->agreed + (size_t)layer * ZS_EXPERT_WORDS;
+    int rc = 0;
+    if (!backward && !(cont && t->xagreed)) {
+        static const uint64_t zero[ZS_EXPERT_WORDS];
+        rc = src->experts ? src->experts(src->ctx, layer, zero, ag) : 0;
+        if (!src->experts || rc < 0) memset(ag, 0, ZS_EXPERT_WORDS * sizeof(uint64_t));
+        if (rc < 0) return rc;
+    }
+    for (int e = from; e < t->E; e++) {
+        if (!bit_of(ag, e)) continue;
+        int b = zs_bucket_expert(t->m, layer, e);
+        const void *ed;
+        (void)src->acquire(src->ctx, b, &ed); /* its error is the pass's, already reported */
+        src->release(src->ctx, b);
+    }
+    return rc;
+}
+
 /* ---- the pass ---- */
 
 int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const int32_t *tokens) {
@@ -461,6 +864,13 @@ int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const i
             return zs_err(ZS_ERANGE, "trainer: token id %d at %d is out of range [0, %d)", tokens[i], i, t->V);
         }
     memcpy(t->tokens, tokens, (size_t)t->N * sizeof(int32_t));
+    if (t->E > 0) { /* a new pass: no agreement yet, the auxiliary loss's sums from zero */
+        memset(t->agreed, 0, (size_t)t->L * ZS_EXPERT_WORDS * sizeof(uint64_t));
+        memset(t->acnt, 0, (size_t)t->E * sizeof(double));
+        memset(t->apsum, 0, (size_t)t->E * sizeof(double));
+        memset(t->agrad, 0, (size_t)t->E * sizeof(float));
+        t->an = 0;
+    }
     int d = t->d;
     for (int i = 0; i < t->N; i++) {
         float *x = t->xs + (size_t)i * d;
@@ -478,10 +888,26 @@ int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const i
 
 int zs_train_layer_fwd(zs_trainer *t, int layer, const void *data, const void *res) {
     if (layer < 0 || layer >= t->L) return zs_err(ZS_EINVAL, "trainer: layer %d out of range", layer);
+    int moe = zs_config_layer_moe(t->c, layer);
+    if (moe) xbegin(t, layer, 0);
     ZS_CHECK(expect(t, 1 + layer, "zs_train_layer_fwd"));
+    if (moe && !t->xsrc) return zs_err(ZS_EINVAL, "trainer: layer %d is a mixture of experts: no expert source set", layer);
     ZS_CHECK(check_areas(zs_model_layout(t->m, zs_bucket_layer(layer)), data, res, "layer forward"));
     size_t nd = (size_t)t->N * t->d;
-    layer_compute(t, layer, data, res, t->xs + (size_t)layer * nd, t->xs + (size_t)(layer + 1) * nd);
+    float *x_in = t->xs + (size_t)layer * nd, *x_out = t->xs + (size_t)(layer + 1) * nd;
+    if (!moe) {
+        layer_compute(t, layer, data, res, x_in, x_out);
+    } else {
+        layer_compute(t, layer, data, res, x_in, NULL);
+        moe_route(t, layer, data, res, 1);
+        int rc = moe_fwd(t, layer, data, res);
+        if (rc < 0) {
+            t->next = -1;
+            return rc;
+        }
+        memcpy(x_out, t->xmid, nd * sizeof(float));
+        zs_op_add(x_out, t->tmp, nd);
+    }
     t->next++;
     return 0;
 }
@@ -546,6 +972,17 @@ int zs_train_head(zs_trainer *t, const void *head_data, const void *head_res, co
         if (!eval) zs_op_matmul_bwd(dxf + (size_t)r0 * d, gW, NULL, t->logits, x, Wh, wdt, R, d, V, t->wscratch);
     }
     *loss = count ? (float)(sum / count) : 0.0f;
+    if (t->E > 0) { /* the auxiliary load-balancing loss (transformers' load_balancing_loss_func) */
+        memset(t->agrad, 0, (size_t)t->E * sizeof(float));
+        if (count && c->output_router_logits && t->an > 0) {
+            double na = (double)t->an * (double)n, aux = 0.0;
+            for (int e = 0; e < t->E; e++) aux += (t->acnt[e] / na) * (t->apsum[e] / na);
+            aux *= (double)t->E;
+            *loss = (float)((double)*loss + (double)c->router_aux_loss_coef * aux);
+            for (int e = 0; e < t->E && !eval; e++)
+                t->agrad[e] = (float)((double)c->router_aux_loss_coef * (double)t->E * (t->acnt[e] / na) / na);
+        }
+    }
     if (eval) { /* loss only: the pass ends here */
         t->next = -1;
         return 0;
@@ -562,8 +999,10 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
     const zs_model_config *c = t->c;
     if (layer < 0 || layer >= t->L) return zs_err(ZS_EINVAL, "trainer: layer %d out of range", layer);
     ZS_CHECK(expect(t, 2 * t->L + 1 - layer, "zs_train_layer_bwd"));
-    int b = zs_bucket_layer(layer);
+    int b = zs_bucket_layer(layer), moe = zs_config_layer_moe(c, layer);
+    if (moe) xbegin(t, layer, 1);
     const zs_bucket_layout *L = zs_model_layout(t->m, b), *GL = zs_model_grad_layout(t->m, b);
+    if (moe && !t->xsrc) return zs_err(ZS_EINVAL, "trainer: layer %d is a mixture of experts: no expert source set", layer);
     ZS_CHECK(check_areas(L, data, res, "layer backward"));
     if (t->lora) g_data = g_res = NULL; /* a frozen base: only the adapter's gradient */
     else ZS_CHECK(check_areas(GL, g_data, g_res, "layer gradient"));
@@ -576,34 +1015,44 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
 
     layer_compute(t, layer, data, res, x_in, NULL);
 
-    /* MLP: x_out = xmid + [post-norm] down(act(xn2)) */
-    const float *dm = t->dres;
-    if (c->post_norms) {
-        memset(t->dtmp, 0, nd * sizeof(float));
-        norm_bwd(c, t->dtmp, GR(ZS_R_POST_FFN_NORM), NULL, t->dres, t->mo, WF(L, ZS_R_POST_FFN_NORM, data, res), n);
-        dm = t->dtmp;
-    }
-    memset(t->dha, 0, nf * sizeof(float));
-    zs_op_matmul_bwd(t->dha, GR(ZS_R_W_DOWN), GR(ZS_R_B_DOWN), dm, t->ha, W(L, ZS_R_W_DOWN, data, res),
-                     WD(ZS_R_W_DOWN), n, ff, d, ws);
-    lora_bwd(t, layer, ZS_LORA_DOWN, t->dha, dm, t->ha, n);
-    memset(t->dxn, 0, nd * sizeof(float));
-    if (c->arch == ZS_ARCH_GPT2) {
-        zs_op_gelu_bwd(t->dhu, t->dha, t->hu, nf);
+    if (moe) { /* the sparse block: x_out = xmid + moe(xn2) */
+        moe_route(t, layer, data, res, 0);
+        int rc = moe_bwd(t, layer, data, res, g_data, g_res);
+        if (rc < 0) {
+            t->next = -1;
+            return rc;
+        }
+        norm_bwd(c, t->dres, GR(ZS_R_FFN_NORM_W), GR(ZS_R_FFN_NORM_B), t->dxn, t->xmid,
+                 WF(L, ZS_R_FFN_NORM_W, data, res), n);
     } else {
-        if (c->act) zs_op_geglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
-        else zs_op_swiglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
-        zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_GATE), GR(ZS_R_B_GATE), t->dhg, t->xn2, W(L, ZS_R_W_GATE, data, res),
-                         WD(ZS_R_W_GATE), n, d, ff, ws);
-        lora_bwd(t, layer, ZS_LORA_GATE, t->dxn, t->dhg, t->xn2, n);
+        /* MLP: x_out = xmid + [post-norm] down(act(xn2)) */
+        const float *dm = t->dres;
+        if (c->post_norms) {
+            memset(t->dtmp, 0, nd * sizeof(float));
+            norm_bwd(c, t->dtmp, GR(ZS_R_POST_FFN_NORM), NULL, t->dres, t->mo, WF(L, ZS_R_POST_FFN_NORM, data, res), n);
+            dm = t->dtmp;
+        }
+        memset(t->dha, 0, nf * sizeof(float));
+        zs_op_matmul_bwd(t->dha, GR(ZS_R_W_DOWN), GR(ZS_R_B_DOWN), dm, t->ha, W(L, ZS_R_W_DOWN, data, res),
+                         WD(ZS_R_W_DOWN), n, ff, d, ws);
+        lora_bwd(t, layer, ZS_LORA_DOWN, t->dha, dm, t->ha, n);
+        memset(t->dxn, 0, nd * sizeof(float));
+        if (c->arch == ZS_ARCH_GPT2) {
+            zs_op_gelu_bwd(t->dhu, t->dha, t->hu, nf);
+        } else {
+            if (c->act) zs_op_geglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
+            else zs_op_swiglu_bwd(t->dhg, t->dhu, t->dha, t->hg, t->hu, nf);
+            zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_GATE), GR(ZS_R_B_GATE), t->dhg, t->xn2, W(L, ZS_R_W_GATE, data, res),
+                             WD(ZS_R_W_GATE), n, d, ff, ws);
+            lora_bwd(t, layer, ZS_LORA_GATE, t->dxn, t->dhg, t->xn2, n);
+        }
+        zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_UP), GR(ZS_R_B_UP), t->dhu, t->xn2, W(L, ZS_R_W_UP, data, res),
+                         WD(ZS_R_W_UP), n, d, ff, ws);
+        lora_bwd(t, layer, ZS_LORA_UP, t->dxn, t->dhu, t->xn2, n);
+        /* the residual passes dres through; the norm adds its branch: dres becomes d xmid */
+        norm_bwd(c, t->dres, GR(ZS_R_FFN_NORM_W), GR(ZS_R_FFN_NORM_B), t->dxn, t->xmid,
+                 WF(L, ZS_R_FFN_NORM_W, data, res), n);
     }
-    zs_op_matmul_bwd(t->dxn, GR(ZS_R_W_UP), GR(ZS_R_B_UP), t->dhu, t->xn2, W(L, ZS_R_W_UP, data, res),
-                     WD(ZS_R_W_UP), n, d, ff, ws);
-    lora_bwd(t, layer, ZS_LORA_UP, t->dxn, t->dhu, t->xn2, n);
-    /* the residual passes dres through; the norm adds its branch: dres becomes d xmid */
-    norm_bwd(c, t->dres, GR(ZS_R_FFN_NORM_W), GR(ZS_R_FFN_NORM_B), t->dxn, t->xmid,
-             WF(L, ZS_R_FFN_NORM_W, data, res), n);
-
     /* attention: xmid = x_in + [post-norm] o(attn(rope(qn(q(xn1))), rope(kn(k(xn1))), v(xn1))) */
     const float *dao = t->dres;
     if (c->post_norms) {
@@ -628,15 +1077,22 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
         rope_all(t, layer, t->dq, c->n_heads, qd, 1);
         rope_all(t, layer, t->dk, c->n_kv_heads, kvd, 1);
     }
-    if (c->qk_norm) { /* through the per-head norms */
+    if (c->clip_qkv > 0) { /* through the clamps */
+        size_t nq = (size_t)n * qd, nk = (size_t)n * kvd;
+        clip_bwd(t->dq, t->clipm, nq);
+        clip_bwd(t->dk, t->clipm + nq, nk);
+        clip_bwd(t->dv, t->clipm + nq + nk, nk);
+    }
+    if (c->qk_norm || c->qk_norm_full) { /* through the q / k norms (per head, or whole) */
+        int full = !c->qk_norm; /* qk_norm_full alone: OLMoE (forward.c: per head wins when both are set) */
         float *dqr = t->dqraw, *dkr = t->dkraw;
         memset(dqr, 0, (size_t)n * qd * sizeof(float));
-        zs_op_rmsnorm_off_bwd(dqr, GR(ZS_R_Q_NORM), t->dq, t->qraw, WF(L, ZS_R_Q_NORM, data, res), n * c->n_heads,
-                              c->head_dim, c->norm_eps, c->norm_offset);
+        zs_op_rmsnorm_off_bwd(dqr, GR(ZS_R_Q_NORM), t->dq, t->qraw, WF(L, ZS_R_Q_NORM, data, res),
+                              full ? n : n * c->n_heads, full ? qd : c->head_dim, c->norm_eps, c->norm_offset);
         memcpy(t->dq, dqr, (size_t)n * qd * sizeof(float));
         memset(dkr, 0, (size_t)n * kvd * sizeof(float));
-        zs_op_rmsnorm_off_bwd(dkr, GR(ZS_R_K_NORM), t->dk, t->kraw, WF(L, ZS_R_K_NORM, data, res), n * c->n_kv_heads,
-                              c->head_dim, c->norm_eps, c->norm_offset);
+        zs_op_rmsnorm_off_bwd(dkr, GR(ZS_R_K_NORM), t->dk, t->kraw, WF(L, ZS_R_K_NORM, data, res),
+                              full ? n : n * c->n_kv_heads, full ? kvd : c->head_dim, c->norm_eps, c->norm_offset);
         memcpy(t->dk, dkr, (size_t)n * kvd * sizeof(float));
     }
     memset(t->dxn, 0, nd * sizeof(float));

@@ -67,18 +67,46 @@ int zs_trainer_set_lora(zs_trainer *t, const zs_lora *adapter, zs_lora *grad, ui
  * experts they selected and acquires/releases every agreed expert in increasing order (the
  * protocol of model.h); zs_train_layer_bwd of that layer acquires/releases the same agreed experts
  * again, in the same order, without a new agreement (src->experts is not called), and accumulates
- * (+=) expert e's gradient into egrad(gctx, layer, e): its f32 data area (zs_model_grad_layout of
- * the expert bucket; NULL from egrad, or egrad NULL: no gradient, as in LoRA and evaluation).
+ * (+=) expert e's gradient into egrad(gctx, layer, e): its f32 gradient in the layout
+ * zs_model_grad_layout of the expert bucket, the data area (data_bytes) immediately followed by the
+ * resident area (resident_bytes: an expert has one only when a persist threshold keeps its
+ * matrices resident); NULL from egrad, or egrad NULL: no gradient, as in LoRA and evaluation.
+ * egrad is called only for the experts this trainer's own tokens selected (an agreed expert
+ * without local rows has a zero gradient here), once per layer backward, in increasing order.
  * The router and the shared expert are in the layer bucket and get their gradients with it. The
  * auxiliary load-balancing loss (transformers' load_balancing_loss_func over the sparse layers,
  * times router_aux_loss_coef, when the config has output_router_logits) is added to the loss
  * zs_train_head reports and to the router gradients. src and the callback are borrowed and must
- * outlive the passes; a MoE model without them is ZS_EINVAL at its first MoE layer. */
+ * outlive the passes; a MoE model without them is ZS_EINVAL at its first MoE layer.
+ *
+ * Arithmetic (transformers' sparse blocks, f32): logits = xn2·Wrᵀ, softmax over the experts, the
+ * top k in descending order (a tie: the lower expert), divided by their sum when norm_topk_prob;
+ * each agreed expert computes SwiGLU over its rows (tokens in increasing order) and the block's
+ * output adds y·w per token in increasing expert order, then (Qwen2-MoE) sigmoid(xn2·Wsgᵀ)·shared.
+ * The router's gradient goes through the renormalisation and the softmax, not through the top-k
+ * selection (as torch). The auxiliary loss of a micro-batch: with S its sparse layers, n = S·B·T
+ * rows (every token of every sparse layer: our micro-batches are whole rows without an attention
+ * mask, so masked targets and padding count, as transformers without attention_mask), f_e = the
+ * share of the rows' top-k choices that are e, P_e = the mean probability of e:
+ * aux = E·Σ_e f_e·P_e, the loss CE + coef·aux, and d/dp of every row's probability of e is
+ * coef·E·f_e/n (f_e is not differentiated). A micro-batch without counted targets reports 0 and
+ * contributes no gradient, the auxiliary loss included.
+ *
+ * Failures: once a MoE layer call has made its agreement, it acquires and releases every agreed
+ * expert before it returns, even after a failure. A caller whose pass failed still drives the
+ * weight source through the rest of the pass (so that the other ranks' collectives complete):
+ * after a failed or skipped zs_train_layer_fwd / zs_train_layer_bwd of a MoE layer, still holding
+ * the layer bucket, it calls zs_trainer_experts_sync, which completes that layer's part of the
+ * protocol without computing: forward (backward 0): the agreement with an all-zero mask unless the
+ * failed call made it, then an acquire/release of every agreed expert the call did not reach;
+ * backward: the acquire/release of this pass's agreed experts that the failed call did not reach.
+ * Returns experts()'s error (acquire errors are the pass's and ignored here); 0 for a dense layer. */
 typedef float *(*zs_expert_grad_fn)(void *gctx, int layer, int e);
 int zs_trainer_set_experts(zs_trainer *t, const zs_weight_source *src, zs_expert_grad_fn egrad, void *gctx);
 /* The experts layer `layer` agreed on in the current pass (ZS_EXPERT_WORDS words; zeros before its
  * forward): the expert buckets whose gradients the step reduces (every rank the same). */
 const uint64_t *zs_trainer_experts_used(const zs_trainer *t, int layer);
+int zs_trainer_experts_sync(zs_trainer *t, int layer, int backward);
 
 /* Embeddings of tokens[B*T] (sequence b is tokens[b*T .. b*T+T), positions 0..T-1). Checks the
  * ids (ZS_ERANGE). */

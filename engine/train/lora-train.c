@@ -32,6 +32,7 @@ typedef struct { double loss; int32_t rc, pad; } lt_stat;
 
 typedef struct {
     zs_trainer *tr;
+    zs_weight_source src; /* the rank's gather source (the trainer reads a MoE layer's experts from it) */
     zs_lora *grad;   /* this rank's micro-batch gradient (the mean over its counted targets) */
     float *gbuf;     /* every rank's chunk of the gradient (all_gather) */
     lt_stat *stat;   /* every rank's {loss·count, status} of the micro-step */
@@ -83,7 +84,7 @@ static void micro_job(void *ud, int rank) {
     lrank *R = &t->r[rank];
     zs_model *m = t->m;
     zs_gather *g = zs_world_gather(t->w, rank);
-    zs_weight_source src = zs_gather_source(g);
+    zs_weight_source src = R->src;
     int L = zs_model_config_get(m)->n_layers, eb = zs_bucket_embed(), hb = zs_bucket_head(m);
     int i = t->micro * t->n + t->first + rank; /* the global micro-batch index */
     const int32_t *tok = t->tokens[i], *tg = t->targets[i];
@@ -97,39 +98,57 @@ static void micro_job(void *ud, int rank) {
     memset(gr, 0, np * sizeof(float));
     uint64_t key = mix64(mix64((uint64_t)t->step) ^ (uint64_t)i);
     rc = zs_trainer_set_lora(R->tr, t->a, t->eval ? NULL : R->grad, t->seed, key);
+    if (rc < 0) set_err(R, rc);
 
     zs_gather_pass_begin(g, t->eval ? ZS_PASS_INFER : ZS_PASS_TRAIN);
-    /* an inference model looks its embeddings up in host tables: the pass has no leading bucket 0 */
-    if (rc == 0 && !t->lookup) {
-        if ((rc = src.acquire(src.ctx, eb, &d)) == 0) rc = zs_train_embed_fwd(R->tr, d, zs_model_bucket_resident(m, eb), tok);
+    /* after a failure the pass is still driven through the source without computing (every bucket,
+     * and a MoE layer's agreement and experts: zs_trainer_experts_sync), so that the other ranks'
+     * gathers complete; an inference model looks its embeddings up in host tables: the pass has no
+     * leading bucket 0 */
+#define FAIL(x)                        \
+    do {                               \
+        int rc_ = (x);                 \
+        if (rc_ < 0 && rc == 0) {      \
+            rc = rc_;                  \
+            set_err(R, rc_);           \
+        }                              \
+    } while (0)
+    if (!t->lookup) {
+        int arc = src.acquire(src.ctx, eb, &d);
+        FAIL(arc);
+        if (rc == 0) FAIL(zs_train_embed_fwd(R->tr, d, zs_model_bucket_resident(m, eb), tok));
         src.release(src.ctx, eb);
     } else if (rc == 0) {
-        rc = zs_train_embed_fwd(R->tr, NULL, zs_model_bucket_resident(m, eb), tok);
+        FAIL(zs_train_embed_fwd(R->tr, NULL, zs_model_bucket_resident(m, eb), tok));
     }
-    for (int l = 0; l < L && rc == 0; l++) {
+    for (int l = 0; l < L; l++) {
         int b = zs_bucket_layer(l);
-        if ((rc = src.acquire(src.ctx, b, &d)) == 0) rc = zs_train_layer_fwd(R->tr, l, d, zs_model_bucket_resident(m, b));
+        FAIL(src.acquire(src.ctx, b, &d));
+        if (rc == 0) FAIL(zs_train_layer_fwd(R->tr, l, d, zs_model_bucket_resident(m, b)));
+        if (rc < 0) FAIL(zs_trainer_experts_sync(R->tr, l, 0));
         src.release(src.ctx, b);
     }
-    if (rc == 0) {
-        rc = src.acquire(src.ctx, hb, &d);
+    {
+        int hrc = src.acquire(src.ctx, hb, &d);
         int rc2 = t->tied ? src.acquire(src.ctx, eb, &d2) : 0;
-        if (rc == 0 && rc2 == 0)
-            rc = zs_train_head(R->tr, d, zs_model_bucket_resident(m, hb), t->tied ? d2 : NULL,
-                               t->tied ? zs_model_bucket_resident(m, eb) : NULL, tg, &loss, NULL, NULL, NULL, NULL);
-        else if (rc == 0)
-            rc = rc2;
+        FAIL(hrc);
+        FAIL(rc2);
+        if (rc == 0)
+            FAIL(zs_train_head(R->tr, d, zs_model_bucket_resident(m, hb), t->tied ? d2 : NULL,
+                               t->tied ? zs_model_bucket_resident(m, eb) : NULL, tg, &loss, NULL, NULL, NULL, NULL));
         src.release(src.ctx, hb);
         if (t->tied) src.release(src.ctx, eb);
     }
-    for (int l = L - 1; l >= 0 && rc == 0 && !t->eval; l--) {
+    for (int l = L - 1; l >= 0 && !t->eval; l--) {
         int b = zs_bucket_layer(l);
-        if ((rc = src.acquire(src.ctx, b, &d)) == 0)
-            rc = zs_train_layer_bwd(R->tr, l, d, zs_model_bucket_resident(m, b), NULL, NULL);
+        FAIL(src.acquire(src.ctx, b, &d));
+        if (rc == 0) FAIL(zs_train_layer_bwd(R->tr, l, d, zs_model_bucket_resident(m, b), NULL, NULL));
+        if (rc < 0) (void)zs_trainer_experts_sync(R->tr, l, 1);
         src.release(src.ctx, b);
     }
-    if (rc == 0 && !t->eval) rc = zs_train_embed_bwd(R->tr, NULL, NULL, NULL, NULL);
-    zs_gather_pass_end(g); /* drains what a failed pass did not acquire, in order */
+    if (rc == 0 && !t->eval) FAIL(zs_train_embed_bwd(R->tr, NULL, NULL, NULL, NULL));
+#undef FAIL
+    zs_gather_pass_end(g); /* releases what is still held */
     if (rc < 0) {
         set_err(R, rc);
         memset(gr, 0, np * sizeof(float)); /* a failed rank still takes part, with zeros */
@@ -248,6 +267,9 @@ int zs_lora_training_begin(zs_world *w, zs_lora *adapter, const zs_train_opts *o
         if ((rc = zs_trainer_new(m, o->micro_batch, o->seq_len, &R->tr)) < 0) break;
         if ((rc = zs_lora_new_like(adapter, &R->grad)) < 0) break;
         if ((rc = zs_trainer_set_lora(R->tr, adapter, R->grad, seed, 0)) < 0) break;
+        /* a MoE layer's experts come from the same source; the base is frozen: no expert gradient */
+        R->src = zs_gather_source(zs_world_gather(w, r));
+        if ((rc = zs_trainer_set_experts(R->tr, &R->src, NULL, NULL)) < 0) break;
         R->gbuf = falloc(t->chunk * (size_t)t->n);
         R->stat = calloc((size_t)t->n, sizeof(lt_stat));
         if (!R->gbuf || !R->stat) rc = zs_err(ZS_ENOMEM, "LoRA training: out of memory");

@@ -2,7 +2,25 @@
  * gather coordinator (training pass order), reduce-scatter of each bucket's gradient, fp32
  * gradient shards accumulated over micro-steps, global-norm clipping and partitioned AdamW on
  * fp32 master shards, written back to the storage shards (shard buffers, or in place into the
- * NVMe shard files through the gather coordinator). See train.h. */
+ * NVMe shard files through the gather coordinator). See train.h.
+ *
+ * Mixtures of experts: the trainer takes each MoE layer's experts from the rank's gather source
+ * (the agreement protocol of model.h) and accumulates each expert's gradient into a per-expert
+ * buffer of this rank (egrad_cb; only the experts its tokens selected). After layer l's backward
+ * the ranks agree on the experts of l that received tokens on any rank (an all-reduce MAX of one
+ * f32 flag per expert on the gradient communicator; zeros from a rank that failed) and every rank
+ * reduces those experts' gradients, in increasing order, as any other bucket (zeros where it had
+ * none). An expert reduced in no micro-step of a step has no gradient: AdamW leaves it alone (no
+ * moment decay, no weight decay, and its own step count -- AdamW's bias correction -- stays behind,
+ * as torch.optim.AdamW skips a parameter whose grad is None), except
+ * in OLMoE, whose block runs every expert (transformers loops over all of them, so torch sees zero
+ * gradients and updates every expert). The auxiliary load-balancing loss is per micro-batch
+ * (backward.h) and, like its cross-entropy, weighted by the micro-batch's share of the step's
+ * counted targets: the step's loss is sum_i count_i/total · (CE_i + coef·aux_i).
+ * A rank whose pass failed still drives its weight source through the whole pass (every bucket
+ * acquired and released, experts() with an all-zero mask, every agreed expert acquired and
+ * released: zs_trainer_experts_sync) and takes part in every reduction with zeros, so the other
+ * ranks' gathers and reductions complete. */
 #include "train.h"
 
 #include <math.h>
@@ -25,6 +43,16 @@ typedef struct {
     void *wbuf;                              /* one shard in the storage dtype (nvme write-back) */
     float *exfull;                           /* export across processes: one gathered bucket */
     void *stat;                              /* several processes: every rank's {loss, status} */
+    /* mixtures of experts: the gather source the trainer reads experts from; per expert of the
+     * layer being backpropagated, its gradient buffer (glayout data area, made on first use), whether
+     * this rank's tokens gave it one (eflag), the flags all-reduced (emask); a zero gradient; per
+     * bucket whether the step reduced a gradient for it (ehad: experts without one are not updated) */
+    zs_training *owner;
+    zs_weight_source src;
+    float **eg, *emask, *ezero;              /* eg[e]: data area, then resident area (backward.h) */
+    unsigned char *eflag, *ehad;
+    long *bskip;                             /* per bucket: optimizer steps it was skipped (experts) */
+    int eg_fail;
     double loss_sum;
     int rc;
     char err[512];
@@ -52,6 +80,8 @@ struct zs_training {
     int ex_bucket;         /* the bucket export_job gathers */
     double loss_total;     /* several processes: the step's loss sum and worst status */
     int worst_rc, worst_rank;
+    int n_experts;         /* experts per MoE layer (0: a dense model) */
+    size_t eg_bytes;       /* the largest expert bucket's gradient (glayout: data area + resident area) */
 };
 
 /* ---- layout helpers ---- */
@@ -103,6 +133,48 @@ long zs_train_count_targets(const int32_t *tg, size_t n) {
     return c;
 }
 
+/* ---- mixtures of experts ---- */
+
+/* The trainer's expert gradient buffer: expert e of the layer being backpropagated, zeroed on its
+ * first use in that layer (NULL when out of memory: eg_fail fails the pass). */
+static float *egrad_cb(void *ctx, int layer, int e) {
+    rank_tr *R = ctx;
+    zs_training *t = R->owner;
+    (void)layer;
+    if (e < 0 || e >= t->n_experts) return NULL;
+    if (!R->eg[e] && !(R->eg[e] = zs_aligned_alloc(64, t->eg_bytes + 64))) {
+        R->eg_fail = 1;
+        return NULL;
+    }
+    if (!R->eflag[e]) {
+        memset(R->eg[e], 0, t->eg_bytes);
+        R->eflag[e] = 1;
+    }
+    return R->eg[e];
+}
+
+/* After layer l's backward: the experts of l that received tokens on any rank (this rank's
+ * flags, zeros when it failed, all-reduced with MAX), each reduced in increasing order like any
+ * bucket (this rank's gradient or zeros) and marked as having a gradient this step. */
+static int reduce_experts(zs_training *t, int rank, int l, int failed, float scale) {
+    rank_tr *R = &t->r[rank];
+    zs_comm *c = zs_world_grad_comm(t->w, rank);
+    int E = t->n_experts, rc = 0;
+    for (int e = 0; e < E; e++) R->emask[e] = !failed && R->eflag[e] ? 1.0f : 0.0f;
+    rc = zs_comm_all_reduce(c, R->emask, R->emask, (size_t)E, ZS_F32, ZS_RED_MAX, NULL);
+    for (int e = 0; e < E && rc == 0; e++) {
+        if (!(R->emask[e] > 0.0f)) continue;
+        int b = zs_bucket_expert(t->m, l, e), mine = !failed && R->eflag[e];
+        float *g = mine ? R->eg[e] : R->ezero, *gr = R->gl_res;
+        if (mine) gr = R->eg[e] + zs_model_grad_layout(t->m, b)->data_bytes / sizeof(float);
+        else memset(R->gl_res, 0, t->res_elem[b] * sizeof(float) + 4);
+        rc = reduce_bucket(t, rank, b, g, gr, scale);
+        R->ehad[b] = 1;
+    }
+    memset(R->eflag, 0, (size_t)E);
+    return rc;
+}
+
 /* ---- one micro-step on one rank ---- */
 
 static void micro_job(void *ud, int rank) {
@@ -110,7 +182,7 @@ static void micro_job(void *ud, int rank) {
     rank_tr *R = &t->r[rank];
     zs_model *m = t->m;
     zs_gather *g = zs_world_gather(t->w, rank);
-    zs_weight_source src = zs_gather_source(g);
+    zs_weight_source src = R->src;
     const zs_model_config *c = zs_model_config_get(m);
     int i = t->micro * t->n + t->first + rank, L = c->n_layers, eb = zs_bucket_embed(), hb = zs_bucket_head(m);
     size_t bt = (size_t)t->o.micro_batch * (size_t)t->o.seq_len;
@@ -121,78 +193,80 @@ static void micro_job(void *ud, int rank) {
     const void *d, *d2;
     int rc = 0, failed = 0;
     float loss = 0;
+#define FAIL(x)                                                      \
+    do {                                                             \
+        int rc_ = (x);                                               \
+        if (rc_ < 0 && !failed) {                                    \
+            failed = rc_;                                            \
+            snprintf(R->err, sizeof R->err, "%s", zs_errmsg());      \
+        }                                                            \
+    } while (0)
 
-    zs_gather_pass_begin(g, ZS_PASS_TRAIN);
-    if ((rc = src.acquire(src.ctx, eb, &d)) == 0)
-        rc = zs_train_embed_fwd(R->tr, d, zs_model_bucket_resident(m, eb), tok);
+    /* an evaluation has no backward: its pass is the inference order (the same buckets) */
+    zs_gather_pass_begin(g, t->eval ? ZS_PASS_INFER : ZS_PASS_TRAIN);
+    /* forward; after a failure the pass is still driven through the source without computing */
+    if ((rc = src.acquire(src.ctx, eb, &d)) == 0) rc = zs_train_embed_fwd(R->tr, d, zs_model_bucket_resident(m, eb), tok);
+    FAIL(rc);
     src.release(src.ctx, eb);
-    for (int l = 0; l < L && rc == 0; l++) {
-        if ((rc = src.acquire(src.ctx, zs_bucket_layer(l), &d)) == 0)
-            rc = zs_train_layer_fwd(R->tr, l, d, zs_model_bucket_resident(m, zs_bucket_layer(l)));
-        src.release(src.ctx, zs_bucket_layer(l));
+    for (int l = 0; l < L; l++) {
+        int b = zs_bucket_layer(l);
+        FAIL(src.acquire(src.ctx, b, &d));
+        if (!failed) FAIL(zs_train_layer_fwd(R->tr, l, d, zs_model_bucket_resident(m, b)));
+        if (failed) FAIL(zs_trainer_experts_sync(R->tr, l, 0));
+        src.release(src.ctx, b);
     }
-    if (rc == 0) {
+    if (!failed) {
         memset(R->gh_data, 0, zs_model_grad_layout(m, hb)->data_bytes);
         memset(R->gh_res, 0, t->res_elem[hb] * sizeof(float) + 4);
         memset(R->ge_data, 0, zs_model_grad_layout(m, eb)->data_bytes);
         memset(R->ge_res, 0, t->res_elem[eb] * sizeof(float) + 4);
-        rc = src.acquire(src.ctx, hb, &d);
-        int rc2 = t->tied ? src.acquire(src.ctx, eb, &d2) : 0;
-        if (rc == 0 && rc2 == 0)
-            rc = zs_train_head(R->tr, d, zs_model_bucket_resident(m, hb), t->tied ? d2 : NULL,
-                               t->tied ? zs_model_bucket_resident(m, eb) : NULL, tg, &loss,
-                               t->eval ? NULL : R->gh_data, t->eval ? NULL : R->gh_res,
-                               t->eval ? NULL : R->ge_data, t->eval ? NULL : R->ge_res);
-        else if (rc == 0)
-            rc = rc2;
-        src.release(src.ctx, hb);
-        if (t->tied) src.release(src.ctx, eb);
     }
-    if (rc < 0) {
-        failed = rc;
-        snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
-    }
+    rc = src.acquire(src.ctx, hb, &d);
+    int rc2 = t->tied ? src.acquire(src.ctx, eb, &d2) : 0;
+    FAIL(rc);
+    FAIL(rc2);
+    if (!failed)
+        FAIL(zs_train_head(R->tr, d, zs_model_bucket_resident(m, hb), t->tied ? d2 : NULL,
+                           t->tied ? zs_model_bucket_resident(m, eb) : NULL, tg, &loss,
+                           t->eval ? NULL : R->gh_data, t->eval ? NULL : R->gh_res,
+                           t->eval ? NULL : R->ge_data, t->eval ? NULL : R->ge_res));
+    src.release(src.ctx, hb);
+    if (t->tied) src.release(src.ctx, eb);
+    if (failed) loss = 0;
     R->loss_sum += (double)loss * (double)count;
     if (!t->eval) {
-        /* backward; after a failure every rank still takes part in every reduction (with zeros),
-         * and a forward that failed acquires nothing more (pass_end drains the pass in order) */
-        int fwd_ok = !failed;
+        /* backward; after a failure every rank still takes part in every gather and reduction
+         * (with zeros) */
         for (int l = L - 1; l >= 0; l--) {
             int b = zs_bucket_layer(l);
             memset(R->gl_data, 0, zs_model_grad_layout(m, b)->data_bytes);
             memset(R->gl_res, 0, t->res_elem[b] * sizeof(float) + 4);
-            if (fwd_ok) {
-                rc = src.acquire(src.ctx, b, &d);
-                if (rc == 0 && !failed)
-                    rc = zs_train_layer_bwd(R->tr, l, d, zs_model_bucket_resident(m, b), R->gl_data, R->gl_res);
-                src.release(src.ctx, b);
-                if (rc < 0 && !failed) {
-                    failed = rc;
-                    snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
-                }
+            FAIL(src.acquire(src.ctx, b, &d));
+            if (!failed) FAIL(zs_train_layer_bwd(R->tr, l, d, zs_model_bucket_resident(m, b), R->gl_data, R->gl_res));
+            if (failed) (void)zs_trainer_experts_sync(R->tr, l, 1);
+            src.release(src.ctx, b);
+            if (R->eg_fail) {
+                R->eg_fail = 0;
+                FAIL(zs_err(ZS_ENOMEM, "training: out of memory for the gradient of an expert of layer %d", l));
             }
             if (failed) {
                 memset(R->gl_data, 0, zs_model_grad_layout(m, b)->data_bytes);
                 memset(R->gl_res, 0, t->res_elem[b] * sizeof(float) + 4);
             }
-            if ((rc = reduce_bucket(t, rank, b, R->gl_data, R->gl_res, scale)) < 0 && !failed) {
-                failed = rc;
-                snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
-            }
+            FAIL(reduce_bucket(t, rank, b, R->gl_data, R->gl_res, scale));
+            if (zs_config_layer_moe(c, l)) FAIL(reduce_experts(t, rank, l, failed, scale));
         }
-        if (!failed && (rc = zs_train_embed_bwd(R->tr, NULL, NULL, R->ge_data, R->ge_res)) < 0) {
-            failed = rc;
-            snprintf(R->err, sizeof R->err, "%s", zs_errmsg());
-        }
+        if (!failed) FAIL(zs_train_embed_bwd(R->tr, NULL, NULL, R->ge_data, R->ge_res));
         if (failed) {
             memset(R->ge_data, 0, zs_model_grad_layout(m, eb)->data_bytes);
             memset(R->ge_res, 0, t->res_elem[eb] * sizeof(float) + 4);
             memset(R->gh_data, 0, zs_model_grad_layout(m, hb)->data_bytes);
             memset(R->gh_res, 0, t->res_elem[hb] * sizeof(float) + 4);
         }
-        if ((rc = reduce_bucket(t, rank, eb, R->ge_data, R->ge_res, scale)) < 0 && !failed) failed = rc;
-        if ((rc = reduce_bucket(t, rank, hb, R->gh_data, R->gh_res, scale)) < 0 && !failed) failed = rc;
+        FAIL(reduce_bucket(t, rank, eb, R->ge_data, R->ge_res, scale));
+        FAIL(reduce_bucket(t, rank, hb, R->gh_data, R->gh_res, scale));
     }
+#undef FAIL
     zs_gather_pass_end(g);
     if (failed && R->rc == 0) R->rc = failed; /* the first failure of the step */
 }
@@ -223,6 +297,14 @@ static void optim_job(void *ud, int rank) {
     }
     float coef = t->o.grad_clip > 0 ? zs_clip_coef(total, t->o.grad_clip) : 1.0f;
     for (int b = 0; b < t->nb && rc == 0; b++) {
+        /* an expert that received no token in the whole step has no gradient: not updated (OLMoE:
+         * every expert has one, zero where unused: see the top of the file) */
+        if (zs_bucket_is_expert(t->m, b, NULL, NULL) && !R->ehad[b] &&
+            zs_model_config_get(t->m)->family != ZS_FAM_OLMOE) {
+            R->bskip[b]++; /* torch's per-parameter step count does not advance either */
+            continue;
+        }
+        long bt = t->step - R->bskip[b]; /* this bucket's own AdamW step (bias correction) */
         if (t->shard_elem[b] > 0) {
             float *gs = grad_slice(t, rank, b);
             if (coef != 1.0f) zs_scale(gs, t->shard_elem[b], coef);
@@ -230,15 +312,17 @@ static void optim_job(void *ud, int rank) {
                 /* replicated parameters: update this rank's partition, then every rank gathers the
                  * updated partitions into its whole copy */
                 rc = zs_adamw_update(R->master[b], R->mom[b], R->var[b], gs, t->shard_elem[b], &t->o.adam, t->lr,
-                                     t->step, 1, R->wbuf, t->wdt);
+                                     bt, 1, R->wbuf, t->wdt);
                 if (rc == 0)
                     rc = zs_comm_all_gather(c, R->wbuf, zs_gather_shard_buffer(g, b), t->shard_elem[b] * t->dsize, NULL);
             } else {
                 /* none/cpu: straight into the shard buffer; nvme: into the scratch shard, then
-                 * written in place into the shard file (between passes: no read is in flight) */
-                void *out = zs_gather_shard_buffer(g, b);
+                 * written in place into the shard file (between passes: no read is in flight).
+                 * An expert always goes through zs_gather_write_shard, which tells the
+                 * coordinator that its cached full copy is stale */
+                void *out = zs_bucket_is_expert(t->m, b, NULL, NULL) ? NULL : zs_gather_shard_buffer(g, b);
                 rc = zs_adamw_update(R->master[b], R->mom[b], R->var[b], gs, t->shard_elem[b], &t->o.adam, t->lr,
-                                     t->step, 1, out ? out : R->wbuf, t->wdt);
+                                     bt, 1, out ? out : R->wbuf, t->wdt);
                 if (rc == 0 && !out) rc = zs_gather_write_shard(g, b, R->wbuf);
             }
             memset(R->gacc[b], 0, t->shard_elem[b] * (t->stage == 1 ? (size_t)t->n : 1) * sizeof(float));
@@ -248,7 +332,7 @@ static void optim_job(void *ud, int rank) {
                 if (coef != 1.0f) zs_scale(R->racc[b], t->res_elem[b], coef);
                 if (rc == 0)
                     rc = zs_adamw_update(R->rmaster[b], R->rmom[b], R->rvar[b], R->racc[b], t->res_elem[b],
-                                         &t->o.adam, t->lr, t->step, 1, NULL, ZS_F32);
+                                         &t->o.adam, t->lr, bt, 1, NULL, ZS_F32);
                 /* write the resident tensors back in their storage dtypes */
                 const zs_bucket_layout *L = zs_model_layout(t->m, b), *G = zs_model_grad_layout(t->m, b);
                 char *res = zs_model_bucket_resident_mut(t->m, b);
@@ -357,11 +441,19 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
     t->shard_elem = t->n_elem + t->nb;
     t->res_elem = t->shard_elem + t->nb;
     size_t max_full = 0, max_gl = 0, max_res = 0, max_se = 0;
+    t->n_experts = c->n_experts;
     for (int b = 0; b < t->nb; b++) {
+        if (zs_bucket_is_expert(m, b, NULL, NULL)) /* the data area, then the resident one (backward.h) */
+            t->eg_bytes = ZS_MAX(t->eg_bytes, zs_model_grad_layout(m, b)->data_bytes + zs_model_grad_layout(m, b)->resident_bytes);
         const zs_bucket_layout *L = zs_model_layout(m, b), *G = zs_model_grad_layout(m, b);
-        for (int s = 0; s < L->n_roles; s++)
+        for (int s = 0; s < L->n_roles && rc == 0; s++)
             if (L->slot[s].present && !L->slot[s].resident && L->slot[s].dtype != t->wdt)
-                rc = zs_err(ZS_EUNSUPPORTED, "training: mixed dtypes in the sharded part of bucket %d", b);
+                rc = s == ZS_R_ROUTER || s == ZS_R_SHARED_GATE
+                         ? zs_err(ZS_EUNSUPPORTED, "training: the %s of layer %d is stored in %s, the other matrices in %s "
+                                  "(a MoE router keeps its checkpoint's dtype); train in the checkpoint's own dtype",
+                                  s == ZS_R_ROUTER ? "router" : "shared-expert gate", b - 1,
+                                  zs_dtype_name(L->slot[s].dtype), zs_dtype_name(t->wdt))
+                         : zs_err(ZS_EUNSUPPORTED, "training: mixed dtypes in the sharded part of bucket %d", b);
         t->n_elem[b] = L->data_bytes / t->dsize;
         t->shard_elem[b] = zs_partition_shard_bytes(m, b, t->n) / t->dsize;
         t->res_elem[b] = G->resident_bytes / 4;
@@ -376,6 +468,19 @@ int zs_training_begin(zs_world *w, const zs_train_opts *o, zs_training **out) {
         rank_tr *R = &t->r[r];
         rc = zs_trainer_new(m, o->micro_batch, o->seq_len, &R->tr);
         if (rc < 0) break;
+        R->owner = t;
+        R->src = zs_gather_source(zs_world_gather(w, r));
+        R->ehad = calloc((size_t)t->nb, 1);
+        R->bskip = calloc((size_t)t->nb, sizeof(long));
+        if (!R->ehad || !R->bskip) { rc = zs_err(ZS_ENOMEM, "out of memory"); break; }
+        if (t->n_experts > 0) {
+            R->eg = calloc((size_t)t->n_experts, sizeof(float *));
+            R->emask = falloc((size_t)t->n_experts);
+            R->ezero = falloc(t->eg_bytes / sizeof(float));
+            R->eflag = calloc((size_t)t->n_experts, 1);
+            if (!R->eg || !R->emask || !R->ezero || !R->eflag) { rc = zs_err(ZS_ENOMEM, "out of memory"); break; }
+        }
+        if ((rc = zs_trainer_set_experts(R->tr, &R->src, egrad_cb, R)) < 0) break;
         R->master = calloc((size_t)t->nb * 8, sizeof(float *));
         if (!R->master) { rc = zs_err(ZS_ENOMEM, "out of memory"); break; }
         R->mom = R->master + t->nb; R->var = R->mom + t->nb; R->gacc = R->var + t->nb;
@@ -446,6 +551,7 @@ static int run_micro(zs_training *t, const int32_t *const *tokens, const int32_t
     for (int r = 0; r < t->nl; r++) {
         t->r[r].loss_sum = 0;
         t->r[r].rc = 0;
+        memset(t->r[r].ehad, 0, (size_t)t->nb); /* no expert has a gradient yet this step */
     }
     int multi = t->n > t->nl;
     for (t->micro = 0; t->micro < accum; t->micro++) {
@@ -512,6 +618,8 @@ void zs_training_end(zs_training *t) {
         free(R->gl_data); free(R->gl_res); free(R->gh_data); free(R->gh_res);
         free(R->ge_data); free(R->ge_res); free(R->gfull); free(R->gshard); free(R->wbuf);
         free(R->exfull); free(R->stat);
+        for (int e = 0; R->eg && e < t->n_experts; e++) free(R->eg[e]);
+        free(R->eg); free(R->emask); free(R->ezero); free(R->eflag); free(R->ehad); free(R->bskip);
     }
     free(t->r);
     free(t->n_elem);
@@ -790,7 +898,8 @@ int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_js
                 } else {
                     rank_tr *R = &t->r[r];
                     zs_gather *gt = zs_world_gather(t->w, r);
-                    void *out = zs_gather_shard_buffer(gt, b);
+                    /* an expert through zs_gather_write_shard: its cached full copy is stale */
+                    void *out = zs_bucket_is_expert(t->m, b, NULL, NULL) ? NULL : zs_gather_shard_buffer(gt, b);
                     zs_convert(out ? out : R->wbuf, t->wdt, ms, ZS_F32, se);
                     if (!out) rc = zs_gather_write_shard(gt, b, R->wbuf);
                 }
@@ -811,6 +920,9 @@ int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_js
     free(scratch);
     if (rc == 0) {
         *step = zs_ckpt_step(c);
+        /* the checkpoint does not record how many steps each expert was skipped: from here on its
+         * bias correction counts from the saved step like every other bucket's */
+        for (int r = 0; r < t->nl; r++) memset(t->r[r].bskip, 0, (size_t)t->nb * sizeof(long));
         if (meta_json) {
             *meta_json = strdup(zs_ckpt_meta(c));
             if (!*meta_json) rc = zs_err(ZS_ENOMEM, "out of memory");
