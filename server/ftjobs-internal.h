@@ -17,9 +17,10 @@
  * quantized weights (which a full fine-tune refuses), a full fine-tune otherwise */
 #define FT_LORA_DEFAULT_PARAMS 100000000ull
 
-/* The default LoRA of a job ({"r":16,"alpha":32,"dropout":0,"target_modules":[all seven]}),
+/* The default LoRA of a job ({"r":16,"alpha":32,"dropout":0,"target_modules":[the base's default: all seven, or
+ * q, k, v, o on a mixture of experts]}),
  * a new reference (ftjobs.c). */
-json_t *zs_ftjobs_lora_default(void);
+json_t *zs_ftjobs_lora_default(zs_engine *base); /* base NULL: every target */
 /* The "lora" a job gets when the request has none: zs_ftjobs_lora_default() or null, by the base
  * (FT_LORA_DEFAULT_PARAMS); a new reference (ftjobs.c). */
 json_t *zs_ftjobs_lora_auto(zs_engine *base);

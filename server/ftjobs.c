@@ -144,12 +144,14 @@ static json_t *lora_json(int r, double alpha, double dropout, unsigned targets) 
     return json_pack("{s:i,s:f,s:f,s:o}", "r", r, "alpha", alpha, "dropout", dropout, "target_modules", tm);
 }
 
-json_t *zs_ftjobs_lora_default(void) { return lora_json(16, 32, 0, ZS_LORA_ALL); }
+json_t *zs_ftjobs_lora_default(zs_engine *base) {
+    return lora_json(16, 32, 0, base ? zs_lora_default_targets(zs_model_config_get(zs_engine_model(base))) : ZS_LORA_ALL);
+}
 
 json_t *zs_ftjobs_lora_auto(zs_engine *base) {
     zs_model *m = zs_engine_model(base);
     int big = zs_model_param_count(m) >= FT_LORA_DEFAULT_PARAMS, quant = zs_model_quant_dtype(m) != ZS_DTYPE_COUNT;
-    return big || quant ? zs_ftjobs_lora_default() : json_null();
+    return big || quant ? zs_ftjobs_lora_default(base) : json_null();
 }
 
 /* A target module name: PEFT's (q_proj ...) or without "_proj" (q ...); -1 for another. */
@@ -162,8 +164,10 @@ static int target_of(const char *name) {
     return -1;
 }
 
-/* "lora": {r, alpha, dropout, target_modules} -> *out, the normalized object (new reference). */
-static int parse_lora(json_t *lv, json_t **out, zs_http_req *r) {
+/* "lora": {r, alpha, dropout, target_modules} -> *out, the normalized object (new reference); base
+ * (NULL while it loads) gives the default targets and refuses those it cannot take. */
+static int parse_lora(json_t *lv, json_t **out, zs_http_req *r, zs_engine *base) {
+    const zs_model_config *bc = base ? zs_model_config_get(zs_engine_model(base)) : NULL;
     *out = NULL;
     if (!json_is_object(lv))
         return bad_param(r, "lora", "invalid_type",
@@ -190,7 +194,7 @@ static int parse_lora(json_t *lv, json_t **out, zs_http_req *r) {
             return bad_param(r, "lora.dropout", "invalid_value", "Invalid 'lora.dropout': expected a number >= 0 and < 1.");
         dropout = json_number_value(v);
     }
-    unsigned targets = ZS_LORA_ALL;
+    unsigned targets = bc ? zs_lora_default_targets(bc) : ZS_LORA_ALL;
     v = json_object_get(lv, "target_modules");
     if (v && !json_is_null(v)) {
         if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear")) {
@@ -220,6 +224,11 @@ static int parse_lora(json_t *lv, json_t **out, zs_http_req *r) {
             return bad_param(r, "lora.target_modules", "invalid_value",
                              "Invalid 'lora.target_modules': expected a non-empty list of module names or \"all-linear\".");
         }
+    }
+    if (bc && zs_lora_check_targets(bc, targets) < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "Invalid 'lora.target_modules': %s.", zs_errmsg());
+        return bad_param(r, "lora.target_modules", "invalid_value", msg);
     }
     *out = lora_json((int)rank, alpha, dropout, targets);
     return *out ? 0 : bad_param(r, "lora", "invalid_value", "out of memory");
@@ -323,7 +332,7 @@ static void h_create(void *ud, zs_http_req *r) {
             goto out;
         }
         lora = json_null();
-    } else if (parse_lora(lv, &lora, r) < 0) {
+    } else if (parse_lora(lv, &lora, r, base) < 0) {
         goto out;
     }
     ftjob *j = calloc(1, sizeof *j);

@@ -131,7 +131,7 @@ int zs_cmd_train(int argc, char **argv) {
         {"lora-r", ZS_OPT_INT, &lora_r, "LoRA rank (turns LoRA on; default 16)"},
         {"lora-alpha", ZS_OPT_FLOAT, &lora_alpha, "LoRA alpha: the update is scaled by alpha / r (default 32)"},
         {"lora-dropout", ZS_OPT_FLOAT, &lora_dropout, "dropout on the input of lora_A, in [0, 1) (default 0)"},
-        {"lora-targets", ZS_OPT_STR, &lora_targets, "adapted projections (default q,k,v,o,gate,up,down; _proj optional)"},
+        {"lora-targets", ZS_OPT_STR, &lora_targets, "adapted projections (default q,k,v,o,gate,up,down; q,k,v,o on a mixture of experts; _proj optional)"},
         {"lora-rslora", ZS_OPT_FLAG, &rslora, "rank-stabilised LoRA: scale alpha / sqrt(r)"},
     };
     int n_opts = zs_engine_flags_table(&ef, opts, 24);
@@ -147,7 +147,7 @@ int zs_cmd_train(int argc, char **argv) {
     if (epochs < 1 || steps < 0 || batch < 1 || accum < 1 || seq_len < 0 || warmup < 0 || every < 1)
         return zs_err(ZS_EINVAL, "--epochs, --batch-size, --grad-accum and --log-every must be >= 1; --steps, --seq-len, --warmup >= 0");
     if (!(lr > 0) || clip < 0 || wd < 0) return zs_err(ZS_EINVAL, "--lr must be > 0; --clip and --weight-decay >= 0");
-    zs_lora_params lp = {16, 32.0f, 0, 0.0f, ZS_LORA_ALL};
+    zs_lora_params lp = {16, 32.0f, 0, 0.0f, 0}; /* targets 0: the base's default (zs_lora_default_targets) */
     int lora = lora_on || lora_r != 0;
     if (!lora && (lora_alpha != -1.0f || lora_dropout != -1.0f || lora_targets || rslora))
         return zs_err(ZS_EINVAL, "--lora-alpha, --lora-dropout, --lora-targets and --lora-rslora need LoRA on (--lora or --lora-r N)");

@@ -4,9 +4,12 @@
 # text and bitwise the same logits with 1 rank, 2 ranks over NVMe shard files, 3 ranks over pinned
 # host memory, and under mpirun -np 2 (nvme, and 2 x 2 ranks over cpu); --stats reports the experts
 # (hit rate, gathered against a whole-block gather; --moe-gather-all gathers all of it); the expert
-# flags are checked (positive, at least one expert, refused on a dense model by name); `bench --moe`
-# prints routed-only against gather-all at batch 1, 8 and 32 with its JSON; and a served MoE model
-# answers a completion and exports the expert counters on /metrics.
+# flags are checked (positive, at least one expert, refused on a dense model by name); `train` fine-
+# tunes a Qwen2-MoE fully (2 ranks over cpu) and with LoRA (2 ranks over NVMe; the attention
+# projections by default, MLP targets refused by name); `bench --moe` prints routed-only against
+# gather-all at batch 1, 8 and 32 with its JSON; and a served MoE model answers a completion, runs
+# a LoRA fine-tuning job over its streamed base (an MLP target refused with 400) whose adapter
+# answers, and exports the expert counters on /metrics.
 #
 # Env: ZS_BIN (default ./zeroserve). CPU only (ZS_DEVICE=cpu); 20 to 60 s. mpirun parts are skipped
 # (not failed) without mpirun. Exit 0 all passed, 1 something failed.
@@ -98,6 +101,35 @@ check "an expert cache under one expert is refused by name" '[ $rc != 0 ] && gre
 rc=$?
 check "--moe-gather-all on a dense model is refused, naming it" '[ $rc != 0 ] && grep -q "is dense" "$T/f3.err"' "$(tail -1 "$T/f3.err")"
 
+# ---------------------------------------------------------------- training
+M2=$T/m-qwen2moe
+i=0
+while [ $i -lt 40 ]; do
+    printf '{"text": "line %d: the quick brown fox jumps over the lazy dog, and the dog sleeps on"}\n' $i
+    i=$((i + 1))
+done >"$T/data.jsonl"
+tr_common="--data $T/data.jsonl --steps 6 --seq-len 32 --batch-size 2 --lr 3e-3"
+# shellcheck disable=SC2086
+"$BIN" train --model "$M2" $tr_common --out "$T/ft" --ranks 2 --offload cpu >"$T/ft.log" 2>&1
+rc=$?
+check "train (full, 2 ranks over cpu) on a Qwen2-MoE: the loss goes down and the model is written" \
+    '[ $rc = 0 ] && awk "/^train: loss/ { exit !(\$5 + 0 < \$3 + 0) }" "$T/ft.log" && [ -s "$T/ft/config.json" ]' "$(tail -2 "$T/ft.log")"
+gen ft "$T/ft"
+rc=$?
+check "the fine-tuned MoE generates" '[ $rc = 0 ] && [ -s "$T/ft.txt" ] && ! cmp -s "$T/ft.bin" "$T/qwen2moe-1.bin"' "$(tail -2 "$T/ft.err")"
+mkdir -p "$T/nvt"
+# shellcheck disable=SC2086
+"$BIN" train --model "$M2" $tr_common --lora --out "$T/lo" --ranks 2 --offload nvme --nvme-path "$T/nvt" >"$T/lo.log" 2>&1
+rc=$?
+check "train --lora (2 ranks over NVMe) on a MoE: the attention projections by default, the loss goes down" \
+    '[ $rc = 0 ] && [ "$(jq -c "[.target_modules[]] | sort" "$T/lo/adapter_config.json")" = "[\"k_proj\",\"o_proj\",\"q_proj\",\"v_proj\"]" ] && awk "/^train: loss/ { exit !(\$5 + 0 < \$3 + 0) }" "$T/lo.log"' \
+    "$(tail -2 "$T/lo.log")"
+# shellcheck disable=SC2086
+"$BIN" train --model "$M2" $tr_common --lora --lora-targets q,gate --out "$T/lo2" >"$T/lo2.log" 2>&1
+rc=$?
+check "train --lora-targets gate on a MoE: refused, naming the target and the mixture of experts" \
+    '[ $rc != 0 ] && grep -q "gate_proj.*mixture of experts" "$T/lo2.log" && [ ! -e "$T/lo2" ]' "$(tail -1 "$T/lo2.log")"
+
 # ---------------------------------------------------------------- bench --moe
 mkdir -p "$T/nvb"
 timeout 300 "$BIN" bench --model "$M" --moe --runs 1 --decode 3 --prefill 4 --offload nvme --nvme-path "$T/nvb" \
@@ -120,6 +152,26 @@ if command -v curl >/dev/null 2>&1; then
         [ "$code" = 404 ] && code=$(curl -s -o "$T/c.json" -w '%{http_code}' "$ZS_URL/v1/completions" \
             -H 'Content-Type: application/json' -d '{"prompt":"Once upon a time","max_tokens":8,"temperature":0}')
         check "served: a completion from the MoE model" '[ "$code" = 200 ]' "$code $(head -c 200 "$T/c.json")"
+        # a LoRA job over the served MoE: the attention projections by default; MLP targets refused
+        FID=$(curl -s -m 30 "$ZS_URL/v1/files" -F purpose=fine-tune -F "file=@$T/data.jsonl" | jq -r .id)
+        post() { curl -s -m 30 -o "$T/r.json" -w '%{http_code}' "$ZS_URL$1" -H 'Content-Type: application/json' -d "$2"; }
+        code=$(post /v1/fine_tuning/jobs "{\"training_file\":\"$FID\",\"model\":\"m-qwen3moe\",\"lora\":{\"target_modules\":[\"down_proj\"]}}")
+        check "served: a LoRA job targeting down_proj on a MoE: 400 naming the target" \
+            '[ "$code" = 400 ] && jq -e ".error.param == \"lora.target_modules\" and (.error.message | test(\"down_proj\"))" "$T/r.json" >/dev/null' "$code $(cat "$T/r.json")"
+        code=$(post /v1/fine_tuning/jobs "{\"training_file\":\"$FID\",\"model\":\"m-qwen3moe\",\"suffix\":\"moe\",\"lora\":{\"r\":4},\"hyperparameters\":{\"n_epochs\":1,\"batch_size\":4}}")
+        JID=$(jq -r .id "$T/r.json")
+        check "served: a LoRA job on the MoE is created with the attention projections" \
+            '[ "$code" = 200 ] && [ "$(jq -c ".lora.target_modules" "$T/r.json")" = "[\"q_proj\",\"k_proj\",\"v_proj\",\"o_proj\"]" ]' "$code $(cat "$T/r.json")"
+        st=""
+        for _ in $(seq 600); do
+            st=$(curl -s "$ZS_URL/v1/fine_tuning/jobs/$JID" | jq -r .status)
+            case $st in succeeded|failed|cancelled) break;; esac
+            sleep 0.1
+        done
+        FTM=$(curl -s "$ZS_URL/v1/fine_tuning/jobs/$JID" | jq -r .fine_tuned_model)
+        code=$(post /v1/completions "{\"model\":\"$FTM\",\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}")
+        check "served: the job succeeds over the streamed MoE and its adapter answers" '[ "$st" = succeeded ] && [ "$code" = 200 ]' \
+            "$st $code $(curl -s "$ZS_URL/v1/fine_tuning/jobs/$JID" | jq -c .error)"
         curl -s "$ZS_URL/metrics" >"$T/metrics.txt"
         check "served: /metrics exports the expert counters" \
             'awk "\$1 == \"zeroserve_expert_bytes_total\" && \$2 > 0 { f = 1 } END { exit !f }" "$T/metrics.txt" && grep -q "^zeroserve_expert_cache_hit_ratio " "$T/metrics.txt" && grep -q "^zeroserve_expert_bytes_per_token " "$T/metrics.txt"'

@@ -72,8 +72,19 @@ static int lora_check_moe(const zs_model_config *c, unsigned targets) {
     return 0;
 }
 
-int zs_lora_new(const zs_model *base, const zs_lora_params *p, zs_lora **out) {
+unsigned zs_lora_default_targets(const zs_model_config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (zs_config_layer_moe(c, l))
+            return 1u << ZS_LORA_Q | 1u << ZS_LORA_K | 1u << ZS_LORA_V | 1u << ZS_LORA_O;
+    return ZS_LORA_ALL;
+}
+
+int zs_lora_check_targets(const zs_model_config *c, unsigned targets) { return lora_check_moe(c, targets); }
+
+int zs_lora_new(const zs_model *base, const zs_lora_params *pp, zs_lora **out) {
     const zs_model_config *c = zs_model_config_get(base);
+    zs_lora_params pd = *pp, *p = &pd;
+    if (!p->targets) p->targets = zs_lora_default_targets(c);
     if (c->arch != ZS_ARCH_LLAMA)
         return zs_err(ZS_EUNSUPPORTED, "lora: adapters are supported for the llama family, not %s", c->arch_name);
     if (c->family == ZS_FAM_PHI3)

@@ -10,7 +10,8 @@
  * What is refused, with a message naming the file and the key: another peft_type, DoRA, bias
  * other than "none", modules_to_save, fan_in_fan_out, layers_to_transform / layers_pattern,
  * rank_pattern / alpha_pattern entries, a regular-expression target_modules, targets the base does
- * not have (Phi-3's fused qkv_proj / gate_up_proj are not supported yet), r <= 0, tensors
+ * not have (Phi-3's fused qkv_proj / gate_up_proj are not supported yet; MLP targets (gate_proj /
+ * up_proj / down_proj) on a model with mixture-of-experts layers), r <= 0, tensors
  * missing, extra or of the wrong shape, and anything the safetensors reader refuses (truncated
  * files).
  *
@@ -36,12 +37,19 @@ typedef struct {
     float alpha;       /* lora_alpha */
     int rslora;        /* use_rslora: scale alpha / sqrt(r) */
     float dropout;     /* lora_dropout (training only) */
-    unsigned targets;  /* bit t set: ZS_LORA_t is adapted, in every layer */
+    unsigned targets;  /* bit t set: ZS_LORA_t is adapted, in every layer; 0 in zs_lora_new: the base's
+                          zs_lora_default_targets */
 } zs_lora_params;
 
 typedef struct zs_lora zs_lora;
 
 const char *zs_lora_target_name(int t); /* "q_proj", ... */
+/* The targets an adapter gets when none are named: all seven, or for a model with mixture-of-
+ * experts layers the attention projections (q, k, v, o), whose experts are not adaptable. */
+unsigned zs_lora_default_targets(const zs_model_config *c);
+/* 0, or ZS_EUNSUPPORTED naming the first target the base cannot take (an MLP target on a model
+ * with mixture-of-experts layers). */
+int zs_lora_check_targets(const zs_model_config *c, unsigned targets);
 int zs_lora_target_role(int t);         /* ZS_R_WQ, ... */
 /* A zero adapter for base (B = 0, A = 0: the caller initialises them; PEFT's own init is
  * kaiming-uniform A and zero B). ZS_EINVAL / ZS_EUNSUPPORTED naming the problem. */
