@@ -5,7 +5,7 @@
 # host memory, and under mpirun -np 2 (nvme, and 2 x 2 ranks over cpu); --stats reports the experts
 # (hit rate, gathered against a whole-block gather; --moe-gather-all gathers all of it); the expert
 # flags are checked (positive, at least one expert, refused on a dense model by name); `train` fine-
-# tunes a Qwen2-MoE fully (2 ranks over cpu) and with LoRA (2 ranks over NVMe; the attention
+# tunes a Qwen2-MoE fully (2 ranks over cpu; under mpirun -np 2 the same bytes) and with LoRA (2 ranks over NVMe; the attention
 # projections by default, MLP targets refused by name); `bench --moe` prints routed-only against
 # gather-all at batch 1, 8 and 32 with its JSON; and a served MoE model answers a completion, runs
 # a LoRA fine-tuning job over its streamed base (an MLP target refused with 400) whose adapter
@@ -114,6 +114,13 @@ tr_common="--data $T/data.jsonl --steps 6 --seq-len 32 --batch-size 2 --lr 3e-3"
 rc=$?
 check "train (full, 2 ranks over cpu) on a Qwen2-MoE: the loss goes down and the model is written" \
     '[ $rc = 0 ] && awk "/^train: loss/ { exit !(\$5 + 0 < \$3 + 0) }" "$T/ft.log" && [ -s "$T/ft/config.json" ]' "$(tail -2 "$T/ft.log")"
+if [ $HAVE_MPI = 1 ]; then
+    # shellcheck disable=SC2086
+    timeout 300 mpirun -np 2 "$BIN" train --model "$M2" $tr_common --out "$T/ftm" --ranks 1 --offload cpu >"$T/ftm.log" 2>&1
+    rc=$?
+    check "train under mpirun -np 2: the same model, byte for byte, as 2 ranks in one process" \
+        '[ $rc = 0 ] && cmp -s "$T/ft/model.safetensors" "$T/ftm/model.safetensors"' "$(tail -2 "$T/ftm.log")"
+fi
 gen ft "$T/ft"
 rc=$?
 check "the fine-tuned MoE generates" '[ $rc = 0 ] && [ -s "$T/ft.txt" ] && ! cmp -s "$T/ft.bin" "$T/qwen2moe-1.bin"' "$(tail -2 "$T/ft.err")"
