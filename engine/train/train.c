@@ -23,6 +23,7 @@
  * ranks' gathers and reductions complete. */
 #include "train.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <string.h>
 
@@ -838,21 +839,85 @@ static void ckpt_layout(zs_training *t, size_t *elems, size_t *shards, unsigned 
     *L = (zs_ckpt_layout){2 * t->nb, elems, shards, repl, t->n};
 }
 
+/* The key of the caller's meta JSON under which a checkpoint keeps the optimizer steps each
+ * bucket was skipped (experts that no token used: their own AdamW step counts lag the global one);
+ * taken out again by zs_training_load. */
+#define SKIPS_KEY "zs_optimizer_skipped_steps"
+
+/* *out: meta_json with SKIPS_KEY {"bucket": count} for the buckets ever skipped (the same on every
+ * rank), a new string. */
+static int meta_with_skips(const zs_training *t, const char *meta_json, char **out) {
+    json_error_t je;
+    json_t *m = meta_json ? json_loads(meta_json, 0, &je) : json_object();
+    *out = NULL;
+    if (!m || !json_is_object(m)) {
+        json_decref(m);
+        return zs_err(ZS_EINVAL, "checkpoint: the meta data is not a JSON object");
+    }
+    json_t *sk = json_object();
+    for (int b = 0; sk && b < t->nb; b++)
+        if (t->r[0].bskip[b] > 0) {
+            char key[16];
+            snprintf(key, sizeof key, "%d", b);
+            json_object_set_new(sk, key, json_integer((json_int_t)t->r[0].bskip[b]));
+        }
+    if (sk && json_object_size(sk) > 0) json_object_set_new(m, SKIPS_KEY, sk);
+    else json_decref(sk);
+    *out = json_dumps(m, JSON_COMPACT);
+    json_decref(m);
+    return *out ? 0 : zs_err(ZS_ENOMEM, "out of memory");
+}
+
+/* Restores the skipped-step counts from a checkpoint's meta and gives back the meta without them
+ * (*rest: a new string). */
+static int meta_take_skips(zs_training *t, const char *path, const char *meta, char **rest) {
+    json_error_t je;
+    json_t *m = json_loads(meta, 0, &je);
+    if (!m || !json_is_object(m)) {
+        json_decref(m);
+        return zs_err(ZS_EFORMAT, "%s: the checkpoint's meta data is not a JSON object", path);
+    }
+    for (int r = 0; r < t->nl; r++) memset(t->r[r].bskip, 0, (size_t)t->nb * sizeof(long));
+    json_t *sk = json_object_get(m, SKIPS_KEY);
+    if (sk) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(sk, key, v) {
+            char *end;
+            long b = strtol(key, &end, 10);
+            if (!json_is_object(sk) || *end || b < 0 || b >= t->nb || !json_is_integer(v) || json_integer_value(v) < 0) {
+                json_decref(m);
+                return zs_err(ZS_EFORMAT, "%s: %s: '%s' is not a bucket of this model with a step count", path, SKIPS_KEY,
+                              key);
+            }
+            for (int r = 0; r < t->nl; r++) t->r[r].bskip[b] = (long)json_integer_value(v);
+        }
+        json_object_del(m, SKIPS_KEY);
+    }
+    *rest = json_dumps(m, JSON_COMPACT);
+    json_decref(m);
+    return *rest ? 0 : zs_err(ZS_ENOMEM, "out of memory");
+}
+
 int zs_training_save(zs_training *t, const char *dir, long step, const char *meta_json, int keep) {
+    char *meta;
+    ZS_CHECK(meta_with_skips(t, meta_json, &meta));
     size_t *elems = calloc((size_t)t->nb * 4, sizeof(size_t));
     unsigned char *repl = calloc((size_t)t->nb * 2, 1);
     if (!elems || !repl) {
         free(elems);
         free(repl);
+        free(meta);
         return zs_err(ZS_ENOMEM, "out of memory");
     }
     zs_ckpt_layout L;
     ckpt_layout(t, elems, elems + 2 * t->nb, repl, &L);
-    zs_ckpt_save_opts so = {zs_model_dir(t->m), zs_model_fingerprint(t->m), meta_json, keep, t->first,
+    zs_ckpt_save_opts so = {zs_model_dir(t->m), zs_model_fingerprint(t->m), meta, keep, t->first,
                             t->n > t->nl ? t->nl : 0};
     int rc = zs_ckpt_save(dir, step, &L, ckpt_get, t, &so);
     free(elems);
     free(repl);
+    free(meta);
     return rc;
 }
 
@@ -920,13 +985,11 @@ int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_js
     free(scratch);
     if (rc == 0) {
         *step = zs_ckpt_step(c);
-        /* the checkpoint does not record how many steps each expert was skipped: from here on its
-         * bias correction counts from the saved step like every other bucket's */
-        for (int r = 0; r < t->nl; r++) memset(t->r[r].bskip, 0, (size_t)t->nb * sizeof(long));
-        if (meta_json) {
-            *meta_json = strdup(zs_ckpt_meta(c));
-            if (!*meta_json) rc = zs_err(ZS_ENOMEM, "out of memory");
-        }
+        /* the steps each expert was skipped (its own AdamW count), kept in the meta by the save */
+        char *rest = NULL;
+        rc = meta_take_skips(t, zs_ckpt_path(c), zs_ckpt_meta(c), &rest);
+        if (rc == 0 && meta_json) *meta_json = rest;
+        else free(rest);
     }
     zs_ckpt_close(c);
     return rc;
