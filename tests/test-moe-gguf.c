@@ -45,22 +45,6 @@
 #define FEATURE_MARGIN 10 /* a feature must move llama.cpp's logits by this many tolerances */
 #define MIN_CASES 11
 
-typedef struct {
-    float *rows;
-    int n, cap, vocab;
-} logit_log;
-
-static void on_logits(void *ud, const float *logits, int vocab) {
-    logit_log *l = ud;
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 64;
-        l->rows = realloc(l->rows, (size_t)l->cap * vocab * sizeof(float));
-        if (!l->rows) abort();
-    }
-    l->vocab = vocab;
-    memcpy(l->rows + (size_t)l->n++ * vocab, logits, (size_t)vocab * sizeof(float));
-}
-
 /* The case's checkpoint as `zeroserve init-model --arch A --random-norms --init-std X --seed S --set JSON` writes it
  * and its GGUF file as `zeroserve convert --dtype D --name zs-peer` does. */
 static int make_gguf(json_t *c, const char *tmp, char *gguf, size_t n) {
@@ -121,8 +105,8 @@ static void compare_case(const char *name, zs_engine *e, const int32_t *p, size_
     zs_gen_params gp = {.max_tokens = n_ref};
     zs_sampler_params_default(&gp.sampling);
     gp.sampling.temperature = 0;
-    logit_log lg = {0};
-    gp.on_logits = on_logits;
+    tu_logit_log lg = {0};
+    gp.on_logits = tu_on_logits;
     gp.logits_ud = &lg;
     zs_gen_result res = {0};
     int rc = zs_engine_generate(e, p, (int)np, &gp, NULL, NULL, &res);
@@ -321,8 +305,8 @@ static float *greedy_rows(const char *name, const char *path, const char *wd, co
     zs_gen_params gp = {.max_tokens = n_new};
     zs_sampler_params_default(&gp.sampling);
     gp.sampling.temperature = 0;
-    logit_log lg = {0};
-    gp.on_logits = on_logits;
+    tu_logit_log lg = {0};
+    gp.on_logits = tu_on_logits;
     gp.logits_ud = &lg;
     zs_gen_result res = {0};
     rc = zs_engine_generate(e, p, (int)np, &gp, NULL, NULL, &res);

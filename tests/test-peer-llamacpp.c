@@ -53,22 +53,6 @@
                                each engine rounding its own activations */
 #define TOL_SMOL 1.0        /* [0.55] SmolLM2's Q4_1 with q8_1 activations, 30 layers */
 
-typedef struct {
-    float *rows;
-    int n, cap, vocab;
-} logit_log;
-
-static void on_logits(void *ud, const float *logits, int vocab) {
-    logit_log *l = ud;
-    if (l->n == l->cap) {
-        l->cap = l->cap ? 2 * l->cap : 64;
-        l->rows = realloc(l->rows, (size_t)l->cap * vocab * sizeof(float));
-        if (!l->rows) abort();
-    }
-    l->vocab = vocab;
-    memcpy(l->rows + (size_t)l->n++ * vocab, logits, (size_t)vocab * sizeof(float));
-}
-
 /* max |logit difference| allowed (see the header): measured differences, with headroom */
 static double tolerance(const char *case_name, const char *wd, const char *peer_weights) {
     int exact = peer_weights && !strcmp(peer_weights, "dequantized to f32");
@@ -106,8 +90,8 @@ static void compare_case(const char *name, zs_engine *e, const int32_t *p, size_
     zs_gen_params gp = {.max_tokens = n_ref};
     zs_sampler_params_default(&gp.sampling);
     gp.sampling.temperature = 0;
-    logit_log lg = {0};
-    gp.on_logits = on_logits;
+    tu_logit_log lg = {0};
+    gp.on_logits = tu_on_logits;
     gp.logits_ud = &lg;
     zs_gen_result res = {0};
     int rc = zs_engine_generate(e, p, (int)np, &gp, NULL, NULL, &res);

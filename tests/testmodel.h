@@ -1,7 +1,7 @@
 /* testmodel.h — helpers shared by the tests that rebuild a reference script's models: a checked
  * calloc, a model regenerated from init-model's command-line flags (through the CLI's own parser,
- * server/init-cmd.c), and the file checksums the reference scripts record (tests/ref/...): sums
- * over a file's little-endian words w[i] (zero-padded) of w[i] * (2i + 1), mod 2^64, over 32-bit
+ * server/init-cmd.c), a log of the logits rows a generation hands out, and the file checksums the
+ * reference scripts record (tests/ref/...): sums over a file's little-endian words w[i] (zero-padded) of w[i] * (2i + 1), mod 2^64, over 32-bit
  * words (make_family_ref.py, make_moe_ref.py, make_moe_grad_ref.py) or 64-bit words
  * (make_family_llamacpp_ref.py, moe-llamacpp/make_ref.py). */
 #ifndef ZS_TESTMODEL_H
@@ -23,6 +23,23 @@ static inline void *tu_xcalloc(size_t n) {
         exit(1);
     }
     return p;
+}
+
+/* The logits rows a generation callback hands out, appended (the llama.cpp comparisons). */
+typedef struct {
+    float *rows;
+    int n, cap, vocab;
+} tu_logit_log;
+
+static inline void tu_on_logits(void *ud, const float *logits, int vocab) {
+    tu_logit_log *l = ud;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->rows = realloc(l->rows, (size_t)l->cap * vocab * sizeof(float));
+        if (!l->rows) abort();
+    }
+    l->vocab = vocab;
+    memcpy(l->rows + (size_t)l->n++ * vocab, logits, (size_t)vocab * sizeof(float));
 }
 
 /* `zeroserve init-model ARGS... --out out`, ARGS a JSON array of strings. */
