@@ -131,6 +131,8 @@ if start_world serve 3 --ranks 1 --offload nvme --nvme-path "$T/nv-serve"; then
     kill -TERM "$p0"
     wait_end $MPIPID 30
     check "serve: SIGTERM to process 0 stops the whole world, exit 0 (${WAITED}s)" '[ "$RC" = 0 ]'
+    # a rare failure here has not been reproduced outside make test: keep what it says
+    [ "$RC" = 0 ] || { echo "# mpirun status $RC; the world's log ends:"; tail -25 "$LOG" | sed 's/^/#   /'; }
 else
     bad "serve: 3 processes up"
 fi
