@@ -61,28 +61,29 @@ static inline uint64_t xx_merge(uint64_t acc, uint64_t v) {
     return acc * XXP1 + XXP4;
 }
 
-uint64_t zs_checksum64(const void *data, size_t n) {
-    const unsigned char *p = data, *end = p + n;
-    uint64_t h;
-    if (n >= 32) {
-        uint64_t v1 = XXP1 + XXP2, v2 = XXP2, v3 = 0, v4 = (uint64_t)0 - XXP1;
-        const unsigned char *lim = end - 32;
-        do {
-            v1 = xx_round(v1, xx_rd64(p));
-            v2 = xx_round(v2, xx_rd64(p + 8));
-            v3 = xx_round(v3, xx_rd64(p + 16));
-            v4 = xx_round(v4, xx_rd64(p + 24));
-            p += 32;
-        } while (p <= lim);
-        h = xx_rotl(v1, 1) + xx_rotl(v2, 7) + xx_rotl(v3, 12) + xx_rotl(v4, 18);
-        h = xx_merge(h, v1);
-        h = xx_merge(h, v2);
-        h = xx_merge(h, v3);
-        h = xx_merge(h, v4);
-    } else {
-        h = XXP5;
-    }
-    h += (uint64_t)n;
+static inline uint64_t xx_lanes(const uint64_t v[4]) {
+    uint64_t h = xx_rotl(v[0], 1) + xx_rotl(v[1], 7) + xx_rotl(v[2], 12) + xx_rotl(v[3], 18);
+    for (int i = 0; i < 4; i++) h = xx_merge(h, v[i]);
+    return h;
+}
+
+static inline void xx_stripe(uint64_t v[4], const unsigned char *p) {
+    v[0] = xx_round(v[0], xx_rd64(p));
+    v[1] = xx_round(v[1], xx_rd64(p + 8));
+    v[2] = xx_round(v[2], xx_rd64(p + 16));
+    v[3] = xx_round(v[3], xx_rd64(p + 24));
+}
+
+static inline void xx_lanes_init(uint64_t v[4]) {
+    v[0] = XXP1 + XXP2;
+    v[1] = XXP2;
+    v[2] = 0;
+    v[3] = (uint64_t)0 - XXP1;
+}
+
+/* The tail (fewer than 32 bytes in [p, end)) and the final avalanche; h already holds the
+ * lanes' merge (or XXP5 for short input) plus the total length. */
+static uint64_t xx_finish(uint64_t h, const unsigned char *p, const unsigned char *end) {
     while (p + 8 <= end) {
         h ^= xx_round(0, xx_rd64(p));
         h = xx_rotl(h, 27) * XXP1 + XXP4;
@@ -104,6 +105,57 @@ uint64_t zs_checksum64(const void *data, size_t n) {
     h *= XXP3;
     h ^= h >> 32;
     return h;
+}
+
+uint64_t zs_checksum64(const void *data, size_t n) {
+    const unsigned char *p = data, *end = p + n;
+    uint64_t h;
+    if (n >= 32) {
+        uint64_t v[4];
+        xx_lanes_init(v);
+        const unsigned char *lim = end - 32;
+        do {
+            xx_stripe(v, p);
+            p += 32;
+        } while (p <= lim);
+        h = xx_lanes(v);
+    } else {
+        h = XXP5;
+    }
+    return xx_finish(h + (uint64_t)n, p, end);
+}
+
+/* Streaming: whole 32-byte stripes go through the lanes as soon as they are complete (a partial
+ * one waits in buf), so any split of the input gives the one-shot value. */
+void zs_checksum64_init(zs_checksum64_state *s) {
+    memset(s, 0, sizeof *s);
+    xx_lanes_init(s->v);
+}
+
+void zs_checksum64_update(zs_checksum64_state *s, const void *data, size_t n) {
+    const unsigned char *p = data;
+    if (n == 0) return;
+    s->total += (uint64_t)n;
+    if (s->buflen) {
+        size_t take = ZS_MIN(n, 32 - (size_t)s->buflen);
+        memcpy(s->buf + s->buflen, p, take);
+        s->buflen += (uint32_t)take;
+        p += take;
+        n -= take;
+        if (s->buflen < 32) return;
+        xx_stripe(s->v, s->buf);
+        s->buflen = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) xx_stripe(s->v, p);
+    if (n) {
+        memcpy(s->buf, p, n);
+        s->buflen = (uint32_t)n;
+    }
+}
+
+uint64_t zs_checksum64_final(const zs_checksum64_state *s) {
+    uint64_t h = s->total >= 32 ? xx_lanes(s->v) : XXP5;
+    return xx_finish(h + s->total, s->buf, s->buf + s->buflen);
 }
 
 /* ---------------------------------------------------------------- helpers ---- */

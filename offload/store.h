@@ -11,7 +11,9 @@
  * While writing, data goes to rank<r>.shards.tmp and the manifest to rank<r>.json.tmp.
  *
  * Checksum: zs_checksum64 is XXH64 (seed 0), implemented in store.c (no external library):
- * several GB/s per core, fast enough to verify shards as they stream in.
+ * several GB/s per core, fast enough to verify shards as they stream in. zs_checksum64_state
+ * computes the same value over input that arrives in pieces (e.g. a checkpoint region written
+ * chunk by chunk).
  *
  * Training updates shards of a committed file in place (zs_shard_file_update); the manifest then
  * carries the fingerprint "<fingerprint>-trained" and the new checksums, so the base checkpoint
@@ -25,7 +27,8 @@
  *
  * Thread safety: a zs_shard_file and a zs_shard_reader are each used by one thread at a time
  * (no internal locking; different objects may be used from different threads concurrently).
- * zs_checksum64, zs_shard_dir_check, zs_store_raw_read_gbps are thread-safe.
+ * zs_checksum64, zs_shard_dir_check, zs_store_raw_read_gbps are thread-safe; a
+ * zs_checksum64_state is used by one thread at a time.
  * zs_store_inject_read_error / zs_store_force_pread are process-wide (atomic) test knobs. */
 #ifndef ZS_STORE_H
 #define ZS_STORE_H
@@ -104,6 +107,20 @@ const char *zs_shard_file_label(const zs_shard_file *f, int shard);
 
 /* XXH64 (seed 0) of n bytes. */
 uint64_t zs_checksum64(const void *data, size_t n);
+
+/* Streaming XXH64 (seed 0): init, then update with the input in pieces of any sizes (0
+ * allowed), then final, which equals zs_checksum64 of the concatenated pieces and leaves the
+ * state as it was (more updates may follow). A state is owned by one thread at a time; the
+ * caller owns its memory (a plain struct, no resources). */
+typedef struct {
+    uint64_t v[4];          /* the four lanes */
+    uint64_t total;         /* bytes seen */
+    unsigned char buf[32];  /* an incomplete stripe */
+    uint32_t buflen;        /* its bytes, < 32 */
+} zs_checksum64_state;
+void zs_checksum64_init(zs_checksum64_state *s);
+void zs_checksum64_update(zs_checksum64_state *s, const void *data, size_t n);
+uint64_t zs_checksum64_final(const zs_checksum64_state *s);
 
 /* ---- reader (store-uring.c) ---- */
 

@@ -86,7 +86,7 @@ static void model_fill(zs_api_model *m, zs_engine *e, zs_sched *s) {
     int bos = zs_tokenizer_bos(t), eos = zs_tokenizer_eos(t);
     const char *bp = bos >= 0 ? zs_tokenizer_piece(t, bos) : NULL;
     const char *ep = eos >= 0 ? zs_tokenizer_piece(t, eos) : NULL;
-    /* the reference token for token_text: a plain letter */
+    /* the reference token for zs_api_token_text: a plain letter */
     int32_t *ids = NULL;
     size_t n = 0;
     int ref = -1;

@@ -22,6 +22,7 @@
  *
  * Request parsing and validation live in api-request.c. */
 #define _GNU_SOURCE
+#include "api-extra.h"
 #include "api-models.h"
 #include "api-request.h"
 
@@ -53,26 +54,6 @@ static void random_hex(char *out, int nbytes) {
         }
     }
     for (int i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", b[i]);
-}
-
-/* The text of one token as it appears inside a text: decoding [ref, id] minus the decoded ref,
- * so the leading space SentencePiece decoders strip at the start of a text is kept. */
-static char *token_text(const zs_api_model *a, int32_t id) {
-    char *s = NULL;
-    if (a->ref_tok >= 0) {
-        int32_t two[2] = {a->ref_tok, id};
-        if (zs_tokenizer_decode(a->tok, two, 2, 0, &s) == 0) {
-            size_t rl = strlen(a->ref_text);
-            if (!strncmp(s, a->ref_text, rl)) {
-                memmove(s, s + rl, strlen(s + rl) + 1);
-                return s;
-            }
-            free(s);
-            s = NULL;
-        }
-    }
-    if (zs_tokenizer_decode(a->tok, &id, 1, 0, &s) == 0) return s;
-    return strdup("");
 }
 
 static json_t *bytes_array(const char *s) {
@@ -226,10 +207,10 @@ static json_t *logprobs_json(job *j, const lp_entry *e, int n) {
     if (j->chat) {
         json_t *content = json_array();
         for (int i = 0; i < n; i++) {
-            char *t = token_text(a, e[i].token);
+            char *t = zs_api_token_text(a, e[i].token);
             json_t *tops = json_array();
             for (int k = 0; k < e[i].n_top; k++) {
-                char *tt = token_text(a, e[i].top_ids[k]);
+                char *tt = zs_api_token_text(a, e[i].top_ids[k]);
                 json_array_append_new(tops, json_pack("{s:s,s:f,s:o}", "token", tt, "logprob",
                                                       (double)e[i].top_lps[k], "bytes", bytes_array(tt)));
                 free(tt);
@@ -243,12 +224,12 @@ static json_t *logprobs_json(job *j, const lp_entry *e, int n) {
     }
     json_t *tokens = json_array(), *tlp = json_array(), *tops = json_array(), *offs = json_array();
     for (int i = 0; i < n; i++) {
-        char *t = token_text(a, e[i].token);
+        char *t = zs_api_token_text(a, e[i].token);
         json_array_append_new(tokens, json_string(t));
         json_array_append_new(tlp, json_real(e[i].logprob));
         json_t *d = json_object();
         for (int k = 0; k < e[i].n_top; k++) {
-            char *tt = token_text(a, e[i].top_ids[k]);
+            char *tt = zs_api_token_text(a, e[i].top_ids[k]);
             if (!json_object_get(d, tt)) json_object_set_new(d, tt, json_real(e[i].top_lps[k]));
             free(tt);
         }
@@ -531,7 +512,7 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
         rp.n_end_ids = q.n_end_ids;
         memcpy(rp.end_ids, q.end_ids, sizeof rp.end_ids);
         rp.lora = j->adapter ? j->adapter->lora : NULL;
-        zs_req_sink sink = {on_token, on_done, c};
+        zs_req_sink sink = {on_token, on_done, c, NULL};
         zs_request *rq = NULL;
         c->submitted = 1; /* before submit: on_done may come at once */
         int rc = zs_sched_submit(s, &rp, &sink, &rq);
@@ -844,6 +825,9 @@ int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
     if (!rc) rc = zs_http_route(h, "POST", "/v1/chat/completions", 1, h_chat, a);
     if (!rc) rc = zs_http_route(h, "POST", "/v1/load_lora_adapter", 1, h_load_adapter, a);
     if (!rc) rc = zs_http_route(h, "POST", "/v1/unload_lora_adapter", 1, h_unload_adapter, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/tokenize", 1, zs_api_h_tokenize, a);       /* api-extra.c */
+    if (!rc) rc = zs_http_route(h, "POST", "/detokenize", 1, zs_api_h_detokenize, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/embeddings", 1, zs_api_h_embeddings, a);
     if (rc < 0) {
         zs_api_free(a);
         return rc;

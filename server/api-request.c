@@ -239,9 +239,12 @@ static int parse_prompt(const zs_api_model *a, req_t *q, api_err *e) {
     return 0;
 }
 
-static int parse_messages(const zs_api_model *a, req_t *q, api_err *e) {
-    json_t *m = json_object_get(q->root, "messages");
-    q->prompt_param = "messages";
+/* Validates a chat's messages (roles system/developer/user/assistant; content a string, text
+ * parts joined with "\n", or null for an assistant) and renders them with the model's template
+ * (add_gen: the generation prompt after them); *text malloc'd. Shared by chat completions and
+ * /tokenize. */
+int zs_api_render_messages(const zs_api_model *a, json_t *m, int add_gen, char **out, api_err *e) {
+    *out = NULL;
     if (!m || json_is_null(m)) return zs_api_fail(e, 400, "messages", "missing_required_parameter", "Missing required parameter: 'messages'.");
     if (!json_is_array(m)) return bad_type(e, "messages", "an array", m);
     size_t n = json_array_size(m);
@@ -313,7 +316,7 @@ static int parse_messages(const zs_api_model *a, req_t *q, api_err *e) {
         }
     }
     char *text = NULL;
-    if (rc == 0 && zs_chat_render(a->tmpl, msgs, (int)n, 1, a->bos, a->eos, &text) < 0) {
+    if (rc == 0 && zs_chat_render(a->tmpl, msgs, (int)n, add_gen, a->bos, a->eos, &text) < 0) {
         const char *em = zs_errmsg();
         const char *colon = strchr(em, ':');
         if (!strncmp(em, "messages", 8) && colon && (size_t)(colon - em) < sizeof pname) {
@@ -324,6 +327,19 @@ static int parse_messages(const zs_api_model *a, req_t *q, api_err *e) {
         }
         rc = zs_api_fail(e, 400, pname, "invalid_value", "%s", em);
     }
+    if (owned)
+        for (size_t i = 0; i < n; i++) free(owned[i]);
+    free(owned);
+    free(msgs);
+    if (rc == 0) *out = text;
+    else free(text);
+    return rc;
+}
+
+static int parse_messages(const zs_api_model *a, req_t *q, api_err *e) {
+    q->prompt_param = "messages";
+    char *text = NULL;
+    int rc = zs_api_render_messages(a, json_object_get(q->root, "messages"), 1, &text, e);
     if (rc == 0) rc = encode_text(a, q, text, strlen(text), !zs_chat_has_bos(a->tmpl), "messages", e);
     free(text);
     /* the template's end of turn, where the vocabulary has it as one token, ends the answer as EOS does */
@@ -333,11 +349,27 @@ static int parse_messages(const zs_api_model *a, req_t *q, api_err *e) {
         int id = zs_tokenizer_token_id(a->tok, ends[i]);
         if (id >= 0) q->end_ids[q->n_end_ids++] = id;
     }
-    if (owned)
-        for (size_t i = 0; i < n; i++) free(owned[i]);
-    free(owned);
-    free(msgs);
     return rc;
+}
+
+/* The text of one token as it appears inside a text: decoding [ref, id] minus the decoded ref,
+ * so the leading space SentencePiece decoders strip at the start of a text is kept. */
+char *zs_api_token_text(const zs_api_model *a, int32_t id) {
+    char *s = NULL;
+    if (a->ref_tok >= 0) {
+        int32_t two[2] = {a->ref_tok, id};
+        if (zs_tokenizer_decode(a->tok, two, 2, 0, &s) == 0) {
+            size_t rl = strlen(a->ref_text);
+            if (!strncmp(s, a->ref_text, rl)) {
+                memmove(s, s + rl, strlen(s + rl) + 1);
+                return s;
+            }
+            free(s);
+            s = NULL;
+        }
+    }
+    if (zs_tokenizer_decode(a->tok, &id, 1, 0, &s) == 0) return s;
+    return strdup("");
 }
 
 int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e) {

@@ -57,5 +57,11 @@ typedef struct {
  * bad request. */
 int  zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e);
 void zs_api_req_free(req_t *q);
+/* A chat's "messages" validated (400s naming the message and field) and rendered with a's chat
+ * template, add_gen: with the generation prompt; *text malloc'd. 0, or -1 with e filled. */
+int  zs_api_render_messages(const zs_api_model *a, json_t *messages, int add_gen, char **text, api_err *e);
+/* The text of token id as it appears inside a text (the leading space a SentencePiece decoder
+ * strips at the start of a text kept); malloc'd, "" when it cannot be decoded (NULL: no memory). */
+char *zs_api_token_text(const zs_api_model *a, int32_t id);
 
 #endif

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 
+#include "dsconfig.h"
 #include "engine.h"
 #include "http.h"
 #include "sched.h"
@@ -72,6 +73,9 @@ void zs_api_free(zs_api *a); /* after zs_http_stop and after the scheduler's las
 /* The Prometheus text exposition (format 0.0.4) of the HTTP counters of h and the scheduler's
  * counters (s may be NULL while the model loads: its figures are then 0). *out is malloc'd. */
 int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len);
+/* The training gauges /metrics shows (zeroserve_train_*): the running job's last step, its loss
+ * scale and the steps skipped for fp16 overflows (process-wide; thread-safe). */
+void zs_metrics_set_training(long step, double loss_scale, long skipped_steps);
 
 /* ------------------------------------------------------------------ serve.c */
 
@@ -87,6 +91,9 @@ typedef struct {
     const char *const *loras; /* "NAME=DIR" LoRA adapters served from the start (serve --lora); a bad
                                  one fails the load with the error naming it */
     int n_loras;
+    /* the --config's keys for full fine-tuning jobs (bf16/fp16 precision, fp16 loss scaling,
+     * offload_optimizer, sub_group_size, the 16-bit save); copied; NULL: none */
+    const zs_zero_opts *train_config;
 } zs_server_opts;
 
 typedef struct zs_server zs_server;

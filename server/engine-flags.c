@@ -11,6 +11,7 @@
 
 void zs_engine_flags_init(zs_engine_flags *f) {
     memset(f, 0, sizeof *f);
+    zs_zero_opts_init(&f->ds);
     f->max_live_bytes = -1;
     f->persist_threshold = -1;
     f->expert_cache_bytes = -1;
@@ -42,10 +43,14 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
     return n + ZS_ENGINE_FLAG_COUNT;
 }
 
-int zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo) {
+int zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo) {
     zs_zero_opts z;
     zs_zero_opts_init(&z);
-    if (f->config) ZS_CHECK(zs_dsconfig_load(f->config, &z));
+    if (f->config) {
+        /* unknown and accepted-but-ignored keys are reported as the file is read, the keys this
+         * command does not act upon right after */
+        ZS_CHECK(zs_dsconfig_load(f->config, &z));
+    }
     /* flags override the file */
     zs_zero_opts fl;
     zs_zero_opts_init(&fl);
@@ -60,6 +65,11 @@ int zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo) {
     if (f->aio_queue_depth) fl.aio_queue_depth = f->aio_queue_depth;
     if (f->aio_block_size) fl.aio_block_size = f->aio_block_size;
     zs_zero_opts_merge(&z, &fl);
+    f->ds = z;
+    /* the keys this command does not act upon, over the file merged with the flags (`train`
+     * reports itself, once its own flags are merged too) */
+    if (f->config && !(f->ds_uses & ZS_DS_USE_TRAIN))
+        zs_zero_opts_report_unused(&z, f->config, f->ds_uses ? f->ds_uses : ZS_DS_USE_ENGINE, NULL, NULL);
     if (z.offload_param == ZS_OFFLOAD_NVME && !z.nvme_path[0])
         return zs_err(ZS_EINVAL, "--offload nvme needs --nvme-path DIR (or offload_param.nvme_path in --config)");
 

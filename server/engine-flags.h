@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "cli.h"
+#include "dsconfig.h"
 #include "engine.h"
 
 typedef struct {
@@ -16,6 +17,14 @@ typedef struct {
     int64_t max_live_bytes, persist_threshold, aio_block_size;
     int64_t expert_cache_bytes; /* mixtures of experts */
     int moe_gather_all, no_expert_speculation;
+    /* set by the command before zs_engine_flags_apply: what it acts upon of a --config file
+     * (ZS_DS_USE_* of dsconfig.h; 0: ZS_DS_USE_ENGINE); every other key the file sets is reported
+     * once at start (zs_zero_opts_report_unused; with ZS_DS_USE_TRAIN the command does it itself,
+     * after merging its own flags into ds) */
+    unsigned ds_uses;
+    /* filled by zs_engine_flags_apply: the parsed --config (everything unset without one), for the
+     * command's own keys (training: optimizer, scheduler, fp16 loss scaling, offload_optimizer) */
+    zs_zero_opts ds;
 } zs_engine_flags;
 
 void zs_engine_flags_init(zs_engine_flags *f);
@@ -23,6 +32,6 @@ void zs_engine_flags_init(zs_engine_flags *f);
 #define ZS_ENGINE_FLAG_COUNT 19
 int  zs_engine_flags_table(zs_engine_flags *f, zs_opt *opts, int n);
 /* Fills eo (already defaulted) from the config file and the flags. */
-int  zs_engine_flags_apply(const zs_engine_flags *f, zs_engine_opts *eo);
+int  zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo);
 
 #endif

@@ -55,6 +55,7 @@ typedef struct {
     const zs_sched_opts *sched;   /* for the fine-tuned models' schedulers */
     zs_api *api;
     zs_files *files;
+    const zs_zero_opts *train_config; /* copied; NULL: none (see zs_server_opts) */
 } zs_ftjobs_opts;
 
 typedef struct zs_ftjobs zs_ftjobs;

@@ -44,6 +44,7 @@ struct zs_ftjobs {
     char *data_dir, *jobs_dir, *models_dir, *base_name, *base_dir, *nvme_path;
     zs_engine_opts engine;
     zs_sched_opts sched;
+    zs_zero_opts train; /* the --config's training keys (zs_zero_opts_init when none) */
     zs_api *api;
     zs_files *files;
     zs_engine *base_engine; /* the served base (zs_ftjobs_start; LoRA jobs train on it) */

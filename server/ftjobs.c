@@ -597,6 +597,8 @@ int zs_ftjobs_open(zs_http *h, const zs_ftjobs_opts *o, zs_ftjobs **out) {
     pthread_cond_init(&J->cv, NULL);
     J->engine = *o->engine;
     J->sched = *o->sched;
+    zs_zero_opts_init(&J->train);
+    if (o->train_config) J->train = *o->train_config;
     J->api = o->api;
     J->files = o->files;
     int rc = 0;

@@ -133,15 +133,22 @@ static int lora_params_of(json_t *lj, zs_lora_params *p) {
     return 0;
 }
 
-static void on_step(void *ud, long step, long steps, float loss, float lr, size_t tokens) {
+static void on_step(void *ud, const zs_finetune_step *st) {
     run_ctx *c = ud;
-    char msg[128];
-    snprintf(msg, sizeof msg, "Step %ld/%ld: training loss=%.4f", step, steps, (double)loss);
+    char msg[192];
+    if (st->skipped)
+        snprintf(msg, sizeof msg, "Step %ld/%ld: gradient overflow at loss scale %g: step skipped, scale now %g", st->step,
+                 st->steps, st->loss_scale, st->next_scale);
+    else
+        snprintf(msg, sizeof msg, "Step %ld/%ld: training loss=%.4f", st->step, st->steps, (double)st->loss);
+    zs_metrics_set_training(st->step, st->next_scale, st->skipped_total);
     pthread_mutex_lock(&c->J->mu);
-    zs_ftjobs_event_locked(c->J, c->j, "info", msg,
-                           json_pack("{s:I,s:I,s:f,s:f}", "step", (json_int_t)step, "total_steps", (json_int_t)steps,
-                                     "train_loss", (double)loss, "learning_rate", (double)lr));
-    json_object_set_new(c->j->obj, "trained_tokens", json_integer((json_int_t)tokens));
+    zs_ftjobs_event_locked(c->J, c->j, st->skipped ? "warn" : "info", msg,
+                           json_pack("{s:I,s:I,s:f,s:f,s:f,s:I,s:b}", "step", (json_int_t)st->step, "total_steps",
+                                     (json_int_t)st->steps, "train_loss", (double)st->loss, "learning_rate", (double)st->lr,
+                                     "loss_scale", st->loss_scale, "skipped_steps", (json_int_t)st->skipped_total,
+                                     "skipped", st->skipped));
+    json_object_set_new(c->j->obj, "trained_tokens", json_integer((json_int_t)st->tokens));
     pthread_mutex_unlock(&c->J->mu);
 }
 
@@ -214,9 +221,26 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     fo.ckpt_dir = ck;
     fo.save_every = 10;
     fo.resume = 1;
+    /* full fine-tunes: the server's --config decides the precision (its engine stores the weights
+     * in it), the fp16 loss scaler, where the optimizer state lives and the 16-bit saves */
+    const zs_zero_opts *z = &J->train;
+    int train_rc = 0;
+    if (!is_lora) {
+        fo.precision = z->fp16 == 1 ? ZS_PREC_FP16 : z->bf16 == 1 ? ZS_PREC_BF16 : ZS_PREC_DEFAULT;
+        train_rc = zs_loss_scaler_init(&fo.scaler, fo.precision == ZS_PREC_FP16, z);
+        if (z->offload_optimizer == ZS_OFFLOAD_NVME) {
+            fo.optimizer.device = ZS_OFFLOAD_NVME;
+            fo.optimizer.dir = z->optimizer_nvme_path;
+            fo.optimizer.sub_group = z->sub_group_size > 0 ? (size_t)z->sub_group_size : 0;
+            fo.optimizer.buffer_count = z->optimizer_buffer_count > 0 ? z->optimizer_buffer_count : 0;
+            fo.optimizer.pin_memory = z->optimizer_pin_memory == 1;
+        }
+        fo.save_16bit = z->gather_16bit_on_save == 1;
+    }
 
     int rc = have_files ? 0 : zs_err(ZS_ENOTFOUND, "a file of the job no longer exists");
     if (rc == 0) rc = lora_rc;
+    if (rc == 0) rc = train_rc;
     run_ctx c = {J, j};
     zs_finetune_hooks h = {on_plan, before_step, on_step, NULL, &c};
     zs_finetune_result res;

@@ -1,12 +1,28 @@
 /* metrics.c — GET /metrics: the HTTP request counters and the scheduler's counters, gauges and
  * latency histograms in the Prometheus text exposition format 0.0.4. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "api.h"
 #include "common.h"
+
+/* the training gauges (zs_metrics_set_training): the fine-tuning job running now, process-wide */
+static pthread_mutex_t train_mu = PTHREAD_MUTEX_INITIALIZER;
+static long train_step, train_skipped;
+static double train_scale = 1.0;
+static int train_seen;
+
+void zs_metrics_set_training(long step, double loss_scale, long skipped_steps) {
+    pthread_mutex_lock(&train_mu);
+    train_step = step;
+    train_scale = loss_scale;
+    train_skipped = skipped_steps;
+    train_seen = 1;
+    pthread_mutex_unlock(&train_mu);
+}
 
 typedef struct {
     char *p;
@@ -152,6 +168,20 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     for (int i = 0; i < 4; i++)
         outf(&b, "zeroserve_requests_finished_total{reason=\"%s\"} %llu\n", reasons[i],
              (unsigned long long)st.requests_done[i]);
+
+    pthread_mutex_lock(&train_mu);
+    long tstep = train_step, tskip = train_skipped;
+    double tscale = train_scale;
+    int tseen = train_seen;
+    pthread_mutex_unlock(&train_mu);
+    if (tseen) { /* a full fine-tuning job has run a step since the start */
+        head(&b, "zeroserve_train_step", "gauge", "The last optimizer step of the running (or last) fine-tuning job.");
+        outf(&b, "zeroserve_train_step %ld\n", tstep);
+        head(&b, "zeroserve_train_loss_scale", "gauge", "Its current fp16 loss scale (1 without fp16).");
+        outf(&b, "zeroserve_train_loss_scale %.17g\n", tscale);
+        head(&b, "zeroserve_train_skipped_steps_total", "counter", "Its steps skipped for fp16 gradient overflows.");
+        outf(&b, "zeroserve_train_skipped_steps_total %ld\n", tskip);
+    }
 
     if (b.oom) {
         free(b.p);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "api-extra.h"
 #include "api-models.h"
 #include "chat.h"
 #include "cluster.h"
@@ -29,6 +30,7 @@
 
 struct zs_server {
     zs_server_opts o;
+    zs_zero_opts train_config; /* the copy o.train_config pointed to */
     char *model_dir, *nvme_path, *name, *data_dir;
     char **lora_names, **lora_dirs; /* --lora NAME=DIR, split */
     int n_loras;
@@ -138,6 +140,7 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->o = *o;
+    if (o->train_config) s->train_config = *o->train_config;
     /* the served engines (the base model, fine-tuned models) are inference engines: embedding
      * rows from host tables; the fine-tuning runner opens its training engines without */
     s->o.engine.model.embed_lookup = 1;
@@ -204,7 +207,8 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
         return rc;
     }
     if (s->data_dir) {
-        zs_ftjobs_opts fo = {s->data_dir, s->name, s->model_dir, &s->o.engine, &s->o.sched, s->api, NULL};
+        zs_ftjobs_opts fo = {s->data_dir, s->name, s->model_dir, &s->o.engine, &s->o.sched, s->api, NULL,
+                             s->o.train_config ? &s->train_config : NULL};
         rc = zs_files_open(s->http, s->data_dir, o->max_file_bytes, &s->files);
         fo.files = s->files;
         if (rc == 0) rc = zs_ftjobs_open(s->http, &fo, &s->ftjobs);
@@ -338,7 +342,9 @@ int zs_cmd_serve(int argc, char **argv) {
     const char *data_dir = "./zeroserve-data";
     zs_engine_flags ef;
     zs_engine_flags_init(&ef);
+    ef.ds_uses = ZS_DS_USE_ENGINE | ZS_DS_USE_JOBS; /* fine-tuning jobs: loss scaling, offload_optimizer, the 16-bit save */
     const char *lora_help = NULL; /* --lora is taken out of argv before parsing (repeatable) */
+    const char *pooling = "mean";
     zs_opt opts[18 + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
@@ -354,8 +360,10 @@ int zs_cmd_serve(int argc, char **argv) {
         {"max-file-bytes", ZS_OPT_I64, &max_file, "largest uploaded training file (default: --max-body-bytes)"},
         {"lora", ZS_OPT_STR, &lora_help, "NAME=DIR: serve the PEFT LoRA adapter in DIR over the model as \"model\": NAME "
                                           "(repeatable; more at run time: POST /v1/load_lora_adapter)"},
+        {"pooling", ZS_OPT_STR, &pooling, "mean | last: how /v1/embeddings pools the final hidden states of an input's "
+                                          "tokens (default mean; a request's \"pooling\" overrides it)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 13);
+    int n_opts = zs_engine_flags_table(&ef, opts, 14);
     if (want_help(argc, argv)) {
         zs_cli_usage("serve", "Serves the model over an OpenAI-compatible HTTP API until SIGTERM/SIGINT.", opts,
                      n_opts);
@@ -375,6 +383,9 @@ int zs_cmd_serve(int argc, char **argv) {
     if (max_file < 0) return zs_err(ZS_EINVAL, "--max-file-bytes must be >= 0");
     if (!*data_dir) return zs_err(ZS_EINVAL, "--data-dir must not be empty");
     if (threads < 1 || threads > 256) return zs_err(ZS_EINVAL, "--threads must be between 1 and 256");
+    if (strcmp(pooling, "mean") && strcmp(pooling, "last"))
+        return zs_err(ZS_EINVAL, "--pooling must be mean or last (got '%s')", pooling);
+    zs_api_set_default_pooling(!strcmp(pooling, "last") ? ZS_POOL_LAST : ZS_POOL_MEAN);
     int tmpl;
     ZS_CHECK(zs_chat_template_parse(tmpl_name, &tmpl));
     if (!api_key) api_key = getenv("ZS_API_KEY");
@@ -390,6 +401,7 @@ int zs_cmd_serve(int argc, char **argv) {
     so.engine.max_seqs = max_seqs;
     so.engine.max_batch_tokens = max_batch;
     ZS_CHECK(zs_engine_flags_apply(&ef, &so.engine));
+    so.train_config = &ef.ds;
     so.engine.model.embed_lookup = 1; /* as zs_server_start sets it: the followers open the same layout */
     so.sched.max_seqs = max_seqs;
     so.sched.max_batch_tokens = max_batch;

@@ -30,7 +30,11 @@
  * RoPE, activations, add, embedding, cross-entropy, attention, the cuBLAS matmul backward) are
  * compared in f32 with the CPU ops of ops-backward.c (train-ops.h) under a relative L2 error
  * ||gpu - cpu|| / ||cpu||, with the family pieces (RMSNorm with offset, GeGLU, soft-cap, attention
- * with scale, soft-cap and window). Skips (77) without CUDA or without a device. */
+ * with scale, soft-cap and window); and what the device trainer (backward-cuda.c) adds: its
+ * attention forward (contiguous sequences through the paged store, each kernel) against the CPU's
+ * training op, the per-head q/k norm backward, RMSNorm backward with offset 0 equal to the plain
+ * one bit for bit, a cross-entropy block with every row masked. Skips (77) without CUDA or without
+ * a device. */
 #include "backend.h"
 #include "common.h"
 #include "testutil.h"
@@ -1414,6 +1418,110 @@ static void test_attention_bwd(void) {
     attention_bwd_case(1, 2, 1, 40); /* one token; hd not a multiple of 32 */
 }
 
+/* The training forward's attention (engine/train/backward-cuda.c): B sequences of T tokens stored
+ * contiguously in a pool through zs_cuda_kv_store_dt (sequence b's positions in blocks
+ * b*nblk .. b*nblk+nblk-1, identity block tables) and read back by zs_cuda_attention_ex, each
+ * kernel, against the CPU's training op zs_op_attention_fwd over each sequence's contiguous K/V
+ * (relative L2 1e-5), with the family parameters. */
+static void train_attention_case(int B, int T, int nh, int nkv, int hd, const zs_cuda_att_params *ap) {
+    int N = B * T, qd = nh * hd, kvd = nkv * hd, nblk = (T + 15) / 16, nb = B * nblk;
+    size_t qn = (size_t)N * qd, kn = (size_t)N * kvd, pool_n = (size_t)nb * 2 * 16 * kvd;
+    float *q = frnd(qn, 2.0f), *k = frnd(kn, 1.0f), *v = frnd(kn, 1.0f), *ref = malloc(qn * 4), *sc = malloc((size_t)T * 2 * 4);
+    zs_att_params cpu_ap = {ap ? ap->scale : 0.0f, ap ? ap->softcap : 0.0f, ap ? ap->window : 0};
+    for (int b = 0; b < B; b++)
+        zs_op_attention_fwd(ref + (size_t)b * T * qd, q + (size_t)b * T * qd, k + (size_t)b * T * kvd,
+                            v + (size_t)b * T * kvd, T, nh, nkv, hd, sc, ap ? &cpu_ap : NULL);
+    int32_t *tables = malloc((size_t)nb * 4), *tab = malloc((size_t)N * 4), *pos = malloc((size_t)N * 4);
+    int64_t *off = malloc((size_t)N * 8);
+    for (int i = 0; i < nb; i++) tables[i] = i;
+    for (int i = 0; i < N; i++) {
+        int b = i / T, p = i % T, blk = b * nblk + p / 16;
+        tab[i] = b * nblk;
+        pos[i] = p;
+        off[i] = ((int64_t)blk * 2 * 16 + p % 16) * kvd;
+    }
+    float *gq = up(q, qn, ZS_F32), *gk = up(k, kn, ZS_F32), *gv = up(v, kn, ZS_F32);
+    float *pool = zs_dev_alloc(D, pool_n * 4), *out = zs_dev_alloc(D, qn * 4);
+    int32_t *gtables = up_raw(tables, (size_t)nb * 4), *gtab = up_raw(tab, (size_t)N * 4), *gpos = up_raw(pos, (size_t)N * 4);
+    int64_t *goff = up_raw(off, (size_t)N * 8);
+    CHECK(zs_cuda_kv_store_dt(pool, ZS_F32, gk, kvd, gv, kvd, goff, N, kvd, S) == 0, "kv_store launch: %s", cuda_why());
+    char what[192], pn[96] = "";
+    if (ap) snprintf(pn, sizeof pn, " [scale %g, soft-cap %g, window %d]", ap->scale, ap->softcap, ap->window);
+    for (int ii = 0; ii < 3; ii++) {
+        CHECK(zs_cuda_attention_ex(ATT_IMPLS[ii], out, ZS_F32, gq, qd, pool, ZS_F32, gtables, gtab, gpos, N, nh, nkv, hd,
+                                   ap, S) == 0, "attention launch: %s", cuda_why());
+        snprintf(what, sizeof what, "training attention (%s)%s %d x %d tokens, %d/%d heads x %d",
+                 zs_cuda_attention_mode_name(ATT_IMPLS[ii]), pn, B, T, nh, nkv, hd);
+        cmp_dev(out, ref, qn, 1e-5, what);
+    }
+    free(q); free(k); free(v); free(ref); free(sc); free(tables); free(tab); free(pos); free(off);
+    rel(gq); rel(gk); rel(gv); rel(pool); rel(out); rel(gtables); rel(gtab); rel(gpos); rel(goff);
+}
+
+static void test_train_attention(void) {
+    zs_cuda_att_params aps[3] = {{0, 0, 7}, {0.0625f, 0.75f, 0}, {0.0625f, 0.75f, 16}};
+    train_attention_case(2, 32, 8, 4, 8, NULL);   /* stories260K's shape */
+    train_attention_case(3, 45, 4, 4, 16, NULL);  /* T not a multiple of the block */
+    train_attention_case(2, 70, 32, 8, 128, NULL);
+    train_attention_case(1, 1, 2, 1, 40, NULL);
+    for (int i = 0; i < 3; i++) train_attention_case(2, 37, 8, 2, 64, &aps[i]);
+}
+
+/* What the device trainer adds to the backward kernels' use: RMSNorm backward with offset 0 is
+ * zs_cuda_rmsnorm_bwd bit for bit; the per-head q/k norm backward (T*heads rows of head_dim, offset
+ * 0 and 1) against the CPU op; a cross-entropy block whose rows are all masked (loss 0, gradient 0). */
+static void test_train_extra_bwd(void) {
+    int T = 67, d = 1000;
+    size_t n = (size_t)T * d;
+    float *x = frnd(n, 3.0f), *gy = frnd(n, 1.0f), *w = frnd((size_t)d, 1.0f), *dx0 = frnd(n, 1.0f), *dw0 = frnd((size_t)d, 1.0f);
+    float *gx = up(x, n, ZS_F32), *ggy = up(gy, n, ZS_F32), *gw = up(w, (size_t)d, ZS_F32), *st = zs_dev_alloc(D, (size_t)T * 2 * 4);
+    float *a = up(dx0, n, ZS_F32), *aw = up(dw0, (size_t)d, ZS_F32), *b = up(dx0, n, ZS_F32), *bw = up(dw0, (size_t)d, ZS_F32);
+    CHECK(zs_cuda_rmsnorm_bwd(a, aw, ggy, gx, gw, T, d, 1e-5f, st, S) == 0, "rmsnorm_bwd launch");
+    CHECK(zs_cuda_rmsnorm_off_bwd(b, bw, ggy, gx, gw, 0.0f, T, d, 1e-5f, st, S) == 0, "rmsnorm_off_bwd launch");
+    float *ha = down(a, n, ZS_F32), *hb = down(b, n, ZS_F32), *haw = down(aw, (size_t)d, ZS_F32), *hbw = down(bw, (size_t)d, ZS_F32);
+    CHECK(memcmp(ha, hb, n * 4) == 0 && memcmp(haw, hbw, (size_t)d * 4) == 0,
+          "rmsnorm_off_bwd with offset 0 differs from rmsnorm_bwd");
+    free(ha); free(hb); free(haw); free(hbw);
+    free(x); free(gy); free(w); free(dx0); free(dw0);
+    rel(gx); rel(ggy); rel(gw); rel(st); rel(a); rel(aw); rel(b); rel(bw);
+    /* per head: 23 tokens x 6 heads of 128 */
+    int R = 23 * 6, hd = 128;
+    float offs[2] = {0.0f, 1.0f};
+    for (int oi = 0; oi < 2; oi++) {
+        size_t m = (size_t)R * hd;
+        float *hx = frnd(m, 3.0f), *hy = frnd(m, 1.0f), *hw = frnd((size_t)hd, 0.5f);
+        float *rdx = calloc(m, 4), *rdw = calloc((size_t)hd, 4); /* from zero, as the trainer's */
+        float *dxx = up(hx, m, ZS_F32), *dyy = up(hy, m, ZS_F32), *dww = up(hw, (size_t)hd, ZS_F32);
+        float *gdx = up(rdx, m, ZS_F32), *gdw = up(rdw, (size_t)hd, ZS_F32), *hst = zs_dev_alloc(D, (size_t)R * 2 * 4);
+        zs_op_rmsnorm_off_bwd(rdx, rdw, hy, hx, hw, R, hd, 1e-6f, offs[oi]);
+        CHECK(zs_cuda_rmsnorm_off_bwd(gdx, gdw, dyy, dxx, dww, offs[oi], R, hd, 1e-6f, hst, S) == 0,
+              "rmsnorm_off_bwd (per head) launch");
+        char what[96];
+        snprintf(what, sizeof what, "q/k norm backward (%d rows of %d, offset %g) dx", R, hd, offs[oi]);
+        cmp_dev(gdx, rdx, m, 1e-5, what);
+        snprintf(what, sizeof what, "q/k norm backward (%d rows of %d, offset %g) dw", R, hd, offs[oi]);
+        cmp_dev(gdw, rdw, (size_t)hd, 1e-5, what);
+        free(hx); free(hy); free(hw); free(rdx); free(rdw);
+        rel(dxx); rel(dyy); rel(dww); rel(gdx); rel(gdw); rel(hst);
+    }
+    /* cross-entropy over rows that are all masked */
+    int Tm = 3, V = 1000;
+    size_t nv = (size_t)Tm * V;
+    float *lg = frnd(nv, 8.0f);
+    int32_t tg[3] = {-1, -1, -5};
+    float *glg = up(lg, nv, ZS_F32), *grow = zs_dev_alloc(D, (size_t)Tm * 4);
+    int32_t *gtg = up_raw(tg, sizeof tg);
+    double *gl = zs_dev_alloc(D, sizeof(double)), loss = 1.0;
+    CHECK(zs_cuda_cross_entropy(glg, grow, gl, glg, gtg, Tm, V, 0.5f, S) == 0, "cross_entropy launch");
+    ZS_ASSERT(zs_dev_sync(D) == 0 && zs_dev_download(D, &loss, gl, sizeof loss) == 0);
+    float *g = down(glg, nv, ZS_F32);
+    int zero = 1;
+    for (size_t i = 0; i < nv; i++) zero &= g[i] == 0.0f;
+    CHECK(loss == 0.0 && zero, "cross_entropy over masked rows: loss %g, gradient zero %d", loss, zero);
+    free(g); free(lg);
+    rel(glg); rel(grow); rel(gtg); rel(gl);
+}
+
 static void test_matmul_bwd(void) {
     cublasHandle_t h = NULL;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, S) != CUBLAS_STATUS_SUCCESS) {
@@ -1498,6 +1606,8 @@ int main(void) {
         test_xent();
         test_attention_bwd();
         test_matmul_bwd();
+        test_train_attention();
+        test_train_extra_bwd();
         CHECK(zs_dev_sync(D) == 0, "device %d: %s", dev, zs_errmsg());
         zs_dev_free(D);
         D = NULL;

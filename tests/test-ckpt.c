@@ -1,7 +1,11 @@
 /* test-ckpt.c — training checkpoints (engine/ckpt.h): save with 2 ranks and read back the full
  * arrays; save with 3 ranks and read a 2-rank partition; replicated buckets and caller-given
  * shard sizes; `latest`, keep (pruning), re-saving a step, leftover .tmp directories, a failing
- * callback, and the errors of a corrupt, truncated, manifest-less or badly formed checkpoint. */
+ * callback, and the errors of a corrupt, truncated, manifest-less or badly formed checkpoint.
+ * The chunked save (zs_ckpt_save_opts.read): byte-identical files, manifest and `latest` to the
+ * get path's (the manifest has no timestamp), with buckets larger than ZS_CKPT_CHUNK so that
+ * regions really go in several chunks, the order and sizes of the chunks asked for, and a
+ * failing read aborting the save without a trace. */
 #include <errno.h>
 #include <jansson.h>
 #include <stdint.h>
@@ -148,6 +152,257 @@ static void flip_byte(const char *path, long off) {
     fseek(f, off, SEEK_SET);
     fputc(c ^ 0x40, f);
     fclose(f);
+}
+
+/* ---- the chunked save (zs_ckpt_save_opts.read) ---- */
+
+/* Full master/m/v arrays of nb buckets, served through get or read; read checks the order and
+ * the sizes of what it is asked for. */
+typedef struct {
+    int nb;
+    float *const *a; /* a[b * 3 + k] */
+    const zs_ckpt_layout *L;
+    int calls, fail_at;
+    size_t max_n;
+    int bad;              /* a call out of order / out of range */
+    char why[200];
+    int last_r, last_b, last_k;
+    size_t next_off, last_len;
+} src;
+
+static void src_reset(src *x, const zs_ckpt_layout *L) {
+    x->L = L;
+    x->calls = 0;
+    x->max_n = 0;
+    x->bad = 0;
+    x->why[0] = 0;
+    x->last_r = x->last_b = x->last_k = -1;
+    x->next_off = x->last_len = 0;
+}
+
+static int src_get(void *ud, int rank, int bucket, const float **master, const float **m,
+                   const float **v, size_t *n) {
+    src *x = ud;
+    if (++x->calls == x->fail_at) return zs_err(ZS_EIO, "injected failure");
+    size_t start, len;
+    int rc = zs_ckpt_shard_range(x->L, bucket, rank, &start, &len);
+    if (rc < 0) return rc;
+    *master = x->a[bucket * 3 + 0] + start;
+    *m = x->a[bucket * 3 + 1] + start;
+    *v = x->a[bucket * 3 + 2] + start;
+    *n = len;
+    return 0;
+}
+
+static void src_bad(src *x, const char *what, int rank, int bucket, int which, size_t off, size_t n) {
+    if (!x->bad)
+        snprintf(x->why, sizeof x->why, "%s: rank %d bucket %d which %d [%zu, +%zu) after rank %d "
+                 "bucket %d which %d up to %zu of %zu", what, rank, bucket, which, off, n, x->last_r,
+                 x->last_b, x->last_k, x->next_off, x->last_len);
+    x->bad = 1;
+}
+
+static int src_read(void *ud, int rank, int bucket, int which, size_t off, size_t n, float *dst) {
+    src *x = ud;
+    if (++x->calls == x->fail_at) return zs_err(ZS_EIO, "injected failure");
+    size_t start, len;
+    int rc = zs_ckpt_shard_range(x->L, bucket, rank, &start, &len);
+    if (rc < 0) return rc;
+    if (which < 0 || which > 2 || n == 0 || n > ZS_CKPT_CHUNK || off > len || n > len - off) {
+        src_bad(x, "bad chunk", rank, bucket, which, off, n);
+        return zs_err(ZS_EINVAL, "test: bad chunk");
+    }
+    int same = rank == x->last_r && bucket == x->last_b && which == x->last_k;
+    int later = rank > x->last_r || (rank == x->last_r && (bucket > x->last_b ||
+                                    (bucket == x->last_b && which > x->last_k)));
+    if (same ? off != x->next_off
+             : (!later || off != 0 || (x->last_r >= 0 && x->next_off != x->last_len) ||
+                (x->last_r == rank && x->last_b == bucket && which != x->last_k + 1)))
+        src_bad(x, "out of order", rank, bucket, which, off, n);
+    x->last_r = rank;
+    x->last_b = bucket;
+    x->last_k = which;
+    x->next_off = off + n;
+    x->last_len = len;
+    if (n > x->max_n) x->max_n = n;
+    memcpy(dst, x->a[bucket * 3 + which] + start + off, n * 4);
+    return 0;
+}
+
+/* Chunks a save through read asks for: 3 * ceil(len / ZS_CKPT_CHUNK) per non-empty slice. */
+static int chunks_expected(const zs_ckpt_layout *L) {
+    int n = 0;
+    for (int r = 0; r < L->ranks; r++)
+        for (int b = 0; b < L->n_buckets; b++) {
+            size_t start, len;
+            if (zs_ckpt_shard_range(L, b, r, &start, &len) < 0) return -1;
+            n += 3 * (int)((len + ZS_CKPT_CHUNK - 1) / ZS_CKPT_CHUNK);
+        }
+    return n;
+}
+
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(len > 0 ? (size_t)len : 1);
+    *n = b && len >= 0 && fread(b, 1, (size_t)len, f) == (size_t)len ? (size_t)len : (size_t)-1;
+    fclose(f);
+    return b;
+}
+
+/* 1 when dirA/rel and dirB/rel exist and hold the same bytes. */
+static int same_file(const char *a, const char *b, const char *rel) {
+    char p[4200], q[4200];
+    size_t na, nb;
+    unsigned char *x = slurp(pathf(p, sizeof p, a, rel), &na), *y = slurp(pathf(q, sizeof q, b, rel), &nb);
+    int ok = x && y && na != (size_t)-1 && na == nb && memcmp(x, y, na) == 0;
+    if (!ok) fprintf(stderr, "%s vs %s: %s differs (%zu / %zu bytes)\n", a, b, rel, x ? na : 0, y ? nb : 0);
+    free(x);
+    free(y);
+    return ok;
+}
+
+/* The full arrays of every bucket read back from the checkpoint at dir equal x's. */
+static int src_matches(const char *dir, const src *x) {
+    zs_ckpt *c = NULL;
+    if (zs_ckpt_open(dir, &c) < 0) {
+        fprintf(stderr, "open %s: %s\n", dir, zs_errmsg());
+        return 0;
+    }
+    int ok = zs_ckpt_n_buckets(c) == x->nb;
+    for (int b = 0; ok && b < x->nb; b++) {
+        size_t e = zs_ckpt_bucket_elems(c, b);
+        float *buf = malloc((e ? e : 1) * 4);
+        for (int k = 0; ok && k < 3; k++) {
+            float *d[3] = {NULL, NULL, NULL};
+            d[k] = buf;
+            ok = buf && zs_ckpt_read(c, b, 0, e, d[0], d[1], d[2]) == 0 &&
+                 memcmp(buf, x->a[b * 3 + k], e * 4) == 0;
+        }
+        free(buf);
+    }
+    zs_ckpt_close(c);
+    return ok;
+}
+
+/* Saves x under L as step `step` into base/get-<tag> (through get) and base/read-<tag>
+ * (through read, get NULL), and checks that every file is byte-identical, the chunks were asked
+ * for in order and in the expected number, and both read back equal. 1 when all holds. */
+static int save_both_ways(const char *base, const char *tag, long step, src *x, const zs_ckpt_layout *L) {
+    char g[4200], r[4200], sd[64], rel[128];
+    snprintf(g, sizeof g, "%s/get-%s", base, tag);
+    snprintf(r, sizeof r, "%s/read-%s", base, tag);
+    snprintf(sd, sizeof sd, "step-%06ld", step);
+    const char *meta = "{\"epoch\":3,\"rng\":\"00000000deadbeef\"}";
+    zs_ckpt_save_opts o = {.model_dir = "/models/y", .model_fingerprint = "fp", .meta_json = meta};
+    src_reset(x, L);
+    int rc = zs_ckpt_save(g, step, L, src_get, x, &o);
+    CHECK(rc == 0, "%s: save through get: %s", tag, zs_errmsg());
+    src_reset(x, L);
+    o.read = src_read;
+    rc = zs_ckpt_save(r, step, L, NULL, x, &o);
+    CHECK(rc == 0, "%s: save through read: %s", tag, zs_errmsg());
+    if (rc < 0) return 0;
+    int ok = 1;
+    CHECK(!x->bad, "%s: read asked %s", tag, x->why);
+    CHECK(x->calls == chunks_expected(L), "%s: %d chunks asked for, expected %d", tag, x->calls,
+          chunks_expected(L));
+    CHECK(x->last_r < 0 || x->next_off == x->last_len, "%s: the last region was read in full", tag);
+    ok &= !x->bad && x->calls == chunks_expected(L);
+    for (int i = 0; i < L->ranks; i++) {
+        snprintf(rel, sizeof rel, "%s/rank%d.bin", sd, i);
+        ok &= same_file(g, r, rel);
+    }
+    snprintf(rel, sizeof rel, "%s/manifest.json", sd);
+    ok &= same_file(g, r, rel);
+    ok &= same_file(g, r, "latest");
+    CHECK(ok, "%s: get and read write the same bytes", tag);
+    int mg = src_matches(g, x), mr = src_matches(r, x);
+    CHECK(mg && mr, "%s: both read back equal (get %d, read %d)", tag, mg, mr);
+    return ok && mg && mr;
+}
+
+static int get_never_calls;
+static int get_never(void *ud, int rank, int bucket, const float **master, const float **m,
+                     const float **v, size_t *n) {
+    (void)ud, (void)rank, (void)bucket, (void)master, (void)m, (void)v, (void)n;
+    get_never_calls++;
+    return zs_err(ZS_EIO, "get called");
+}
+
+static void test_read_path(const char *dir, state *s1) {
+    /* the main test's layout: replicated, empty and 1-element buckets, 1..3 ranks */
+    float *a[NB * 3];
+    for (int b = 0; b < NB; b++)
+        for (int k = 0; k < 3; k++) a[b * 3 + k] = s1->a[b][k];
+    src x = {.nb = NB, .a = a};
+    for (int ranks = 1; ranks <= 3; ranks++) {
+        zs_ckpt_layout L = layout(ranks);
+        char tag[32];
+        snprintf(tag, sizeof tag, "small%d", ranks);
+        save_both_ways(dir, tag, 5, &x, &L);
+        CHECK(x.max_n <= ZS_CKPT_CHUNK, "chunks of at most ZS_CKPT_CHUNK");
+    }
+
+    /* buckets beyond one chunk: 2.5 chunks (+7, a tail that is no whole 32-byte stripe) */
+    enum { BB = 3 };
+    const size_t big_elems[BB] = {(size_t)ZS_CKPT_CHUNK * 5 / 2 + 7, 3000, (size_t)ZS_CKPT_CHUNK};
+    float *ba[BB * 3];
+    for (int i = 0; i < BB * 3; i++) {
+        size_t e = big_elems[i / 3];
+        ba[i] = malloc(e * 4);
+        for (size_t j = 0; j < e; j++) ba[i][j] = frand() + (float)i;
+    }
+    src y = {.nb = BB, .a = ba};
+    zs_ckpt_layout L1 = {.n_buckets = BB, .bucket_elems = big_elems, .ranks = 1};
+    save_both_ways(dir, "big1", 6, &y, &L1);
+    CHECK(y.max_n == ZS_CKPT_CHUNK && y.calls == 3 * (3 + 1 + 1), "1 rank: 2.5-chunk bucket in 3 "
+          "chunks per array (%d calls, largest %zu)", y.calls, y.max_n);
+    /* 2 ranks: rank 1's offsets count from its slice's start */
+    zs_ckpt_layout L2 = {.n_buckets = BB, .bucket_elems = big_elems, .ranks = 2};
+    save_both_ways(dir, "big2", 6, &y, &L2);
+    CHECK(y.calls > 3 * 2 * BB, "2 ranks: some slices in several chunks (%d calls)", y.calls);
+
+    /* a failing read (bucket 0's m, its 2nd chunk) aborts the save without a trace */
+    char run[4200];
+    snprintf(run, sizeof run, "%s/read-big1", dir);
+    zs_ckpt_save_opts o = {.read = src_read};
+    src_reset(&y, &L1);
+    y.fail_at = 5;
+    int rc = zs_ckpt_save(run, 7, &L1, NULL, &y, &o);
+    CHECK_ERR(rc, "injected failure", "checkpoint step 7", "rank 0 bucket 0", "m (elements 1048576..");
+    CHECK(rc == ZS_EIO, "the callback's code: %d", rc);
+    CHECK(!exists(run, "step-000007") && !exists(run, "step-000007.tmp"), "a failed read leaves no step 7");
+    /* on rank 1, after rank 0's file is written */
+    snprintf(run, sizeof run, "%s/read-big2", dir);
+    src_reset(&y, &L2);
+    y.fail_at = chunks_expected(&L2); /* the last chunk: rank 1's bucket 2 v */
+    rc = zs_ckpt_save(run, 7, &L2, NULL, &y, &o);
+    CHECK_ERR(rc, "injected failure", "checkpoint step 7", "rank 1 bucket 2", "v");
+    CHECK(!exists(run, "step-000007") && !exists(run, "step-000007.tmp"), "a failed read on rank 1 "
+          "leaves no step 7");
+    y.fail_at = 0;
+    zs_ckpt *c = NULL;
+    rc = zs_ckpt_open(run, &c);
+    CHECK(rc == 0 && zs_ckpt_step(c) == 6, "still step 6 after the failed saves: %s", zs_errmsg());
+    zs_ckpt_close(c);
+
+    /* read wins over get: get (which fails) is never called */
+    zs_ckpt_layout L = layout(2);
+    src_reset(&x, &L);
+    get_never_calls = 0;
+    snprintf(run, sizeof run, "%s/both", dir);
+    rc = zs_ckpt_save(run, 1, &L, get_never, &x, &o);
+    CHECK(rc == 0 && get_never_calls == 0 && x.calls == chunks_expected(&L),
+          "with read set, get is never called (rc %d, %d get calls, %d reads): %s", rc,
+          get_never_calls, x.calls, zs_errmsg());
+    CHECK_ERR(zs_ckpt_save(run, 2, &L, NULL, &x, NULL), "no callback");
+    CHECK(!exists(run, "step-000002"), "no step 2 without a callback");
+
+    for (int i = 0; i < BB * 3; i++) free(ba[i]);
 }
 
 int main(void) {
@@ -361,6 +616,8 @@ int main(void) {
     CHECK_ERR(zs_ckpt_open(pathf(p, sizeof p, dir, "nowhere"), &c), "nowhere");
     mkdir(pathf(p, sizeof p, dir, "empty"), 0755);
     CHECK_ERR(zs_ckpt_open(p, &c), "no checkpoint");
+
+    test_read_path(dir, &s1);
 
     state_free(&s1);
     state_free(&s2);

@@ -1,7 +1,10 @@
 /* test-dsconfig.c — DeepSpeed-style config parsing (engine/dsconfig.c): a realistic ZeRO-3 +
  * NVMe file, "auto" and 5e8 values, merge semantics, every wrong-type / impossible-value case
- * (the message must name the full dotted key), unknown keys reported once each, file errors,
- * the --offload flag parser and the batch-size rule. */
+ * (the message must name the full dotted key), unknown keys reported once each, the issue-16
+ * keys (fp16 loss scaling, offload_optimizer.{pin_memory, buffer_count}, sub_group_size, the
+ * 16-bit save and its two spellings), every accepted-but-ignored key reported exactly once with
+ * what zeroserve does instead, zs_zero_opts_report_unused per command (engine / train / jobs)
+ * and per cross-field condition, file errors, the --offload flag parser and the batch-size rule. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -29,10 +32,58 @@ static int count_key(const unknowns *u, const char *key) {
     return c;
 }
 
-/* Parses text as "ds.json" (unknown keys collected, not logged). */
+/* Collects accepted-but-ignored / unused reports, in order. */
+#define MAXREP 96
+typedef struct {
+    char keys[MAXREP][128];
+    char instead[MAXREP][320];
+    char origin[MAXREP][64];
+    int n;
+} ignoreds;
+
+static void on_ignored(void *ud, const char *origin, const char *key, const char *instead) {
+    ignoreds *g = ud;
+    if (g->n < MAXREP) {
+        snprintf(g->keys[g->n], sizeof g->keys[0], "%s", key);
+        snprintf(g->instead[g->n], sizeof g->instead[0], "%s", instead ? instead : "");
+        snprintf(g->origin[g->n], sizeof g->origin[0], "%s", origin ? origin : "(null)");
+    }
+    g->n++;
+}
+
+/* Index of key among the reports (-1: absent); *count: how many times it was reported. */
+static int find_ign(const ignoreds *g, const char *key, int *count) {
+    int at = -1, c = 0;
+    for (int i = 0; i < g->n && i < MAXREP; i++) {
+        if (strcmp(g->keys[i], key) != 0) continue;
+        if (at < 0) at = i;
+        c++;
+    }
+    if (count) *count = c;
+    return at;
+}
+
+/* Both report kinds of one parse. */
+typedef struct {
+    unknowns u;
+    ignoreds g;
+} reports;
+
+static void rep_unknown(void *ud, const char *origin, const char *key) {
+    on_unknown(&((reports *)ud)->u, origin, key);
+}
+static void rep_ignored(void *ud, const char *origin, const char *key, const char *instead) {
+    on_ignored(&((reports *)ud)->g, origin, key, instead);
+}
+
+/* Parses text as "ds.json" (unknown and ignored keys collected, not logged). */
+static int parse_r(const char *text, zs_zero_opts *o, reports *r) {
+    memset(r, 0, sizeof *r);
+    return zs_dsconfig_parse_rep(text, "ds.json", rep_unknown, rep_ignored, r, o);
+}
 static int parse(const char *text, zs_zero_opts *o) {
-    unknowns u = {.n = 0};
-    return zs_dsconfig_parse_ex(text, "ds.json", on_unknown, &u, o);
+    static reports r; /* large: not on the stack */
+    return parse_r(text, o, &r);
 }
 
 /* The ZeRO-3 + NVMe example of the DeepSpeed documentation, with the training blocks. */
@@ -96,11 +147,35 @@ static const char *full_config =
 
 static void test_full(void) {
     zs_zero_opts o;
-    unknowns u = {.n = 0};
-    int rc = zs_dsconfig_parse_ex(full_config, "ds.json", on_unknown, &u, &o);
+    static reports r;
+    int rc = parse_r(full_config, &o, &r);
     CHECK(rc == 0, "rc %d: %s", rc, zs_errmsg());
     if (rc) return;
-    CHECK(u.n == 0, "%d unknown keys reported, first '%s'", u.n, u.keys[0]);
+    CHECK(r.u.n == 0, "%d unknown keys reported, first '%s'", r.u.n, r.u.keys[0]);
+    /* the ignored keys of the file, each once, in file order */
+    static const char *ign[] = {
+        "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
+        "optimizer.params.torch_adam", "zero_optimization.contiguous_gradients",
+        "zero_optimization.overlap_comm", "zero_optimization.reduce_bucket_size",
+        "zero_optimization.stage3_max_reuse_distance", "zero_optimization.offload_param.max_in_cpu",
+        "zero_optimization.offload_optimizer.fast_init", "aio.thread_count", "aio.single_submit",
+        "aio.overlap_events"};
+    int ni = (int)(sizeof ign / sizeof ign[0]);
+    CHECK(r.g.n == ni, "%d ignored keys reported, expected %d", r.g.n, ni);
+    for (int i = 0; i < ni && i < r.g.n; i++)
+        CHECK(strcmp(r.g.keys[i], ign[i]) == 0 && r.g.instead[i][0] &&
+                  strcmp(r.g.origin[i], "ds.json") == 0,
+              "ignored report %d: '%s' (%s), expected '%s'", i, r.g.keys[i], r.g.origin[i], ign[i]);
+    /* keys that were ignored before issue 16 and are parsed now */
+    CHECK(o.loss_scale == 0.0f && o.initial_scale_power == 16, "fp16: %g %d", o.loss_scale,
+          o.initial_scale_power);
+    CHECK(o.sub_group_size == 1000000000, "%lld", (long long)o.sub_group_size);
+    CHECK(o.gather_16bit_on_save == 1, "%d", o.gather_16bit_on_save);
+    CHECK(o.optimizer_pin_memory == 1 && o.optimizer_buffer_count == 4, "%d %d",
+          o.optimizer_pin_memory, o.optimizer_buffer_count);
+    CHECK(o.loss_scale_window == 0 && o.hysteresis == 0 && o.consecutive_hysteresis == -1 &&
+              isnan(o.min_loss_scale),
+          "absent fp16 keys not unset");
     CHECK(o.zero_stage == 3, "%d", o.zero_stage);
     CHECK(o.offload_param == ZS_OFFLOAD_NVME, "%d", o.offload_param);
     CHECK(strcmp(o.nvme_path, "/local_nvme") == 0, "%s", o.nvme_path);
@@ -140,8 +215,11 @@ static void test_full(void) {
     snprintf(path, sizeof path, "%s/ds.json", dir);
     CHECK(tu_write_file(path, full_config, strlen(full_config)) == 0, "write");
     zs_zero_opts f;
-    rc = zs_dsconfig_load(path, &f);
+    memset(&r, 0, sizeof r);
+    rc = zs_dsconfig_load_rep(path, rep_unknown, rep_ignored, &r, &f);
     CHECK(rc == 0, "rc %d: %s", rc, zs_errmsg());
+    CHECK(r.g.n == ni && r.u.n == 0 && strcmp(r.g.origin[0], path) == 0, "load: %d reports",
+          r.g.n);
     CHECK(rc == 0 && f.zero_stage == 3 && f.aio_queue_depth == 8 && f.bf16 == 1, "load");
     tu_rmdir(dir);
 }
@@ -163,6 +241,12 @@ static void test_empty_and_auto(void) {
               o.micro_batch == 0 && o.grad_accum == 0 && isnan(o.grad_clip) &&
               o.train_batch_size == 0,
           "training fields not unset");
+    CHECK(isnan(o.loss_scale) && o.initial_scale_power == -1 && o.loss_scale_window == 0 &&
+              o.hysteresis == 0 && o.consecutive_hysteresis == -1 && isnan(o.min_loss_scale) &&
+              o.optimizer_pin_memory == -1 && o.optimizer_buffer_count == 0 &&
+              o.sub_group_size == 0 && o.gather_16bit_on_save == -1,
+          "issue-16 fields not unset");
+    CHECK(memcmp(&o, &ref, sizeof o) == 0, "parse of {} differs from zs_zero_opts_init");
 
     /* Hugging Face style: "auto" everywhere, nulls, empty blocks. */
     const char *hf =
@@ -191,6 +275,8 @@ static void test_empty_and_auto(void) {
     CHECK(o.max_live_parameters == 1000000000, "%lld", (long long)o.max_live_parameters);
     CHECK(o.prefetch_bucket_size == -1 && o.param_persistence_threshold == -1, "auto ints");
     CHECK(o.bf16 == -1 && o.fp16 == -1, "auto bools");
+    CHECK(o.loss_scale == 0.0f && o.optimizer_pin_memory == 1, "fp16.loss_scale %g, "
+          "offload_optimizer.pin_memory %d", o.loss_scale, o.optimizer_pin_memory);
     CHECK(strcmp(o.optimizer_type, "AdamW") == 0, "%s", o.optimizer_type);
     CHECK(isnan(o.lr) && isnan(o.beta1) && isnan(o.eps) && isnan(o.weight_decay), "auto floats");
     CHECK(o.lr_schedule == ZS_LR_WARMUP_LINEAR && o.warmup_steps == -1 && o.total_steps == -1 &&
@@ -372,6 +458,61 @@ static void test_bad_values(void) {
         {"{\"gradient_accumulation_steps\": \"8\"}", "gradient_accumulation_steps", "\"8\""},
         {"{\"gradient_clipping\": -1.0}", "gradient_clipping: expected a number >= 0", NULL},
         {"{\"train_batch_size\": 1e19}", "train_batch_size", NULL},
+        /* issue 16: fp16 loss scaling, optimizer offload, sub-groups, the 16-bit save */
+        {"{\"fp16\": {\"loss_scale\": -1}}",
+         "ds.json: fp16.loss_scale: expected a number >= 0 (0: dynamic), got -1", NULL},
+        {"{\"fp16\": {\"loss_scale\": \"dynamic\"}}", "fp16.loss_scale", "\"dynamic\""},
+        {"{\"fp16\": {\"loss_scale\": 1e39}}", "fp16.loss_scale", NULL},
+        {"{\"fp16\": {\"initial_scale_power\": 65}}",
+         "ds.json: fp16.initial_scale_power: expected an integer 0..64, got 65", NULL},
+        {"{\"fp16\": {\"initial_scale_power\": -1}}", "fp16.initial_scale_power", "got -1"},
+        {"{\"fp16\": {\"initial_scale_power\": 15.5}}", "fp16.initial_scale_power", "got 15.5"},
+        {"{\"fp16\": {\"initial_scale_power\": \"16\"}}", "fp16.initial_scale_power", "\"16\""},
+        {"{\"fp16\": {\"loss_scale_window\": 0}}",
+         "ds.json: fp16.loss_scale_window: expected a positive integer, got 0", NULL},
+        {"{\"fp16\": {\"loss_scale_window\": [1000]}}", "fp16.loss_scale_window", "[1000]"},
+        {"{\"fp16\": {\"hysteresis\": 0}}", "fp16.hysteresis: expected a positive integer", NULL},
+        {"{\"fp16\": {\"hysteresis\": true}}", "fp16.hysteresis", "got true"},
+        {"{\"fp16\": {\"consecutive_hysteresis\": 2}}",
+         "fp16.consecutive_hysteresis: expected true or false", "got 2"},
+        {"{\"fp16\": {\"consecutive_hysteresis\": \"yes\"}}", "fp16.consecutive_hysteresis",
+         "\"yes\""},
+        {"{\"fp16\": {\"min_loss_scale\": 0}}",
+         "ds.json: fp16.min_loss_scale: expected a number > 0, got 0", NULL},
+        {"{\"fp16\": {\"min_loss_scale\": -2}}", "fp16.min_loss_scale", "got -2"},
+        {"{\"fp16\": {\"min_loss_scale\": {}}}", "fp16.min_loss_scale", "{}"},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"pin_memory\": \"yes\"}}}",
+         "zero_optimization.offload_optimizer.pin_memory: expected true or false", "\"yes\""},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"pin_memory\": 3}}}",
+         "zero_optimization.offload_optimizer.pin_memory", "got 3"},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"buffer_count\": 0}}}",
+         "zero_optimization.offload_optimizer.buffer_count: expected a positive integer", "got 0"},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"buffer_count\": 2.5}}}",
+         "zero_optimization.offload_optimizer.buffer_count", "got 2.5"},
+        {"{\"zero_optimization\": {\"offload_optimizer\": {\"buffer_count\": \"4\"}}}",
+         "zero_optimization.offload_optimizer.buffer_count", "\"4\""},
+        {"{\"zero_optimization\": {\"sub_group_size\": 0}}",
+         "ds.json: zero_optimization.sub_group_size: expected a positive integer, got 0", NULL},
+        {"{\"zero_optimization\": {\"sub_group_size\": -1e9}}", "zero_optimization.sub_group_size",
+         "got -1000000000"},
+        {"{\"zero_optimization\": {\"sub_group_size\": 1.5e0}}",
+         "zero_optimization.sub_group_size", "got 1.5"},
+        {"{\"zero_optimization\": {\"sub_group_size\": \"1e9\"}}",
+         "zero_optimization.sub_group_size", "\"1e9\""},
+        {"{\"zero_optimization\": {\"stage3_gather_16bit_weights_on_model_save\": \"true\"}}",
+         "zero_optimization.stage3_gather_16bit_weights_on_model_save: expected true or false",
+         NULL},
+        {"{\"zero_optimization\": {\"stage3_gather_fp16_weights_on_model_save\": 2}}",
+         "zero_optimization.stage3_gather_fp16_weights_on_model_save: expected true or false",
+         "got 2"},
+        {"{\"zero_optimization\": {\"stage3_gather_16bit_weights_on_model_save\": true,"
+         " \"stage3_gather_fp16_weights_on_model_save\": false}}",
+         "ds.json: zero_optimization.stage3_gather_fp16_weights_on_model_save is false but "
+         "zero_optimization.stage3_gather_16bit_weights_on_model_save is true", "give one"},
+        {"{\"zero_optimization\": {\"stage3_gather_fp16_weights_on_model_save\": 0,"
+         " \"stage3_gather_16bit_weights_on_model_save\": 1}}",
+         "zero_optimization.stage3_gather_16bit_weights_on_model_save is true but "
+         "zero_optimization.stage3_gather_fp16_weights_on_model_save is false", NULL},
         /* cross-field rules within one file */
         {"{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"nvme\"}}}",
          "ds.json: zero_optimization.offload_param.nvme_path", "nvme"},
@@ -414,6 +555,424 @@ static void test_bad_values(void) {
           "supported flags: %s", zs_errmsg());
 }
 
+/* The issue-16 keys: valid values (edges included), "auto" / null, both spellings of the 16-bit
+ * save, merge and the range check. */
+static void test_new_keys(void) {
+    zs_zero_opts o;
+    int rc = parse("{\"fp16\": {\"enabled\": true, \"loss_scale\": 128.5, \"initial_scale_power\": 0,"
+                   " \"loss_scale_window\": 1, \"hysteresis\": 1, \"consecutive_hysteresis\": true,"
+                   " \"min_loss_scale\": 1e-4},"
+                   " \"zero_optimization\": {\"sub_group_size\": 1,"
+                   " \"stage3_gather_fp16_weights_on_model_save\": false,"
+                   " \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nv\","
+                   " \"pin_memory\": false, \"buffer_count\": 1}}}",
+                   &o);
+    CHECK(rc == 0, "%s", zs_errmsg());
+    CHECK(o.fp16 == 1 && o.loss_scale == 128.5f && o.initial_scale_power == 0 &&
+              o.loss_scale_window == 1 && o.hysteresis == 1 && o.consecutive_hysteresis == 1 &&
+              o.min_loss_scale == 1e-4f,
+          "fp16 keys: %g %d %d %d %d %g", o.loss_scale, o.initial_scale_power,
+          o.loss_scale_window, o.hysteresis, o.consecutive_hysteresis, o.min_loss_scale);
+    CHECK(o.sub_group_size == 1 && o.gather_16bit_on_save == 0 && o.optimizer_pin_memory == 0 &&
+              o.optimizer_buffer_count == 1 && o.offload_optimizer == ZS_OFFLOAD_NVME,
+          "offload keys: %lld %d %d %d", (long long)o.sub_group_size, o.gather_16bit_on_save,
+          o.optimizer_pin_memory, o.optimizer_buffer_count);
+    rc = parse("{\"fp16\": {\"loss_scale\": 0, \"initial_scale_power\": 64,"
+               " \"consecutive_hysteresis\": 0, \"loss_scale_window\": 1e3, \"hysteresis\": 2.0},"
+               " \"zero_optimization\": {\"sub_group_size\": 1e9,"
+               " \"stage3_gather_16bit_weights_on_model_save\": 1,"
+               " \"stage3_gather_fp16_weights_on_model_save\": true,"
+               " \"offload_optimizer\": {\"pin_memory\": 1, \"buffer_count\": 8}}}",
+               &o);
+    CHECK(rc == 0, "%s", zs_errmsg());
+    CHECK(o.loss_scale == 0.0f && o.initial_scale_power == 64 && o.consecutive_hysteresis == 0 &&
+              o.loss_scale_window == 1000 && o.hysteresis == 2 && o.sub_group_size == 1000000000 &&
+              o.gather_16bit_on_save == 1 && o.optimizer_pin_memory == 1 &&
+              o.optimizer_buffer_count == 8,
+          "edges / reals / both spellings agreeing");
+    /* "auto" / null mean unset, and an unset spelling never disagrees with the other one */
+    rc = parse("{\"fp16\": {\"loss_scale\": \"auto\", \"initial_scale_power\": null,"
+               " \"loss_scale_window\": \"auto\", \"hysteresis\": null,"
+               " \"consecutive_hysteresis\": \"auto\", \"min_loss_scale\": \"auto\"},"
+               " \"zero_optimization\": {\"sub_group_size\": \"auto\","
+               " \"stage3_gather_16bit_weights_on_model_save\": \"auto\","
+               " \"stage3_gather_fp16_weights_on_model_save\": true,"
+               " \"offload_optimizer\": {\"pin_memory\": null, \"buffer_count\": \"auto\"}}}",
+               &o);
+    CHECK(rc == 0, "%s", zs_errmsg());
+    CHECK(isnan(o.loss_scale) && o.initial_scale_power == -1 && o.loss_scale_window == 0 &&
+              o.hysteresis == 0 && o.consecutive_hysteresis == -1 && isnan(o.min_loss_scale) &&
+              o.sub_group_size == 0 && o.optimizer_pin_memory == -1 &&
+              o.optimizer_buffer_count == 0 && o.gather_16bit_on_save == 1,
+          "auto / null");
+    rc = parse("{\"zero_optimization\": {\"stage3_gather_16bit_weights_on_model_save\": false,"
+               " \"stage3_gather_fp16_weights_on_model_save\": null}}", &o);
+    CHECK(rc == 0 && o.gather_16bit_on_save == 0, "16bit false + fp16 null: %s", zs_errmsg());
+
+    /* merge: every new field, set values win, unset ones leave dst alone */
+    zs_zero_opts a, b;
+    zs_zero_opts_init(&a);
+    zs_zero_opts_init(&b);
+    a.loss_scale = 4;
+    a.initial_scale_power = 8;
+    a.loss_scale_window = 10;
+    a.hysteresis = 3;
+    a.consecutive_hysteresis = 0;
+    a.min_loss_scale = 2;
+    a.optimizer_pin_memory = 1;
+    a.optimizer_buffer_count = 2;
+    a.sub_group_size = 100;
+    a.gather_16bit_on_save = 0;
+    zs_zero_opts before = a;
+    zs_zero_opts_merge(&a, &b);
+    CHECK(memcmp(&a, &before, sizeof a) == 0, "merge of unset changed the new fields");
+    b.loss_scale = 0; /* dynamic: a value, not unset */
+    b.initial_scale_power = 0;
+    b.loss_scale_window = 7;
+    b.hysteresis = 1;
+    b.consecutive_hysteresis = 1;
+    b.min_loss_scale = 0.25f;
+    b.optimizer_pin_memory = 0;
+    b.optimizer_buffer_count = 6;
+    b.sub_group_size = 5;
+    b.gather_16bit_on_save = 1;
+    zs_zero_opts_merge(&a, &b);
+    CHECK(a.loss_scale == 0 && a.initial_scale_power == 0 && a.loss_scale_window == 7 &&
+              a.hysteresis == 1 && a.consecutive_hysteresis == 1 && a.min_loss_scale == 0.25f &&
+              a.optimizer_pin_memory == 0 && a.optimizer_buffer_count == 6 &&
+              a.sub_group_size == 5 && a.gather_16bit_on_save == 1,
+          "new fields merged");
+    CHECK(zs_zero_opts_check(&a, NULL) == 0, "%s", zs_errmsg());
+    a.initial_scale_power = 65;
+    CHECK_ERR(zs_zero_opts_check(&a, "opts"), "opts", "out of range");
+    a.initial_scale_power = 0;
+    a.min_loss_scale = 0;
+    CHECK_ERR(zs_zero_opts_check(&a, "opts"), "out of range");
+    a.min_loss_scale = NAN;
+    a.offload_optimizer = ZS_OFFLOAD_NVME; /* nvme without a path */
+    CHECK_ERR(zs_zero_opts_check(&a, "opts"), "zero_optimization.offload_optimizer.nvme_path");
+}
+
+/* Every accepted-but-ignored key: reported exactly once with a non-empty "instead", whatever the
+ * value (null, "auto", objects); absent ones are not reported; without a callback: the log. */
+static void test_ignored(void) {
+    static const char *keys[] = {
+        "zero_optimization.overlap_comm", "zero_optimization.contiguous_gradients",
+        "zero_optimization.reduce_bucket_size", "zero_optimization.reduce_scatter",
+        "zero_optimization.allgather_partitions", "zero_optimization.allgather_bucket_size",
+        "zero_optimization.round_robin_gradients", "zero_optimization.stage3_max_reuse_distance",
+        "zero_optimization.ignore_unused_parameters", "zero_optimization.elastic_checkpoint",
+        "zero_optimization.load_from_fp32_weights", "zero_optimization.offload_param.max_in_cpu",
+        "zero_optimization.offload_optimizer.fast_init", "zero_optimization.offload_optimizer.pipeline",
+        "zero_optimization.offload_optimizer.pipeline_read",
+        "zero_optimization.offload_optimizer.pipeline_write",
+        "zero_optimization.offload_optimizer.ratio", "aio.thread_count", "aio.single_submit",
+        "aio.overlap_events", "aio.intra_op_parallelism", "aio.use_gds", "fp16.auto_cast",
+        "optimizer.params.torch_adam", "scheduler.params.last_batch_iteration", "steps_per_print",
+        "wall_clock_breakdown", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+        "gradient_predivide_factor", "prescale_gradients", "dump_state", "memory_breakdown",
+        "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+        "comms_logger"};
+    const int nk = (int)(sizeof keys / sizeof keys[0]);
+    const char *all =
+        "{\"zero_optimization\": {\"overlap_comm\": true, \"contiguous_gradients\": null,"
+        "   \"reduce_bucket_size\": \"auto\", \"reduce_scatter\": \"nonsense\","
+        "   \"allgather_partitions\": 7, \"allgather_bucket_size\": 5e8,"
+        "   \"round_robin_gradients\": false, \"stage3_max_reuse_distance\": \"auto\","
+        "   \"ignore_unused_parameters\": true, \"elastic_checkpoint\": [1],"
+        "   \"load_from_fp32_weights\": {\"x\": 1},"
+        "   \"offload_param\": {\"max_in_cpu\": null},"
+        "   \"offload_optimizer\": {\"fast_init\": false, \"pipeline\": \"auto\","
+        "     \"pipeline_read\": true, \"pipeline_write\": null, \"ratio\": 0.3}},"
+        " \"aio\": {\"thread_count\": 4, \"single_submit\": null, \"overlap_events\": \"auto\","
+        "   \"intra_op_parallelism\": 2, \"use_gds\": false},"
+        " \"fp16\": {\"auto_cast\": \"auto\"},"
+        " \"optimizer\": {\"params\": {\"torch_adam\": null}},"
+        " \"scheduler\": {\"params\": {\"last_batch_iteration\": -1}},"
+        " \"steps_per_print\": \"auto\", \"wall_clock_breakdown\": null,"
+        " \"zero_allow_untested_optimizer\": true, \"zero_force_ds_cpu_optimizer\": false,"
+        " \"gradient_predivide_factor\": 1.0, \"prescale_gradients\": false,"
+        " \"dump_state\": null, \"memory_breakdown\": \"auto\","
+        " \"activation_checkpointing\": {\"partition_activations\": true,"
+        "   \"cpu_checkpointing\": true},"
+        " \"flops_profiler\": {\"enabled\": false}, \"tensorboard\": null,"
+        " \"wandb\": {\"enabled\": true, \"project\": \"p\"}, \"csv_monitor\": \"auto\","
+        " \"comms_logger\": {\"enabled\": false}}";
+    static reports r;
+    zs_zero_opts o, ref;
+    int rc = parse_r(all, &o, &r);
+    CHECK(rc == 0, "%s", zs_errmsg());
+    CHECK(r.u.n == 0, "%d unknown keys, first '%s'", r.u.n, r.u.keys[0]);
+    CHECK(r.g.n == nk, "%d ignored reports, expected %d", r.g.n, nk);
+    for (int i = 0; i < nk; i++) {
+        int c = 0, at = find_ign(&r.g, keys[i], &c);
+        CHECK(c == 1, "'%s' reported %d times", keys[i], c);
+        if (at >= 0) {
+            CHECK(strlen(r.g.instead[at]) >= 20, "'%s': instead text too short: '%s'", keys[i],
+                  r.g.instead[at]);
+            CHECK(strcmp(r.g.origin[at], "ds.json") == 0, "origin %s", r.g.origin[at]);
+        }
+    }
+    /* nothing descended into an ignored key's value */
+    CHECK(find_ign(&r.g, "activation_checkpointing.partition_activations", NULL) < 0,
+          "descended into an ignored block");
+    zs_zero_opts_init(&ref);
+    CHECK(memcmp(&o, &ref, sizeof o) == 0, "ignored keys changed a field");
+    /* texts promised by the issue, verbatim */
+    static const struct { const char *key, *text; } promised[] = {
+        {"zero_optimization.overlap_comm", "reduce-scattered as soon as its backward produces it"},
+        {"activation_checkpointing", "zeroserve always recomputes each layer's activations in the "
+                                     "backward (one checkpoint per layer)"},
+        {"wandb", "no experiment tracker: progress goes to stdout, job events and /metrics"},
+        {"fp16.auto_cast", "the CPU backend computes in fp32 and casts the gradients to fp16 for "
+                           "the wire"},
+        {"zero_optimization.reduce_bucket_size", "each bucket (one layer) is one reduction"},
+    };
+    for (size_t i = 0; i < sizeof promised / sizeof promised[0]; i++) {
+        int at = find_ign(&r.g, promised[i].key, NULL);
+        CHECK(at >= 0 && strstr(r.g.instead[at], promised[i].text), "'%s': '%s'", promised[i].key,
+              at >= 0 ? r.g.instead[at] : "(absent)");
+    }
+
+    /* absent keys are not reported: only the two present ones */
+    rc = parse_r("{\"zero_optimization\": {\"stage\": 3, \"overlap_comm\": false},"
+                 " \"wandb\": null, \"bf16\": {\"enabled\": true}}", &o, &r);
+    CHECK(rc == 0 && r.g.n == 2 && find_ign(&r.g, "zero_optimization.overlap_comm", NULL) == 0 &&
+              find_ign(&r.g, "wandb", NULL) == 1 && r.u.n == 0,
+          "rc %d: %d reports", rc, r.g.n);
+    rc = parse_r("{\"zero_optimization\": {\"stage\": 3}, \"aio\": null}", &o, &r);
+    CHECK(rc == 0 && r.g.n == 0, "%d reports for a file without ignored keys", r.g.n);
+    /* a parse reports again (once per parse) */
+    rc = parse_r("{\"wandb\": {}}", &o, &r);
+    CHECK(rc == 0 && r.g.n == 1, "%d", r.g.n);
+
+    /* the _ex functions report ignored keys to the log; unknown keys still go to on_unknown */
+    unknowns u = {.n = 0};
+    fprintf(stderr, "(one 'steps_per_print is accepted but not used' warning expected next)\n");
+    rc = zs_dsconfig_parse_ex("{\"steps_per_print\": 1, \"bogus\": 1}", "ds.json", on_unknown, &u, &o);
+    CHECK(rc == 0 && u.n == 1 && count_key(&u, "bogus") == 1, "rc %d n %d", rc, u.n);
+
+    /* load_rep: the same through a file, origin = the path */
+    char dir[512], path[600];
+    CHECK(tu_tmpdir(dir, sizeof dir, "dsconfig") == 0, "tmpdir");
+    snprintf(path, sizeof path, "%s/ds.json", dir);
+    const char *t = "{\"dump_state\": true, \"zero_optimization\": {\"reduce_scatter\": true}}";
+    CHECK(tu_write_file(path, t, strlen(t)) == 0, "write");
+    memset(&r, 0, sizeof r);
+    rc = zs_dsconfig_load_rep(path, rep_unknown, rep_ignored, &r, &o);
+    CHECK(rc == 0 && r.g.n == 2 && strcmp(r.g.origin[0], path) == 0 &&
+              strcmp(r.g.keys[0], "dump_state") == 0 &&
+              strcmp(r.g.keys[1], "zero_optimization.reduce_scatter") == 0,
+          "load_rep: rc %d n %d", rc, r.g.n);
+    tu_rmdir(dir);
+}
+
+/* A file setting every field that zs_zero_opts_report_unused knows. */
+static const char *every_field =
+    "{\"train_batch_size\": 16, \"train_micro_batch_size_per_gpu\": 2,"
+    " \"gradient_accumulation_steps\": 4, \"gradient_clipping\": 1.0,"
+    " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4, \"betas\": [0.9, 0.99],"
+    "   \"eps\": 1e-8, \"weight_decay\": 0.01}},"
+    " \"scheduler\": {\"type\": \"WarmupDecayLR\", \"params\": {\"warmup_min_lr\": 0,"
+    "   \"warmup_max_lr\": 1e-4, \"warmup_num_steps\": 10, \"total_num_steps\": 100,"
+    "   \"warmup_type\": \"linear\"}},"
+    " \"fp16\": {\"enabled\": true, \"loss_scale\": 0, \"initial_scale_power\": 12,"
+    "   \"loss_scale_window\": 500, \"hysteresis\": 2, \"consecutive_hysteresis\": true,"
+    "   \"min_loss_scale\": 0.5},"
+    " \"zero_optimization\": {\"stage\": 3, \"sub_group_size\": 1e6,"
+    "   \"stage3_gather_16bit_weights_on_model_save\": true,"
+    "   \"stage3_prefetch_bucket_size\": 5e7, \"stage3_max_live_parameters\": 1e9,"
+    "   \"stage3_param_persistence_threshold\": 1e4,"
+    "   \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"/nv\", \"pin_memory\": true,"
+    "     \"buffer_count\": 5, \"buffer_size\": 1e8},"
+    "   \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"/nv/opt\","
+    "     \"pin_memory\": true, \"buffer_count\": 4}},"
+    " \"aio\": {\"block_size\": 1048576, \"queue_depth\": 16}}";
+
+/* The fields nothing uses: reported for every command. */
+static const char *never_used[] = {"zero_optimization.offload_param.pin_memory",
+                                   "zero_optimization.offload_param.buffer_size",
+                                   "zero_optimization.stage3_prefetch_bucket_size"};
+/* Used by `train` and a server's fine-tuning jobs. */
+static const char *train_or_jobs[] = {
+    "zero_optimization.offload_optimizer.device", "zero_optimization.offload_optimizer.nvme_path",
+    "zero_optimization.offload_optimizer.pin_memory",
+    "zero_optimization.offload_optimizer.buffer_count", "zero_optimization.sub_group_size",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save", "fp16.loss_scale",
+    "fp16.initial_scale_power", "fp16.loss_scale_window", "fp16.hysteresis",
+    "fp16.consecutive_hysteresis", "fp16.min_loss_scale"};
+/* Used by `train` only. */
+static const char *train_only[] = {
+    "optimizer.type", "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps",
+    "optimizer.params.weight_decay", "scheduler.type", "scheduler.params.warmup_type",
+    "scheduler.params.warmup_num_steps", "scheduler.params.total_num_steps",
+    "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr",
+    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "train_batch_size"};
+#define NA(a) ((int)(sizeof a / sizeof a[0]))
+
+/* Checks that each of keys[0..n) was reported exactly once with `text` in its instead. */
+static void expect_reported(const ignoreds *g, const char *what, const char *const *keys, int n,
+                            const char *text) {
+    for (int i = 0; i < n; i++) {
+        int c = 0, at = find_ign(g, keys[i], &c);
+        CHECK(c == 1, "%s: '%s' reported %d times", what, keys[i], c);
+        if (at >= 0 && text)
+            CHECK(strstr(g->instead[at], text) != NULL, "%s: '%s': '%s' lacks '%s'", what, keys[i],
+                  g->instead[at], text);
+    }
+}
+
+static void test_report_unused(void) {
+    zs_zero_opts o;
+    int rc = parse(every_field, &o);
+    CHECK(rc == 0, "%s", zs_errmsg());
+    if (rc) return;
+    static ignoreds g;
+    const unsigned E = ZS_DS_USE_ENGINE, T = ZS_DS_USE_TRAIN, J = ZS_DS_USE_JOBS;
+
+    /* train: everything is used but the three fields nothing uses, in table order */
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, "ds.json", E | T, on_ignored, &g);
+    CHECK(g.n == NA(never_used), "train: %d reports, expected %d (first '%s')", g.n, NA(never_used),
+          g.keys[0]);
+    for (int i = 0; i < NA(never_used) && i < g.n; i++)
+        CHECK(strcmp(g.keys[i], never_used[i]) == 0 && strlen(g.instead[i]) >= 20 &&
+                  strcmp(g.origin[i], "ds.json") == 0,
+              "train report %d: '%s'", i, g.keys[i]);
+    int at = find_ign(&g, "zero_optimization.stage3_prefetch_bucket_size", NULL);
+    CHECK(at >= 0 && strstr(g.instead[at], "stage3_max_live_parameters"), "prefetch: %s",
+          at >= 0 ? g.instead[at] : "");
+    /* train + jobs changes nothing */
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, "ds.json", E | T | J, on_ignored, &g);
+    CHECK(g.n == NA(never_used), "train+jobs: %d", g.n);
+
+    /* engine only (generate, bench, serve without jobs): nothing of the training is used */
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, "ds.json", E, on_ignored, &g);
+    CHECK(g.n == NA(never_used) + NA(train_or_jobs) + NA(train_only), "engine: %d reports", g.n);
+    expect_reported(&g, "engine", never_used, NA(never_used), NULL);
+    expect_reported(&g, "engine", train_or_jobs, NA(train_or_jobs), "this command does not train");
+    expect_reported(&g, "engine", train_only, NA(train_only), "this command does not train");
+    for (int i = 1; i < g.n && i < MAXREP; i++) /* the fixed order: zero_optimization first */
+        CHECK(!(strncmp(g.keys[i - 1], "optimizer", 9) == 0 &&
+                strncmp(g.keys[i], "zero_optimization", 17) == 0),
+              "order: '%s' before '%s'", g.keys[i - 1], g.keys[i]);
+    static const char *engine_keys[] = {
+        "zero_optimization.stage", "zero_optimization.offload_param.device",
+        "zero_optimization.offload_param.nvme_path", "zero_optimization.offload_param.buffer_count",
+        "zero_optimization.stage3_max_live_parameters",
+        "zero_optimization.stage3_param_persistence_threshold", "aio.block_size", "aio.queue_depth",
+        "fp16.enabled"};
+    for (int i = 0; i < NA(engine_keys); i++)
+        CHECK(find_ign(&g, engine_keys[i], NULL) < 0, "engine: '%s' reported", engine_keys[i]);
+
+    /* serve with fine-tuning jobs: loss scaling, optimizer offload, sub-groups and the 16-bit
+     * save are used; the hyper-parameters come from each request */
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, "ds.json", E | J, on_ignored, &g);
+    CHECK(g.n == NA(never_used) + NA(train_only), "jobs: %d reports", g.n);
+    expect_reported(&g, "jobs", never_used, NA(never_used), NULL);
+    expect_reported(&g, "jobs", train_only, NA(train_only),
+                    "fine-tuning jobs take their hyper-parameters from each request");
+    for (int i = 0; i < NA(train_or_jobs); i++)
+        CHECK(find_ign(&g, train_or_jobs[i], NULL) < 0, "jobs: '%s' reported", train_or_jobs[i]);
+
+    /* fp16 off (false, or not given) with loss-scale keys: reported whatever the command */
+    static const char *loss_keys[] = {"fp16.loss_scale", "fp16.initial_scale_power",
+                                      "fp16.loss_scale_window", "fp16.hysteresis",
+                                      "fp16.consecutive_hysteresis", "fp16.min_loss_scale"};
+    for (int off = 0; off < 2; off++) {
+        zs_zero_opts f = o;
+        f.fp16 = off ? 0 : -1;
+        for (int k = 0; k < 3; k++) {
+            unsigned uses = k == 0 ? E | T : k == 1 ? E | J : E;
+            memset(&g, 0, sizeof g);
+            zs_zero_opts_report_unused(&f, "ds.json", uses, on_ignored, &g);
+            expect_reported(&g, "fp16 off", loss_keys, NA(loss_keys), "fp16 is off: no loss scaling");
+            if (k == 0) CHECK(g.n == NA(never_used) + NA(loss_keys), "fp16 off, train: %d", g.n);
+        }
+    }
+    rc = parse("{\"bf16\": {\"enabled\": true}, \"fp16\": {\"loss_scale\": 1024,"
+               " \"hysteresis\": 4}}", &o);
+    CHECK(rc == 0, "%s", zs_errmsg());
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, "ds.json", E | T, on_ignored, &g);
+    CHECK(g.n == 2 && strcmp(g.keys[0], "fp16.loss_scale") == 0 &&
+              strcmp(g.keys[1], "fp16.hysteresis") == 0 && strstr(g.instead[1], "fp16 is off"),
+          "bf16 + loss scale: %d", g.n);
+
+    /* offload_optimizer cpu (or not given) with the nvme-only keys */
+    static const char *nvme_opt_keys[] = {"zero_optimization.offload_optimizer.pin_memory",
+                                          "zero_optimization.offload_optimizer.buffer_count",
+                                          "zero_optimization.sub_group_size"};
+    const char *cpu_opt[] = {
+        "{\"zero_optimization\": {\"sub_group_size\": 1e9, \"offload_optimizer\":"
+        " {\"device\": \"cpu\", \"pin_memory\": true, \"buffer_count\": 4}}}",
+        "{\"zero_optimization\": {\"sub_group_size\": 1e9, \"offload_optimizer\":"
+        " {\"pin_memory\": false, \"buffer_count\": 4}}}"};
+    for (int i = 0; i < 2; i++) {
+        rc = parse(cpu_opt[i], &o);
+        CHECK(rc == 0, "%s", zs_errmsg());
+        for (int k = 0; k < 2; k++) {
+            memset(&g, 0, sizeof g);
+            zs_zero_opts_report_unused(&o, "ds.json", k ? E | J : E | T, on_ignored, &g);
+            CHECK(g.n == NA(nvme_opt_keys), "optimizer cpu %d/%d: %d reports", i, k, g.n);
+            expect_reported(&g, "optimizer cpu", nvme_opt_keys, NA(nvme_opt_keys),
+                            "the optimizer state is in host memory (offload_optimizer.device is "
+                            "not nvme)");
+        }
+    }
+    /* ... and with nvme they are used */
+    rc = parse("{\"zero_optimization\": {\"sub_group_size\": 1e9, \"offload_optimizer\":"
+               " {\"device\": \"nvme\", \"nvme_path\": \"/x\", \"pin_memory\": true,"
+               " \"buffer_count\": 4}}}", &o);
+    CHECK(rc == 0, "%s", zs_errmsg());
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, "ds.json", E | T, on_ignored, &g);
+    CHECK(g.n == 0, "optimizer nvme: %d reports, first '%s'", g.n, g.keys[0]);
+
+    /* parameters not on NVMe: the read-slot and aio keys drive nothing */
+    rc = parse("{\"zero_optimization\": {\"stage\": 3, \"offload_param\": {\"device\": \"cpu\","
+               " \"buffer_count\": 4, \"nvme_path\": \"/nv\"}}, \"aio\": {\"queue_depth\": 8,"
+               " \"block_size\": 4096}}", &o);
+    CHECK(rc == 0, "%s", zs_errmsg());
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, "ds.json", E, on_ignored, &g);
+    CHECK(g.n == 4 && strcmp(g.keys[0], "zero_optimization.offload_param.nvme_path") == 0 &&
+              strcmp(g.keys[1], "zero_optimization.offload_param.buffer_count") == 0 &&
+              strstr(g.instead[1], "offload_param.device is not nvme") &&
+              strcmp(g.keys[2], "aio.block_size") == 0 && strcmp(g.keys[3], "aio.queue_depth") == 0 &&
+              strstr(g.instead[3], "nothing is read from NVMe"),
+          "param cpu: %d reports", g.n);
+    /* aio with the optimizer state on NVMe is not reported (the optimizer may read through it) */
+    o.offload_optimizer = ZS_OFFLOAD_NVME;
+    snprintf(o.optimizer_nvme_path, sizeof o.optimizer_nvme_path, "/nv");
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, "ds.json", E | T, on_ignored, &g);
+    CHECK(g.n == 2 && find_ign(&g, "aio.queue_depth", NULL) < 0, "aio + optimizer nvme: %d", g.n);
+
+    /* nothing set: nothing reported; no engine: the engine keys are reported */
+    zs_zero_opts_init(&o);
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, "ds.json", 0, on_ignored, &g);
+    CHECK(g.n == 0, "unset: %d reports", g.n);
+    o.zero_stage = 3;
+    o.bf16 = 1;
+    memset(&g, 0, sizeof g);
+    zs_zero_opts_report_unused(&o, NULL, T, on_ignored, &g);
+    CHECK(g.n == 2 && strcmp(g.keys[0], "zero_optimization.stage") == 0 &&
+              strcmp(g.keys[1], "bf16.enabled") == 0 && strstr(g.instead[0], "engine") &&
+              strcmp(g.origin[0], "options") == 0,
+          "no engine: %d", g.n);
+    /* without a callback: the log (one line expected) */
+    fprintf(stderr, "(one 'zero_optimization.stage is accepted but not used' warning expected next)\n");
+    o.bf16 = -1;
+    zs_zero_opts_report_unused(&o, "ds.json", 0, NULL, NULL);
+    zs_zero_opts_report_unused(NULL, "ds.json", E, on_ignored, &g); /* no-op */
+}
+
 static void test_unknown(void) {
     const char *text =
         "{\"wall_clock_breakdown\": false, \"steps_per_print\": 5,"
@@ -425,10 +984,15 @@ static void test_unknown(void) {
         "   \"warmup_num_steps\": 5}},"
         " \"bf16\": {\"enabled\": true, \"immediate_grad_update\": false},"
         " \"amp\": {\"enabled\": false}}";
-    unknowns u = {.n = 0};
+    static reports r;
     zs_zero_opts o;
-    int rc = zs_dsconfig_parse_ex(text, "ds.json", on_unknown, &u, &o);
+    int rc = parse_r(text, &o, &r);
+    unknowns u = r.u;
     CHECK(rc == 0, "%s", zs_errmsg());
+    CHECK(r.g.n == 3 && strcmp(r.g.keys[0], "wall_clock_breakdown") == 0 &&
+              strcmp(r.g.keys[1], "steps_per_print") == 0 &&
+              strcmp(r.g.keys[2], "zero_optimization.overlap_comm") == 0,
+          "%d ignored reports", r.g.n);
     static const char *expect[] = {
         "sparse_attention", "zero_optimization.overlap_foo",
         "zero_optimization.offload_param.speed",
@@ -580,6 +1144,9 @@ int main(void) {
     test_empty_and_auto();
     test_merge();
     test_bad_values();
+    test_new_keys();
+    test_ignored();
+    test_report_unused();
     test_unknown();
     test_files_and_syntax();
     test_offload_flag_and_batch();

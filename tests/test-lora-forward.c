@@ -96,7 +96,7 @@ static int prefill(rig *r, seqspec *sq, int ns, int lora_array, float *out) {
             lo[n] = sq[s].lora;
         }
     }
-    zs_batch b = {n, tok, pos, seq, li, n, lora_array ? lo : NULL};
+    zs_batch b = {n, tok, pos, seq, li, n, lora_array ? lo : NULL, NULL};
     return zs_forward_run(r->f, &r->src, r->kv, &b, out);
 }
 
@@ -110,7 +110,7 @@ static int decode(rig *r, seqspec *sq, int ns, const int32_t *toks, int step, fl
         li[s] = s;
         lo[s] = sq[s].lora;
     }
-    zs_batch b = {ns, toks, pos, seq, li, ns, lo};
+    zs_batch b = {ns, toks, pos, seq, li, ns, lo, NULL};
     return zs_forward_run(r->f, &r->src, r->kv, &b, out);
 }
 
@@ -340,7 +340,7 @@ static int submit(zs_sched *s, req_t *q, const int32_t *p, int np, int max, cons
     rp.top_logprobs = -1;
     rp.ignore_eos = 1;
     rp.lora = l;
-    zs_req_sink sink = {on_token, on_done, q};
+    zs_req_sink sink = {on_token, on_done, q, NULL};
     return zs_sched_submit(s, &rp, &sink, &q->r);
 }
 

@@ -73,7 +73,7 @@ static int submit(zs_sched *s, req_t *q, const int32_t *p, int np, int max, floa
     rp.top_logprobs = 2;
     rp.ignore_eos = 1;
     if (stop) { rp.stop = &stop; rp.n_stop = 1; }
-    zs_req_sink sink = {on_token, on_done, q};
+    zs_req_sink sink = {on_token, on_done, q, NULL};
     return zs_sched_submit(s, &rp, &sink, &q->r);
 }
 
@@ -281,7 +281,7 @@ static void run(int ranks) {
         rp.end_ids[0] = 99999; /* not a token: never produced */
         rp.end_ids[1] = ref1[3];
         rp.n_end_ids = 2;
-        zs_req_sink sink = {on_token, on_done, &qe};
+        zs_req_sink sink = {on_token, on_done, &qe, NULL};
         CHECK(zs_sched_submit(s, &rp, &sink, &qe.r) == 0, "submit with end ids: %s", zs_errmsg());
         req_wait(&qe);
         CHECK(qe.finish == ZS_DONE_STOP && qe.n_tok == 3 && !memcmp(qe.toks, ref1, 3 * sizeof(int32_t)),

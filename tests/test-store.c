@@ -188,6 +188,59 @@ static void test_checksum(void) {
     free(u);
 }
 
+/* The streaming XXH64 over the same bytes split at random points (and in 0-byte pieces)
+ * equals the one-shot value: every length 0..1000 (each tail and stripe boundary), then 1 MiB. */
+static int stream_matches(const unsigned char *p, size_t n, int max_piece) {
+    zs_checksum64_state st;
+    zs_checksum64_init(&st);
+    size_t at = 0;
+    while (at < n) {
+        size_t k = (size_t)(rng() % (uint64_t)(max_piece + 1));
+        if (k > n - at) k = n - at;
+        zs_checksum64_update(&st, p + at, k);
+        at += k;
+    }
+    uint64_t mid = zs_checksum64_final(&st);
+    zs_checksum64_update(&st, p, 0);
+    return mid == zs_checksum64(p, n) && zs_checksum64_final(&st) == mid;
+}
+
+static void test_checksum_stream(void) {
+    uint64_t saved_rng = rng_state; /* the later tests' data stays as before this test existed */
+    size_t big = (size_t)1 << 20;
+    unsigned char *b = malloc(big + 1);
+    fill_random(b, big + 1);
+    int bad = -1;
+    for (size_t n = 0; n <= 1000 && bad < 0; n++) {
+        /* pieces up to 7 bytes (many partial stripes), up to 70 (across stripes), one piece */
+        if (!stream_matches(b + (n & 1), n, 7) || !stream_matches(b, n, 70) ||
+            !stream_matches(b, n, (int)n))
+            bad = (int)n;
+    }
+    CHECK(bad < 0, "streaming xxh64 of %d bytes differs from the one-shot value", bad);
+    zs_checksum64_state st;
+    zs_checksum64_init(&st);
+    CHECK(zs_checksum64_final(&st) == 0xEF46DB3751D8E999ULL, "streaming xxh64 of nothing");
+    zs_checksum64_update(&st, "ab", 2);
+    zs_checksum64_update(&st, "c", 1);
+    CHECK(zs_checksum64_final(&st) == 0x44BC2CF5AD770999ULL, "streaming xxh64 of ab + c");
+    CHECK(stream_matches(b, big, 100000), "1 MiB in random pieces up to 100000 bytes");
+    CHECK(stream_matches(b + 1, big, 33), "1 MiB (unaligned) in random pieces up to 33 bytes");
+    /* one split at every kind of point: before, inside and after a stripe */
+    uint64_t want = zs_checksum64(b, big);
+    int split_bad = 0;
+    for (int i = 0; i < 64; i++) {
+        size_t cut = (size_t)(rng() % (uint64_t)(big + 1));
+        zs_checksum64_init(&st);
+        zs_checksum64_update(&st, b, cut);
+        zs_checksum64_update(&st, b + cut, big - cut);
+        if (zs_checksum64_final(&st) != want) split_bad = 1;
+    }
+    CHECK(!split_bad, "1 MiB split once at random points");
+    free(b);
+    rng_state = saved_rng;
+}
+
 static atomic_int slot_owner[2];
 static atomic_int pool_errors;
 static zs_pinned *shared_pool;
@@ -806,6 +859,7 @@ int main(void) {
         return 1;
     }
     test_checksum();
+    test_checksum_stream();
     test_pinned();
     test_dir_check(base);
     test_layout_and_reader(base);

@@ -67,7 +67,7 @@ static int run(int ranks, int tier, int accum, const char *nvme, double *losses)
             G[i] = i < 2 ? tgt[i] : pad_g;
         }
     }
-    zs_train_opts to = {B, 32, accum, 0.0f, adam, {0}, 0};
+    zs_train_opts to = {B, 32, accum, 0.0f, adam, {0}, 0, 0, {0}, {0}};
     to.lr.type = ZS_LR_CONSTANT;
     to.lr.lr = adam.lr;
     to.lr.warmup_min_ratio = 1.0f;
@@ -118,7 +118,7 @@ static int sess_open(sess *x, int ranks, const char *nvme) {
         x->T[i] = ranks == 1 ? both_t : i < 2 ? tok[i] : pad_t;
         x->G[i] = ranks == 1 ? both_g : i < 2 ? tgt[i] : pad_g;
     }
-    zs_train_opts to = {B, 32, 1, 0.0f, adam, {0}, 0};
+    zs_train_opts to = {B, 32, 1, 0.0f, adam, {0}, 0, 0, {0}, {0}};
     to.lr.type = ZS_LR_CONSTANT;
     to.lr.lr = adam.lr;
     to.lr.warmup_min_ratio = 1.0f;
@@ -196,7 +196,7 @@ static void check_stages(void) {
         int rc = zs_engine_open(&eo, &e);
         CHECK(rc == 0, "stage %d: open: %s", st, zs_errmsg());
         if (rc < 0) return;
-        zs_train_opts to = {1, 32, 1, 1.0f, adam, {0}, st};
+        zs_train_opts to = {1, 32, 1, 1.0f, adam, {0}, st, 0, {0}, {0}};
         to.lr.type = ZS_LR_CONSTANT;
         to.lr.lr = adam.lr;
         to.lr.warmup_min_ratio = 1.0f;
@@ -228,7 +228,7 @@ static void check_stages(void) {
     eo.ranks = 2;
     zs_engine *e;
     if (zs_engine_open(&eo, &e) == 0) {
-        zs_train_opts to = {1, 32, 1, 1.0f, adam, {0}, 1};
+        zs_train_opts to = {1, 32, 1, 1.0f, adam, {0}, 1, 0, {0}, {0}};
         zs_training *t = NULL;
         CHECK_ERR(zs_training_begin(zs_engine_world(e), &to, &t), "stage 1");
         zs_engine_free(e);

@@ -3,6 +3,8 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -103,6 +105,25 @@ double zs_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+size_t zs_peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = (size_t)strtoull(line + 6, NULL, 10);
+    fclose(f);
+    return kb * 1024;
+}
+
+int zs_peak_rss_reset(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return zs_err(ZS_EIO, "cannot open /proc/self/clear_refs to reset the peak resident set");
+    int ok = fputs("5", f) >= 0;
+    if (fclose(f) != 0) ok = 0;
+    return ok ? 0 : zs_err(ZS_EIO, "cannot reset the peak resident set (/proc/self/clear_refs)");
 }
 
 int zs_mul_size(size_t a, size_t b, size_t *out) {

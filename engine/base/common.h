@@ -75,6 +75,11 @@ void *zs_aligned_alloc(size_t align, size_t size);
 
 /* Monotonic clock in seconds. */
 double zs_now(void);
+/* The process's peak resident set (VmHWM of /proc/self/status), bytes; 0 if unknown. */
+size_t zs_peak_rss_bytes(void);
+/* Resets that peak to the current resident set (writes 5 to /proc/self/clear_refs); 0 or an
+ * error code (no /proc, no permission). */
+int zs_peak_rss_reset(void);
 
 /* Overflow-checked size arithmetic: return 0 on success, ZS_ERANGE on overflow. */
 int zs_mul_size(size_t a, size_t b, size_t *out);

@@ -4,7 +4,8 @@
  * scaled RoPE) and GPT-2 models, on the CPU; the
  * embedding rows come from the host lookup tables of an inference model (model.h) or from the
  * gathered embedding bucket. Attention runs in kernels/cpu/attention.c over block tables of the
- * paged cache, whose K/V elements are f32, f16 or bf16 (kvcache.h).
+ * paged cache, whose K/V elements are f32, f16 or bf16 (kvcache.h). zs_batch.hidden, when set,
+ * gets every token's final-normed hidden state (the rows embeddings pool).
  *
  * LoRA (zs_batch.lora): each adapted projection's output (q, k, v before the q/k norms and RoPE,
  * o and down before the post-norms, gate and up before the activation: PEFT's nn.Linear output,
@@ -526,6 +527,10 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
         norm(c, f->xn + (size_t)b->logits_idx[i] * d, f->x + (size_t)i * d, WF(H, ZS_R_OUT_NORM_W, data, hres),
              WF(H, ZS_R_OUT_NORM_B, data, hres), 1);
     }
+    if (b->hidden) /* every token's final-normed row, one row at a time like the logits rows above */
+        for (int i = 0; i < b->n; i++)
+            norm(c, b->hidden + (size_t)i * d, f->x + (size_t)i * d, WF(H, ZS_R_OUT_NORM_W, data, hres),
+                 WF(H, ZS_R_OUT_NORM_B, data, hres), 1);
     if (!c->tied_embeddings && b->n_logits > 0)
         zs_op_matmul(logits, f->xn, b->n_logits, d, W(H, ZS_R_LM_HEAD, data, hres),
                      H->slot[ZS_R_LM_HEAD].dtype, c->vocab_size, NULL);

@@ -219,6 +219,11 @@ typedef struct {
      * adapter computed together; the base weights are read once for the whole batch). The adapters
      * must outlive the call. */
     const zs_lora *const *lora;
+    /* NULL, or n rows of dim floats: the final-normed hidden state of every token (the input of
+     * the LM head; what embeddings pool), written by the CPU forward. NULL leaves the pass as it
+     * was, bit for bit; each row's bits do not depend on the other rows or on logits_idx. The CUDA
+     * forward refuses it (ZS_EUNSUPPORTED). */
+    float *hidden;
 } zs_batch;
 
 typedef struct zs_forward zs_forward;   /* scratch of one forward executor */

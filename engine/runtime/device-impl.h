@@ -1,5 +1,5 @@
-/* device-impl.h — the inside of a zs_dev, shared by backend-cuda.c, gather-cuda.c and
- * forward-cuda.c only (it includes CUDA headers; nothing else may include it). */
+/* device-impl.h — the inside of a zs_dev, shared by backend-cuda.c, gather-cuda.c, forward-cuda.c
+ * and engine/train/backward-cuda.c only (it includes CUDA headers; nothing else may include it). */
 #ifndef ZS_DEVICE_IMPL_H
 #define ZS_DEVICE_IMPL_H
 

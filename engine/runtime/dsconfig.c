@@ -1,7 +1,8 @@
 /* dsconfig.c — DeepSpeed-style JSON config (--config FILE) -> zs_zero_opts: a table-driven walk
  * over the known keys that checks types and ranges (messages name the file and the dotted key),
- * reports unknown keys once each, and the merge / cross-field / batch-size helpers the CLI uses.
- * See dsconfig.h for the accepted format. */
+ * reports unknown keys and accepted-but-ignored keys (with what zeroserve does instead) once
+ * each, the report of the parsed fields a command does not use (zs_zero_opts_report_unused),
+ * and the merge / cross-field / batch-size helpers the CLI uses. See dsconfig.h for the format. */
 #include "dsconfig.h"
 
 #include <errno.h>
@@ -25,11 +26,13 @@
 /* Key tables                                                                                  */
 
 typedef enum {
-    F_IGNORE,  /* known DeepSpeed key without meaning here: accepted silently, any value */
+    F_IGNORE,  /* known DeepSpeed key without meaning here: any value, reported with desc (what
+                  zeroserve does instead) through on_ignored */
     F_BLOCK,   /* nested object (or null) parsed with `sub` */
     F_INT,     /* int in [ilo, ihi] */
     F_I64,     /* int64_t in [ilo, ihi]; DS_POW2 flag: also a power of two */
-    F_BOOL,    /* int 0/1 */
+    F_BOOL,    /* int 0/1; DS_ALIAS: desc is the full dotted name of another spelling of the same
+                  field, and a value different from the one it already set is an error */
     F_REQBOOL, /* a boolean that zeroserve supports only with the value ilo; stores nothing */
     F_NUM,     /* float in [dlo, dhi] (DS_LO_OPEN: > dlo) */
     F_STR,     /* char[size]; "" means unset */
@@ -37,7 +40,7 @@ typedef enum {
     F_BETAS,   /* [beta1, beta2], each in [0, 1) */
 } ds_kind;
 
-enum { DS_POW2 = 1u, DS_LO_OPEN = 2u, DS_AS_STRING = 4u };
+enum { DS_POW2 = 1u, DS_LO_OPEN = 2u, DS_AS_STRING = 4u, DS_ALIAS = 8u };
 
 /* Scheduler types, in zs_lr_sched order (index == enum value). */
 static const char *const ds_sched_names[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", NULL};
@@ -60,7 +63,8 @@ typedef struct {
     double dlo, dhi;
     unsigned flags;
     unsigned sched; /* scheduler.params only: scheduler types defining this key (0 = all) */
-    const char *desc; /* "expected <desc>" (F_REQBOOL: why only one value is supported) */
+    const char *desc; /* "expected <desc>"; F_REQBOOL: why only one value is supported;
+                         F_IGNORE: what zeroserve does instead; F_BOOL + DS_ALIAS: the other key */
     const char *const *choices;
     const struct ds_block *sub;
 } ds_field;
@@ -72,13 +76,15 @@ typedef struct ds_block {
 } ds_block;
 
 #define OFF(f) offsetof(zs_zero_opts, f)
-#define IGN(k) {.key = k, .kind = F_IGNORE}
+#define IGN(k, instead) {.key = k, .kind = F_IGNORE, .desc = instead}
 #define BLK(k, b) {.key = k, .kind = F_BLOCK, .sub = &b}
 #define INT(k, f, lo, hi, d)                                                                     \
     {.key = k, .kind = F_INT, .off = OFF(f), .ilo = lo, .ihi = hi, .desc = d}
 #define I64(k, f, lo, hi, d)                                                                     \
     {.key = k, .kind = F_I64, .off = OFF(f), .ilo = lo, .ihi = hi, .desc = d}
 #define BOOL(k, f) {.key = k, .kind = F_BOOL, .off = OFF(f)}
+#define ALIAS(k, f, other)                                                                       \
+    {.key = k, .kind = F_BOOL, .off = OFF(f), .flags = DS_ALIAS, .desc = other}
 #define REQB(k, v, why) {.key = k, .kind = F_REQBOOL, .ilo = v, .desc = why}
 #define NUM(k, f, lo, hi, fl, d)                                                                 \
     {.key = k, .kind = F_NUM, .off = OFF(f), .dlo = lo, .dhi = hi, .flags = fl, .desc = d}
@@ -92,15 +98,28 @@ static const ds_field ds_offp_fields[] = {
     BOOL("pin_memory", pin_memory),
     INT("buffer_count", buffer_count, 1, INT_MAX, "a positive integer"),
     I64("buffer_size", buffer_size, 1, INT64_MAX, "a positive integer"),
-    IGN("max_in_cpu"),
+    IGN("max_in_cpu", "with device nvme the parameters stay in the shard file: host memory holds "
+        "only the read slots (offload_param.buffer_count) and the gathered layers"),
 };
 static const ds_block ds_offp = {ds_offp_fields, N(ds_offp_fields), NULL};
+
+#define DS_PIPELINED                                                                             \
+    "the NVMe optimizer step always pipelines: reads run up to buffer_count - 1 sub-groups "      \
+    "ahead and each sub-group is written back behind its update"
+#define DS_G16 "zero_optimization.stage3_gather_16bit_weights_on_model_save"
+#define DS_GF16 "zero_optimization.stage3_gather_fp16_weights_on_model_save"
 
 static const ds_field ds_offo_fields[] = {
     CHOICE("device", offload_optimizer, ds_offload_names),
     STR("nvme_path", optimizer_nvme_path),
-    IGN("pin_memory"), IGN("buffer_count"), IGN("fast_init"), IGN("pipeline"),
-    IGN("pipeline_read"), IGN("pipeline_write"), IGN("ratio"),
+    BOOL("pin_memory", optimizer_pin_memory),
+    INT("buffer_count", optimizer_buffer_count, 1, INT_MAX, "a positive integer"),
+    IGN("fast_init", "the NVMe optimizer file is created when training begins (there is one "
+        "initialization path)"),
+    IGN("pipeline", DS_PIPELINED), IGN("pipeline_read", DS_PIPELINED),
+    IGN("pipeline_write", DS_PIPELINED),
+    IGN("ratio", "the whole optimizer state is where offload_optimizer.device puts it (no partial "
+        "offload)"),
 };
 static const ds_block ds_offo = {ds_offo_fields, N(ds_offo_fields), NULL};
 
@@ -113,12 +132,28 @@ static const ds_field ds_zero_fields[] = {
     I64("stage3_max_live_parameters", max_live_parameters, 1, INT64_MAX, "a positive integer"),
     I64("stage3_param_persistence_threshold", param_persistence_threshold, 0, INT64_MAX,
         "a non-negative integer"),
-    IGN("overlap_comm"), IGN("contiguous_gradients"), IGN("reduce_bucket_size"),
-    IGN("reduce_scatter"), IGN("allgather_partitions"), IGN("allgather_bucket_size"),
-    IGN("round_robin_gradients"), IGN("sub_group_size"), IGN("stage3_max_reuse_distance"),
-    IGN("stage3_gather_16bit_weights_on_model_save"),
-    IGN("stage3_gather_fp16_weights_on_model_save"), IGN("ignore_unused_parameters"),
-    IGN("elastic_checkpoint"), IGN("load_from_fp32_weights"),
+    I64("sub_group_size", sub_group_size, 1, INT64_MAX, "a positive integer"),
+    ALIAS("stage3_gather_16bit_weights_on_model_save", gather_16bit_on_save, DS_GF16),
+    ALIAS("stage3_gather_fp16_weights_on_model_save", gather_16bit_on_save, DS_G16),
+    IGN("overlap_comm", "layers are gathered ahead by a prefetch thread, and each layer's "
+        "gradient is reduce-scattered as soon as its backward produces it"),
+    IGN("contiguous_gradients", "each layer's gradient is copied into one contiguous buffer for "
+        "its reduction, and each rank keeps one contiguous fp32 shard of it"),
+    IGN("reduce_bucket_size", "each bucket (one layer) is one reduction"),
+    IGN("reduce_scatter", "stages 2 and 3 always reduce-scatter the gradients; stage 1 "
+        "all-reduces them"),
+    IGN("allgather_partitions", "updated partitions are all-gathered bucket by bucket (stages 1 "
+        "and 2 after each step; stage 3 gathers each layer when it is used)"),
+    IGN("allgather_bucket_size", "each bucket (one layer) is one all-gather"),
+    IGN("round_robin_gradients", "each rank owns the same contiguous slice of every bucket's "
+        "gradient"),
+    IGN("stage3_max_reuse_distance", "a layer's full parameters are released after each use and "
+        "gathered again for the backward (experts stay cached within --expert-cache-bytes)"),
+    IGN("ignore_unused_parameters", "a parameter without a gradient is never an error: an expert "
+        "that no token chose is left alone by AdamW"),
+    IGN("elastic_checkpoint", "checkpoints always load with any rank count"),
+    IGN("load_from_fp32_weights", "a resume always loads the fp32 master shards from the "
+        "checkpoint"),
 };
 static const ds_block ds_zero = {ds_zero_fields, N(ds_zero_fields), NULL};
 
@@ -126,8 +161,14 @@ static const ds_field ds_aio_fields[] = {
     {.key = "block_size", .kind = F_I64, .off = OFF(aio_block_size), .ilo = 4096,
      .ihi = 64 << 20, .flags = DS_POW2, .desc = "a power of two from 4096 to 67108864"},
     INT("queue_depth", aio_queue_depth, 1, 4096, "an integer 1..4096"),
-    IGN("thread_count"), IGN("single_submit"), IGN("overlap_events"),
-    IGN("intra_op_parallelism"), IGN("use_gds"),
+    IGN("thread_count", "each rank reads its shard file through one io_uring with "
+        "aio.queue_depth requests in flight"),
+    IGN("single_submit", "reads are submitted in batches that fill aio.queue_depth"),
+    IGN("overlap_events", "completions are reaped and new reads submitted in one loop: they "
+        "always overlap"),
+    IGN("intra_op_parallelism", "one io_uring per rank; aio.queue_depth sets the parallelism"),
+    IGN("use_gds", "no GPUDirect Storage: NVMe reads land in pinned host slots (then are copied "
+        "to the GPU, if there is one)"),
 };
 static const ds_block ds_aio = {ds_aio_fields, N(ds_aio_fields), NULL};
 
@@ -136,8 +177,14 @@ static const ds_block ds_bf16 = {ds_bf16_fields, N(ds_bf16_fields), NULL};
 
 static const ds_field ds_fp16_fields[] = {
     BOOL("enabled", fp16),
-    IGN("loss_scale"), IGN("initial_scale_power"), IGN("loss_scale_window"), IGN("hysteresis"),
-    IGN("consecutive_hysteresis"), IGN("min_loss_scale"), IGN("auto_cast"),
+    NUM("loss_scale", loss_scale, 0, HUGE_VAL, 0, "a number >= 0 (0: dynamic)"),
+    INT("initial_scale_power", initial_scale_power, 0, 64, "an integer 0..64"),
+    INT("loss_scale_window", loss_scale_window, 1, INT_MAX, "a positive integer"),
+    INT("hysteresis", hysteresis, 1, INT_MAX, "a positive integer"),
+    BOOL("consecutive_hysteresis", consecutive_hysteresis),
+    NUM("min_loss_scale", min_loss_scale, 0, HUGE_VAL, DS_LO_OPEN, "a number > 0"),
+    IGN("auto_cast", "the CPU backend computes in fp32 and casts the gradients to fp16 for the "
+        "wire"),
 };
 static const ds_block ds_fp16 = {ds_fp16_fields, N(ds_fp16_fields), NULL};
 
@@ -149,7 +196,8 @@ static const ds_field ds_optp_fields[] = {
     REQB("adam_w_mode", 1, "zeroserve implements only decoupled weight decay (AdamW)"),
     REQB("amsgrad", 0, "zeroserve does not implement AMSGrad"),
     REQB("bias_correction", 1, "zeroserve always applies Adam bias correction"),
-    IGN("torch_adam"),
+    IGN("torch_adam", "zeroserve runs its own AdamW (fp32, on the host) over each rank's master "
+        "shards"),
 };
 static const ds_block ds_optp = {ds_optp_fields, N(ds_optp_fields), NULL};
 
@@ -174,7 +222,8 @@ static const ds_field ds_schedp_fields[] = {
      .sched = S_WC, .desc = "a number from 0 to 1"},
     {.key = "cos_min_ratio", .kind = F_NUM, .off = OFF(cos_min_ratio), .dlo = 0, .dhi = 1,
      .sched = S_WC, .desc = "a number from 0 to 1"},
-    IGN("last_batch_iteration"),
+    IGN("last_batch_iteration", "the schedule follows the step number (a resume continues from "
+        "the checkpoint's step)"),
 };
 static const ds_block ds_schedp = {ds_schedp_fields, N(ds_schedp_fields), NULL};
 
@@ -183,6 +232,11 @@ static const ds_field ds_sched_fields[] = {
     BLK("params", ds_schedp),
 };
 static const ds_block ds_sched = {ds_sched_fields, N(ds_sched_fields), "type"};
+
+#define DS_GRAD_WEIGHT                                                                           \
+    "each micro-batch's gradient is weighted once, by its share of the step's counted tokens, "  \
+    "before the sum-reduction"
+#define DS_NO_TRACKER "no experiment tracker: progress goes to stdout, job events and /metrics"
 
 static const ds_field ds_root_fields[] = {
     BLK("zero_optimization", ds_zero),
@@ -196,11 +250,27 @@ static const ds_field ds_root_fields[] = {
     INT("gradient_accumulation_steps", grad_accum, 1, INT_MAX, "a positive integer"),
     NUM("gradient_clipping", grad_clip, 0, HUGE_VAL, 0, "a number >= 0"),
     I64("train_batch_size", train_batch_size, 1, INT64_MAX, "a positive integer"),
-    IGN("steps_per_print"), IGN("wall_clock_breakdown"), IGN("zero_allow_untested_optimizer"),
-    IGN("zero_force_ds_cpu_optimizer"), IGN("gradient_predivide_factor"),
-    IGN("prescale_gradients"), IGN("dump_state"), IGN("memory_breakdown"),
-    IGN("activation_checkpointing"), IGN("flops_profiler"), IGN("tensorboard"), IGN("wandb"),
-    IGN("csv_monitor"), IGN("comms_logger"),
+    IGN("steps_per_print", "`zeroserve train` prints progress every --log-every steps "
+        "(default 1)"),
+    IGN("wall_clock_breakdown", "no per-phase timers: progress lines give tokens/s, and "
+        "`generate --stats` and /metrics the gather stall time"),
+    IGN("zero_allow_untested_optimizer", "only Adam and AdamW exist (optimizer.type), both "
+        "tested"),
+    IGN("zero_force_ds_cpu_optimizer", "AdamW always runs on the host over the fp32 master "
+        "shards"),
+    IGN("gradient_predivide_factor", DS_GRAD_WEIGHT), IGN("prescale_gradients", DS_GRAD_WEIGHT),
+    IGN("dump_state", "no state dump: `zeroserve train` prints one line with the examples, "
+        "steps, ranks, sequence length and LR"),
+    IGN("memory_breakdown", "no per-step memory report: `generate --stats` prints the gather's "
+        "live bytes, and LoRA fine-tuning jobs report their memory in a job event"),
+    IGN("activation_checkpointing", "zeroserve always recomputes each layer's activations in the "
+        "backward (one checkpoint per layer)"),
+    IGN("flops_profiler", "no FLOPs profiler: `zeroserve bench` measures throughput against "
+        "bounds measured in the same run"),
+    IGN("tensorboard", DS_NO_TRACKER), IGN("wandb", DS_NO_TRACKER),
+    IGN("csv_monitor", DS_NO_TRACKER),
+    IGN("comms_logger", "no communication log: /metrics and `generate --stats` count the bytes "
+        "read, moved and gathered"),
 };
 static const ds_block ds_root = {ds_root_fields, N(ds_root_fields), NULL};
 
@@ -210,6 +280,7 @@ static const ds_block ds_root = {ds_root_fields, N(ds_root_fields), NULL};
 typedef struct {
     const char *origin;
     zs_dsconfig_unknown_fn on_unknown;
+    zs_dsconfig_ignored_fn on_ignored;
     void *ud;
     zs_zero_opts *o;
 } ds_ctx;
@@ -268,6 +339,12 @@ static void ds_report_unknown(const ds_ctx *c, const char *path) {
     else zs_log_warn("%s: ignoring unknown key '%s'", c->origin, path);
 }
 
+static void ds_report_ignored(zs_dsconfig_ignored_fn fn, void *ud, const char *origin,
+                              const char *key, const char *instead) {
+    if (fn) fn(ud, origin, key, instead);
+    else zs_log_warn("%s: %s is accepted but not used: %s", origin, key, instead);
+}
+
 /* 0/1 from true/false or the integers 0/1; -1 otherwise. */
 static int ds_as_bool(const json_t *v) {
     if (json_is_boolean(v)) return json_is_true(v);
@@ -280,7 +357,10 @@ static int ds_block_parse(ds_ctx *c, json_t *obj, const ds_block *b, const char 
 
 static int ds_field_parse(ds_ctx *c, const ds_field *f, json_t *v, const char *path) {
     char *dst = (char *)c->o + f->off;
-    if (f->kind == F_IGNORE) return 0;
+    if (f->kind == F_IGNORE) { /* whatever the value, null and "auto" included */
+        ds_report_ignored(c->on_ignored, c->ud, c->origin, path, f->desc);
+        return 0;
+    }
     if (f->kind == F_BLOCK) {
         if (json_is_null(v)) return 0;
         if (!json_is_object(v)) return ds_bad(c, path, v, "an object");
@@ -310,6 +390,11 @@ static int ds_field_parse(ds_ctx *c, const ds_field *f, json_t *v, const char *p
         int b = ds_as_bool(v);
         if (b < 0) return ds_bad(c, path, v, "true or false");
         if (f->kind == F_BOOL) {
+            /* two spellings of one setting: the first one seen set it (init leaves -1) */
+            if ((f->flags & DS_ALIAS) && *(int *)dst >= 0 && *(int *)dst != b)
+                return zs_err(ZS_EINVAL, "%s: %s is %s but %s is %s: they are two spellings of "
+                              "one setting; give one", c->origin, path, b ? "true" : "false",
+                              f->desc, *(int *)dst ? "true" : "false");
             *(int *)dst = b;
         } else if (b != f->ilo) {
             return zs_err(ZS_EINVAL, "%s: %s: only %s is supported, got %s: %s", c->origin,
@@ -427,6 +512,11 @@ void zs_zero_opts_init(zs_zero_opts *o) {
     o->total_steps = -1;
     o->warmup_min_lr = o->warmup_max_lr = o->warmup_min_ratio = o->cos_min_ratio = NAN;
     o->grad_clip = NAN;
+    o->loss_scale = o->min_loss_scale = NAN;
+    o->initial_scale_power = -1;
+    o->consecutive_hysteresis = -1;
+    o->optimizer_pin_memory = -1;
+    o->gather_16bit_on_save = -1;
 }
 
 void zs_zero_opts_merge(zs_zero_opts *dst, const zs_zero_opts *src) {
@@ -467,6 +557,16 @@ void zs_zero_opts_merge(zs_zero_opts *dst, const zs_zero_opts *src) {
     M_POS(grad_accum);
     M_NUM(grad_clip);
     M_POS(train_batch_size);
+    M_NUM(loss_scale);
+    M_NEG(initial_scale_power);
+    M_POS(loss_scale_window);
+    M_POS(hysteresis);
+    M_NEG(consecutive_hysteresis);
+    M_NUM(min_loss_scale);
+    M_NEG(optimizer_pin_memory);
+    M_POS(optimizer_buffer_count);
+    M_POS(sub_group_size);
+    M_NEG(gather_16bit_on_save);
 #undef M_NEG
 #undef M_POS
 #undef M_NUM
@@ -495,9 +595,152 @@ int zs_zero_opts_check(const zs_zero_opts *o, const char *origin) {
                       "warmup_num_steps (%d), got %d", origin, o->warmup_steps, o->total_steps);
     if (o->zero_stage > 3 || o->offload_param > ZS_OFFLOAD_NVME ||
         o->offload_optimizer > ZS_OFFLOAD_NVME || o->lr_schedule > ZS_LR_WARMUP_COSINE ||
-        o->warmup_type > ZS_WARMUP_LOG)
+        o->warmup_type > ZS_WARMUP_LOG || o->initial_scale_power > 64 ||
+        o->consecutive_hysteresis > 1 || o->optimizer_pin_memory > 1 ||
+        o->gather_16bit_on_save > 1 || o->loss_scale < 0 || o->min_loss_scale <= 0 ||
+        o->loss_scale_window < 0 || o->hysteresis < 0 || o->optimizer_buffer_count < 0 ||
+        o->sub_group_size < 0)
         return zs_err(ZS_EINVAL, "%s: option value out of range", origin);
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fields a command does not use (zs_zero_opts_report_unused)                                  */
+
+typedef enum { U_INT_NEG, U_INT_POS, U_I64_NEG, U_I64_POS, U_FLT, U_STR, U_BETAS } u_set;
+typedef enum {
+    UC_ENGINE, /* used by every command that opens an engine */
+    UC_TRAIN,  /* used by `zeroserve train` only */
+    UC_TJ,     /* used by `zeroserve train` and by a server's fine-tuning jobs */
+    UC_NONE,   /* parsed and validated, used by nothing: `instead` says what happens */
+} u_cat;
+enum {
+    UW_FP16 = 1u,     /* used only when fp16.enabled is true */
+    UW_OPT_NVME = 2u, /* only when offload_optimizer.device is nvme */
+    UW_PAR_NVME = 4u, /* only when offload_param.device is nvme */
+    UW_ANY_NVME = 8u, /* only when offload_param.device or offload_optimizer.device is nvme */
+};
+
+typedef struct {
+    const char *key; /* full dotted key */
+    u_set set;       /* how "set" reads for the field at off */
+    size_t off;
+    u_cat cat;
+    unsigned when;   /* UW_* conditions */
+    const char *instead; /* UC_NONE only */
+} u_field;
+
+static const u_field u_fields[] = {
+    {"zero_optimization.stage", U_INT_NEG, OFF(zero_stage), UC_ENGINE, 0, NULL},
+    {"zero_optimization.offload_param.device", U_INT_NEG, OFF(offload_param), UC_ENGINE, 0, NULL},
+    {"zero_optimization.offload_param.nvme_path", U_STR, OFF(nvme_path), UC_ENGINE, UW_PAR_NVME,
+     NULL},
+    {"zero_optimization.offload_param.pin_memory", U_INT_NEG, OFF(pin_memory), UC_NONE, 0,
+     "host copies of the parameters (device cpu, and the NVMe read slots) are always "
+     "page-aligned and, on a CUDA device, pinned with cudaHostRegister"},
+    {"zero_optimization.offload_param.buffer_count", U_INT_POS, OFF(buffer_count), UC_ENGINE,
+     UW_PAR_NVME, NULL},
+    {"zero_optimization.offload_param.buffer_size", U_I64_POS, OFF(buffer_size), UC_NONE, 0,
+     "each NVMe read slot holds one bucket's shard and is sized to the largest one "
+     "(offload_param.buffer_count sets how many)"},
+    {"zero_optimization.offload_optimizer.device", U_INT_NEG, OFF(offload_optimizer), UC_TJ, 0,
+     NULL},
+    {"zero_optimization.offload_optimizer.nvme_path", U_STR, OFF(optimizer_nvme_path), UC_TJ,
+     UW_OPT_NVME, NULL},
+    {"zero_optimization.offload_optimizer.pin_memory", U_INT_NEG, OFF(optimizer_pin_memory), UC_TJ,
+     UW_OPT_NVME, NULL},
+    {"zero_optimization.offload_optimizer.buffer_count", U_INT_POS, OFF(optimizer_buffer_count),
+     UC_TJ, UW_OPT_NVME, NULL},
+    {"zero_optimization.sub_group_size", U_I64_POS, OFF(sub_group_size), UC_TJ, UW_OPT_NVME, NULL},
+    {"zero_optimization.stage3_prefetch_bucket_size", U_I64_NEG, OFF(prefetch_bucket_size),
+     UC_NONE, 0,
+     "the prefetch thread gathers whole layers ahead, bounded by stage3_max_live_parameters "
+     "(--max-live-bytes) and the free read slots"},
+    {"zero_optimization.stage3_max_live_parameters", U_I64_NEG, OFF(max_live_parameters),
+     UC_ENGINE, 0, NULL},
+    {"zero_optimization.stage3_param_persistence_threshold", U_I64_NEG,
+     OFF(param_persistence_threshold), UC_ENGINE, 0, NULL},
+    {DS_G16, U_INT_NEG, OFF(gather_16bit_on_save), UC_TJ, 0, NULL},
+    {"aio.block_size", U_I64_POS, OFF(aio_block_size), UC_ENGINE, UW_ANY_NVME, NULL},
+    {"aio.queue_depth", U_INT_POS, OFF(aio_queue_depth), UC_ENGINE, UW_ANY_NVME, NULL},
+    {"bf16.enabled", U_INT_NEG, OFF(bf16), UC_ENGINE, 0, NULL},
+    {"fp16.enabled", U_INT_NEG, OFF(fp16), UC_ENGINE, 0, NULL},
+    {"fp16.loss_scale", U_FLT, OFF(loss_scale), UC_TJ, UW_FP16, NULL},
+    {"fp16.initial_scale_power", U_INT_NEG, OFF(initial_scale_power), UC_TJ, UW_FP16, NULL},
+    {"fp16.loss_scale_window", U_INT_POS, OFF(loss_scale_window), UC_TJ, UW_FP16, NULL},
+    {"fp16.hysteresis", U_INT_POS, OFF(hysteresis), UC_TJ, UW_FP16, NULL},
+    {"fp16.consecutive_hysteresis", U_INT_NEG, OFF(consecutive_hysteresis), UC_TJ, UW_FP16, NULL},
+    {"fp16.min_loss_scale", U_FLT, OFF(min_loss_scale), UC_TJ, UW_FP16, NULL},
+    {"optimizer.type", U_STR, OFF(optimizer_type), UC_TRAIN, 0, NULL},
+    {"optimizer.params.lr", U_FLT, OFF(lr), UC_TRAIN, 0, NULL},
+    {"optimizer.params.betas", U_BETAS, 0, UC_TRAIN, 0, NULL},
+    {"optimizer.params.eps", U_FLT, OFF(eps), UC_TRAIN, 0, NULL},
+    {"optimizer.params.weight_decay", U_FLT, OFF(weight_decay), UC_TRAIN, 0, NULL},
+    {"scheduler.type", U_INT_NEG, OFF(lr_schedule), UC_TRAIN, 0, NULL},
+    {"scheduler.params.warmup_type", U_INT_NEG, OFF(warmup_type), UC_TRAIN, 0, NULL},
+    {"scheduler.params.warmup_num_steps", U_INT_NEG, OFF(warmup_steps), UC_TRAIN, 0, NULL},
+    {"scheduler.params.total_num_steps", U_INT_NEG, OFF(total_steps), UC_TRAIN, 0, NULL},
+    {"scheduler.params.warmup_min_lr", U_FLT, OFF(warmup_min_lr), UC_TRAIN, 0, NULL},
+    {"scheduler.params.warmup_max_lr", U_FLT, OFF(warmup_max_lr), UC_TRAIN, 0, NULL},
+    {"scheduler.params.warmup_min_ratio", U_FLT, OFF(warmup_min_ratio), UC_TRAIN, 0, NULL},
+    {"scheduler.params.cos_min_ratio", U_FLT, OFF(cos_min_ratio), UC_TRAIN, 0, NULL},
+    {"train_micro_batch_size_per_gpu", U_INT_POS, OFF(micro_batch), UC_TRAIN, 0, NULL},
+    {"gradient_accumulation_steps", U_INT_POS, OFF(grad_accum), UC_TRAIN, 0, NULL},
+    {"gradient_clipping", U_FLT, OFF(grad_clip), UC_TRAIN, 0, NULL},
+    {"train_batch_size", U_I64_POS, OFF(train_batch_size), UC_TRAIN, 0, NULL},
+};
+
+static int u_is_set(const zs_zero_opts *o, const u_field *f) {
+    const char *p = (const char *)o + f->off;
+    switch (f->set) {
+    case U_INT_NEG: return *(const int *)p >= 0;
+    case U_INT_POS: return *(const int *)p > 0;
+    case U_I64_NEG: return *(const int64_t *)p >= 0;
+    case U_I64_POS: return *(const int64_t *)p > 0;
+    case U_FLT: return !isnan(*(const float *)p);
+    case U_STR: return p[0] != 0;
+    case U_BETAS: return !isnan(o->beta1) || !isnan(o->beta2);
+    }
+    return 0;
+}
+
+/* Why f is not used by a command acting on `uses`, or NULL when it is used. A condition the
+ * options themselves break comes first (it holds whatever the command), then the command. */
+static const char *u_why(const zs_zero_opts *o, const u_field *f, unsigned uses) {
+    if (f->cat == UC_NONE) return f->instead;
+    if ((f->when & UW_FP16) && o->fp16 != 1) return "fp16 is off: no loss scaling";
+    if ((f->when & UW_OPT_NVME) && o->offload_optimizer != ZS_OFFLOAD_NVME)
+        return "the optimizer state is in host memory (offload_optimizer.device is not nvme)";
+    if ((f->when & UW_PAR_NVME) && o->offload_param != ZS_OFFLOAD_NVME)
+        return "the parameters are not read from NVMe (offload_param.device is not nvme)";
+    if ((f->when & UW_ANY_NVME) && o->offload_param != ZS_OFFLOAD_NVME &&
+        o->offload_optimizer != ZS_OFFLOAD_NVME)
+        return "nothing is read from NVMe (neither offload_param.device nor "
+               "offload_optimizer.device is nvme)";
+    switch (f->cat) {
+    case UC_ENGINE:
+        return uses & ZS_DS_USE_ENGINE ? NULL : "this command does not open an engine";
+    case UC_TRAIN:
+        if (uses & ZS_DS_USE_TRAIN) return NULL;
+        return uses & ZS_DS_USE_JOBS ? "serving does not train from the config: fine-tuning "
+                                       "jobs take their hyper-parameters from each request"
+                                     : "this command does not train";
+    case UC_TJ:
+        return uses & (ZS_DS_USE_TRAIN | ZS_DS_USE_JOBS) ? NULL : "this command does not train";
+    default: return NULL;
+    }
+}
+
+void zs_zero_opts_report_unused(const zs_zero_opts *o, const char *origin, unsigned uses,
+                                zs_dsconfig_ignored_fn fn, void *ud) {
+    if (!o) return;
+    if (!origin) origin = "options";
+    for (size_t i = 0; i < N(u_fields); i++) {
+        const u_field *f = &u_fields[i];
+        if (!u_is_set(o, f)) continue;
+        const char *why = u_why(o, f, uses);
+        if (why) ds_report_ignored(fn, ud, origin, f->key, why);
+    }
 }
 
 int zs_zero_opts_resolve_batch(const zs_zero_opts *o, int world, int *micro_out,
@@ -569,8 +812,9 @@ int zs_offload_parse(const char *s, int *out) {
                   "\"nvme\"", s ? s : "(null)");
 }
 
-int zs_dsconfig_parse_ex(const char *json_text, const char *origin,
-                         zs_dsconfig_unknown_fn on_unknown, void *ud, zs_zero_opts *out) {
+int zs_dsconfig_parse_rep(const char *json_text, const char *origin,
+                          zs_dsconfig_unknown_fn on_unknown, zs_dsconfig_ignored_fn on_ignored,
+                          void *ud, zs_zero_opts *out) {
     if (!origin) origin = "config";
     if (!json_text || !out)
         return zs_err(ZS_EINVAL, "%s: zs_dsconfig_parse: NULL argument", origin);
@@ -587,7 +831,7 @@ int zs_dsconfig_parse_ex(const char *json_text, const char *origin,
     } else {
         zs_zero_opts tmp;
         zs_zero_opts_init(&tmp);
-        ds_ctx c = {origin, on_unknown, ud, &tmp};
+        ds_ctx c = {origin, on_unknown, on_ignored, ud, &tmp};
         rc = ds_block_parse(&c, root, &ds_root, "");
         if (rc == 0) rc = zs_zero_opts_check(&tmp, origin);
         if (rc == 0) *out = tmp;
@@ -596,12 +840,17 @@ int zs_dsconfig_parse_ex(const char *json_text, const char *origin,
     return rc;
 }
 
-int zs_dsconfig_parse(const char *json_text, const char *origin, zs_zero_opts *out) {
-    return zs_dsconfig_parse_ex(json_text, origin, NULL, NULL, out);
+int zs_dsconfig_parse_ex(const char *json_text, const char *origin,
+                         zs_dsconfig_unknown_fn on_unknown, void *ud, zs_zero_opts *out) {
+    return zs_dsconfig_parse_rep(json_text, origin, on_unknown, NULL, ud, out);
 }
 
-int zs_dsconfig_load_ex(const char *path, zs_dsconfig_unknown_fn on_unknown, void *ud,
-                        zs_zero_opts *out) {
+int zs_dsconfig_parse(const char *json_text, const char *origin, zs_zero_opts *out) {
+    return zs_dsconfig_parse_rep(json_text, origin, NULL, NULL, NULL, out);
+}
+
+int zs_dsconfig_load_rep(const char *path, zs_dsconfig_unknown_fn on_unknown,
+                         zs_dsconfig_ignored_fn on_ignored, void *ud, zs_zero_opts *out) {
     if (!path || !out) return zs_err(ZS_EINVAL, "zs_dsconfig_load: NULL argument");
     int rc = 0;
     char *text = NULL;
@@ -629,13 +878,18 @@ int zs_dsconfig_load_ex(const char *path, zs_dsconfig_unknown_fn on_unknown, voi
         if (got != want) rc = zs_err(ZS_EIO, "%s: read failed", path);
         else if (strlen(text) != got)
             rc = zs_err(ZS_EFORMAT, "%s: not valid JSON (contains a NUL byte)", path);
-        else rc = zs_dsconfig_parse_ex(text, path, on_unknown, ud, out);
+        else rc = zs_dsconfig_parse_rep(text, path, on_unknown, on_ignored, ud, out);
     }
     if (fd >= 0) close(fd);
     free(text);
     return rc;
 }
 
+int zs_dsconfig_load_ex(const char *path, zs_dsconfig_unknown_fn on_unknown, void *ud,
+                        zs_zero_opts *out) {
+    return zs_dsconfig_load_rep(path, on_unknown, NULL, ud, out);
+}
+
 int zs_dsconfig_load(const char *path, zs_zero_opts *out) {
-    return zs_dsconfig_load_ex(path, NULL, NULL, out);
+    return zs_dsconfig_load_rep(path, NULL, NULL, NULL, out);
 }

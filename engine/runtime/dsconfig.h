@@ -20,22 +20,35 @@
  *    parsing continues. Reports go to the on_unknown callback of the *_ex functions, or, when
  *    that is NULL (and always for zs_dsconfig_parse/load), to zs_log_warn as
  *    "<origin>: ignoring unknown key 'zero_optimization.overlap_foo'".
- *  - Known DeepSpeed keys that have no meaning in zeroserve are accepted silently, whatever
- *    their value (the full list is ds_ignored_keys in dsconfig.c): communication tuning
- *    (zero_optimization.{overlap_comm, contiguous_gradients, reduce_bucket_size, reduce_scatter,
- *    allgather_partitions, allgather_bucket_size, round_robin_gradients, sub_group_size,
- *    stage3_max_reuse_distance, stage3_gather_16bit_weights_on_model_save,
- *    stage3_gather_fp16_weights_on_model_save, ignore_unused_parameters, elastic_checkpoint,
- *    load_from_fp32_weights}), offload_param.max_in_cpu, offload_optimizer.{pin_memory,
- *    buffer_count, fast_init, pipeline, pipeline_read, pipeline_write, ratio},
- *    aio.{thread_count, single_submit, overlap_events, intra_op_parallelism, use_gds},
- *    fp16 loss scaling (fp16.{loss_scale, initial_scale_power, loss_scale_window, hysteresis,
- *    consecutive_hysteresis, min_loss_scale, auto_cast}), optimizer.params.torch_adam,
+ *  - Known DeepSpeed keys that zeroserve accepts but does not act upon (the list, each with what
+ *    zeroserve does instead, is ds_*_fields in dsconfig.c, the IGN entries): communication
+ *    tuning (zero_optimization.{overlap_comm, contiguous_gradients, reduce_bucket_size,
+ *    reduce_scatter, allgather_partitions, allgather_bucket_size, round_robin_gradients,
+ *    stage3_max_reuse_distance, ignore_unused_parameters, elastic_checkpoint,
+ *    load_from_fp32_weights}), offload_param.max_in_cpu, offload_optimizer.{fast_init, pipeline,
+ *    pipeline_read, pipeline_write, ratio}, aio.{thread_count, single_submit, overlap_events,
+ *    intra_op_parallelism, use_gds}, fp16.auto_cast, optimizer.params.torch_adam,
  *    scheduler.params.last_batch_iteration and the top-level keys steps_per_print,
  *    wall_clock_breakdown, zero_allow_untested_optimizer, zero_force_ds_cpu_optimizer,
  *    gradient_predivide_factor, prescale_gradients, dump_state, memory_breakdown,
- *    activation_checkpointing (zeroserve always recomputes), flops_profiler, tensorboard,
- *    wandb, csv_monitor, comms_logger. Anything else unknown is reported.
+ *    activation_checkpointing, flops_profiler, tensorboard, wandb, csv_monitor, comms_logger.
+ *    None is silent: each one present (whatever its value, null and "auto" included) is reported
+ *    once per parse with its dotted key and what zeroserve does instead, to the on_ignored
+ *    callback of the *_rep functions or, when that is NULL (and always for parse/load/_ex), to
+ *    zs_log_warn as "<origin>: zero_optimization.overlap_comm is accepted but not used:
+ *    <instead>".
+ *  - Parsed keys that a given command does not use are reported by zs_zero_opts_report_unused,
+ *    which the command calls on its merged options (file + flags): optimizer.*, scheduler.* and
+ *    the batch keys outside `zeroserve train`; fp16 loss scaling, offload_optimizer.*,
+ *    sub_group_size and the 16-bit save outside training and fine-tuning jobs; fp16 loss
+ *    scaling while fp16.enabled is not true; offload_optimizer.{nvme_path, pin_memory,
+ *    buffer_count} and sub_group_size while offload_optimizer.device is not nvme;
+ *    offload_param.{nvme_path, buffer_count} while offload_param.device is not nvme; aio.* while
+ *    neither device is nvme; and always offload_param.{pin_memory, buffer_size} and
+ *    stage3_prefetch_bucket_size, which are validated but drive nothing.
+ *  - zero_optimization.stage3_gather_16bit_weights_on_model_save and its older spelling
+ *    stage3_gather_fp16_weights_on_model_save set one field (gather_16bit_on_save); both given
+ *    with different values is ZS_EINVAL naming both.
  *  - "bfloat16" is accepted as the legacy spelling of "bf16".
  *
  * Errors (return value; message via zs_errmsg(), naming the origin and the full dotted key):
@@ -107,7 +120,32 @@ typedef struct {
     int grad_accum;                      /* gradient_accumulation_steps: >= 1; 0 unset */
     float grad_clip;                     /* gradient_clipping: finite >= 0 (0 = off) */
     int64_t train_batch_size;            /* train_batch_size: >= 1; 0 unset */
+
+    /* fp16 loss scaling (fp16.*; acted upon only when fp16 is on). DeepSpeed's defaults when
+     * unset: loss_scale 0 (dynamic), initial_scale_power 16, loss_scale_window 1000,
+     * hysteresis 2, consecutive_hysteresis false, min_loss_scale 1. */
+    float loss_scale;                    /* fp16.loss_scale: 0 dynamic, > 0 static; NAN unset */
+    int initial_scale_power;             /* fp16.initial_scale_power: 0..64 (scale 2^p); -1 unset */
+    int loss_scale_window;               /* fp16.loss_scale_window: >= 1; 0 unset */
+    int hysteresis;                      /* fp16.hysteresis: >= 1; 0 unset */
+    int consecutive_hysteresis;          /* fp16.consecutive_hysteresis: 0/1; -1 unset */
+    float min_loss_scale;                /* fp16.min_loss_scale: finite > 0; NAN unset */
+
+    /* ZeRO-Infinity optimizer offload (offload_optimizer.*, zero_optimization.sub_group_size) */
+    int optimizer_pin_memory;            /* offload_optimizer.pin_memory: 0/1; -1 unset */
+    int optimizer_buffer_count;          /* offload_optimizer.buffer_count: >= 1; 0 unset */
+    int64_t sub_group_size;              /* zero_optimization.sub_group_size (elements): >= 1;
+                                            0 unset (DeepSpeed's default 1e9) */
+    /* zero_optimization.stage3_gather_16bit_weights_on_model_save (or its older spelling
+     * stage3_gather_fp16_weights_on_model_save; both given and different: an error): 0/1; -1 unset */
+    int gather_16bit_on_save;
 } zs_zero_opts;
+
+/* Called once per key of the file that is accepted but not acted upon (a known DeepSpeed key
+ * without meaning here, or, from zs_zero_opts_report_unused, a key the running command does not
+ * use), with its full dotted name and what zeroserve does instead ("zeroserve always recomputes
+ * activations in the backward"). */
+typedef void (*zs_dsconfig_ignored_fn)(void *ud, const char *origin, const char *key, const char *instead);
 
 /* Called once per unknown key with its full dotted name ("zero_optimization.overlap_foo"). */
 typedef void (*zs_dsconfig_unknown_fn)(void *ud, const char *origin, const char *key);
@@ -124,6 +162,35 @@ int zs_dsconfig_load_ex(const char *path, zs_dsconfig_unknown_fn on_unknown, voi
                         zs_zero_opts *out);
 int zs_dsconfig_parse_ex(const char *json_text, const char *origin,
                          zs_dsconfig_unknown_fn on_unknown, void *ud, zs_zero_opts *out);
+
+/* As the *_ex functions, with a second callback for the accepted-but-ignored keys (NULL:
+ * zs_log_warn "<origin>: <key> is accepted but not used: <instead>"; also what
+ * zs_dsconfig_parse/load/parse_ex/load_ex do). Each ignored key present in the file is reported
+ * once per parse, whatever its value (null and "auto" included). */
+int zs_dsconfig_load_rep(const char *path, zs_dsconfig_unknown_fn on_unknown,
+                         zs_dsconfig_ignored_fn on_ignored, void *ud, zs_zero_opts *out);
+int zs_dsconfig_parse_rep(const char *json_text, const char *origin,
+                          zs_dsconfig_unknown_fn on_unknown, zs_dsconfig_ignored_fn on_ignored,
+                          void *ud, zs_zero_opts *out);
+
+/* What a command acts upon, for zs_zero_opts_report_unused. */
+enum {
+    ZS_DS_USE_ENGINE = 1u, /* zero_optimization.stage, offload_param.*, stage3_* budgets, aio.*,
+                              bf16/fp16.enabled (the weight dtype): every command that opens an engine */
+    ZS_DS_USE_TRAIN = 2u,  /* optimizer.*, scheduler.*, batch sizes, gradient_clipping, fp16 loss
+                              scaling, offload_optimizer.*, sub_group_size, the 16-bit save:
+                              `zeroserve train` */
+    ZS_DS_USE_JOBS = 4u,   /* a server's fine-tuning jobs: fp16 loss scaling, offload_optimizer.*,
+                              sub_group_size and the 16-bit save (the hyper-parameters come from
+                              each job's request) */
+};
+/* Reports, through fn (NULL: zs_log_warn as above), every field that o sets and that a command
+ * acting upon `uses` (ZS_DS_USE_* bits) does not use, by its dotted key, with what that command
+ * does instead (e.g. for `serve` without ZS_DS_USE_TRAIN: "optimizer.params.lr: serving does not
+ * train; fine-tuning jobs take their hyper-parameters from each request"). Fields are visited in
+ * a fixed order; each is reported at most once per call. origin prefixes messages. */
+void zs_zero_opts_report_unused(const zs_zero_opts *o, const char *origin, unsigned uses,
+                                zs_dsconfig_ignored_fn fn, void *ud);
 
 /* Copies into dst every field that src sets (src wins); unset fields of src leave dst alone.
  * betas are one field: beta1 and beta2 are copied independently, each when set. */

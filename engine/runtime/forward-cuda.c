@@ -6,7 +6,8 @@
  * products in cuBLAS (tensor cores for f16/bf16 weights, fp32 accumulation) or, for block-format
  * weights (Q8_0 .. Q6_K, as stored), zs_dev_gemm's fused kernel (decode) and bf16 cuBLAS path
  * (prefill), and every other op a kernel of kernels/cuda. A batch with a LoRA adapter on any row
- * (zs_batch.lora) is refused with ZS_EUNSUPPORTED: adapters run on the CPU forward only, so far.
+ * (zs_batch.lora) is refused with ZS_EUNSUPPORTED: adapters run on the CPU forward only, so far; so
+ * is the hidden-state output (zs_batch.hidden: embeddings run on the CPU device for now).
  * Everything is queued on the rank's compute queue; a run ends by copying the logits rows to the
  * host and waiting for the queue (the step inputs and logits are then free for the next run).
  *
@@ -395,6 +396,7 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     if (b->n_logits < 0 || b->n_logits > T) return zs_err(ZS_EINVAL, "forward: %d logits rows for %d tokens", b->n_logits, T);
     for (int i = 0; b->lora && i < T; i++)
         if (b->lora[i]) return zs_err(ZS_EUNSUPPORTED, "LoRA adapters are not supported on the CUDA device yet");
+    if (b->hidden) return zs_err(ZS_EUNSUPPORTED, "embeddings run on the CPU device for now (zs_batch.hidden)");
     int ntab = 0;
     for (int i = 0; i < T; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "common.h"
+#include "device.h"
 #include "gather-impl.h"
 
 size_t zs_partition_shard_bytes(const zs_model *m, int bucket, int nranks) {
@@ -140,9 +141,13 @@ int zs_gather_read_shard(zs_gather *g, int b, void *dst) {
         if (!g->file) return zs_err(ZS_EINVAL, "rank %d: no shard file attached", g->rank);
         return zs_shard_file_read(g->file, b, dst);
     }
-    if (g->has_dev && g->o.tier == ZS_OFFLOAD_NONE)
-        return zs_err(ZS_EUNSUPPORTED, "rank %d: reading a device-resident shard back is not supported",
-                      g->rank);
+    if (g->has_dev && g->o.tier == ZS_OFFLOAD_NONE) {
+        /* a device-resident shard (tier none on a GPU) comes down on the copy queue; the device ops'
+         * ctx is the rank's zs_dev (zs_dev_gather_ops). Shards are written only by synchronous
+         * uploads on that queue (zs_gather_put_shard), and the gathers only read them */
+        int rc = zs_dev_download(g->dv.ctx, dst, g->shards[b], g->shard_bytes[b]);
+        return rc < 0 ? zs_err_prefix(rc, "rank %d: reading the device shard of bucket %d", g->rank, b) : 0;
+    }
     memcpy(dst, g->shards[b], g->shard_bytes[b]);
     return 0;
 }

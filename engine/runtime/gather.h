@@ -103,7 +103,8 @@ void *zs_gather_shard_buffer(zs_gather *g, int b);
  * upload to the device. */
 int  zs_gather_put_shard(zs_gather *g, int b, const void *src);
 /* Reads this rank's shard of bucket b (shard_bytes long) into host memory dst: a memcpy (none/cpu
- * tiers on the CPU device), or a pread of the shard file with checksum verification (nvme).
+ * tiers on the CPU device), a download of the device shard (tier none on a GPU), or a pread of the
+ * shard file with checksum verification (nvme).
  * Safe while the prefetcher runs (it only reads the file too). */
 int  zs_gather_read_shard(zs_gather *g, int b, void *dst);
 /* Writes new content for this rank's shard of bucket b from host memory (shard_bytes long; the

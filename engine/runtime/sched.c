@@ -1,6 +1,8 @@
 /* sched.c — the request scheduler: a queue, continuous batching of decode tokens and prompt
  * chunks over the ranks, sampling/detokenizing/stop strings per sequence, cancellation, and the
- * counters behind /metrics, each request's LoRA adapter carried into its batch rows, and the idle
+ * counters behind /metrics, each request's LoRA adapter carried into its batch rows, embedding
+ * requests (prompt chunks whose final-normed hidden rows, zs_batch.hidden, are pooled as they
+ * arrive; nothing sampled; finished with the pooled vector), and the idle
  * jobs of zs_sched_run_idle (run by the engine thread when no request is queued or running). One
  * engine thread owns the engine; see sched.h. */
 #include "sched.h"
@@ -30,6 +32,8 @@ struct zs_request {
     atomic_int failed;                    /* zs_sched_fail_lora: finish with ZS_DONE_ERROR, fail_msg */
     char fail_msg[256];                   /* written under mu before failed is set */
     const zs_lora *lora;                  /* borrowed (sched.h), or NULL */
+    int embed, pooling;                   /* an embedding request (sched.h) and its ZS_POOL_* */
+    double *acc;                          /* embed: the pooled sum (mean) or last row, dim values */
     int state, rank, seq, n_done, n_gen, stopped;
     int32_t last_tok;
     double t_submit, t_last;
@@ -50,6 +54,8 @@ typedef struct {
     int32_t *tok, *pos, *seq, *lidx;
     zs_request **row_req;   /* request of each logits row */
     const zs_lora **lora;   /* adapter of each token row (zs_batch.lora when any is set) */
+    float *hidden;          /* final-normed rows [max_batch, dim] (zs_batch.hidden when an embedding
+                               request has rows in the batch) */
     float *logits;
     zs_request **running;   /* [per-rank slots] */
     int n_running;
@@ -58,7 +64,7 @@ typedef struct {
 struct zs_sched {
     zs_engine *e;
     zs_world *w;
-    int nranks, vocab, per_rank, max_seqs, max_batch, max_queue, context;
+    int nranks, vocab, dim, per_rank, max_seqs, max_batch, max_queue, context;
     pthread_t th;
     int started;
     pthread_mutex_t mu;
@@ -93,6 +99,7 @@ static void req_free(zs_request *r) {
     zs_sampler_free(r->smp);
     zs_detok_free(r->dt);
     zs_stop_free(r->st);
+    free(r->acc);
     free(r->prompt);
     free(r);
 }
@@ -102,7 +109,7 @@ static void req_free(zs_request *r) {
 static void finish(zs_sched *s, zs_request *r, int reason, int err, const char *msg) {
     char held[512], tail[2048];
     size_t n = 0;
-    if ((reason == ZS_DONE_STOP || reason == ZS_DONE_LENGTH) && !r->stopped) {
+    if ((reason == ZS_DONE_STOP || reason == ZS_DONE_LENGTH) && !r->stopped && !r->embed) {
         size_t a = 0;
         int stopped = 0;
         if (zs_detok_flush(r->dt, held, sizeof held, &a) < 0) a = 0;
@@ -187,6 +194,31 @@ static void on_sample(zs_sched *s, zs_request *r, const float *logits) {
     }
 }
 
+/* One hidden row of an embedding request, in position order (the sum's order does not depend on
+ * how the prompt was chunked, so neither do its bits). Engine thread. */
+static void embed_row(zs_sched *s, zs_request *r, const float *h) {
+    if (r->pooling == ZS_POOL_LAST) {
+        if (r->n_done == r->n_prompt - 1)
+            for (int t = 0; t < s->dim; t++) r->acc[t] = h[t];
+        return;
+    }
+    for (int t = 0; t < s->dim; t++) r->acc[t] += h[t];
+}
+
+/* An embedding request has all its rows: the pooled vector to the sink, then done. Engine thread. */
+static void embed_finish(zs_sched *s, zs_request *r) {
+    float *v = malloc((size_t)s->dim * sizeof(float));
+    if (!v) {
+        finish(s, r, ZS_DONE_ERROR, ZS_ENOMEM, "out of memory");
+        return;
+    }
+    double div = r->pooling == ZS_POOL_MEAN ? (double)r->n_prompt : 1.0;
+    for (int t = 0; t < s->dim; t++) v[t] = (float)(r->acc[t] / div);
+    if (r->sink.on_embedding) r->sink.on_embedding(r->sink.ud, v, s->dim);
+    free(v);
+    finish(s, r, ZS_DONE_STOP, 0, NULL);
+}
+
 /* Admits waiting requests onto ranks (FIFO; stops at the first that does not fit). */
 static void admit(zs_sched *s) {
     while (s->waiting) {
@@ -231,7 +263,7 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
     int total = 0;
     for (int i = 0; i < s->nranks; i++) {
         rank_buf *b = &s->rb[i];
-        int n = 0, nl = 0, any_lora = 0;
+        int n = 0, nl = 0, any_lora = 0, any_embed = 0;
         /* decode tokens first, so running sequences always advance */
         for (int j = 0; j < b->n_running && n < s->max_batch; j++) {
             zs_request *r = b->running[j];
@@ -258,13 +290,15 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
                 b->lora[n + k] = r->lora;
             }
             any_lora |= r->lora != NULL;
-            if (r->n_done + c == r->n_prompt) {
+            any_embed |= r->embed;
+            if (r->n_done + c == r->n_prompt && !r->embed) {
                 b->lidx[n + c - 1] = nl;
                 b->row_req[nl++] = r;
             }
             n += c;
         }
-        bs[i] = (zs_batch){n, b->tok, b->pos, b->seq, b->lidx, nl, any_lora ? b->lora : NULL};
+        bs[i] = (zs_batch){n, b->tok, b->pos, b->seq, b->lidx, nl, any_lora ? b->lora : NULL,
+                           any_embed ? b->hidden : NULL};
         lg[i] = b->logits;
         total += n;
     }
@@ -371,12 +405,24 @@ static void *engine_main(void *arg) {
                     for (int j = 0; j < b->n_running; j++) {
                         zs_request *r = b->running[j];
                         if (r->seq == bs[i].seq[k] && r->n_done < r->n_prompt && bs[i].pos[k] == r->n_done) {
+                            if (r->embed) embed_row(s, r, bs[i].hidden + (size_t)k * s->dim);
                             r->n_done++;
                             prompt_tokens++;
                         }
                     }
+                if (prompt_tokens) { /* counted before any callback of the step (a finished embedding's) */
+                    pthread_mutex_lock(&s->mu);
+                    s->st.prompt_tokens += prompt_tokens;
+                    pthread_mutex_unlock(&s->mu);
+                    prompt_tokens = 0;
+                }
                 for (int l = 0; l < bs[i].n_logits; l++)
                     on_sample(s, b->row_req[l], b->logits + (size_t)l * s->vocab);
+                /* embedding requests whose last token was in this step end with their vector */
+                for (int j = b->n_running - 1; j >= 0; j--) {
+                    zs_request *r = b->running[j];
+                    if (r->embed && r->n_done == r->n_prompt) embed_finish(s, r);
+                }
             }
         }
         pthread_mutex_lock(&s->mu);
@@ -397,6 +443,7 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
     s->w = zs_engine_world(e);
     s->nranks = zs_world_ranks(s->w);
     s->vocab = zs_model_config_get(zs_engine_model(e))->vocab_size;
+    s->dim = zs_model_config_get(zs_engine_model(e))->dim;
     s->context = zs_engine_context(e);
     s->per_rank = zs_engine_max_seqs(e);
     s->max_seqs = o && o->max_seqs > 0 ? o->max_seqs : 32;
@@ -420,7 +467,8 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
         b->logits = malloc((size_t)s->per_rank * (size_t)s->vocab * sizeof(float));
         b->running = calloc((size_t)s->per_rank, sizeof(zs_request *));
         b->lora = calloc((size_t)s->max_batch, sizeof(const zs_lora *));
-        ok = b->tok && b->row_req && b->logits && b->running && b->lora;
+        b->hidden = malloc((size_t)s->max_batch * (size_t)s->dim * sizeof(float));
+        ok = b->tok && b->row_req && b->logits && b->running && b->lora && b->hidden;
         if (ok) {
             b->pos = b->tok + s->max_batch;
             b->seq = b->pos + s->max_batch;
@@ -449,18 +497,35 @@ static int check_lora(zs_sched *s, const zs_lora *l) {
     return zs_lora_check_base(l, zs_engine_model(s->e));
 }
 
+/* An embedding request: its prompt within the context, the CUDA device refused. */
+static int submit_embed_check(zs_sched *s, const zs_req_params *p) {
+    if (p->n_prompt < 1) return zs_err(ZS_EINVAL, "input: the input is empty");
+    if (p->n_prompt > s->context)
+        return zs_err(ZS_ERANGE, "input: %d tokens exceed the context length of %d tokens", p->n_prompt, s->context);
+    if (p->pooling != ZS_POOL_MEAN && p->pooling != ZS_POOL_LAST)
+        return zs_err(ZS_EINVAL, "pooling: unknown pooling %d", p->pooling);
+    for (int i = 0; i < p->n_prompt; i++)
+        if (p->prompt[i] < 0 || p->prompt[i] >= s->vocab)
+            return zs_err(ZS_ERANGE, "input: token id %d is out of range [0, %d)", p->prompt[i], s->vocab);
+    if (zs_engine_device(s->e) == ZS_DEVICE_CUDA)
+        return zs_err(ZS_EUNSUPPORTED, "embeddings run on the CPU device for now (serve with --device cpu)");
+    if (p->lora) ZS_CHECK(check_lora(s, p->lora));
+    return 0;
+}
+
 int zs_sched_submit(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink, zs_request **out) {
-    if (p->n_prompt < 1) return zs_err(ZS_EINVAL, "prompt: the prompt is empty");
-    if (p->max_tokens < 1) return zs_err(ZS_ERANGE, "max_tokens: must be at least 1");
-    if ((long)p->n_prompt + p->max_tokens > s->context)
+    if (p->embed) ZS_CHECK(submit_embed_check(s, p));
+    else if (p->n_prompt < 1) return zs_err(ZS_EINVAL, "prompt: the prompt is empty");
+    if (!p->embed && p->max_tokens < 1) return zs_err(ZS_ERANGE, "max_tokens: must be at least 1");
+    if (!p->embed && (long)p->n_prompt + p->max_tokens > s->context)
         return zs_err(ZS_ERANGE, "max_tokens: the prompt (%d tokens) plus max_tokens (%d) exceeds the context length of %d tokens",
                       p->n_prompt, p->max_tokens, s->context);
     for (int i = 0; i < p->n_prompt; i++)
         if (p->prompt[i] < 0 || p->prompt[i] >= s->vocab)
             return zs_err(ZS_ERANGE, "prompt: token id %d is out of range [0, %d)", p->prompt[i], s->vocab);
-    if (p->top_logprobs > 20) return zs_err(ZS_ERANGE, "top_logprobs: must be at most 20");
-    ZS_CHECK(zs_sampler_params_check(&p->sampling));
-    if (p->lora) ZS_CHECK(check_lora(s, p->lora));
+    if (!p->embed && p->top_logprobs > 20) return zs_err(ZS_ERANGE, "top_logprobs: must be at most 20");
+    if (!p->embed) ZS_CHECK(zs_sampler_params_check(&p->sampling));
+    if (!p->embed && p->lora) ZS_CHECK(check_lora(s, p->lora));
     zs_request *r = calloc(1, sizeof *r);
     if (!r) return zs_err(ZS_ENOMEM, "out of memory");
     int rc = 0;
@@ -468,16 +533,23 @@ int zs_sched_submit(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink
     if (!r->prompt) rc = zs_err(ZS_ENOMEM, "out of memory");
     if (rc == 0) {
         memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));
-        rc = zs_sampler_new(&p->sampling, s->vocab, &r->smp);
+        if (p->embed) {
+            r->acc = calloc((size_t)s->dim, sizeof(double));
+            if (!r->acc) rc = zs_err(ZS_ENOMEM, "out of memory");
+        } else {
+            rc = zs_sampler_new(&p->sampling, s->vocab, &r->smp);
+        }
     }
-    if (rc == 0) rc = zs_engine_detok_for(s->e, p->prompt, p->n_prompt, &r->dt);
-    if (rc == 0 && p->n_stop > 0) rc = zs_stop_new(p->stop, p->n_stop, &r->st);
+    if (rc == 0 && !p->embed) rc = zs_engine_detok_for(s->e, p->prompt, p->n_prompt, &r->dt);
+    if (rc == 0 && !p->embed && p->n_stop > 0) rc = zs_stop_new(p->stop, p->n_stop, &r->st);
     if (rc < 0) {
         req_free(r);
         return rc;
     }
     r->n_prompt = p->n_prompt;
-    r->max_tokens = p->max_tokens;
+    r->max_tokens = p->embed ? 0 : p->max_tokens;
+    r->embed = p->embed != 0;
+    r->pooling = p->pooling;
     r->top_logprobs = p->top_logprobs;
     r->ignore_eos = p->ignore_eos;
     r->n_end_ids = ZS_MIN(ZS_MAX(p->n_end_ids, 0), ZS_REQ_MAX_END_IDS);
@@ -568,6 +640,7 @@ void zs_sched_free(zs_sched *s) {
         free(s->rb[i].logits);
         free(s->rb[i].running);
         free(s->rb[i].lora);
+        free(s->rb[i].hidden);
     }
     free(s->rb);
     pthread_mutex_destroy(&s->mu);

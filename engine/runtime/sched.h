@@ -1,5 +1,5 @@
-/* sched.h — the request scheduler (DESIGN.md §4): a queue of generation requests, continuous
- * batching onto the engine, cancellation, and the counters behind /metrics.
+/* sched.h — the request scheduler (DESIGN.md §4): a queue of generation and embedding requests,
+ * continuous batching onto the engine, cancellation, and the counters behind /metrics.
  *
  * One engine thread owns the engine. At every step it admits waiting requests (up to max_seqs
  * running, KV blocks permitting), builds one batch of at most max_batch_tokens tokens — one
@@ -45,7 +45,17 @@ typedef struct {
      * stay valid until on_done has returned (the server's adapter table holds a reference). Rows
      * of different adapters share a batch; each adds its own B·A·x (zs_batch.lora). */
     const zs_lora *lora;
+    /* an embedding request (embed 1): the prompt is prefilled in the continuous batch like any
+     * prompt (chunked, beside decode tokens), the final-normed hidden state of each of its tokens
+     * pooled as it goes (pooling ZS_POOL_MEAN: the mean over the prompt's tokens, summed in
+     * position order in double; ZS_POOL_LAST: the last token's row), nothing sampled; it ends with
+     * sink.on_embedding(pooled, dim) and then on_done(ZS_DONE_STOP, n_generated 0). max_tokens,
+     * sampling, stop and logprobs are ignored. The pooled vector is the same bits alone or
+     * batched with anything (the forward is batch-invariant). Refused on the CUDA device. */
+    int embed;
+    int pooling;
 } zs_req_params;
+enum { ZS_POOL_MEAN = 0, ZS_POOL_LAST = 1 };
 #define ZS_REQ_MAX_END_IDS 4
 
 enum { ZS_DONE_STOP = 0, ZS_DONE_LENGTH = 1, ZS_DONE_CANCELLED = 2, ZS_DONE_ERROR = 3 };
@@ -60,6 +70,9 @@ typedef struct {
     void (*on_done)(void *ud, int finish, const char *text, size_t len, int n_prompt,
                     int n_generated, int err, const char *msg);
     void *ud;
+    /* Embedding requests only: the pooled, not normalised vector (dim floats, valid during the
+     * call), just before on_done(ZS_DONE_STOP). Not called for a request that fails or is cancelled. */
+    void (*on_embedding)(void *ud, const float *vec, int dim);
 } zs_req_sink;
 
 typedef struct zs_sched zs_sched;

@@ -128,7 +128,7 @@ int zs_world_follow(zs_world *w) {
 }
 
 static int local_step(zs_world *w, const zs_batch *batches, float **logits) {
-    static const zs_batch empty = {0, NULL, NULL, NULL, NULL, 0, NULL};
+    static const zs_batch empty = {0, NULL, NULL, NULL, NULL, 0, NULL, NULL};
     for (int i = 0; i < w->n; i++) {
         w->ranks[i].batch = batches ? &batches[i] : &empty;
         w->ranks[i].logits = logits ? logits[i] : NULL;
@@ -178,6 +178,7 @@ zs_gather *zs_world_gather(zs_world *w, int rank) { return w->ranks[rank].g; }
 zs_comm *zs_world_grad_comm(zs_world *w, int rank) { return w->ranks[rank].gcomm; }
 int zs_world_replicated(const zs_world *w) { return w->o.gather.replicate; }
 int zs_world_is_cuda(const zs_world *w) { return w->n > 0 && w->ranks[0].dev != NULL; }
+void *zs_world_dev(zs_world *w, int rank) { return rank >= 0 && rank < w->n ? w->ranks[rank].dev : NULL; }
 
 /* ---- placement ---- */
 
@@ -388,8 +389,9 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
         w->ranks[r].rank = r;
         w->ranks[r].comm = rc == 0 ? comms[r] : NULL;
     }
-    /* the gradient group: host buffers on the CPU device (training runs on the CPU for now) */
-    if (rc == 0 && !cuda) {
+    /* the gradient group: host buffers (the training's gradients come back to host memory, also
+     * from a CUDA device: backward.h), in-process or over MPI */
+    if (rc == 0) {
         rc = procs > 1 ? zs_comm_mpi_create(w->n, comms) : zs_comm_local_create(w->n, comms);
         for (int r = 0; r < w->n; r++) w->ranks[r].gcomm = rc == 0 ? comms[r] : NULL;
     }

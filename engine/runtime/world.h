@@ -73,6 +73,9 @@ zs_gather *zs_world_gather(zs_world *w, int rank);
  * belongs to the prefetch threads). */
 zs_comm *zs_world_grad_comm(zs_world *w, int rank);
 int zs_world_is_cuda(const zs_world *w);
+/* The rank's CUDA device (a zs_dev*, device.h; the trainer's zs_trainer_new_device takes it), or
+ * NULL on the CPU device. Borrowed: the world owns it. */
+void *zs_world_dev(zs_world *w, int rank);
 /* 1 when every rank holds every bucket whole (ZeRO stages 1 and 2). */
 int zs_world_replicated(const zs_world *w);
 

@@ -1153,6 +1153,15 @@ const char *zs_tokenizer_piece(const zs_tokenizer *t, int id) {
     return id < 0 || id >= t->n_vocab ? NULL : t->piece[id];
 }
 
+const char *zs_tokenizer_token_bytes(const zs_tokenizer *t, int id, size_t *len) {
+    if (!t || id < 0 || id >= t->n_vocab || !t->piece[id]) {
+        if (len) *len = 0;
+        return NULL;
+    }
+    if (len) *len = t->dec_off[id + 1] - t->dec_off[id];
+    return t->dec_blob + t->dec_off[id];
+}
+
 int zs_tokenizer_token_id(const zs_tokenizer *t, const char *piece) {
     return piece ? any_lookup(t, piece, strlen(piece)) : -1;
 }

@@ -74,6 +74,11 @@ int zs_tokenizer_is_special(const zs_tokenizer *t, int id);
 const char *zs_tokenizer_piece(const zs_tokenizer *t, int id);
 /* Id of a raw vocab string or added-token content, -1 if absent. */
 int zs_tokenizer_token_id(const zs_tokenizer *t, const char *piece);
+/* The bytes id decodes to on its own (byte-level pieces mapped back to bytes, U+2581 -> space,
+ * <0xXX> -> that byte; an added token's content), before any leading-space stripping of a whole
+ * decode. Sets *len (0 for an id without a piece or out of range, then returns NULL). The bytes
+ * belong to the tokenizer, are not NUL-terminated and may be an incomplete UTF-8 sequence. */
+const char *zs_tokenizer_token_bytes(const zs_tokenizer *t, int id, size_t *len);
 
 /* Encodes len bytes of UTF-8 text. add_special: apply the post-processor (e.g. prepend <s>).
  * Added/special tokens written literally in the text are matched as their ids.

@@ -13,8 +13,10 @@
  * expert), recomputed in the backward with the experts acquired again; gradients of the experts
  * (egrad), the router (through the renormalisation and the softmax, plus the auxiliary
  * load-balancing loss) and the shared expert and its gate; OLMoE's whole-projection q/k norms and
- * clip_qkv. */
+ * clip_qkv. A trainer made by zs_trainer_new_device (built with CUDA) only forwards each public call
+ * to the device trainer of backward-cuda.c (backward-cuda.h). */
 #include "backward.h"
+#include "slotptr.h"
 
 #include <math.h>
 #include <string.h>
@@ -25,13 +27,28 @@
 #include "rope.h"
 #include "train-ops.h"
 
+#ifdef ZS_CUDA
+#include "backward-cuda.h"
+/* A trainer made by zs_trainer_new_device: every public call goes to the device trainer. */
+#define DEV_FORWARD(t, call)          \
+    do {                              \
+        if ((t)->dev) return (call);  \
+    } while (0)
+#else
+typedef struct zs_trainer_cuda zs_trainer_cuda; /* never made without CUDA: dev stays NULL */
+#define DEV_FORWARD(t, call) ((void)0)
+#endif
+
 /* pass steps, in order: 0 embed fwd, 1..L layer fwd, L+1 head, L+2..2L+1 layer bwd (L-1..0),
  * 2L+2 embed bwd */
 struct zs_trainer {
+    zs_trainer_cuda *dev;   /* zs_trainer_new_device: the device trainer (backward-cuda.c) does the
+                               work; only m and c are set here. NULL: this CPU trainer */
     const zs_model *m;
     const zs_model_config *c;
     int B, T, N, d, qd, kvd, ff, V, L;
     int next;               /* the next step of the pass; -1 before the first embed fwd */
+    float loss_scale;       /* zs_trainer_set_loss_scale: multiplies the loss's gradient (1) */
     size_t bytes;
     int32_t *tokens, *pos;  /* [N] */
     float *xs;              /* [(L+1) * N * d]: input of each layer, then the head's input */
@@ -104,6 +121,7 @@ int zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out) {
     if (!t) return zs_err(ZS_ENOMEM, "out of memory");
     t->m = m;
     t->c = c;
+    t->loss_scale = 1.0f;
     t->B = B;
     t->T = T;
     t->N = B * T;
@@ -229,8 +247,37 @@ static void lora_bufs_free(zs_trainer *t) {
     t->lbytes = 0;
 }
 
+int zs_trainer_new_device(const zs_model *m, int B, int T, void *dev, zs_trainer **out) {
+#ifdef ZS_CUDA
+    if (!dev) return zs_err(ZS_EINVAL, "trainer: zs_trainer_new_device without a device");
+    zs_trainer *t = calloc(1, sizeof *t);
+    if (!t) return zs_err(ZS_ENOMEM, "out of memory");
+    t->m = m;
+    t->c = zs_model_config_get(m);
+    t->next = -1;
+    t->loss_scale = 1.0f;
+    int rc = zs_trainer_cuda_new(m, B, T, dev, &t->dev);
+    if (rc < 0) {
+        free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+#else
+    (void)m; (void)B; (void)T; (void)dev; (void)out;
+    return zs_err(ZS_EUNSUPPORTED, "trainer: training on a CUDA device: built without CUDA (CUDA=0)");
+#endif
+}
+
 void zs_trainer_free(zs_trainer *t) {
     if (!t) return;
+#ifdef ZS_CUDA
+    if (t->dev) {
+        zs_trainer_cuda_free(t->dev);
+        free(t);
+        return;
+    }
+#endif
     lora_bufs_free(t);
     float *bufs[] = {t->xs, t->dres, t->xn1, t->q, t->k, t->v, t->att, t->xmid, t->xn2, t->hg, t->hu,
                      t->ha, t->tmp, t->dxn, t->dq, t->dk, t->dv, t->datt, t->dhg, t->dhu, t->dha,
@@ -245,7 +292,17 @@ void zs_trainer_free(zs_trainer *t) {
     free(t);
 }
 
-size_t zs_trainer_bytes(const zs_trainer *t) { return t->bytes; }
+size_t zs_trainer_bytes(const zs_trainer *t) {
+    DEV_FORWARD(t, zs_trainer_cuda_bytes(t->dev));
+    return t->bytes;
+}
+
+int zs_trainer_set_loss_scale(zs_trainer *t, float s) {
+    DEV_FORWARD(t, zs_trainer_cuda_set_loss_scale(t->dev, s));
+    if (!(s > 0) || !isfinite(s)) return zs_err(ZS_EINVAL, "trainer: the loss scale must be a finite number > 0, got %g", (double)s);
+    t->loss_scale = s;
+    return 0;
+}
 
 static int same_shape(const zs_lora *a, const zs_lora *b) {
     const zs_lora_params *p = zs_lora_get_params(a), *q = zs_lora_get_params(b);
@@ -254,6 +311,9 @@ static int same_shape(const zs_lora *a, const zs_lora *b) {
 }
 
 int zs_trainer_set_lora(zs_trainer *t, const zs_lora *adapter, zs_lora *grad, uint64_t seed, uint64_t key) {
+    DEV_FORWARD(t, adapter || grad ? zs_err(ZS_EUNSUPPORTED, "trainer: LoRA adapters are not supported by the CUDA "
+                                                              "device trainer yet (train them on the CPU device)")
+                                   : 0);
     t->next = -1; /* a pass in progress is abandoned */
     if (!adapter) {
         if (grad) return zs_err(ZS_EINVAL, "trainer: a LoRA gradient without an adapter");
@@ -308,22 +368,7 @@ static int expect(zs_trainer *t, int step, const char *what) {
     return 0;
 }
 
-/* Pointer of a role's weight in a bucket given the two base pointers (NULL if absent). */
-static inline const void *W(const zs_bucket_layout *L, int role, const void *data, const void *res) {
-    const zs_slot *s = &L->slot[role];
-    if (!s->present) return NULL;
-    return (const char *)(s->resident ? res : data) + s->offset;
-}
-#define WF(L, role, data, res) ((const float *)W(L, role, data, res))
-
-/* Pointer of a role's gradient (grad layout) given the two gradient base pointers (NULL if absent,
- * or if its area is NULL: a frozen base has no gradients). */
-static inline float *G(const zs_bucket_layout *GL, int role, float *g_data, float *g_res) {
-    const zs_slot *s = &GL->slot[role];
-    char *base = s->resident ? (char *)g_res : (char *)g_data;
-    if (!s->present || !base) return NULL;
-    return (float *)(void *)(base + s->offset);
-}
+/* W, WF, G (a role's weight and gradient in a bucket): slotptr.h */
 
 /* ---- LoRA on the adapted projections (frozen base) ---- */
 
@@ -847,6 +892,7 @@ int zs_trainer_experts_sync(zs_trainer *t, int layer, int backward) {
 /* ---- the pass ---- */
 
 int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const int32_t *tokens) {
+    DEV_FORWARD(t, zs_trainer_cuda_embed_fwd(t->dev, data, res, tokens));
     const zs_bucket_layout *E = zs_model_layout(t->m, zs_bucket_embed());
     int lookup = zs_model_embed_lookup(t->m); /* an inference model: rows of the host tables */
     if (!lookup) ZS_CHECK(check_areas(E, data, res, "embedding forward"));
@@ -887,6 +933,7 @@ int zs_train_embed_fwd(zs_trainer *t, const void *data, const void *res, const i
 }
 
 int zs_train_layer_fwd(zs_trainer *t, int layer, const void *data, const void *res) {
+    DEV_FORWARD(t, zs_trainer_cuda_layer_fwd(t->dev, layer, data, res));
     if (layer < 0 || layer >= t->L) return zs_err(ZS_EINVAL, "trainer: layer %d out of range", layer);
     int moe = zs_config_layer_moe(t->c, layer);
     if (moe) xbegin(t, layer, 0);
@@ -915,6 +962,8 @@ int zs_train_layer_fwd(zs_trainer *t, int layer, const void *data, const void *r
 int zs_train_head(zs_trainer *t, const void *head_data, const void *head_res, const void *embed_data,
                   const void *embed_res, const int32_t *targets, float *loss, float *g_head_data,
                   float *g_head_res, float *g_embed_data, float *g_embed_res) {
+    DEV_FORWARD(t, zs_trainer_cuda_head(t->dev, head_data, head_res, embed_data, embed_res, targets, loss, g_head_data,
+                                        g_head_res, g_embed_data, g_embed_res));
     const zs_model_config *c = t->c;
     ZS_CHECK(expect(t, t->L + 1, "zs_train_head"));
     int hb = zs_bucket_head(t->m), eb = zs_bucket_embed();
@@ -948,7 +997,10 @@ int zs_train_head(zs_trainer *t, const void *head_data, const void *head_res, co
             return zs_err(ZS_ERANGE, "trainer: target id %d at %d is out of range [0, %d)", targets[i], i, V);
         count += targets[i] >= 0;
     }
+    /* the gradient of the mean loss, times the loss scale (fp16: a power of two, so exactly the
+     * scaled gradient in f32) */
     float scale = count ? 1.0f / (float)count : 0.0f;
+    if (t->loss_scale != 1.0f) scale *= t->loss_scale;
     const float *xL = t->xs + (size_t)t->L * n * d;
     float *xf = t->xn1, *dxf = t->dxn;
     const float *wn = WF(H, ZS_R_OUT_NORM_W, head_data, head_res), *bn = WF(H, ZS_R_OUT_NORM_B, head_data, head_res);
@@ -980,7 +1032,8 @@ int zs_train_head(zs_trainer *t, const void *head_data, const void *head_res, co
             aux *= (double)t->E;
             *loss = (float)((double)*loss + (double)c->router_aux_loss_coef * aux);
             for (int e = 0; e < t->E && !eval; e++)
-                t->agrad[e] = (float)((double)c->router_aux_loss_coef * (double)t->E * (t->acnt[e] / na) / na);
+                t->agrad[e] = (float)((double)c->router_aux_loss_coef * (double)t->E * (t->acnt[e] / na) / na *
+                                      (double)t->loss_scale);
         }
     }
     if (eval) { /* loss only: the pass ends here */
@@ -996,6 +1049,7 @@ int zs_train_head(zs_trainer *t, const void *head_data, const void *head_res, co
 
 int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *res, float *g_data,
                        float *g_res) {
+    DEV_FORWARD(t, zs_trainer_cuda_layer_bwd(t->dev, layer, data, res, g_data, g_res));
     const zs_model_config *c = t->c;
     if (layer < 0 || layer >= t->L) return zs_err(ZS_EINVAL, "trainer: layer %d out of range", layer);
     ZS_CHECK(expect(t, 2 * t->L + 1 - layer, "zs_train_layer_bwd"));
@@ -1114,6 +1168,7 @@ int zs_train_layer_bwd(zs_trainer *t, int layer, const void *data, const void *r
 }
 
 int zs_train_embed_bwd(zs_trainer *t, const void *data, const void *res, float *g_data, float *g_res) {
+    DEV_FORWARD(t, zs_trainer_cuda_embed_bwd(t->dev, data, res, g_data, g_res));
     ZS_CHECK(expect(t, 2 * t->L + 2, "zs_train_embed_bwd"));
     int eb = zs_bucket_embed();
     const zs_bucket_layout *GE = zs_model_grad_layout(t->m, eb);

@@ -38,6 +38,18 @@ typedef struct zs_trainer zs_trainer;
 
 /* Scratch for micro-batches of B sequences of T tokens (T <= the model's max_seq). */
 int  zs_trainer_new(const zs_model *m, int B, int T, zs_trainer **out);
+/* The same on a rank's CUDA device (backward-cuda.c): `dev` is the rank's zs_device (device.h).
+ * The weights handed to the calls below (`data`) are then DEVICE pointers (the gathered buckets
+ * of a CUDA world); `res` stays the host resident area (uploaded by the trainer); the gradients
+ * stay host f32 buffers with the same layout and += contract (each bucket's gradient is computed
+ * on the device with fp32 accumulation and added into the host buffer once). Activations stay f32
+ * on the device; a 16-bit weight's product takes its input rounded to the weight's dtype (tensor
+ * cores), as the CUDA forward does. ZS_EUNSUPPORTED when built without
+ * CUDA, or for what the device trainer does not cover (named in the message). */
+int  zs_trainer_new_device(const zs_model *m, int B, int T, void *dev, zs_trainer **out);
+/* Multiplies the gradient of the loss by s (> 0) from the next pass on (fp16 loss scaling: on a
+ * device that computes in 16-bit the scale must be in the backward itself). Default 1. */
+int  zs_trainer_set_loss_scale(zs_trainer *t, float s);
 void zs_trainer_free(zs_trainer *t);
 /* Bytes of scratch the trainer holds. */
 size_t zs_trainer_bytes(const zs_trainer *t);

@@ -1,6 +1,7 @@
 /* ckpt.c — training checkpoints (ckpt.h): per-rank files of fp32 master/m/v slices, a JSON
- * manifest, the atomic save (tmp directory, fsyncs, rename, `latest`, pruning) and the
- * validating, re-partitioning reader (read-only mappings of the rank files). */
+ * manifest, the atomic save (tmp directory, fsyncs, rename, `latest`, pruning; the data handed
+ * out whole by get or pulled in chunks by read, same bytes either way) and the validating,
+ * re-partitioning reader (read-only mappings of the rank files). */
 #define _GNU_SOURCE
 #include "ckpt.h"
 
@@ -229,10 +230,38 @@ static uint64_t file_checksum(const ckpt_header *h, const region *regs, int n) {
 
 /* ---------- save ---------- */
 
-/* Writes rank r's file into tmpdir; fills regs/n/bytes/file sum for the manifest. */
+typedef int (*ckpt_read_fn)(void *ud, int rank, int bucket, int which, size_t off, size_t n,
+                            float *dst);
+
+/* Streams region g of rank r (its master, m and v) from rd through chunk (ZS_CKPT_CHUNK
+ * floats) into fd, each chunk at its offset, and sets g->sum. *e: errno of a failed write. */
+static int stream_region(int fd, int r, long step, region *g, ckpt_read_fn rd, void *ud,
+                         float *chunk, int *e) {
+    size_t offs[3] = {g->off, g->off_m, g->off_v};
+    for (int k = 0; k < 3; k++) {
+        zs_checksum64_state st;
+        zs_checksum64_init(&st);
+        for (size_t at = 0; at < g->elems;) {
+            size_t n = ZS_MIN((size_t)ZS_CKPT_CHUNK, g->elems - at);
+            int rc = rd(ud, r, g->bucket, k, at, n, chunk);
+            if (rc < 0)
+                return zs_err_prefix(rc, "checkpoint step %ld: rank %d bucket %d %s (elements "
+                                     "%zu..%zu of the slice)", step, r, g->bucket,
+                                     region_names[k], at, at + n - 1);
+            zs_checksum64_update(&st, chunk, n * 4);
+            if ((*e = -zs_pwrite_all(fd, chunk, n * 4, (off_t)(offs[k] + at * 4))) != 0) return 1;
+            at += n;
+        }
+        g->sum[k] = zs_checksum64_final(&st);
+    }
+    return 0;
+}
+
+/* Writes rank r's file into tmpdir; fills regs/n/bytes/file sum for the manifest. The data
+ * comes from rd (zs_ckpt_save_opts.read; chunk: its buffer) when set, else from get. */
 static int save_rank(const char *tmpdir, int r, long step, const zs_ckpt_layout *L,
-                     zs_ckpt_get_fn get, void *ud, region *regs, int *n_out, size_t *bytes_out,
-                     uint64_t *fsum) {
+                     zs_ckpt_get_fn get, ckpt_read_fn rd, float *chunk, void *ud, region *regs,
+                     int *n_out, size_t *bytes_out, uint64_t *fsum) {
     size_t bytes;
     int n = plan_rank(L, r, regs, &bytes);
     char *path = zs_str_printf("%s/rank%d.bin", tmpdir, r);
@@ -250,6 +279,11 @@ static int save_rank(const char *tmpdir, int r, long step, const zs_ckpt_layout 
     if ((e = -zs_pwrite_all(fd, &h, sizeof h, 0)) != 0) goto io_fail;
     for (int i = 0; i < n && rc == 0; i++) {
         region *g = &regs[i];
+        if (rd) {
+            rc = stream_region(fd, r, step, g, rd, ud, chunk, &e);
+            if (rc > 0) goto io_fail;
+            continue;
+        }
         const float *a[3] = {NULL, NULL, NULL};
         size_t have = 0;
         rc = get(ud, r, g->bucket, &a[0], &a[1], &a[2], &have);
@@ -507,7 +541,7 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     if (!o) o = &dflt;
     if (!dir || !*dir) return zs_err(ZS_EINVAL, "checkpoint: no directory");
     if (step < 0) return zs_err(ZS_EINVAL, "checkpoint: step %ld must be >= 0", step);
-    if (!get) return zs_err(ZS_EINVAL, "checkpoint: no callback");
+    if (!get && !o->read) return zs_err(ZS_EINVAL, "checkpoint: no callback (get or read)");
     if (o->keep < 0) return zs_err(ZS_EINVAL, "checkpoint: keep %d must be >= 1", o->keep);
     ZS_CHECK(layout_check(L));
     int keep = o->keep ? o->keep : ZS_CKPT_KEEP_DEFAULT;
@@ -525,6 +559,7 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     int rc = 0;
     char *final = NULL, *tmp = NULL, *old = NULL, *man = NULL, *latest_tmp = NULL, *latest = NULL;
     char *text = NULL;
+    float *chunk = o->read ? malloc((size_t)ZS_CKPT_CHUNK * sizeof *chunk) : NULL;
     region **regs = calloc((size_t)L->ranks, sizeof *regs);
     int *nreg = calloc((size_t)L->ranks, sizeof *nreg);
     size_t *bytes = calloc((size_t)L->ranks, sizeof *bytes);
@@ -543,7 +578,8 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     int r0 = multi ? o->first_rank : 0, r1 = multi ? o->first_rank + o->local_ranks : L->ranks;
     int lead = !multi || zs_cluster_rank() == 0;
     if (multi && (r0 < 0 || r1 > L->ranks)) rc = zs_err(ZS_EINVAL, "checkpoint: ranks %d..%d of %d", r0, r1 - 1, L->ranks);
-    if (rc == 0 && (!regs || !nreg || !bytes || !fsum || !final || !tmp || !old || !man || !latest_tmp || !latest))
+    if (rc == 0 && (!regs || !nreg || !bytes || !fsum || !final || !tmp || !old || !man || !latest_tmp || !latest ||
+                    (o->read && !chunk)))
         rc = zs_err(ZS_ENOMEM, "checkpoint: out of memory");
     for (int r = 0; rc == 0 && r < L->ranks; r++)
         if (!(regs[r] = calloc((size_t)L->n_buckets, sizeof **regs))) rc = zs_err(ZS_ENOMEM, "checkpoint: out of memory");
@@ -565,7 +601,8 @@ int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_ge
     if ((rc = agree(multi, rc, "preparing the checkpoint directory")) < 0) goto done;
     double t0 = zs_now();
     size_t total = 0;
-    for (int r = r0; r < r1 && rc == 0; r++) rc = save_rank(tmp, r, step, L, get, ud, regs[r], &nreg[r], &bytes[r], &fsum[r]);
+    for (int r = r0; r < r1 && rc == 0; r++)
+        rc = save_rank(tmp, r, step, L, get, o->read, chunk, ud, regs[r], &nreg[r], &bytes[r], &fsum[r]);
     if (multi) rc = exchange_sums(L, r0, r1 - r0, rc, regs, nreg, bytes, fsum);
     if (rc < 0) goto done;
     for (int r = 0; r < L->ranks; r++) total += bytes[r];
@@ -636,6 +673,7 @@ done:
     free(nreg);
     free(bytes);
     free(fsum);
+    free(chunk);
     free(text);
     json_decref(j);
     json_decref(meta);

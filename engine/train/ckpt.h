@@ -41,7 +41,8 @@
  * (jansson), so a full u64 (an RNG state) belongs in a string, e.g. 16 hex digits.
  *
  * Ownership: zs_ckpt_save copies nothing it keeps; the arrays handed out by the callback must
- * stay valid for the duration of that callback's use (until the next callback or the return).
+ * stay valid for the duration of that callback's use (until the next callback or the return);
+ * with zs_ckpt_save_opts.read, dst belongs to zs_ckpt_save and is valid only during the call.
  * A zs_ckpt owns its manifest, its strings and a read-only mapping of every rank file; strings
  * it returns live until zs_ckpt_close.
  * Thread safety: zs_ckpt_save is reentrant for different DIRs. An open zs_ckpt is read-only:
@@ -86,7 +87,19 @@ typedef struct {
      * directory and writes the manifest and `latest` once every file is written; all return
      * the same status. 0 local_ranks: one process writes everything. DIR must be shared. */
     int first_rank, local_ranks;
+    /* Instead of get (which may then be NULL): copies elements [off, off + n) of rank r's slice of
+     * bucket b's array `which` (0 master, 1 m, 2 v; off counts from the slice's start) into dst.
+     * Called in order, in chunks of at most ZS_CKPT_CHUNK elements. In order means: rank by
+     * rank (this process's ranks), bucket by bucket (those with a slice of len > 0 on that rank),
+     * within a bucket its master, then m, then v, each from off 0 upward in consecutive chunks
+     * covering [0, len). When read is set, get is never called. Return 0, or a negative ZS_E*
+     * code (with zs_err) to abort the save. The files, manifest and checksums are byte-identical
+     * to what get would write for the same data; host memory: one buffer of ZS_CKPT_CHUNK floats
+     * per save, whatever the shard sizes (for state that lives in a file, optstate.h). */
+    int (*read)(void *ud, int rank, int bucket, int which, size_t off, size_t n, float *dst);
 } zs_ckpt_save_opts;
+
+#define ZS_CKPT_CHUNK (1 << 20) /* elements: the largest piece asked of zs_ckpt_save_opts.read */
 
 /* The slice of bucket b that rank r holds under layout L: *start and *len (elements). For a
  * replicated bucket, rank 0 holds everything and the others nothing. ZS_EINVAL on a bad
@@ -94,10 +107,12 @@ typedef struct {
 int zs_ckpt_shard_range(const zs_ckpt_layout *L, int bucket, int rank, size_t *start, size_t *len);
 
 /* Saves checkpoint `step` (>= 0) of every rank under the run directory dir (created if missing;
- * its parent must exist). o may be NULL. Errors: ZS_EINVAL (layout, step, meta not a JSON
- * object, callback handing out too few elements), ZS_EIO/ZS_ENOSPC/ZS_EPERM (file system,
- * message names the path), or the callback's code. On error nothing of this step remains and
- * earlier checkpoints are untouched. */
+ * its parent must exist). o may be NULL. The data comes from get, or, when o->read is set, from
+ * o->read in chunks (get may then be NULL). Errors: ZS_EINVAL (layout, step, meta not a JSON
+ * object, no callback, callback handing out too few elements), ZS_EIO/ZS_ENOSPC/ZS_EPERM (file
+ * system, message names the path), or the callback's code (its message prefixed with
+ * "checkpoint step S: rank R bucket B"). On error nothing of this step remains and earlier
+ * checkpoints are untouched. */
 int zs_ckpt_save(const char *dir, long step, const zs_ckpt_layout *L, zs_ckpt_get_fn get, void *ud,
                  const zs_ckpt_save_opts *o);
 

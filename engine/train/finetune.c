@@ -28,6 +28,7 @@ void zs_finetune_opts_default(zs_finetune_opts *o) {
     o->schedule = ZS_LR_CONSTANT;
     o->lr = 1e-4f;
     o->clip = 1.0f;
+    o->export_dtype = ZS_DTYPE_COUNT;
 }
 
 /* Counted targets of one [B*T] batch. */
@@ -39,7 +40,7 @@ static size_t counted(const int32_t *g, size_t n) {
 
 /* One world-driving call of the run (a step, an evaluation, a checkpoint save or load, the export),
  * made through hooks->exec when there is one: the training is full (t) or LoRA (lt). */
-enum { FT_STEP, FT_EVAL, FT_SAVE, FT_LOAD, FT_EXPORT };
+enum { FT_STEP, FT_EVAL, FT_SAVE, FT_LOAD, FT_EXPORT, FT_EXPORT16 };
 typedef struct {
     int op;
     zs_training *t;
@@ -50,7 +51,11 @@ typedef struct {
     float *loss;
     const char *dir, *meta, *base_name;
     char **meta_out;
+    zs_train_step_info *info;
+    zs_dtype dtype;           /* FT_EXPORT / FT_EXPORT16 */
 } ft_call;
+
+zs_dtype zs_finetune_16bit_dtype(int precision) { return precision == ZS_PREC_FP16 ? ZS_F16 : ZS_BF16; }
 
 static int lora_export(zs_lora *a, const char *out_dir, const char *base_name) {
     if (zs_cluster_rank() != 0) return 0; /* several processes: process 0 writes (the same adapter) */
@@ -74,8 +79,10 @@ static int ft_do(void *arg) {
     ft_call *c = arg;
     switch (c->op) {
     case FT_STEP:
-        return c->lt ? zs_lora_training_step(c->lt, c->T, c->G, c->step, c->loss)
-                     : zs_training_step(c->t, c->T, c->G, c->step, c->loss);
+        if (c->lt) return zs_lora_training_step(c->lt, c->T, c->G, c->step, c->loss);
+        ZS_CHECK(zs_training_step_ex(c->t, c->T, c->G, c->step, c->info));
+        *c->loss = c->info->loss;
+        return 0;
     case FT_EVAL:
         return c->lt ? zs_lora_training_eval(c->lt, c->T, c->G, c->loss) : zs_training_eval(c->t, c->T, c->G, c->loss);
     case FT_SAVE:
@@ -84,8 +91,10 @@ static int ft_do(void *arg) {
     case FT_LOAD:
         return c->lt ? zs_lora_training_load(c->lt, c->dir, c->step_out, c->meta_out)
                      : zs_training_load(c->t, c->dir, c->step_out, c->meta_out);
+    case FT_EXPORT16: /* the 16-bit save into a checkpoint's step directory */
+        return zs_training_export_dtype(c->t, c->dir, c->dtype);
     default:
-        return c->lt ? lora_export(c->adapter, c->dir, c->base_name) : zs_training_export(c->t, c->dir);
+        return c->lt ? lora_export(c->adapter, c->dir, c->base_name) : zs_training_export_dtype(c->t, c->dir, c->dtype);
     }
 }
 
@@ -132,7 +141,10 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     ZS_CHECK(zs_data_validate(o->data_path, 0, &n_examples));
     int vrc = o->valid_path ? zs_data_validate(o->valid_path, 0, &n_examples) : 0;
     if (vrc < 0) return zs_err_prefix(vrc, "validation data");
-    zs_finetune_result r = {0, 0, 0, -1, 0, 0, 0, 0, 0};
+    zs_finetune_result r;
+    memset(&r, 0, sizeof r);
+    r.valid_loss = -1;
+    r.loss_scale = 1.0;
     zs_dataset *d = NULL;
     zs_training *t = NULL;
     zs_lora_training *lt = NULL;
@@ -171,7 +183,16 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     to.lr.min_lr_ratio = 0.0f;
     to.lr.warmup_steps = o->warmup;
     to.lr.total_steps = steps;
+    if (o->lr_schedule) to.lr = *o->lr_schedule;
+    if (o->adam) {
+        to.adam.beta1 = o->adam->beta1;
+        to.adam.beta2 = o->adam->beta2;
+        to.adam.eps = o->adam->eps;
+    }
     to.stage = zs_engine_zero_stage(e);
+    to.precision = o->precision;
+    to.scaler = o->scaler;
+    to.optimizer = o->optimizer;
     if (o->lora) {
         /* LoRA: a fresh adapter (PEFT's initialisation; a checkpoint replaces it below) over the
          * frozen base */
@@ -198,6 +219,7 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
         r.mem_grads = nl * tm.grads;
         r.mem_optimizer = nl * (tm.optimizer - tm.optimizer / 3);
         r.mem_activations = nl * tb;
+        r.mem_optimizer_host = nl * tm.optimizer_host;
     }
     call.t = t;
     call.lt = lt;
@@ -265,11 +287,17 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
             zs_log_info("finetune: resuming from step %ld of %s", s0, o->ckpt_dir);
         }
     }
+    zs_train_step_info info;
+    memset(&info, 0, sizeof info);
+    info.loss_scale = info.next_scale = 1.0;
+    int retries = 0;
     for (long s = s0 + 1; s <= steps; s++) {
         if (h && h->before_step && h->before_step(h->ud, s)) {
             rc = zs_err(ZS_ECANCELLED, "finetune: stopped before step %ld", s);
             goto done;
         }
+        zs_data_pos before = pos; /* a skipped step does not move the data position */
+        size_t tokens_before = r.trained_tokens;
         for (int i = 0; i < slots; i++) {
             int filled;
             if ((rc = zs_data_next_batch(d, &pos, o->batch, seq_len, (int32_t *)T[i], (int32_t *)G[i], &filled)) < 0)
@@ -282,11 +310,44 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
         call.G = G;
         call.step = s;
         call.loss = &loss;
+        call.info = &info;
+        info.skipped = 0;
+        info.grad_norm = NAN;
+        double ts0 = zs_now();
         if ((rc = ft_exec(h, &call)) < 0) goto done;
+        double step_s = zs_now() - ts0;
+        if (t) {
+            r.skipped_steps = info.skipped_total;
+            r.loss_scale = info.next_scale;
+        }
+        if (h && h->on_step) {
+            zs_finetune_step st = {s, steps, loss, zs_lr_at(&to.lr, s), r.trained_tokens, info.skipped,
+                                   t ? info.loss_scale : 1.0, t ? info.next_scale : 1.0, r.skipped_steps,
+                                   t ? info.grad_norm : NAN, step_s, t ? info.optim_s : 0.0};
+            h->on_step(h->ud, &st);
+        }
+        if (info.skipped) {
+            /* the same step again on the same data, at the lowered scale; a scale that cannot go
+             * lower fails in the scaler (ZS_ERANGE), and a gradient that is not finite without
+             * dynamic scaling would only repeat */
+            zs_loss_scaler sc;
+            zs_training_scaler(t, &sc);
+            if (!sc.dynamic || ++retries > 200) {
+                rc = zs_err(ZS_ERANGE, "finetune: step %ld: the gradients are not finite (inf or NaN)%s; stopping before "
+                                       "the step is applied, the checkpoints so far kept (lower the learning rate%s)",
+                            s, retries > 200 ? " in 200 attempts" : "",
+                            o->precision == ZS_PREC_FP16 ? "" : ", or train in fp16 with dynamic loss scaling");
+                goto done;
+            }
+            pos = before;
+            r.trained_tokens = tokens_before;
+            s--;
+            continue;
+        }
+        retries = 0;
         if (s == 1) r.first_loss = loss;
         r.last_loss = loss;
         r.steps = s;
-        if (h && h->on_step) h->on_step(h->ud, s, steps, loss, zs_lr_at(&to.lr, s), r.trained_tokens);
         if (o->ckpt_dir && ((o->save_every > 0 && s % o->save_every == 0) || s == steps)) {
             /* the data position (and the seed of its shuffle: the run's only RNG), the loss so far,
              * and the training configuration */
@@ -304,6 +365,14 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
             call.step = s;
             call.meta = meta;
             if ((rc = ft_exec(h, &call)) < 0) goto done;
+            if (t && o->save_16bit) { /* the consolidated 16-bit weights, beside the checkpoint's shards */
+                char hf[4300];
+                snprintf(hf, sizeof hf, "%s/step-%06ld/hf16", o->ckpt_dir, s);
+                call.op = FT_EXPORT16;
+                call.dir = hf;
+                call.dtype = zs_finetune_16bit_dtype(o->precision);
+                if ((rc = ft_exec(h, &call)) < 0) goto done;
+            }
         }
     }
     if (o->valid_path) {
@@ -319,6 +388,8 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
     if (o->out_dir) {
         call.op = FT_EXPORT;
         call.dir = o->out_dir;
+        call.dtype = o->export_dtype;
+        if (o->save_16bit && o->export_dtype == ZS_DTYPE_COUNT) call.dtype = zs_finetune_16bit_dtype(o->precision);
         if ((rc = ft_exec(h, &call)) < 0) goto done;
     }
 done:

@@ -14,6 +14,7 @@
 
 #include "engine.h"
 #include "lora.h"
+#include "train.h"
 
 typedef struct {
     const char *data_path;   /* training JSONL (required) */
@@ -40,7 +41,28 @@ typedef struct {
      * checkpoints hold only the adapter and its optimizer state. NULL: a full fine-tune. */
     const zs_lora_params *lora;
     const char *base_name;   /* LoRA: the adapter's base_model_name_or_path (NULL: the model path) */
+    /* Full fine-tunes (ignored by LoRA, which keeps its adapter in fp32 and all-reduces it in fp32):
+     * mixed precision (train.h: the engine must store the weights in a 16-bit precision's dtype),
+     * the fp16 loss scaler (zs_loss_scaler_init; zeroed: DeepSpeed's dynamic defaults) and where
+     * the masters and moments live (zs_optstate_opts: cpu, or nvme with its sub-groups). */
+    int precision;
+    zs_loss_scaler scaler;
+    zs_optstate_opts optimizer;
+    /* The optimizer's betas and eps (NULL: torch's defaults; lr and weight decay are the fields
+     * above) and a full learning-rate schedule (NULL: schedule / warmup / lr above, linear
+     * warm-up, decay to 0), e.g. from a DeepSpeed config (optim.h). */
+    const zs_adamw_params *adam;
+    const zs_lr_schedule *lr_schedule;
+    /* stage3_gather_16bit_weights_on_model_save: every checkpoint also writes the consolidated
+     * 16-bit model into its step directory (DIR/step-NNNNNN/hf16: Hugging Face layout, in the
+     * precision's 16-bit dtype, bf16 when training in fp32), and the final export is 16-bit too. */
+    int save_16bit;
+    zs_dtype export_dtype;   /* the final export's dtype: ZS_F32/F16/BF16; ZS_DTYPE_COUNT (the default):
+                                the base checkpoint's own dtype, or the 16-bit one with save_16bit */
 } zs_finetune_opts;
+
+/* The dtype of the 16-bit consolidated save for a precision: fp16 for ZS_PREC_FP16, else bf16. */
+zs_dtype zs_finetune_16bit_dtype(int precision);
 
 /* Defaults of `zeroserve train`: 1 epoch, batch 4, lr 1e-4 constant, clip 1.0. */
 void zs_finetune_opts_default(zs_finetune_opts *o);
@@ -52,14 +74,28 @@ typedef struct {
     int ranks, seq_len;
 } zs_finetune_plan;
 
+typedef struct zs_finetune_step {
+    long step, steps;        /* this step (1-based) and the planned total */
+    float loss, lr;          /* its mean loss and the LR it used */
+    size_t tokens;           /* counted tokens trained on so far */
+    int skipped;             /* 1: this attempt overflowed and was skipped */
+    double loss_scale;       /* the scale this attempt used (1 without fp16) */
+    double next_scale;       /* the scale of the next attempt */
+    long skipped_total;      /* attempts skipped so far in the run */
+    float grad_norm;         /* global gradient norm before clipping (NAN when skipped; LoRA: NAN) */
+    double step_s;           /* wall time of the step (forward, backward, reductions, optimizer) */
+    double optim_s;          /* of it, the optimizer step (nvme: with its I/O; LoRA: 0) */
+} zs_finetune_step;
+
 typedef struct {
     /* Once, after the data is loaded and before the first step. */
     void (*on_plan)(void *ud, const zs_finetune_plan *p);
     /* Before each step (1-based): return non-zero to stop the run (it then returns ZS_ECANCELLED).
      * A server uses it to yield the machine to serving. */
     int (*before_step)(void *ud, long step);
-    /* After each step: its loss, the LR it used, the tokens processed so far. */
-    void (*on_step)(void *ud, long step, long steps, float loss, float lr, size_t tokens);
+    /* After each step (and each skipped attempt, s->skipped = 1: fp16 overflow, nothing updated,
+     * the same step is retried on the same data at the lowered scale). */
+    void (*on_step)(void *ud, const struct zs_finetune_step *s);
     /* Runs fn(arg) where the engine's world may be driven and returns its result (NULL hook: fn is
      * called directly). Every training step, evaluation, checkpoint save and load of the run goes
      * through it: a server maps it to zs_sched_run_idle, so a LoRA job's steps run on the engine
@@ -77,6 +113,9 @@ typedef struct {
      * parameters (LoRA: the adapter; full: every rank's fp32 master shards), their gradients,
      * optimizer moments, and activations / trainer scratch */
     size_t mem_params, mem_grads, mem_optimizer, mem_activations;
+    size_t mem_optimizer_host; /* of mem_optimizer: in host memory (nvme: the staging buffers) */
+    long skipped_steps;        /* attempts skipped for fp16 overflows */
+    double loss_scale;         /* the loss scale at the end (1 without fp16) */
 } zs_finetune_result;
 
 /* Runs o on e's world. h may be NULL. res (may be NULL) is filled on success and, as far as the

@@ -15,6 +15,9 @@
 #   e2e-gpu   the fixtures' reference outputs on the device: f32/bf16 x ranks 1/2 x offload
 #             none/cpu/nvme; a random model of every llama-family architecture (Llama with RoPE
 #             scaling, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3) against the CPU engine
+#   train-gpu test-train-cuda: the device trainer's pass against the CPU trainer (loss, every
+#             bucket's gradient; stories260K f32/bf16/all-resident, gpt2-bytes) and 3 training
+#             steps on a CUDA engine against a CPU engine (a kit without the program: a failure)
 #   mkmodel   the 8B-shaped bf16 benchmark model, written in the background during the tests
 #   bench-gpu bounds, offload-cpu decode at batch 1/8/32/128, resident decode, 2048-token prefill
 # Each step gets min(its budget, the time left before the deadline); one that does not fit is
@@ -108,12 +111,13 @@ else
     export PATH="$PATH:/usr/local/cuda/bin"
     rm -f zeroserve
     if ! run_step build 300 make BUILD="$BUILD" CUDA=1 zeroserve "$BUILD/tests/test-cuda" \
-            "$BUILD/tests/test-backend-ops" "$BUILD/tests/test-embed" "$BUILD/tests/gpu/e2e-gpu" "$BUILD/tests/gpu/bench-gpu"; then
+            "$BUILD/tests/test-backend-ops" "$BUILD/tests/test-embed" "$BUILD/tests/test-train-cuda" \
+            "$BUILD/tests/gpu/e2e-gpu" "$BUILD/tests/gpu/bench-gpu"; then
         tail -n 40 "$LOG"
         finish failed "no gpu-kit/ and the build failed (see gpu-run.log; make the kit with: make gpu-kit)" 1
     fi
     B=$BUILD/tests
-    mkdir -p "$BUILD/kitview" && for p in test-cuda test-backend-ops test-embed; do ln -sf "$PWD/$BUILD/tests/$p" "$BUILD/kitview/$p"; done
+    mkdir -p "$BUILD/kitview" && for p in test-cuda test-backend-ops test-embed test-train-cuda; do ln -sf "$PWD/$BUILD/tests/$p" "$BUILD/kitview/$p"; done
     for p in e2e-gpu bench-gpu; do ln -sf "$PWD/$BUILD/tests/gpu/$p" "$BUILD/kitview/$p"; done
     B=$BUILD/kitview
 fi
@@ -186,6 +190,12 @@ export ZS_LOG=${ZS_LOG:-warn}
 run_step test-backend-ops 150 "$B/test-backend-ops"
 run_step test-embed 60 env TMPDIR="$WORK" "$B/test-embed"
 run_step e2e-gpu 180 env TMPDIR="$WORK" "$B/e2e-gpu" "$OUT/e2e.json"
+if [ -x "$B/test-train-cuda" ]; then
+    run_step train-gpu 90 env TMPDIR="$WORK" "$B/test-train-cuda"
+else
+    say "train-gpu: $B/test-train-cuda is not in the kit (tests/gpu/make-kit.sh PROGS)"
+    add_step train-gpu 1 0 "test-train-cuda is not in the kit"
+fi
 
 # ---- benchmark ----
 if [ -z "$SKIP_BENCH" ]; then

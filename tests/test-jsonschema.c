@@ -1,0 +1,392 @@
+/* test-jsonschema.c — tests of the JSON-Schema grammar matcher and token masks
+ * (engine/text/jsonschema.c):
+ *  - every document of tests/ref/jsonschema/corpus.json (~20 schemas, valid documents and
+ *    near-misses, labelled by Python's jsonschema: tests/ref/make_jsonschema_ref.py) fed byte by
+ *    byte gets the label's verdict (valid iff every byte is accepted and the value is done);
+ *  - unsupported keywords fail with a message naming the keyword and its JSON pointer;
+ *  - a rejected feed leaves the state unchanged; whitespace runs are bounded;
+ *  - the mask equals per-token feeding (every token of stories260K, a sample of GPT-2's) along
+ *    corpus documents, EOS exactly when done;
+ *  - random masked generation (GPT-2 tokenizer and stories260K, several seeds per schema) gives
+ *    text that jansson parses and the matcher accepts; the documents of seed 1 equal
+ *    tests/ref/jsonschema/generated.json, which jsonschema labelled valid offline
+ *    (ZS_JSCHEMA_WRITE_GENERATED=<path> rewrites that file; then run the script's
+ *    --validate-generated mode). Prints the mask time per token. */
+#include "jsonschema.h"
+
+#include "common.h"
+#include "testutil.h"
+#include "tokenizer.h"
+
+static char *ref_path(char *buf, size_t n, const char *file) {
+    snprintf(buf, n, "tests/ref/jsonschema/%s", file);
+    return buf;
+}
+
+static int accepts(const zs_jschema *g, const char *doc, size_t n) {
+    zs_jschema_state st;
+    zs_jschema_state_init(g, &st);
+    for (size_t i = 0; i < n; i++)
+        if (!zs_jschema_feed(g, &st, doc + i, 1)) return 0;
+    return zs_jschema_done(g, &st);
+}
+
+static int accepts_s(const zs_jschema *g, const char *doc) { return accepts(g, doc, strlen(doc)); }
+
+static zs_jschema *compile_json(const json_t *schema) {
+    char *s = json_dumps(schema, JSON_COMPACT);
+    zs_jschema *g = NULL;
+    int rc = zs_jschema_compile(s, &g);
+    CHECK(rc == 0, "compile %s: %s", s, zs_errmsg());
+    free(s);
+    return rc == 0 ? g : NULL;
+}
+
+static void test_corpus(json_t *corpus) {
+    json_t *schemas = json_object_get(corpus, "schemas");
+    CHECK(json_array_size(schemas) >= 20, "corpus has %zu schemas", json_array_size(schemas));
+    size_t i, n_docs = 0, n_valid = 0;
+    json_t *e;
+    json_array_foreach(schemas, i, e) {
+        const char *name = json_string_value(json_object_get(e, "name"));
+        zs_jschema *g = compile_json(json_object_get(e, "schema"));
+        if (!g) continue;
+        size_t j;
+        json_t *d;
+        json_array_foreach(json_object_get(e, "docs"), j, d) {
+            const char *doc = json_string_value(json_object_get(d, "doc"));
+            int want = json_is_true(json_object_get(d, "valid"));
+            int got = accepts(g, doc, strlen(doc));
+            CHECK(got == want, "schema %s: document %s: matcher says %s, jsonschema says %s", name, doc,
+                  got ? "valid" : "invalid", want ? "valid" : "invalid");
+            /* whole-document feed agrees with byte-by-byte feed */
+            zs_jschema_state st;
+            zs_jschema_state_init(g, &st);
+            int all = zs_jschema_feed(g, &st, doc, strlen(doc)) && zs_jschema_done(g, &st);
+            CHECK(all == got, "schema %s: document %s: one feed says %d, byte feeds %d", name, doc, all, got);
+            n_docs++;
+            n_valid += (size_t)want;
+        }
+        zs_jschema_free(g);
+    }
+    CHECK(n_docs >= 400 && n_valid >= 50 && n_docs - n_valid >= 200, "corpus: %zu docs, %zu valid", n_docs, n_valid);
+    fprintf(stderr, "corpus: %zu documents (%zu valid) agree with jsonschema\n", n_docs, n_valid);
+}
+
+static void expect_refused(const char *schema, const char *kw, const char *ptr) {
+    zs_jschema *g = NULL;
+    int rc = zs_jschema_compile(schema, &g);
+    CHECK(rc == ZS_EINVAL, "%s: rc %d", schema, rc);
+    CHECK(g == NULL, "%s: out set on failure", schema);
+    CHECK(strstr(zs_errmsg(), kw) && strstr(zs_errmsg(), ptr), "%s: message \"%s\" lacks %s / %s", schema,
+          zs_errmsg(), kw, ptr);
+}
+
+#define OBJ(props) "{\"type\":\"object\",\"properties\":{" props "},\"additionalProperties\":false}"
+
+static void test_refused(void) {
+    expect_refused(OBJ("\"name\":{\"type\":\"string\",\"pattern\":\"^a\"}"), "'pattern'", "/properties/name");
+    expect_refused(OBJ("\"d\":{\"type\":\"string\",\"format\":\"date\"}"), "'format'", "/properties/d");
+    expect_refused(OBJ("\"d\":{\"type\":\"string\",\"minLength\":2}"), "'minLength'", "/properties/d");
+    expect_refused(OBJ("\"n\":{\"type\":\"number\",\"minimum\":0}"), "'minimum'", "/properties/n");
+    expect_refused(OBJ("\"o\":{\"oneOf\":[{\"type\":\"string\"}]}"), "'oneOf'", "/properties/o");
+    expect_refused(OBJ("\"o\":{\"allOf\":[{\"type\":\"string\"}]}"), "'allOf'", "/properties/o");
+    expect_refused(OBJ("\"o\":{\"not\":{\"type\":\"string\"}}"), "'not'", "/properties/o");
+    expect_refused(OBJ("\"o\":{\"type\":\"string\",\"if\":{}}"), "'if'", "/properties/o");
+    expect_refused("{\"type\":\"object\",\"patternProperties\":{},\"additionalProperties\":false}",
+                   "'patternProperties'", "/");
+    expect_refused(OBJ("\"a\":{\"type\":\"array\",\"items\":{\"type\":\"integer\",\"multipleOf\":2}}"),
+                   "'multipleOf'", "/properties/a/items");
+    expect_refused(OBJ("\"a\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"string\",\"maxLength\":3}]}"),
+                   "'maxLength'", "/properties/a/anyOf/1");
+    expect_refused(OBJ("\"a\":{\"$ref\":\"#/properties/b\"}"), "'$ref'", "/properties/a");
+    expect_refused(OBJ("\"a\":{\"$ref\":\"http://x/y.json\"}"), "'$ref'", "/properties/a");
+    expect_refused(OBJ("\"a\":{\"$ref\":\"#/$defs/missing\"}"), "does not exist", "/properties/a");
+    expect_refused(OBJ("\"a~/b\":{\"type\":\"string\",\"pattern\":\"x\"}"), "'pattern'", "/properties/a~0~1b");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#/$defs/x\"}},\"additionalProperties\":false,"
+                   "\"$defs\":{\"x\":{\"type\":\"string\",\"format\":\"email\"}}}",
+                   "'format'", "/$defs/x");
+    expect_refused("{\"type\":\"string\"}", "root", "object");
+    expect_refused("[1,2]", "root", "object");
+    expect_refused("{\"type\":\"object\"", "not valid JSON", "line");
+    expect_refused("{\"type\":\"object\",\"properties\":{}}", "additionalProperties", "/");
+    expect_refused(OBJ("\"o\":" OBJ("\"p\":{\"type\":\"string\"}") ",\"q\":{\"type\":\"object\",\"properties\":{},"
+                       "\"additionalProperties\":true}"),
+                   "'additionalProperties'", "/properties/q");
+    expect_refused(OBJ("\"a\":{\"type\":\"strng\"}"), "'type'", "/properties/a");
+    expect_refused(OBJ("\"a\":{\"description\":\"no type\"}"), "no 'type'", "/properties/a");
+    expect_refused("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}},\"required\":[\"b\"],"
+                   "\"additionalProperties\":false}",
+                   "'required'", "\"b\"");
+    expect_refused(OBJ("\"a\":{\"type\":\"string\",\"enum\":[1,2]}"), "'enum'", "/properties/a");
+    expect_refused(OBJ("\"a\":{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}"), "'minItems'", "/properties/a");
+    expect_refused(OBJ("\"a\":{\"type\":\"string\",\"items\":{}}"), "'items'", "/properties/a");
+    expect_refused("{\"type\":\"object\",\"$id\":\"x\",\"additionalProperties\":false}", "'$id'", "/");
+}
+
+static void test_matcher_rules(void) {
+    zs_jschema *g = NULL;
+    CHECK(zs_jschema_compile(OBJ("\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}"), &g) == 0, "%s",
+          zs_errmsg());
+    if (!g) return;
+    zs_jschema_state st, before;
+    zs_jschema_state_init(g, &st);
+    CHECK(zs_jschema_feed(g, &st, "{\"a\":1", 6), "prefix");
+    memcpy(&before, &st, sizeof st);
+    CHECK(!zs_jschema_feed(g, &st, ",\"c", 3), "unknown key refused");
+    CHECK(!memcmp(&before, &st, sizeof st), "rejected feed changed the state");
+    CHECK(!zs_jschema_feed(g, &st, ",\"a\"", 4), "duplicate key refused");
+    CHECK(!zs_jschema_done(g, &st), "open object is not done");
+    CHECK(zs_jschema_feed(g, &st, "}", 1) && zs_jschema_done(g, &st), "close");
+    CHECK(!zs_jschema_feed(g, &st, " ", 1) && !zs_jschema_feed(g, &st, "}", 1), "nothing after the root");
+    CHECK(accepts(g, "{\n   \"a\":1}", 11), "ws run of 4 bytes");
+    CHECK(!accepts(g, "{\n    \"a\":1}", 12), "ws run of 5 bytes is over the bound");
+    CHECK(accepts(g, "{\"a\" : 1 , \"b\" :\t\"x\"\n}", 22), "ws around tokens");
+    CHECK(!accepts(g, "{\"a\":1.0}", 9) && !accepts(g, "{\"a\":1e3}", 9) && !accepts(g, "{\"a\":01}", 8),
+          "integer forms");
+    CHECK(accepts_s(g, "{\"a\":-0}") && accepts_s(g, "{\"a\":-123456789012345678}") &&
+              !accepts_s(g, "{\"a\":1234567890123456789}"), "-0, integer digit bound");
+    CHECK(!accepts(g, "{\"b\":\"\x01\"}", 9) && !accepts(g, "{\"b\":\"\xc3\"}", 9) &&
+              !accepts(g, "{\"b\":\"\xed\xa0\x80\"}", 11) && !accepts(g, "{\"b\":\"\\x\"}", 10),
+          "bad string bytes / escapes");
+    CHECK(accepts_s(g, "{\"b\":\"\\u00e9\\n\xf0\x9f\x98\x80\"}"), "escapes and UTF-8");
+    zs_jschema_free(g);
+
+    CHECK(zs_jschema_any_object(&g) == 0, "any object");
+    if (!g) return;
+    CHECK(accepts_s(g, "{}") && accepts_s(g, "{\"x\":[1,{\"y\":null},\"s\",true,-2.5e+3],\"x\":{}}"),
+          "json_object accepts objects");
+    CHECK(!accepts(g, "[]", 2) && !accepts(g, "\"s\"", 3) && !accepts(g, "{\"a\":}", 6) && !accepts(g, "{", 1),
+          "json_object refuses non-objects and broken JSON");
+    zs_jschema_free(g);
+}
+
+/* ---------------------------------------------------------------- masks */
+
+typedef struct {
+    const char *name;
+    zs_tokenizer *tok;
+    int n_vocab;
+} tokcase;
+
+static int bit(const uint32_t *b, int id) { return b[id / 32] >> (id % 32) & 1; }
+
+/* Mask == per-token feeding at every prefix of doc (every token when stride 1). */
+static void check_mask_along(const zs_jschema *g, const zs_jschema_masks *m, const tokcase *tc, const char *doc,
+                             int stride) {
+    size_t n = strlen(doc);
+    uint32_t *bits = malloc(zs_jschema_mask_words(m) * sizeof *bits);
+    zs_jschema_state st;
+    zs_jschema_state_init(g, &st);
+    int bad = 0;
+    for (size_t i = 0; i <= n && !bad; i++) {
+        int count = zs_jschema_mask(m, &st, bits), want_count = 0;
+        int done = zs_jschema_done(g, &st);
+        for (int id = 0; id < tc->n_vocab; id++) {
+            int want;
+            if (zs_tokenizer_is_eos(tc->tok, id)) want = done;
+            else if (zs_tokenizer_is_special(tc->tok, id)) want = 0;
+            else {
+                size_t len;
+                const char *b = zs_tokenizer_token_bytes(tc->tok, id, &len);
+                zs_jschema_state s2 = st;
+                want = len && zs_jschema_feed(g, &s2, b, len);
+            }
+            want_count += want;
+            if ((id % stride) && !want) continue; /* sample: every allowed token, every stride-th other */
+            if (bit(bits, id) != want) {
+                CHECK(0, "%s: mask after %zu bytes of %s: token %d is %d, feeding says %d", tc->name, i, doc, id,
+                      bit(bits, id), want);
+                bad = 1;
+                break;
+            }
+        }
+        CHECK(count == want_count || bad, "%s: mask count %d, want %d", tc->name, count, want_count);
+        if (i < n) zs_jschema_feed(g, &st, doc + i, 1);
+    }
+    free(bits);
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Random masked generation: returns the malloc'd text (NULL if not done within 300 tokens);
+ * *mask_s / *n_masks accumulate the time spent in zs_jschema_mask. */
+static double mask_max; /* slowest single mask (a cache miss), seconds */
+
+static char *generate(const zs_jschema *g, const zs_jschema_masks *m, const tokcase *tc, uint64_t seed,
+                      double *mask_s, int *n_masks) {
+    uint32_t *bits = malloc(zs_jschema_mask_words(m) * sizeof *bits);
+    int32_t *allowed = malloc((size_t)tc->n_vocab * sizeof *allowed);
+    int32_t *closers = malloc((size_t)tc->n_vocab * sizeof *closers);
+    char *text = calloc(1, 1);
+    size_t len = 0;
+    zs_jschema_state st;
+    zs_jschema_state_init(g, &st);
+    uint64_t rs = seed * 0x1234567ull + 77;
+    int ok = 0;
+    for (int step = 0; step < 300; step++) {
+        double t0 = zs_now();
+        int count = zs_jschema_mask(m, &st, bits);
+        double dt = zs_now() - t0;
+        *mask_s += dt;
+        if (dt > mask_max) mask_max = dt;
+        (*n_masks)++;
+        if (zs_jschema_done(g, &st)) {
+            int only_eos = 1;
+            for (int id = 0; id < tc->n_vocab; id++)
+                if (bit(bits, id) != zs_tokenizer_is_eos(tc->tok, id)) only_eos = 0;
+            CHECK(only_eos, "%s: done, but the mask is not exactly the EOS ids", tc->name);
+            ok = 1;
+            break;
+        }
+        int na = 0, nc = 0;
+        for (int id = 0; id < tc->n_vocab; id++) {
+            if (!bit(bits, id)) continue;
+            allowed[na++] = id;
+            size_t l;
+            const char *b = zs_tokenizer_token_bytes(tc->tok, id, &l);
+            if (memchr(b, '"', l) || memchr(b, '}', l) || memchr(b, ']', l)) closers[nc++] = id;
+        }
+        CHECK(na == count && na > 0, "%s: dead end after \"%s\" (%d allowed, count %d)", tc->name, text, na, count);
+        if (!na) break;
+        int id = nc && rng_next(&rs) % 2 ? closers[rng_next(&rs) % (uint64_t)nc] : allowed[rng_next(&rs) % (uint64_t)na];
+        size_t l;
+        const char *b = zs_tokenizer_token_bytes(tc->tok, id, &l);
+        if (!zs_jschema_feed(g, &st, b, l)) {
+            CHECK(0, "%s: masked token %d refused by feed", tc->name, id);
+            break;
+        }
+        text = realloc(text, len + l + 1);
+        memcpy(text + len, b, l);
+        len += l;
+        text[len] = 0;
+    }
+    free(bits);
+    free(allowed);
+    free(closers);
+    if (!ok) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+static void test_masks(json_t *corpus, tokcase *tcs, int n_tc) {
+    json_t *schemas = json_object_get(corpus, "schemas");
+    char path[512];
+    json_error_t je;
+    json_t *committed = json_load_file(ref_path(path, sizeof path, "generated.json"), 0, &je);
+    CHECK(committed != NULL, "cannot load %s: %s", path, je.text);
+    const char *wpath = getenv("ZS_JSCHEMA_WRITE_GENERATED");
+    json_t *written = json_array();
+    int n_committed_checked = 0;
+    for (int t = 0; t < n_tc; t++) {
+        double mask_s = 0;
+        int n_masks = 0, n_done = 0, n_runs = 0;
+        size_t i;
+        json_t *e;
+        json_array_foreach(schemas, i, e) {
+            const char *name = json_string_value(json_object_get(e, "name"));
+            zs_jschema *g = compile_json(json_object_get(e, "schema"));
+            zs_jschema_masks *m = NULL;
+            if (!g) continue;
+            CHECK(zs_jschema_mask_new(g, tcs[t].tok, &m) == 0, "mask_new: %s", zs_errmsg());
+            if (!m) {
+                zs_jschema_free(g);
+                continue;
+            }
+            CHECK(zs_jschema_mask_words(m) == (size_t)(tcs[t].n_vocab + 31) / 32, "mask words");
+            /* exhaustive (stories260K) / sampled (GPT-2) agreement along the first valid document */
+            json_t *d0 = json_array_get(json_object_get(e, "docs"), 0);
+            if (i % 3 == 0 || tcs[t].n_vocab < 1000)
+                check_mask_along(g, m, &tcs[t], json_string_value(json_object_get(d0, "doc")),
+                                 tcs[t].n_vocab < 1000 ? 1 : 97);
+            for (uint64_t seed = 1; seed <= 3; seed++) {
+                char *text = generate(g, m, &tcs[t], seed, &mask_s, &n_masks);
+                n_runs++;
+                if (!text) {
+                    fprintf(stderr, "%s/%s seed %d: not done within 300 tokens\n", tcs[t].name, name, (int)seed);
+                    continue;
+                }
+                n_done++;
+                json_t *parsed = json_loads(text, 0, &je);
+                CHECK(parsed && json_is_object(parsed), "%s/%s seed %d: generated text does not parse: %s",
+                      tcs[t].name, name, (int)seed, text);
+                json_decref(parsed);
+                CHECK(accepts(g, text, strlen(text)), "%s/%s: generated text not accepted: %s", tcs[t].name, name,
+                      text);
+                if (seed == 1) {
+                    json_array_append_new(written, json_pack("{s:s,s:s,s:i,s:s}", "tokenizer", tcs[t].name, "schema",
+                                                             name, "seed", (int)seed, "doc", text));
+                    size_t k;
+                    json_t *c;
+                    json_array_foreach(json_object_get(committed, "docs"), k, c) {
+                        if (strcmp(json_string_value(json_object_get(c, "tokenizer")), tcs[t].name) ||
+                            strcmp(json_string_value(json_object_get(c, "schema")), name))
+                            continue;
+                        CHECK(!strcmp(json_string_value(json_object_get(c, "doc")), text),
+                              "%s/%s: generated \"%s\", committed \"%s\"", tcs[t].name, name, text,
+                              json_string_value(json_object_get(c, "doc")));
+                        CHECK(json_is_true(json_object_get(c, "valid")), "%s/%s: jsonschema rejected %s",
+                              tcs[t].name, name, json_string_value(json_object_get(c, "doc")));
+                        n_committed_checked++;
+                    }
+                }
+                free(text);
+            }
+            zs_jschema_mask_free(m);
+            zs_jschema_free(g);
+        }
+        CHECK(n_done * 10 >= n_runs * 9, "%s: only %d of %d generations finished in 300 tokens", tcs[t].name, n_done,
+              n_runs);
+        fprintf(stderr,
+                "%s: %d generations finished of %d; mask %.1f us per token over %d tokens, slowest %.0f us "
+                "(vocab %d)\n",
+                tcs[t].name, n_done, n_runs, 1e6 * mask_s / (n_masks ? n_masks : 1), n_masks, 1e6 * mask_max,
+                tcs[t].n_vocab);
+        mask_max = 0;
+    }
+    if (wpath) {
+        json_t *o = json_pack("{s:o}", "docs", written);
+        CHECK(json_dump_file(o, wpath, JSON_INDENT(1)) == 0, "write %s", wpath);
+        json_decref(o);
+    } else {
+        json_decref(written);
+        CHECK(n_committed_checked >= 30, "only %d committed generated documents checked", n_committed_checked);
+    }
+    json_decref(committed);
+}
+
+int main(void) {
+    char path[512];
+    json_error_t je;
+    json_t *corpus = json_load_file(ref_path(path, sizeof path, "corpus.json"), 0, &je);
+    CHECK(corpus != NULL, "cannot load %s: %s", path, je.text);
+    if (!corpus) return tu_finish("test-jsonschema");
+    test_corpus(corpus);
+    test_refused();
+    test_matcher_rules();
+
+    tokcase tcs[2] = {{"gpt2", NULL, 0}, {"stories260K", NULL, 0}};
+    const char *dirs[2] = {"gpt2-tokenizer", "stories260K"};
+    int n_tc = 0;
+    for (int i = 0; i < 2; i++) {
+        char d[600];
+        int rc = zs_tokenizer_load(tu_model_dir(d, sizeof d, dirs[i]), &tcs[n_tc].tok);
+        CHECK(rc == 0, "load %s: %s", d, zs_errmsg());
+        if (rc == 0) {
+            tcs[n_tc].name = tcs[i].name;
+            tcs[n_tc].n_vocab = zs_tokenizer_vocab_size(tcs[n_tc].tok);
+            n_tc++;
+        }
+    }
+    test_masks(corpus, tcs, n_tc);
+    for (int i = 0; i < n_tc; i++) zs_tokenizer_free(tcs[i].tok);
+    json_decref(corpus);
+    return tu_finish("test-jsonschema");
+}
