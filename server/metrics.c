@@ -123,6 +123,21 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     outf(&b, "zeroserve_kv_blocks_used %d\n", st.kv_used);
     head(&b, "zeroserve_kv_blocks_total", "gauge", "KV cache blocks (all ranks).");
     outf(&b, "zeroserve_kv_blocks_total %d\n", st.kv_total);
+    head(&b, "zeroserve_kv_cached_blocks", "gauge", "KV blocks the prefix cache keeps that no sequence holds (evictable).");
+    outf(&b, "zeroserve_kv_cached_blocks %d\n", st.kv_cached);
+    head(&b, "zeroserve_prefix_cache_lookup_blocks_total", "counter", "Full prompt blocks looked up in the prefix cache.");
+    outf(&b, "zeroserve_prefix_cache_lookup_blocks_total %llu\n", (unsigned long long)st.prefix_lookup_blocks);
+    head(&b, "zeroserve_prefix_cache_hit_blocks_total", "counter", "Prompt blocks found in the prefix cache (not prefilled).");
+    outf(&b, "zeroserve_prefix_cache_hit_blocks_total %llu\n", (unsigned long long)st.prefix_hit_blocks);
+    head(&b, "zeroserve_prefix_cache_miss_blocks_total", "counter", "Prompt blocks looked up and not found (prefilled).");
+    outf(&b, "zeroserve_prefix_cache_miss_blocks_total %llu\n",
+         (unsigned long long)(st.prefix_lookup_blocks - st.prefix_hit_blocks));
+    head(&b, "zeroserve_prefix_cache_hit_tokens_total", "counter", "Prompt tokens taken from the prefix cache.");
+    outf(&b, "zeroserve_prefix_cache_hit_tokens_total %llu\n", (unsigned long long)st.prefix_hit_tokens);
+    head(&b, "zeroserve_prefix_cache_evictions_total", "counter", "Cached KV blocks given to other sequences.");
+    outf(&b, "zeroserve_prefix_cache_evictions_total %llu\n", (unsigned long long)st.prefix_evictions);
+    head(&b, "zeroserve_constrained_tokens_total", "counter", "Tokens sampled under a structured-output grammar mask.");
+    outf(&b, "zeroserve_constrained_tokens_total %llu\n", (unsigned long long)st.constrained_tokens);
 
     head(&b, "zeroserve_bytes_streamed_total", "counter",
          "Parameter bytes moved by the ZeRO-3 gather: read from NVMe, copied from host, received through all_gather.");

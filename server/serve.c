@@ -345,13 +345,15 @@ int zs_cmd_serve(int argc, char **argv) {
     ef.ds_uses = ZS_DS_USE_ENGINE | ZS_DS_USE_JOBS; /* fine-tuning jobs: loss scaling, offload_optimizer, the 16-bit save */
     const char *lora_help = NULL; /* --lora is taken out of argv before parsing (repeatable) */
     const char *pooling = "mean";
-    zs_opt opts[18 + ZS_ENGINE_FLAG_COUNT] = {
+    int no_prefix_cache = 0;
+    zs_opt opts[19 + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
         {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\" (default: $ZS_API_KEY, else none)"},
         {"max-seqs", ZS_OPT_INT, &max_seqs, "sequences generated at once (default 32)"},
         {"max-batch-tokens", ZS_OPT_INT, &max_batch, "tokens per engine step (default 256)"},
         {"max-queue", ZS_OPT_INT, &max_queue, "waiting requests at most; beyond it 429 (default 256)"},
+        {"no-prefix-cache", ZS_OPT_FLAG, &no_prefix_cache, "do not keep prompts' KV blocks for later requests with the same prefix"},
         {"max-body-bytes", ZS_OPT_I64, &max_body, "largest request body (default 8388608)"},
         {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | gemma | phi3 | plain (default auto)"},
         {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name, or the GGUF file's without .gguf)"},
@@ -363,7 +365,7 @@ int zs_cmd_serve(int argc, char **argv) {
         {"pooling", ZS_OPT_STR, &pooling, "mean | last: how /v1/embeddings pools the final hidden states of an input's "
                                           "tokens (default mean; a request's \"pooling\" overrides it)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 14);
+    int n_opts = zs_engine_flags_table(&ef, opts, 15);
     if (want_help(argc, argv)) {
         zs_cli_usage("serve", "Serves the model over an OpenAI-compatible HTTP API until SIGTERM/SIGINT.", opts,
                      n_opts);
@@ -406,6 +408,7 @@ int zs_cmd_serve(int argc, char **argv) {
     so.sched.max_seqs = max_seqs;
     so.sched.max_batch_tokens = max_batch;
     so.sched.max_queue = max_queue;
+    so.sched.no_prefix_cache = no_prefix_cache;
     so.model_name = name;
     so.chat_template = tmpl;
     so.data_dir = data_dir;

@@ -163,6 +163,12 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
     /* Gemma's scale and soft-cap, the window of a sliding layer */
     zs_att_params ap = {zs_config_att_scale(c), c->attn_softcap, zs_config_layer_window(c, layer)};
     int ns = zs_kv_max_seqs(kv), nblk = zs_kv_total_blocks(kv);
+    /* with prefix caching a block may be in several sequences' tables: room for every slot's
+     * longest table when that is more than the pool's blocks */
+    {
+        long most = (long)ns * ((zs_kv_max_len(kv) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK);
+        if (most > nblk) nblk = (int)ZS_MIN(most, 1L << 28);
+    }
     if (ns > f->n_views || nblk > f->n_ptrs) {
         zs_att_seq *v = realloc(f->views, (size_t)ns * sizeof *v);
         if (v) f->views = v;
@@ -175,8 +181,7 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
         f->n_views = ns;
         f->n_ptrs = nblk;
     }
-    /* every sequence of the batch once: its blocks' K and V rows (a block belongs to one
-     * sequence, so the tables of the batch fit in 2 * total blocks pointers) */
+    /* every sequence of the batch once: its blocks' K and V rows (2 * nblk pointers hold them) */
     if (++f->stamp == 0) { /* wrapped: forget every slot */
         memset(f->view_stamp, 0, (size_t)f->n_views * sizeof *f->view_stamp);
         f->stamp = 1;

@@ -1,5 +1,7 @@
 /* kvcache.c — paged KV cache: a free list of blocks and a block table per sequence; K/V pools of
- * f32, f16 or bf16 elements (values rounded to nearest even on write). */
+ * f32, f16 or bf16 elements (values rounded to nearest even on write); reference-counted blocks
+ * with a content-addressed prefix cache (an open-addressing table from prefix hash to block, and
+ * an LRU list of the cached blocks no sequence holds). */
 #include "kvcache.h"
 
 #include <string.h>
@@ -24,6 +26,17 @@ struct zs_kvcache {
     int *free_list;
     int n_free;
     kv_seq *seqs;
+    /* prefix cache (zs_kv_prefix_enable): per block a reference count, its prefix hash (when
+     * cached) and LRU links; the table maps hashes to blocks (-1 empty, -2 deleted) */
+    int prefix;
+    int *ref;
+    uint64_t *bhash;
+    unsigned char *hashed;
+    int *lru_prev, *lru_next;
+    int lru_head, lru_tail, n_lru;
+    int *table;
+    int table_cap; /* power of two, >= 2 * n_blocks */
+    uint64_t evictions;
 };
 
 static int kv_dtype_ok(zs_dtype t) { return t == ZS_F32 || t == ZS_F16 || t == ZS_BF16; }
@@ -97,8 +110,163 @@ void zs_kv_free(zs_kvcache *kv) {
     free(kv->pool);
     free(kv->free_list);
     free(kv->seqs);
+    free(kv->ref);
+    free(kv->bhash);
+    free(kv->hashed);
+    free(kv->lru_prev);
+    free(kv->lru_next);
+    free(kv->table);
     free(kv);
 }
+
+/* ---------- prefix cache ---------- */
+
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+uint64_t zs_kv_prefix_hash(uint64_t parent, uint64_t salt, const int32_t *tok) {
+    uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ULL) ^ mix64(salt + 0x632be59bd9b4e019ULL);
+    for (int i = 0; i < ZS_KV_BLOCK; i++) h = mix64(h ^ ((uint64_t)(uint32_t)tok[i] + ((uint64_t)i << 32)));
+    return h ? h : 1;
+}
+
+int zs_kv_prefix_enable(zs_kvcache *kv) {
+    if (kv->prefix) return 0;
+    if (kv->ring) return zs_err(ZS_EINVAL, "kv cache: no prefix caching with a sliding-window ring");
+    int cap = 16;
+    while (cap < 2 * kv->n_blocks) cap <<= 1;
+    size_t n = (size_t)kv->n_blocks;
+    kv->ref = calloc(n, sizeof(int));
+    kv->bhash = calloc(n, sizeof(uint64_t));
+    kv->hashed = calloc(n, 1);
+    kv->lru_prev = malloc(n * sizeof(int));
+    kv->lru_next = malloc(n * sizeof(int));
+    kv->table = malloc((size_t)cap * sizeof(int));
+    if (!kv->ref || !kv->bhash || !kv->hashed || !kv->lru_prev || !kv->lru_next || !kv->table)
+        return zs_err(ZS_ENOMEM, "kv cache: out of memory for the prefix cache");
+    for (int i = 0; i < cap; i++) kv->table[i] = -1;
+    kv->table_cap = cap;
+    kv->lru_head = kv->lru_tail = -1;
+    /* blocks held by open sequences (none, normally) count as referenced */
+    for (int q = 0; q < kv->max_seqs; q++)
+        for (int j = 0; kv->seqs[q].open && j < kv->seqs[q].n_blocks; j++) kv->ref[kv->seqs[q].blocks[j]]++;
+    kv->prefix = 1;
+    return 0;
+}
+
+static int table_find(const zs_kvcache *kv, uint64_t h) {
+    int mask = kv->table_cap - 1;
+    for (int i = (int)(h & (uint64_t)mask), probes = 0; probes < kv->table_cap; i = (i + 1) & mask, probes++) {
+        int b = kv->table[i];
+        if (b == -1) return -1;
+        if (b >= 0 && kv->bhash[b] == h) return b;
+    }
+    return -1;
+}
+
+static void table_insert(zs_kvcache *kv, int b) {
+    int mask = kv->table_cap - 1;
+    int i = (int)(kv->bhash[b] & (uint64_t)mask);
+    while (kv->table[i] >= 0) i = (i + 1) & mask;
+    kv->table[i] = b;
+}
+
+static void table_remove(zs_kvcache *kv, int b) {
+    int mask = kv->table_cap - 1;
+    for (int i = (int)(kv->bhash[b] & (uint64_t)mask), probes = 0; probes < kv->table_cap; i = (i + 1) & mask, probes++) {
+        if (kv->table[i] == -1) return;
+        if (kv->table[i] == b) {
+            kv->table[i] = -2;
+            return;
+        }
+    }
+}
+
+static void lru_unlink(zs_kvcache *kv, int b) {
+    int p = kv->lru_prev[b], n = kv->lru_next[b];
+    if (p >= 0) kv->lru_next[p] = n;
+    else kv->lru_head = n;
+    if (n >= 0) kv->lru_prev[n] = p;
+    else kv->lru_tail = p;
+    kv->n_lru--;
+}
+
+static void lru_push(zs_kvcache *kv, int b) {
+    kv->lru_prev[b] = kv->lru_tail;
+    kv->lru_next[b] = -1;
+    if (kv->lru_tail >= 0) kv->lru_next[kv->lru_tail] = b;
+    else kv->lru_head = b;
+    kv->lru_tail = b;
+    kv->n_lru++;
+}
+
+/* A block for a sequence: a free one, else the least recently used cached one (forgotten). */
+static int block_take(zs_kvcache *kv) {
+    int b;
+    if (kv->n_free > 0) {
+        b = kv->free_list[--kv->n_free];
+    } else {
+        b = kv->lru_head;
+        lru_unlink(kv, b);
+        table_remove(kv, b);
+        kv->hashed[b] = 0;
+        kv->evictions++;
+    }
+    if (kv->prefix) kv->ref[b] = 1;
+    return b;
+}
+
+/* A sequence lets go of block b: free it, or keep it cached while its content is addressed. */
+static void block_release(zs_kvcache *kv, int b) {
+    if (kv->prefix) {
+        if (--kv->ref[b] > 0) return;
+        if (kv->hashed[b]) {
+            lru_push(kv, b);
+            return;
+        }
+    }
+    kv->free_list[kv->n_free++] = b;
+}
+
+int zs_kv_prefix_lookup(const zs_kvcache *kv, const uint64_t *hashes, int n) {
+    if (!kv->prefix) return 0;
+    int k = 0;
+    while (k < n && table_find(kv, hashes[k]) >= 0) k++;
+    return k;
+}
+
+int zs_kv_seq_share(zs_kvcache *kv, int seq, const uint64_t *hashes, int n) {
+    kv_seq *s = &kv->seqs[seq];
+    if (!kv->prefix || s->len != 0 || s->n_blocks != 0) return 0;
+    n = ZS_MIN(n, kv->max_bps);
+    int k = 0;
+    for (; k < n; k++) {
+        int b = table_find(kv, hashes[k]);
+        if (b < 0) break;
+        if (kv->ref[b]++ == 0) lru_unlink(kv, b);
+        s->blocks[s->n_blocks++] = b;
+    }
+    s->len = k * ZS_KV_BLOCK;
+    return k;
+}
+
+void zs_kv_seq_publish(zs_kvcache *kv, int seq, int j, uint64_t hash) {
+    kv_seq *s = &kv->seqs[seq];
+    if (!kv->prefix || j < 0 || j >= s->n_blocks || (j + 1) * ZS_KV_BLOCK > s->len) return;
+    int b = s->blocks[j];
+    if (kv->hashed[b] || table_find(kv, hash) >= 0) return;
+    kv->bhash[b] = hash;
+    kv->hashed[b] = 1;
+    table_insert(kv, b);
+}
+
+int zs_kv_cached_blocks(const zs_kvcache *kv) { return kv->prefix ? kv->n_lru : 0; }
+uint64_t zs_kv_evictions(const zs_kvcache *kv) { return kv->evictions; }
 
 int zs_kv_seq_open(zs_kvcache *kv, int *seq) {
     for (int s = 0; s < kv->max_seqs; s++)
@@ -123,7 +291,7 @@ void zs_kv_seq_truncate(zs_kvcache *kv, int seq, int len) {
             while (s->n_phys > 0) kv->free_list[kv->n_free++] = s->phys[--s->n_phys];
         s->n_blocks = keep;
     } else {
-        while (s->n_blocks > keep) kv->free_list[kv->n_free++] = s->blocks[--s->n_blocks];
+        while (s->n_blocks > keep) block_release(kv, s->blocks[--s->n_blocks]);
     }
     s->len = len;
 }
@@ -179,10 +347,10 @@ int zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len) {
         if (new_len > s->len) s->len = new_len;
         return 0;
     }
-    int need = nb - s->n_blocks;
-    if (need > kv->n_free)
-        return zs_err(ZS_ENOSPC, "kv cache full: need %d more blocks, %d free", need, kv->n_free);
-    for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = kv->free_list[--kv->n_free];
+    int need = nb - s->n_blocks, avail = kv->n_free + (kv->prefix ? kv->n_lru : 0);
+    if (need > avail)
+        return zs_err(ZS_ENOSPC, "kv cache full: need %d more blocks, %d free", need, avail);
+    for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = block_take(kv);
     if (new_len > s->len) s->len = new_len;
     return 0;
 }
@@ -222,6 +390,6 @@ zs_dtype zs_kv_dtype(const zs_kvcache *kv) { return kv->dtype; }
 const int *zs_kv_seq_blocks(const zs_kvcache *kv, int seq) { return kv->seqs[seq].blocks; }
 int zs_kv_max_seqs(const zs_kvcache *kv) { return kv->max_seqs; }
 
-int zs_kv_used_blocks(const zs_kvcache *kv) { return kv->n_blocks - kv->n_free; }
+int zs_kv_used_blocks(const zs_kvcache *kv) { return kv->n_blocks - kv->n_free - zs_kv_cached_blocks(kv); }
 int zs_kv_total_blocks(const zs_kvcache *kv) { return kv->n_blocks; }
 int zs_kv_max_len(const zs_kvcache *kv) { return kv->max_len; }

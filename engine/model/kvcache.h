@@ -5,7 +5,8 @@
  * positions of all kv heads, in the cache's element type: f32 (the default), or f16 / bf16
  * (half the bytes; zs_kv_write rounds each value to nearest even, as PyTorch's .half() and
  * .to(torch.bfloat16) do, and the attention kernels widen them exactly when they read them).
- * Ownership: the cache owns its pools and sequence tables.
+ * Ownership: the cache owns its pools and sequence tables (and, with prefix caching, the
+ * blocks' reference counts: a block may be in several sequences' tables at once).
  * Thread-safety: none; the engine thread that runs steps owns the cache (the scheduler
  * publishes block counts for metrics through zs_kv_used_blocks, which only reads an int). */
 #ifndef ZS_KVCACHE_H
@@ -70,8 +71,31 @@ void zs_kv_write(zs_kvcache *kv, int layer, int seq, int pos, const float *k, co
 const int *zs_kv_seq_blocks(const zs_kvcache *kv, int seq);
 int zs_kv_max_seqs(const zs_kvcache *kv);
 
+/* Blocks held by open sequences (cached blocks nobody holds are not counted). */
 int zs_kv_used_blocks(const zs_kvcache *kv);
 int zs_kv_total_blocks(const zs_kvcache *kv);
 int zs_kv_max_len(const zs_kvcache *kv);
+
+/* Prefix caching (sched.h): blocks get reference counts, and a full block whose content is
+ * published stays in the cache after its sequences let go of it, addressed by the hash of its
+ * whole token prefix, until a sequence needs its room (least recently released first).
+ * zs_kv_prefix_enable switches it on (before or after sequences open; ZS_EINVAL with a window
+ * ring, whose blocks are overwritten; ZS_ENOMEM). Without it the functions below find nothing. */
+int zs_kv_prefix_enable(zs_kvcache *kv);
+/* The hash of a block of ZS_KV_BLOCK tokens after the blocks whose hash is parent (0 for the
+ * first block); salt separates what else decides the values (the adapter). Never 0. */
+uint64_t zs_kv_prefix_hash(uint64_t parent, uint64_t salt, const int32_t *tok);
+/* How many of the leading hashes[0..n) are cached (no side effects). */
+int zs_kv_prefix_lookup(const zs_kvcache *kv, const uint64_t *hashes, int n);
+/* An open, empty sequence takes over the cached blocks of its leading hashes (a reference each);
+ * its length becomes k * ZS_KV_BLOCK. Returns k (0 when it is not empty or nothing matches).
+ * The shared blocks must never be written: the sequence writes only positions >= its length. */
+int zs_kv_seq_share(zs_kvcache *kv, int seq, const uint64_t *hashes, int n);
+/* Block index j of seq (full, written) is cached under hash (no-op when already cached, or when
+ * hash is there already with another block). */
+void zs_kv_seq_publish(zs_kvcache *kv, int seq, int j, uint64_t hash);
+/* Cached blocks no sequence holds (evictable), and blocks evicted so far. */
+int zs_kv_cached_blocks(const zs_kvcache *kv);
+uint64_t zs_kv_evictions(const zs_kvcache *kv);
 
 #endif
