@@ -39,7 +39,7 @@ trap 'exit 1' INT TERM HUP
 system_prompt() {
     local seed=$1 words="river stone lantern orchard harbor meadow copper violet thunder garden ledger summit"
     local out="You are assistant number $seed. Follow these house rules carefully."
-    for i in $(seq 1 190); do
+    for i in $(seq 1 115); do
         out="$out Rule $i: $(echo "$words" | cut -d' ' -f$(( (i * 7 + seed) % 12 + 1 ))) matters."
     done
     printf '%s' "$out"
@@ -64,7 +64,6 @@ bench() { # label extra-serve-args...
     mkdir -p "$DIR"
     zs_start_server "$T/server-$label.log" --model "$MODEL" --served-model-name m --offload nvme --nvme-path "$DIR" \
         --max-seqs 4 "$@" || exit 1
-    SPID=$ZS_PID
     ask "$ZS_URL" "$(system_prompt 999)" "Warm-up?" >/dev/null
     : >"$T/cold-$label"
     : >"$T/warm-$label"
