@@ -355,7 +355,7 @@ int zs_cmd_serve(int argc, char **argv) {
         {"max-queue", ZS_OPT_INT, &max_queue, "waiting requests at most; beyond it 429 (default 256)"},
         {"no-prefix-cache", ZS_OPT_FLAG, &no_prefix_cache, "do not keep prompts' KV blocks for later requests with the same prefix"},
         {"max-body-bytes", ZS_OPT_I64, &max_body, "largest request body (default 8388608)"},
-        {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | gemma | phi3 | plain (default auto)"},
+        {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | gemma | phi3 | mistral | plain (default auto)"},
         {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name, or the GGUF file's without .gguf)"},
         {"threads", ZS_OPT_INT, &threads, "HTTP threads (default 4)"},
         {"data-dir", ZS_OPT_STR, &data_dir, "uploaded files, fine-tuning jobs and fine-tuned models (default ./zeroserve-data)"},

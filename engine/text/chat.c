@@ -1,4 +1,4 @@
-/* chat.c — chat templates (llama-2, llama-3, chatml, gemma, phi3, plain) rendered in C exactly as
+/* chat.c — chat templates (llama-2, llama-3, chatml, gemma, phi3, mistral, plain) rendered in C exactly as
  * the Hugging Face Jinja templates of these families render, the strings that end a turn, and
  * detection of the family from a model's tokenizer_config.json. See chat.h for the formats and
  * the few places where a published template is deliberately not followed. */
@@ -11,10 +11,11 @@
 #include "common.h"
 #include "strbuf.h"
 
-static const char *k_names[ZS_CHAT_COUNT] = {"plain", "llama-2", "llama-3", "chatml", "gemma", "phi3"};
+static const char *k_names[ZS_CHAT_NFAMILIES] = {"plain", "llama-2", "llama-3", "chatml", "gemma", "phi3",
+                                                 "mistral"};
 
 const char *zs_chat_template_name(int tmpl) {
-    return tmpl >= 0 && tmpl < ZS_CHAT_COUNT ? k_names[tmpl] : "unknown";
+    return tmpl >= 0 && tmpl < ZS_CHAT_NFAMILIES ? k_names[tmpl] : "unknown";
 }
 
 int zs_chat_template_parse(const char *name, int *out) {
@@ -23,7 +24,7 @@ int zs_chat_template_parse(const char *name, int *out) {
         *out = -1;
         return 0;
     }
-    for (int i = 0; i < ZS_CHAT_COUNT; i++)
+    for (int i = 0; i < ZS_CHAT_NFAMILIES; i++)
         if (!strcmp(name, k_names[i])) {
             *out = i;
             return 0;
@@ -33,7 +34,7 @@ int zs_chat_template_parse(const char *name, int *out) {
         size_t l = strlen(list);
         snprintf(list + l, sizeof list - l, "%s%s", i == ZS_CHAT_COUNT - 1 ? " or " : ", ", k_names[i]);
     }
-    return zs_err(ZS_EINVAL, "unknown chat template '%s' (expected %s)", name, list);
+    return zs_err(ZS_EINVAL, "unknown chat template '%s' (expected %s; or %s)", name, list, k_names[ZS_CHAT_MISTRAL]);
 }
 
 /* ------------------------------------------------------------------ detection */
@@ -48,6 +49,9 @@ static int classify(const char *t) {
     if (strstr(t, "[INST]") && (strstr(t, "<<SYS>>") || strstr(t, "bos_token + '[INST]") ||
                                 strstr(t, "bos_token + \"[INST]")))
         return ZS_CHAT_LLAMA2;
+    /* Mistral's v3 (tools) and v7 (system prompt) markers; its older [INST]-only templates stay plain */
+    if (strstr(t, "[AVAILABLE_TOOLS]") || strstr(t, "[TOOL_CALLS]") || strstr(t, "[SYSTEM_PROMPT]"))
+        return ZS_CHAT_MISTRAL;
     return ZS_CHAT_PLAIN;
 }
 
@@ -114,7 +118,9 @@ int zs_chat_template_detect(const char *model_dir) {
     return kind;
 }
 
-int zs_chat_has_bos(int tmpl) { return tmpl == ZS_CHAT_LLAMA2 || tmpl == ZS_CHAT_LLAMA3 || tmpl == ZS_CHAT_GEMMA; }
+int zs_chat_has_bos(int tmpl) {
+    return tmpl == ZS_CHAT_LLAMA2 || tmpl == ZS_CHAT_LLAMA3 || tmpl == ZS_CHAT_GEMMA || tmpl == ZS_CHAT_MISTRAL;
+}
 
 const char *const *zs_chat_stop_strings(int tmpl) {
     static const char *const none[] = {NULL};
@@ -262,6 +268,32 @@ static int render_gemma(const zs_chat_msg *m, const int *roles, int n, int gen, 
     return 0;
 }
 
+/* Mistral-Nemo's template without tools: content verbatim, the system text (a first system
+ * message) only in the last message when that is a user message. */
+static int render_mistral(const zs_chat_msg *m, const int *roles, int n, const char *bos, const char *eos,
+                          sbuf *b) {
+    int first = roles[0] == R_SYSTEM;
+    int rc = check_alternating(roles, n, first, "mistral");
+    if (rc < 0) return rc;
+    sb_add(b, bos);
+    for (int i = first; i < n; i++) {
+        const char *c = m[i].content ? m[i].content : "";
+        if (roles[i] == R_USER) {
+            sb_add(b, "[INST]");
+            if (first && i == n - 1) {
+                sb_add(b, m[0].content ? m[0].content : "");
+                sb_add(b, "\n\n");
+            }
+            sb_add(b, c);
+            sb_add(b, "[/INST]");
+        } else {
+            sb_add(b, c);
+            sb_add(b, eos);
+        }
+    }
+    return 0;
+}
+
 /* Phi-3-mini's template: any order of roles, content verbatim, the EOS text closing a
  * conversation rendered without a generation prompt. */
 static void render_phi3(const zs_chat_msg *m, const int *roles, int n, int gen, const char *eos, sbuf *b) {
@@ -277,7 +309,7 @@ static void render_phi3(const zs_chat_msg *m, const int *roles, int n, int gen, 
 int zs_chat_render(int tmpl, const zs_chat_msg *msgs, int n, int add_generation_prompt,
                    const char *bos, const char *eos, char **out) {
     if (!msgs || n <= 0 || !out) return zs_err(ZS_EINVAL, "messages: at least one message is required");
-    if (tmpl < 0 || tmpl >= ZS_CHAT_COUNT) return zs_err(ZS_EINVAL, "chat template %d is unknown", tmpl);
+    if (tmpl < 0 || tmpl >= ZS_CHAT_NFAMILIES) return zs_err(ZS_EINVAL, "chat template %d is unknown", tmpl);
     int *roles = malloc((size_t)n * sizeof *roles);
     if (!roles) return zs_err(ZS_ENOMEM, "chat template: out of memory");
     for (int i = 0; i < n; i++) {
@@ -304,6 +336,9 @@ int zs_chat_render(int tmpl, const zs_chat_msg *msgs, int n, int add_generation_
             sb_add(&b, "<|eot_id|>");
         }
         if (add_generation_prompt) sb_add(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        break;
+    case ZS_CHAT_MISTRAL:
+        rc = render_mistral(msgs, roles, n, bos ? bos : "<s>", eos ? eos : "</s>", &b);
         break;
     case ZS_CHAT_GEMMA:
         rc = render_gemma(msgs, roles, n, add_generation_prompt, bos ? bos : "<bos>", &b);

@@ -40,6 +40,15 @@
  *            drops a system message whose content is empty; Phi-3-medium's drops every system
  *            message and writes <|assistant|>\n after each user message; this follows
  *            Phi-3-mini's, which is the same as both for a system-less chat request.)
+ *   mistral  (Mistral's v3 templates with tools, as Mistral-Nemo-Instruct-2407's renders; roles
+ *            must alternate user/assistant starting with user, after an optional first system
+ *            message; content verbatim; the system text goes into the LAST message when it is a
+ *            user message, and is dropped otherwise, as the template does):
+ *              <s>[INST]{user}[/INST]{assistant}</s>[INST]{system}\n\n{user}[/INST]
+ *            add_generation_prompt changes nothing. Tool definitions, calls and results:
+ *            toolcall.h. (Mistral-7B-Instruct-v0.3's v3 template writes "[INST] " and
+ *            " [/INST]" with spaces, and the v7 templates ([SYSTEM_PROMPT]) write the system
+ *            prompt in its own block; both are detected as mistral and rendered as above.)
  *   plain    (models without a chat template):
  *              System: {content}\nUser: {content}\nAssistant: {content}\n ... Assistant:
  *
@@ -69,7 +78,9 @@ enum {
     ZS_CHAT_CHATML = 3,
     ZS_CHAT_GEMMA = 4,
     ZS_CHAT_PHI3 = 5,
-    ZS_CHAT_COUNT
+    ZS_CHAT_COUNT,        /* 6: the families above (what tests/test-chat.c enumerates) */
+    ZS_CHAT_MISTRAL = 6,  /* Mistral's v3 template (after ZS_CHAT_COUNT, see below) */
+    ZS_CHAT_NFAMILIES     /* every family, mistral included */
 };
 
 typedef struct {
@@ -77,7 +88,12 @@ typedef struct {
     const char *content; /* UTF-8 text (NULL = "") */
 } zs_chat_msg;
 
-/* "plain", "llama-2", "llama-3", "chatml", "gemma", "phi3" ("unknown" out of range). */
+/* ZS_CHAT_MISTRAL is numbered after ZS_CHAT_COUNT so that loops over 0..ZS_CHAT_COUNT-1 (the
+ * trainer's check of its --chat-template, tests that expect every family to have a stop string)
+ * keep their meaning; code that accepts every family loops to ZS_CHAT_NFAMILIES. */
+
+/* "plain", "llama-2", "llama-3", "chatml", "gemma", "phi3", "mistral" ("unknown" out of
+ * range). */
 const char *zs_chat_template_name(int tmpl);
 /* Name -> ZS_CHAT_*; "auto" -> -1 (detect); ZS_EINVAL (listing the names) for anything else. */
 int zs_chat_template_parse(const char *name, int *out);
@@ -87,28 +103,31 @@ int zs_chat_template_parse(const char *name, int *out);
  * the family by its markers, first match wins: "<|im_start|>" -> chatml (unless "<|im_sep|>",
  * Phi-4's format: plain), "<|start_header_id|>" -> llama-3, "<start_of_turn>" -> gemma,
  * "<|user|>" with "<|end|>" -> phi3, "[INST]" with "<<SYS>>" or "bos_token + '[INST]" ->
- * llama-2. No file, no template or an unknown template -> plain. Never fails. */
+ * llama-2, "[AVAILABLE_TOOLS]", "[TOOL_CALLS]" or "[SYSTEM_PROMPT]" (Mistral's v3 / v7
+ * markers) -> mistral. No file, no template or an unknown template -> plain. Never fails. */
 int zs_chat_template_detect(const char *model_dir);
 
 /* The family of a Jinja template text by the same markers (NULL or unknown -> plain); for
  * templates that come from elsewhere (a GGUF file's tokenizer.chat_template). */
 int zs_chat_template_classify(const char *tmpl_text);
 
-/* 1 when the rendered text of tmpl begins with the BOS token written literally. */
+/* 1 when the rendered text of tmpl begins with the BOS token written literally (llama-2,
+ * llama-3, gemma, mistral). */
 int zs_chat_has_bos(int tmpl);
 
 /* The strings that end an assistant turn of tmpl, NULL-terminated (static; never NULL itself):
  * llama-3 "<|eot_id|>", chatml "<|im_end|>", gemma "<end_of_turn>", phi3 "<|end|>" and
- * "<|endoftext|>"; none for llama-2 (its turns end with the model's EOS) and plain. The first
+ * "<|endoftext|>"; none for llama-2 and mistral (their turns end with the model's EOS) and
+ * plain. The first
  * is the marker that closes every turn in the rendered text. Each is one special token of
  * the family's vocabulary; a generation should stop when it is produced even where the
  * model's eos_token_id does not list it. */
 const char *const *zs_chat_stop_strings(int tmpl);
 
 /* Renders n >= 1 messages. bos/eos: the model's BOS/EOS strings, NULL for the family's usual
- * ones ("<s>"/"</s>" for llama-2, "<|begin_of_text|>" for llama-3, "<bos>" for gemma,
+ * ones ("<s>"/"</s>" for llama-2 and mistral, "<|begin_of_text|>" for llama-3, "<bos>" for gemma,
  * "<|endoftext|>" as phi3's EOS). ZS_EINVAL with a message naming messages[i].role for a bad
- * role or, for llama-2 and gemma, roles that do not alternate (a system message anywhere but
+ * role or, for llama-2, gemma and mistral, roles that do not alternate (a system message anywhere but
  * first included), or naming messages for a system message with nothing after it. */
 int zs_chat_render(int tmpl, const zs_chat_msg *msgs, int n, int add_generation_prompt,
                    const char *bos, const char *eos, char **out);

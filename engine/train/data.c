@@ -508,7 +508,7 @@ int zs_data_load(const char *path, const zs_tokenizer *tok, const zs_data_opts *
     if (!tok || !out) return zs_err(ZS_EINVAL, "data: no tokenizer or output");
     zs_data_opts def = {ZS_CHAT_PLAIN, 0, 0};
     if (!o) o = &def;
-    if (o->chat_template < 0 || o->chat_template >= ZS_CHAT_COUNT)
+    if (o->chat_template < 0 || o->chat_template >= ZS_CHAT_NFAMILIES)
         return zs_err(ZS_EINVAL, "data: chat template %d is unknown", o->chat_template);
     if (o->max_examples < 0) return zs_err(ZS_EINVAL, "data: max_examples %d is negative", o->max_examples);
     size_t max_bytes = o->max_bytes ? o->max_bytes : ZS_DATA_DEFAULT_MAX_BYTES;
