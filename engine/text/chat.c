@@ -168,13 +168,18 @@ static size_t space_before(const unsigned char *s, size_t n) {
     return 0;
 }
 
-/* Python's str.strip() (Jinja's trim filter): leading and trailing Unicode whitespace. */
-static void sb_add_stripped(sbuf *b, const char *s, size_t n) {
+const char *zs_chat_strip(const char *s, size_t *n) {
     const unsigned char *u = (const unsigned char *)s;
     size_t k;
-    while ((k = space_at(u, n))) u += k, n -= k;
-    while ((k = space_before(u, n))) n -= k;
-    sb_addn(b, (const char *)u, n);
+    while ((k = space_at(u, *n))) u += k, *n -= k;
+    while ((k = space_before(u, *n))) *n -= k;
+    return (const char *)u;
+}
+
+/* Python's str.strip() (Jinja's trim filter): leading and trailing Unicode whitespace. */
+static void sb_add_stripped(sbuf *b, const char *s, size_t n) {
+    const char *u = zs_chat_strip(s, &n);
+    sb_addn(b, u, n);
 }
 
 enum { R_SYSTEM, R_USER, R_ASSISTANT };

@@ -71,6 +71,8 @@
 #ifndef ZS_CHAT_H
 #define ZS_CHAT_H
 
+#include <stddef.h>
+
 enum {
     ZS_CHAT_PLAIN = 0,
     ZS_CHAT_LLAMA2 = 1,
@@ -131,5 +133,9 @@ const char *const *zs_chat_stop_strings(int tmpl);
  * first included), or naming messages for a system message with nothing after it. */
 int zs_chat_render(int tmpl, const zs_chat_msg *msgs, int n, int add_generation_prompt,
                    const char *bos, const char *eos, char **out);
+
+/* Python's str.strip() on s[0..*n): returns the first byte kept and sets *n to the kept length
+ * (the Unicode whitespace listed above). */
+const char *zs_chat_strip(const char *s, size_t *n);
 
 #endif

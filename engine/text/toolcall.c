@@ -320,34 +320,11 @@ static int has_tool_parts(const rctx *c) {
     return 0;
 }
 
-/* Adds s with leading and trailing whitespace removed: Python's str.strip() for the ASCII and
- * common Unicode spaces (a zs_chat_msg round trip through chat.c is used where exactness
- * matters; this is the same set: chat.c's is_space_cp). */
-static int is_space_cp(unsigned c) {
-    return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
-static size_t space_at(const unsigned char *s, size_t n) {
-    if (n >= 1 && s[0] < 0x80) return is_space_cp(s[0]) ? 1 : 0;
-    if (n >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0)) return 2;
-    if (n >= 3 && (s[0] == 0xe1 || s[0] == 0xe2 || s[0] == 0xe3) && (s[1] & 0xc0) == 0x80 && (s[2] & 0xc0) == 0x80) {
-        unsigned c = (unsigned)(s[0] & 0x0f) << 12 | (unsigned)(s[1] & 0x3f) << 6 | (s[2] & 0x3f);
-        return is_space_cp(c) ? 3 : 0;
-    }
-    return 0;
-}
-static size_t space_before(const unsigned char *s, size_t n) {
-    if (n >= 1 && space_at(s + n - 1, 1)) return 1;
-    if (n >= 2 && space_at(s + n - 2, 2) == 2) return 2;
-    if (n >= 3 && space_at(s + n - 3, 3) == 3) return 3;
-    return 0;
-}
+/* Adds s with leading and trailing whitespace removed (Python's str.strip(), chat.c's). */
 static void add_stripped(sbuf *b, const char *s) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t n = strlen(s), k;
-    while ((k = space_at(u, n))) u += k, n -= k;
-    while ((k = space_before(u, n))) n -= k;
-    sb_addn(b, (const char *)u, n);
+    size_t n = strlen(s);
+    const char *u = zs_chat_strip(s, &n);
+    sb_addn(b, u, n);
 }
 
 static const char *k_role[] = {"system", "user", "assistant", "tool"};
