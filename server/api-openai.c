@@ -20,11 +20,23 @@
  * POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's names and bodies) load and
  * unload adapters at run time (api-models.c).
  *
+ * Structured outputs and tool calls (api-tools.c): every choice of a request with a
+ * response_format or tools runs under the request's constraint (zs_req_params.constraint),
+ * which the job owns (with its grammar-cache reference) until job_free. With a tool_choice
+ * other than "none" the answer's text is parsed for calls (zs_toolcall_parse): the message
+ * then has tool_calls (content null, or the text outside the call) and finish_reason
+ * "tool_calls". Streaming sends OpenAI's tool-call deltas: {tool_calls:[{index, id, type,
+ * function:{name, arguments:""}}]} once the name is generated, then {tool_calls:[{index,
+ * function:{arguments: "..."}}]} as the arguments are generated; the text of a call never goes
+ * out as content (with "auto", text that could be the start of the format's trigger is held
+ * back until it is known not to be). Logprobs are not streamed for such requests.
+ *
  * Request parsing and validation live in api-request.c. */
 #define _GNU_SOURCE
 #include "api-extra.h"
 #include "api-models.h"
 #include "api-request.h"
+#include "api-tools.h"
 
 #include <stdarg.h>
 #include <stdlib.h>
@@ -93,6 +105,10 @@ typedef struct {
     size_t emitted; /* stream: bytes sent (text_offset) */
     lp_entry *lps;
     int n_lps, cap_lps;
+    /* tool calls, streaming: content bytes of text sent, the call's first delta sent, argument bytes sent */
+    size_t content_sent, args_sent;
+    size_t call_at; /* auto: where the call's trigger starts in text (in_call) */
+    int call_hdr, in_call;
 } choice;
 
 struct job {
@@ -115,6 +131,9 @@ struct job {
     sbuf pre;    /* stream data produced before the stream started */
     api_err err; /* err.status != 0: answer with this error */
     double t_submit, t_done; /* engine time: first submit to last on_done (X-Engine-Time-Ms) */
+    zs_api_cons *cons;       /* the constraint of every choice (or NULL), freed in job_free */
+    zs_api_tools *tools;     /* chat tools (or NULL) */
+    int tool_mode;           /* tools with tool_choice other than none: answers are parsed for calls */
 };
 
 static void job_free(job *j) {
@@ -125,6 +144,9 @@ static void job_free(job *j) {
     }
     free(j->ch);
     free(j->pre.p);
+    /* after the scheduler's last on_done: the constraint is no longer used */
+    zs_api_cons_free(j->cons);
+    zs_api_tools_free(j->tools);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     zs_api *a = j->api;
@@ -242,6 +264,110 @@ static json_t *logprobs_json(job *j, const lp_entry *e, int n) {
                      "text_offset", offs);
 }
 
+static const char *finish_name(int f) { return f == ZS_DONE_LENGTH ? "length" : "stop"; }
+
+/* One chat chunk of choice index with delta (owned) and finish (may be NULL). (mu held) */
+static void emit_delta_locked(job *j, int index, json_t *delta, const char *finish) {
+    json_t *c = json_object();
+    json_object_set_new(c, "index", json_integer(index));
+    json_object_set_new(c, "delta", delta);
+    json_object_set_new(c, "logprobs", json_null());
+    json_object_set_new(c, "finish_reason", finish ? json_string(finish) : json_null());
+    emit_choice_locked(j, c);
+}
+
+static void emit_content_locked(job *j, choice *c, const char *t, size_t n) {
+    if (n) emit_delta_locked(j, c->index, json_pack("{s:s%}", "content", t, n), NULL);
+}
+
+/* A tool-call delta: the call's opening one (id and name, arguments "") or an arguments chunk. */
+static void emit_call_locked(job *j, choice *c, int k, const char *id, const char *name, const char *args, size_t n) {
+    json_t *tc = json_pack("{s:i}", "index", k);
+    if (name) {
+        json_object_set_new(tc, "id", json_string(id));
+        json_object_set_new(tc, "type", json_string("function"));
+        json_object_set_new(tc, "function", json_pack("{s:s,s:s}", "name", name, "arguments", ""));
+    } else {
+        json_object_set_new(tc, "function", json_pack("{s:s%}", "arguments", args, n));
+    }
+    emit_delta_locked(j, c->index, json_pack("{s:[o]}", "tool_calls", tc), NULL);
+}
+
+/* The id of call k of choice c. */
+static void call_id(job *j, const choice *c, int k, char *out, size_t n) {
+    snprintf(out, n, "call_%d_%s%d", k, j->id + strlen("chatcmpl-"), c->index);
+}
+
+/* Streams what c->text holds of content and of the call so far (mu held): content up to where a
+ * call may start (auto), then the call's name once complete and its arguments as they come (the
+ * call's text is rescanned at each token: quadratic in the length of one call only).
+ * final: the answer is complete (content held back as a possible trigger goes out if no call). */
+static void tool_stream_locked(job *j, choice *c, int final) {
+    const char *t = c->text.p ? c->text.p : "";
+    size_t len = c->text.len, call_at = 0;
+    if (j->tools->choice == ZS_API_TC_AUTO && !c->in_call) {
+        /* no trigger can start before content_sent (what was sent was not a prefix of it) */
+        size_t base = c->content_sent, at;
+        size_t safe = base + zs_api_content_safe(t + base, len - base, j->tools->trigger, &at);
+        at += base;
+        if (final && at == len) safe = len;
+        if (safe > c->content_sent) {
+            emit_content_locked(j, c, t + c->content_sent, safe - c->content_sent);
+            c->content_sent = safe;
+        }
+        if (at == len) return;
+        c->in_call = 1;
+        c->call_at = at;
+    }
+    if (j->tools->choice == ZS_API_TC_AUTO) call_at = c->call_at;
+    zs_api_callscan sc;
+    zs_api_call_scan(t, len, call_at, &sc);
+    if (!c->call_hdr && sc.name_done) {
+        char id[96];
+        call_id(j, c, 0, id, sizeof id);
+        emit_call_locked(j, c, 0, id, sc.name, NULL, 0);
+        c->call_hdr = 1;
+    }
+    if (c->call_hdr && sc.args_begun) {
+        size_t end = sc.args_done ? sc.args_end : len, from = sc.args_start + c->args_sent;
+        if (end > from) {
+            emit_call_locked(j, c, 0, NULL, NULL, t + from, end - from);
+            c->args_sent += end - from;
+        }
+    }
+}
+
+/* The answer of a streamed tool-mode choice is complete (mu held): the rest of the call (or of
+ * the content), then the last chunk with finish_reason "tool_calls" when there is a call. */
+static void tool_stream_finish_locked(job *j, choice *c, int finish) {
+    tool_stream_locked(j, c, 1);
+    zs_toolcall_parsed p = {0};
+    char seed[64];
+    snprintf(seed, sizeof seed, "%s%d", j->id + strlen("chatcmpl-"), c->index);
+    if (zs_toolcall_parse(j->tools->fmt, c->text.p ? c->text.p : "", c->text.len, j->tools->defs, j->tools->n, seed,
+                          &p) < 0)
+        memset(&p, 0, sizeof p);
+    if (p.n_calls > 0) {
+        for (int k = c->call_hdr ? 1 : 0; k < p.n_calls; k++) {
+            char id[96];
+            call_id(j, c, k, id, sizeof id);
+            emit_call_locked(j, c, k, id, p.calls[k].name, NULL, 0);
+            const char *a = p.calls[k].arguments ? p.calls[k].arguments : "{}";
+            emit_call_locked(j, c, k, NULL, NULL, a, strlen(a));
+        }
+        if (c->call_hdr && c->args_sent == 0) {
+            const char *a = p.calls[0].arguments ? p.calls[0].arguments : "{}";
+            emit_call_locked(j, c, 0, NULL, NULL, a, strlen(a));
+        }
+    } else if (!c->call_hdr && c->text.len > c->content_sent) {
+        /* no call came out of it (cut short): what was held back is content */
+        emit_content_locked(j, c, c->text.p + c->content_sent, c->text.len - c->content_sent);
+        c->content_sent = c->text.len;
+    }
+    emit_delta_locked(j, c->index, json_object(), p.n_calls > 0 && finish == ZS_DONE_STOP ? "tool_calls" : finish_name(finish));
+    zs_toolcall_parsed_free(&p);
+}
+
 static void on_token(void *ud, int32_t token, const char *text, size_t len, float logprob,
                      const int32_t *top_ids, const float *top_lps, int n_top) {
     choice *c = ud;
@@ -258,7 +384,10 @@ static void on_token(void *ud, int32_t token, const char *text, size_t len, floa
         }
     }
     pthread_mutex_lock(&j->mu);
-    if (j->streaming) {
+    if (j->tool_mode && j->streaming) {
+        sb_addn(&c->text, text, len);
+        if (!j->closed) tool_stream_locked(j, c, 0);
+    } else if (j->streaming) {
         e.offset = c->emitted;
         if (!j->closed && (len || want_lp))
             emit_choice_locked(j, chunk_choice(j, c->index, NULL, text ? text : "", len,
@@ -282,7 +411,6 @@ static void on_token(void *ud, int32_t token, const char *text, size_t len, floa
     pthread_mutex_unlock(&j->mu);
 }
 
-static const char *finish_name(int f) { return f == ZS_DONE_LENGTH ? "length" : "stop"; }
 
 static void job_finish(job *j);
 
@@ -302,7 +430,10 @@ static void on_done(void *ud, int finish, const char *text, size_t len, int n_pr
         c->err = err ? err : ZS_EIO;
         c->errmsg = strdup(msg ? msg : "generation failed");
     }
-    if (j->streaming) {
+    if (j->tool_mode && j->streaming) {
+        sb_addn(&c->text, text, len);
+        if ((finish == ZS_DONE_STOP || finish == ZS_DONE_LENGTH) && !j->closed) tool_stream_finish_locked(j, c, finish);
+    } else if (j->streaming) {
         if (finish == ZS_DONE_STOP || finish == ZS_DONE_LENGTH) {
             if (len) emit_choice_locked(j, chunk_choice(j, c->index, NULL, text, len, NULL, NULL));
             c->emitted += len;
@@ -340,6 +471,28 @@ static json_t *usage_json(job *j) {
     for (int i = 0; i < j->n; i++) gen += j->ch[i].n_gen;
     return json_pack("{s:i,s:I,s:I}", "prompt_tokens", j->prompt_tokens, "completion_tokens", (json_int_t)gen,
                      "total_tokens", (json_int_t)(gen + j->prompt_tokens));
+}
+
+/* A tool-mode chat choice (not streamed): the message with the calls parsed out of its text. */
+static json_t *tool_choice_json(job *j, const choice *c, json_t *lp) {
+    zs_toolcall_parsed p = {0};
+    char seed[64];
+    snprintf(seed, sizeof seed, "%s%d", j->id + strlen("chatcmpl-"), c->index);
+    if (zs_toolcall_parse(j->tools->fmt, c->text.p ? c->text.p : "", c->text.len, j->tools->defs, j->tools->n, seed,
+                          &p) < 0)
+        memset(&p, 0, sizeof p);
+    json_t *msg;
+    const char *finish = finish_name(c->finish);
+    if (p.n_calls > 0) {
+        msg = json_pack("{s:s,s:o,s:o}", "role", "assistant", "content",
+                        p.content && *p.content ? json_string(p.content) : json_null(), "tool_calls",
+                        zs_api_tool_calls_json(&p));
+        if (c->finish == ZS_DONE_STOP) finish = "tool_calls";
+    } else {
+        msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", c->text.p ? c->text.p : "", c->text.len);
+    }
+    zs_toolcall_parsed_free(&p);
+    return json_pack("{s:i,s:o,s:o,s:s}", "index", c->index, "message", msg, "logprobs", lp, "finish_reason", finish);
 }
 
 /* All choices are done (no locks held; only one thread gets here): answer and free. */
@@ -392,7 +545,9 @@ static void job_finish(job *j) {
                 choice *c = &j->ch[i];
                 json_t *lp = j->top_logprobs >= 0 ? logprobs_json(j, c->lps, c->n_lps) : json_null();
                 json_t *o;
-                if (j->chat)
+                if (j->chat && j->tool_mode)
+                    o = tool_choice_json(j, c, lp);
+                else if (j->chat)
                     o = json_pack("{s:i,s:{s:s,s:s%},s:o,s:s}", "index", c->index, "message", "role", "assistant",
                                   "content", c->text.p ? c->text.p : "", c->text.len, "logprobs", lp,
                                   "finish_reason", finish_name(c->finish));
@@ -472,6 +627,11 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
     j->streaming = q.stream;
     j->include_usage = q.include_usage;
     j->top_logprobs = q.top_logprobs;
+    j->cons = q.cons; /* the job owns the constraint and the tools from here on */
+    j->tools = q.tools;
+    q.cons = NULL;
+    q.tools = NULL;
+    j->tool_mode = chat && j->tools && j->tools->choice != ZS_API_TC_NONE;
     snprintf(j->id, sizeof j->id, "%s", chat ? "chatcmpl-" : "cmpl-");
     random_hex(j->id + strlen(j->id), 12);
     j->created = (long)time(NULL);
@@ -512,6 +672,7 @@ static void handle_generate(zs_api *a, zs_http_req *r, int chat) {
         rp.n_end_ids = q.n_end_ids;
         memcpy(rp.end_ids, q.end_ids, sizeof rp.end_ids);
         rp.lora = j->adapter ? j->adapter->lora : NULL;
+        rp.constraint = j->cons ? &j->cons->rc : NULL;
         zs_req_sink sink = {on_token, on_done, c, NULL};
         zs_request *rq = NULL;
         c->submitted = 1; /* before submit: on_done may come at once */
@@ -882,6 +1043,9 @@ void zs_api_free(zs_api *a) {
         return;
     }
     zs_api_adapters_free(a);
+    /* the cached grammars' masks borrow the models' tokenizers */
+    for (zs_api_model *m = &a->base; m; m = m == &a->base ? a->extra : m->next)
+        if (m->tok) zs_api_grammar_purge(m->tok);
     pthread_mutex_destroy(&a->mu);
     pthread_cond_destroy(&a->cv);
     for (zs_api_model *m = &a->base, *next; m; m = next) {

@@ -6,14 +6,20 @@
  *
  * Decisions where OpenAI has no exact answer: unknown fields are 400 (param = the field);
  * frequency_penalty / presence_penalty must be 0, echo false, best_of 1, suffix null or "",
- * logit_bias empty, response_format {type:"text"}, tools empty, tool_choice none/auto; other
- * values are 400 code "unsupported_parameter". A missing "model" means the served model; a
+ * logit_bias empty; other values are 400 code "unsupported_parameter". response_format
+ * (json_object / json_schema, chat and completions) and tools / tool_choice (chat) become the
+ * request's constraint (api-tools.c); a JSON response_format together with tools is accepted
+ * only with tool_choice "none". Messages may hold role "tool" (tool_call_id required) and
+ * assistant tool_calls; with tools or such parts the prompt is rendered by toolcall.h in the
+ * format of the model's chat family. A prompt over the context names "tools" when there are
+ * tools (the message says by how many tokens). A missing "model" means the served model; a
  * "model" naming a LoRA adapter runs on the base model with it (q->adapter holds a reference).
  * top_p 0 means greedy; top_k (0 or -1 = off), min_p and ignore_eos are extensions. Content
  * parts of one message are joined with "\n". Default max_tokens: 16 (completions, capped by
  * the room left in the context), the rest of the context (chat). */
 #define _GNU_SOURCE
 #include "api-request.h"
+#include "api-tools.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -128,13 +134,17 @@ void zs_api_req_free(req_t *q) {
     for (int i = 0; i < q->n_prompts; i++) free(q->prompts[i]);
     free(q->prompts);
     free(q->n_prompt);
+    zs_api_cons_free(q->cons);
+    zs_api_tools_free(q->tools);
+    q->cons = NULL;
+    q->tools = NULL;
     json_decref(q->root);
 }
 
 static const char *k_cmpl_fields[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
     "logprobs", "stream", "stream_options", "user", "frequency_penalty", "presence_penalty", "echo",
-    "best_of", "suffix", "logit_bias", "ignore_eos", NULL};
+    "best_of", "suffix", "logit_bias", "ignore_eos", "response_format", NULL};
 static const char *k_chat_fields[] = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
     "min_p", "seed", "stop", "n", "logprobs", "top_logprobs", "stream", "stream_options", "user",
@@ -239,20 +249,120 @@ static int parse_prompt(const zs_api_model *a, req_t *q, api_err *e) {
     return 0;
 }
 
-/* Validates a chat's messages (roles system/developer/user/assistant; content a string, text
- * parts joined with "\n", or null for an assistant) and renders them with the model's template
- * (add_gen: the generation prompt after them); *text malloc'd. Shared by chat completions and
- * /tokenize. */
-int zs_api_render_messages(const zs_api_model *a, json_t *m, int add_gen, char **out, api_err *e) {
+/* Content of messages[i]: a string, text parts joined with "\n" (*owned malloc'd), or null where
+ * null_ok. 0 or -1 with e filled. */
+static int msg_content(json_t *c, size_t i, int null_ok, const char **out, char **owned, api_err *e) {
+    char pname[96];
+    snprintf(pname, sizeof pname, "messages[%zu].content", i);
+    *out = NULL;
+    if (json_is_string(c)) {
+        *out = json_string_value(c);
+        return 0;
+    }
+    if ((!c || json_is_null(c)) && null_ok) return 0;
+    if (!json_is_array(c))
+        return c ? bad_type(e, pname, "a string or an array of content parts", c)
+                 : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
+    sbuf b = {0};
+    size_t j;
+    json_t *part;
+    json_array_foreach(c, j, part) {
+        json_t *type = json_object_get(part, "type");
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text")) {
+            free(b.p);
+            snprintf(pname, sizeof pname, "messages[%zu].content[%zu].type", i, j);
+            return zs_api_fail(e, 400, pname, "invalid_value", "Invalid '%s': only content parts of type 'text' are supported.",
+                               pname);
+        }
+        if (!json_is_string(text)) {
+            free(b.p);
+            snprintf(pname, sizeof pname, "messages[%zu].content[%zu].text", i, j);
+            return text ? bad_type(e, pname, "a string", text)
+                        : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
+        }
+        if (j) sb_addn(&b, "\n", 1);
+        sb_addn(&b, json_string_value(text), json_string_length(text));
+    }
+    if (b.oom) {
+        free(b.p);
+        return zs_api_fail(e, 500, NULL, NULL, "out of memory");
+    }
+    *owned = b.p;
+    *out = b.p ? b.p : "";
+    return 0;
+}
+
+/* A required string field of messages[i] (path: "tool_call_id", "tool_calls[0].id", ...). */
+static int msg_str(json_t *o, const char *key, size_t i, const char *path, const char **out, api_err *e) {
+    char pname[96];
+    snprintf(pname, sizeof pname, "messages[%zu].%s", i, path);
+    json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v))
+        return zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
+    if (!json_is_string(v)) return bad_type(e, pname, "a string", v);
+    *out = json_string_value(v);
+    return 0;
+}
+
+/* An assistant's tool_calls: [{id, type:"function", function:{name, arguments}}]. */
+static int msg_tool_calls(json_t *tc, size_t i, zs_tool_msg *m, api_err *e) {
+    char pname[96];
+    snprintf(pname, sizeof pname, "messages[%zu].tool_calls", i);
+    if (!tc || json_is_null(tc)) return 0;
+    if (!json_is_array(tc)) return bad_type(e, pname, "an array", tc);
+    size_t n = json_array_size(tc);
+    if (!n) return 0;
+    zs_tool_call *calls = calloc(n, sizeof *calls);
+    if (!calls) return zs_api_fail(e, 500, NULL, NULL, "out of memory");
+    m->tool_calls = calls;
+    m->n_tool_calls = (int)n;
+    for (size_t k = 0; k < n; k++) {
+        json_t *c = json_array_get(tc, k);
+        char path[64];
+        snprintf(pname, sizeof pname, "messages[%zu].tool_calls[%zu]", i, k);
+        if (!json_is_object(c)) return bad_type(e, pname, "an object", c);
+        snprintf(path, sizeof path, "tool_calls[%zu].id", k);
+        if (msg_str(c, "id", i, path, &calls[k].id, e) < 0) return -1;
+        json_t *type = json_object_get(c, "type");
+        snprintf(pname, sizeof pname, "messages[%zu].tool_calls[%zu].type", i, k);
+        if (type && !json_is_null(type) && (!json_is_string(type) || strcmp(json_string_value(type), "function")))
+            return zs_api_fail(e, 400, pname, "invalid_value", "Invalid value for '%s': only 'function' is supported.", pname);
+        json_t *fn = json_object_get(c, "function");
+        snprintf(pname, sizeof pname, "messages[%zu].tool_calls[%zu].function", i, k);
+        if (!fn) return zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
+        if (!json_is_object(fn)) return bad_type(e, pname, "an object", fn);
+        snprintf(path, sizeof path, "tool_calls[%zu].function.name", k);
+        if (msg_str(fn, "name", i, path, &calls[k].name, e) < 0) return -1;
+        snprintf(path, sizeof path, "tool_calls[%zu].function.arguments", k);
+        if (msg_str(fn, "arguments", i, path, &calls[k].arguments, e) < 0) return -1;
+        json_t *args = json_loads(calls[k].arguments, 0, NULL);
+        int obj = json_is_object(args);
+        json_decref(args);
+        if (!obj) {
+            snprintf(pname, sizeof pname, "messages[%zu].tool_calls[%zu].function.arguments", i, k);
+            return zs_api_fail(e, 400, pname, "invalid_value", "Invalid '%s': expected a JSON object as a string.", pname);
+        }
+    }
+    return 0;
+}
+
+/* Validates a chat's messages (roles system/developer/user/assistant/tool; content a string,
+ * text parts joined with "\n", or null for an assistant; a tool message's tool_call_id; an
+ * assistant's tool_calls) and renders them with the model's template, with tools (may be NULL)
+ * in the format of its family (toolcall.h) when there are tools or tool parts; add_gen: with the
+ * generation prompt; *out malloc'd. */
+static int render_chat(const zs_api_model *a, json_t *m, const zs_api_tools *tools, int add_gen, char **out,
+                       api_err *e) {
     *out = NULL;
     if (!m || json_is_null(m)) return zs_api_fail(e, 400, "messages", "missing_required_parameter", "Missing required parameter: 'messages'.");
     if (!json_is_array(m)) return bad_type(e, "messages", "an array", m);
     size_t n = json_array_size(m);
     if (n == 0) return zs_api_fail(e, 400, "messages", "invalid_value", "'messages' must contain at least one message.");
     if (n > 100000) return zs_api_fail(e, 400, "messages", "invalid_value", "Too many messages.");
-    zs_chat_msg *msgs = calloc(n, sizeof *msgs);
+    zs_tool_msg *msgs = calloc(n, sizeof *msgs);
     char **owned = calloc(n, sizeof *owned);
-    int rc = 0;
+    int rc = 0, tool_parts = 0;
     char pname[96];
     if (!msgs || !owned) rc = zs_api_fail(e, 500, NULL, NULL, "out of memory");
     for (size_t i = 0; rc == 0 && i < n; i++) {
@@ -270,65 +380,71 @@ int zs_api_render_messages(const zs_api_model *a, json_t *m, int add_gen, char *
             break;
         }
         const char *rs = json_string_value(role);
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") && strcmp(rs, "developer")) {
+        int is_tool = !strcmp(rs, "tool"), is_asst = !strcmp(rs, "assistant");
+        if (strcmp(rs, "system") && strcmp(rs, "user") && !is_asst && strcmp(rs, "developer") && !is_tool) {
             rc = zs_api_fail(e, 400, pname, "invalid_value",
-                      "Invalid value for '%s': '%s' is not supported (expected 'system', 'user' or 'assistant').",
+                      "Invalid value for '%s': '%s' is not supported (expected 'system', 'user', 'assistant' or 'tool').",
                       pname, rs);
             break;
         }
         msgs[i].role = rs;
-        json_t *c = json_object_get(msg, "content");
-        snprintf(pname, sizeof pname, "messages[%zu].content", i);
-        if (json_is_string(c)) {
-            msgs[i].content = json_string_value(c);
-        } else if ((!c || json_is_null(c)) && !strcmp(rs, "assistant")) {
-            msgs[i].content = "";
-        } else if (json_is_array(c)) {
-            sbuf b = {0};
-            size_t j;
-            json_t *part;
-            json_array_foreach(c, j, part) {
-                json_t *type = json_object_get(part, "type");
-                json_t *text = json_object_get(part, "text");
-                if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text")) {
-                    snprintf(pname, sizeof pname, "messages[%zu].content[%zu].type", i, j);
-                    rc = zs_api_fail(e, 400, pname, "invalid_value",
-                              "Invalid '%s': only content parts of type 'text' are supported.", pname);
+        if (is_tool) {
+            tool_parts = 1;
+            if ((rc = msg_str(msg, "tool_call_id", i, "tool_call_id", &msgs[i].tool_call_id, e)) < 0) break;
+            json_t *nm = json_object_get(msg, "name");
+            if (nm && !json_is_null(nm)) {
+                snprintf(pname, sizeof pname, "messages[%zu].name", i);
+                if (!json_is_string(nm)) {
+                    rc = bad_type(e, pname, "a string", nm);
                     break;
                 }
-                if (!json_is_string(text)) {
-                    snprintf(pname, sizeof pname, "messages[%zu].content[%zu].text", i, j);
-                    rc = text ? bad_type(e, pname, "a string", text)
-                              : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
-                    break;
-                }
-                if (j) sb_addn(&b, "\n", 1);
-                sb_addn(&b, json_string_value(text), json_string_length(text));
+                msgs[i].name = json_string_value(nm);
             }
-            if (rc == 0 && b.oom) rc = zs_api_fail(e, 500, NULL, NULL, "out of memory");
-            owned[i] = b.p;
-            msgs[i].content = b.p ? b.p : "";
-            if (rc) break;
-        } else {
-            rc = c ? bad_type(e, pname, "a string or an array of content parts", c)
-                   : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
+        }
+        if (is_asst) {
+            if ((rc = msg_tool_calls(json_object_get(msg, "tool_calls"), i, &msgs[i], e)) < 0) break;
+            if (msgs[i].n_tool_calls) tool_parts = 1;
+        } else if (json_object_get(msg, "tool_calls")) {
+            snprintf(pname, sizeof pname, "messages[%zu].tool_calls", i);
+            rc = zs_api_fail(e, 400, pname, "invalid_value", "Invalid '%s': only assistant messages have tool calls.", pname);
             break;
         }
+        if ((rc = msg_content(json_object_get(msg, "content"), i, is_asst, &msgs[i].content, &owned[i], e)) < 0) break;
+        if (!msgs[i].content && !msgs[i].n_tool_calls) msgs[i].content = "";
     }
     char *text = NULL;
-    if (rc == 0 && zs_chat_render(a->tmpl, msgs, (int)n, add_gen, a->bos, a->eos, &text) < 0) {
-        const char *em = zs_errmsg();
-        const char *colon = strchr(em, ':');
-        if (!strncmp(em, "messages", 8) && colon && (size_t)(colon - em) < sizeof pname) {
-            memcpy(pname, em, (size_t)(colon - em));
-            pname[colon - em] = '\0';
+    int n_tools = tools ? tools->n : 0;
+    if (rc == 0) {
+        int r2;
+        if (!n_tools && !tool_parts) {
+            zs_chat_msg *cm = calloc(n, sizeof *cm);
+            for (size_t i = 0; cm && i < n; i++) {
+                cm[i].role = msgs[i].role;
+                cm[i].content = msgs[i].content;
+            }
+            r2 = cm ? zs_chat_render(a->tmpl, cm, (int)n, add_gen, a->bos, a->eos, &text)
+                    : zs_err(ZS_ENOMEM, "out of memory");
+            free(cm);
         } else {
-            snprintf(pname, sizeof pname, "messages");
+            r2 = zs_toolcall_render(a->tmpl, tools ? tools->fmt : zs_toolcall_format(a->tmpl), msgs, (int)n,
+                                    tools ? tools->defs : NULL, n_tools, add_gen, a->bos, a->eos, &text);
         }
-        rc = zs_api_fail(e, 400, pname, "invalid_value", "%s", em);
+        if (r2 < 0) {
+            const char *em = zs_errmsg();
+            const char *colon = strchr(em, ':');
+            if ((!strncmp(em, "messages", 8) || !strncmp(em, "tools", 5)) && colon && (size_t)(colon - em) < sizeof pname) {
+                memcpy(pname, em, (size_t)(colon - em));
+                pname[colon - em] = '\0';
+            } else {
+                snprintf(pname, sizeof pname, "messages");
+            }
+            rc = zs_api_fail(e, r2 == ZS_ENOMEM ? 500 : 400, pname, "invalid_value", "%s", em);
+        }
     }
     if (owned)
         for (size_t i = 0; i < n; i++) free(owned[i]);
+    if (msgs)
+        for (size_t i = 0; i < n; i++) free((void *)msgs[i].tool_calls);
     free(owned);
     free(msgs);
     if (rc == 0) *out = text;
@@ -336,11 +452,39 @@ int zs_api_render_messages(const zs_api_model *a, json_t *m, int add_gen, char *
     return rc;
 }
 
+/* Shared with /tokenize: the messages without tools. */
+int zs_api_render_messages(const zs_api_model *a, json_t *m, int add_gen, char **out, api_err *e) {
+    return render_chat(a, m, NULL, add_gen, out, e);
+}
+
 static int parse_messages(const zs_api_model *a, req_t *q, api_err *e) {
     q->prompt_param = "messages";
     char *text = NULL;
-    int rc = zs_api_render_messages(a, json_object_get(q->root, "messages"), 1, &text, e);
-    if (rc == 0) rc = encode_text(a, q, text, strlen(text), !zs_chat_has_bos(a->tmpl), "messages", e);
+    int rc = render_chat(a, json_object_get(q->root, "messages"), q->tools, 1, &text, e);
+    if (rc == 0) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (zs_tokenizer_encode(a->tok, text, strlen(text), !zs_chat_has_bos(a->tmpl), &ids, &n) < 0) {
+            rc = zs_api_fail(e, 400, "messages", "invalid_value", "Cannot tokenize 'messages': %s", zs_errmsg());
+        } else if (n > (size_t)a->context) {
+            free(ids);
+            if (q->tools && q->tools->n)
+                rc = zs_api_fail(e, 400, "tools", "context_length_exceeded",
+                                 "This model's maximum context length is %d tokens, but the messages with the %d "
+                                 "rendered tools have %zu tokens, %zu more. Please reduce the length of the messages "
+                                 "or tools.", a->context, q->tools->n, n, n - (size_t)a->context);
+            else
+                rc = zs_api_fail(e, 400, "messages", "context_length_exceeded",
+                                 "This model's maximum context length is %d tokens, but the conversation has %zu "
+                                 "tokens, %zu more. Please reduce the length of the messages.", a->context, n,
+                                 n - (size_t)a->context);
+        } else if (n == 0) {
+            free(ids);
+            rc = zs_api_fail(e, 400, "messages", "invalid_value", "'messages' must not be empty (it encodes to no tokens).");
+        } else {
+            rc = add_prompt(q, ids, (int)n, e);
+        }
+    }
     free(text);
     /* the template's end of turn, where the vocabulary has it as one token, ends the answer as EOS does */
     const char *const *ends = zs_chat_stop_strings(a->tmpl);
@@ -517,24 +661,7 @@ int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err 
     json_t *us = json_object_get(root, "user");
     if (us && !json_is_null(us) && !json_is_string(us)) return bad_type(e, "user", "a string", us);
     if (chat) {
-        json_t *rf = json_object_get(root, "response_format");
-        if (rf && !json_is_null(rf)) {
-            if (!json_is_object(rf)) return bad_type(e, "response_format", "an object", rf);
-            json_t *t = json_object_get(rf, "type");
-            if (!json_is_string(t) || strcmp(json_string_value(t), "text"))
-                return unsupported(e, "response_format", "only {\"type\": \"text\"} is accepted");
-        }
-        json_t *tools = json_object_get(root, "tools");
-        if (tools && !json_is_null(tools)) {
-            if (!json_is_array(tools)) return bad_type(e, "tools", "an array", tools);
-            if (json_array_size(tools)) return unsupported(e, "tools", "tool calling is not available");
-        }
-        json_t *tc = json_object_get(root, "tool_choice");
-        if (tc && !json_is_null(tc) &&
-            !(json_is_string(tc) && (!strcmp(json_string_value(tc), "none") || !strcmp(json_string_value(tc), "auto"))))
-            return unsupported(e, "tool_choice", "only \"none\" or \"auto\" (without tools) is accepted");
-        json_t *ptc = json_object_get(root, "parallel_tool_calls");
-        if (ptc && !json_is_null(ptc) && !json_is_boolean(ptc)) return bad_type(e, "parallel_tool_calls", "a boolean", ptc);
+        if (zs_api_tools_parse(root, m, &q->tools, e) < 0) return -1;
         json_t *md = json_object_get(root, "metadata");
         if (md && !json_is_null(md) && !json_is_object(md)) return bad_type(e, "metadata", "an object", md);
         json_t *sto = json_object_get(root, "store");
@@ -560,8 +687,26 @@ int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err 
     }
     q->max_tokens_given = given;
 
+    /* response_format: checked before the prompt (a type error is reported as such), compiled after it */
+    json_t *rf = json_object_get(root, "response_format");
+    int rf_json = 0;
+    if (rf && !json_is_null(rf)) {
+        if (!json_is_object(rf)) return bad_type(e, "response_format", "an object", rf);
+        json_t *t = json_object_get(rf, "type");
+        rf_json = json_is_string(t) && strcmp(json_string_value(t), "text");
+    }
+    if (rf_json && q->tools && q->tools->choice != ZS_API_TC_NONE)
+        return unsupported(e, "response_format", "a JSON response_format cannot be combined with tools unless "
+                                                 "tool_choice is \"none\"");
+
     /* the prompt(s) */
     if ((chat ? parse_messages(m, q, e) : parse_prompt(m, q, e)) < 0) return -1;
+    /* the constraint of every choice: the tools' call, or the response format's JSON */
+    if (q->tools && q->tools->choice != ZS_API_TC_NONE) {
+        if (zs_api_tools_constraint(q->tools, m, &q->cons, e) < 0) return -1;
+    } else if (zs_api_response_format(root, m, &q->cons, e) < 0) {
+        return -1;
+    }
     if ((long)q->n_prompts * q->n > MAX_CHOICES)
         return zs_api_fail(e, 400, "n", "invalid_value", "Too many choices: %d prompts x n=%d is more than %d.", q->n_prompts,
                     q->n, MAX_CHOICES);

@@ -16,7 +16,7 @@
 #define MAX_LOGPROBS_CMPL 5 /* completions: logprobs 0..5 */
 
 /* An error to answer with: status, OpenAI type and code, the field at fault, a message. */
-typedef struct {
+typedef struct api_err {
     int status;
     const char *type, *code;
     char param[96];
@@ -50,6 +50,10 @@ typedef struct {
     int32_t **prompts;
     int *n_prompt;
     const char *prompt_param; /* "prompt" | "messages" */
+    /* structured outputs / tool calls (api-tools.h), owned; whoever takes them over (the job)
+     * sets these to NULL, else zs_api_req_free frees them */
+    struct zs_api_cons *cons;   /* the constraint of every choice (NULL: none) */
+    struct zs_api_tools *tools; /* chat: the request's tools and tool_choice (NULL: none) */
 } req_t;
 
 /* Parses the request body of a completions (chat = 0) or chat completions request into q (which

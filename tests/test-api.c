@@ -321,7 +321,7 @@ static void test_errors(int port) {
                  "context_length_exceeded", "context");
     expect_error(port, "POST", CH, JSON_HDR,
                  "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"tool\",\"content\":\"y\"}]}", 400,
-                 "messages[1].role", NULL, "tool role");
+                 "messages[1].tool_call_id", NULL, "tool message without its tool_call_id");
     expect_error(port, "POST", CH, JSON_HDR,
                  "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", 400,
                  "messages[0].content[0].type", NULL, "image part");
