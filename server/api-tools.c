@@ -336,6 +336,8 @@ int zs_api_response_format(json_t *root, const zs_api_model *m, zs_api_cons **ou
     json_t *st = json_object_get(js, "strict");
     if (st && !json_is_null(st) && !json_is_boolean(st))
         return bad_type(e, "response_format.json_schema.strict", "a boolean", st);
+    /* accepted and not used: OpenAI gives it to the model as a hint; here the grammar alone
+     * decides the value (README, "Structured outputs and tool calls") */
     json_t *d = json_object_get(js, "description");
     if (d && !json_is_null(d) && !json_is_string(d))
         return bad_type(e, "response_format.json_schema.description", "a string", d);
@@ -400,6 +402,7 @@ static int parse_tool(json_t *v, size_t i, zs_tool_def *d, api_err *e) {
     json_t *par = json_object_get(fn, "parameters");
     snprintf(p, sizeof p, "tools[%zu].function.parameters", i);
     if (par && !json_is_null(par) && !json_is_object(par)) return bad_type(e, p, "an object", par);
+    /* accepted and not used: a constrained call always follows the parameters' schema, strict or not */
     json_t *st = json_object_get(fn, "strict");
     snprintf(p, sizeof p, "tools[%zu].function.strict", i);
     if (st && !json_is_null(st) && !json_is_boolean(st)) return bad_type(e, p, "a boolean", st);
