@@ -22,6 +22,7 @@ typedef struct zs_comm_ops {
     int (*agree)(zs_comm *c, int local_status, int *global_status);
     void (*abort)(zs_comm *c);  /* thread-safe, idempotent */
     void (*free)(zs_comm *c);   /* frees the handle (and the group with the last handle) */
+    int (*settle)(zs_comm *c, double timeout_s); /* optional (NULL: nothing is ever left pending) */
 } zs_comm_ops;
 
 struct zs_comm {

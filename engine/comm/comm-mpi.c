@@ -631,6 +631,27 @@ static void group_destroy(group *g) {
     free(g);
 }
 
+/* A request given up on (mc->pending): poll it to completion for up to timeout_s, so that its
+ * buffers can be freed. The peers' halves of the collective progress in their own MPI calls. */
+static int mpi_settle(zs_comm *c, double timeout_s) {
+    mpi_comm *mc = (mpi_comm *)c;
+    if (!mc->pending) return 0;
+    if (zs_cluster_lost(NULL, 0) || mpi_down()) return 1;
+    double t0 = zs_now();
+    long polls = 0;
+    while (zs_now() - t0 < timeout_s && !zs_cluster_lost(NULL, 0)) {
+        int done = 0;
+        if (MPI_Test(&mc->rq, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return 1;
+        if (done) {
+            drop_type(mc);
+            mc->pending = 0;
+            return 0;
+        }
+        backoff(&polls);
+    }
+    return 1;
+}
+
 static void free_handle(mpi_comm *mc) {
     free(mc->srcs);
     free(mc->scratch);
@@ -657,6 +678,7 @@ static const zs_comm_ops mpi_ops = {
     .agree = mpi_agree,
     .abort = mpi_abort,
     .free = mpi_free,
+    .settle = mpi_settle,
 };
 
 static size_t chunk_bytes(void) {

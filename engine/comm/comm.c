@@ -97,6 +97,10 @@ void zs_comm_abort(zs_comm *c) {
     if (c && c->ops) c->ops->abort(c);
 }
 
+int zs_comm_settle(zs_comm *c, double timeout_s) {
+    return c && c->ops && c->ops->settle ? c->ops->settle(c, timeout_s) : 0;
+}
+
 int zs_comm_all_gather(zs_comm *c, const void *send, void *recv, size_t bytes_per_rank,
                        void *stream) {
     CHECK_COMM(c, "all_gather");

@@ -112,4 +112,12 @@ int zs_comm_agree(zs_comm *c, int local_status, int *global_status);
  * ignored. A collective that every rank has already entered may still complete normally. */
 void zs_comm_abort(zs_comm *c);
 
+/* After an abort: a collective that this handle's caller gave up on may still be under way in
+ * the transport (MPI goes on writing its receive buffer when the peers' data arrives late, e.g.
+ * over a slow link). Waits up to timeout_s for it to finish. Returns 0 when nothing is pending
+ * (always for the in-process and NCCL backends), 1 when it still is (or the cluster is lost):
+ * then the buffers of that call must not be freed. Call it from one thread, once no thread
+ * uses the handle. */
+int zs_comm_settle(zs_comm *c, double timeout_s);
+
 #endif

@@ -668,6 +668,16 @@ void zs_gather_free(zs_gather *g) {
         pthread_mutex_unlock(&g->mu);
         zs_comm_abort(g->comm); /* wakes a prefetch thread blocked in a collective */
         pthread_join(g->thread, NULL);
+        /* the all_gather it gave up on may still write into a ring buffer (MPI: late data over
+         * a slow link); wait for it, else leave the buffers allocated */
+        if (zs_comm_settle(g->comm, 5.0) > 0) {
+            zs_log_warn("gather: a cancelled all_gather is still pending in the transport: its buffers are left allocated");
+            g->ring = NULL;
+            g->free_bufs = NULL;
+            g->slots = NULL;
+            g->pinned_all = NULL;
+            if (g->o.tier == ZS_OFFLOAD_NONE) g->n_buckets = 0;
+        }
     }
     if (g->ring)
         for (long i = 0; i < g->ring_n; i++) buf_free(g, g->ring[i].buf);
