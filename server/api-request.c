@@ -517,14 +517,18 @@ char *zs_api_token_text(const zs_api_model *a, int32_t id) {
 }
 
 int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e) {
+    size_t blen;
+    const char *body = zs_http_req_body(r, &blen);
+    return zs_api_parse_body(a, body, blen, chat, q, e);
+}
+
+int zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t *q, api_err *e) {
     memset(q, 0, sizeof *q);
     q->api = a;
     q->chat = chat;
     q->top_logprobs = -1;
     q->n = 1;
     zs_sampler_params_default(&q->sp);
-    size_t blen;
-    const char *body = zs_http_req_body(r, &blen);
     json_error_t je;
     q->root = json_loadb(body, blen, 0, &je);
     if (!q->root)

@@ -60,6 +60,10 @@ typedef struct {
  * zs_api_req_free releases in every case, the adapter reference included). -1 with e filled on a
  * bad request. */
 int  zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e);
+/* The same for a body given as bytes (blen of them; body need not be NUL-terminated): what
+ * zs_api_parse_request does with the request's body, for callers without an HTTP request (the
+ * fuzz harness tests/fuzz/fuzz-request.c): it uses a's mutex, models and adapters, no engine. */
+int  zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t *q, api_err *e);
 void zs_api_req_free(req_t *q);
 /* A chat's "messages" validated (400s naming the message and field) and rendered with a's chat
  * template, add_gen: with the generation prompt; *text malloc'd. 0, or -1 with e filled. */

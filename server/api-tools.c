@@ -595,11 +595,14 @@ void zs_api_call_scan(const char *t, size_t len, size_t from, zs_api_callscan *s
         case S_VAL0:
             if (is_ws(ch)) break;
             val_s = i;
+            last = i; /* nothing of this value yet (a ',' or '}' here ends it empty, not at an earlier value's end) */
             st = S_VAL;
             vdepth = 0;
             instr = 0;
             esc = 0;
-            if (which == 2) {
+            if (which == 2 && s->args_begun) {
+                which = 0; /* a second "arguments": the first one's range stands */
+            } else if (which == 2) {
                 s->args_begun = 1;
                 s->args_start = i;
             }
