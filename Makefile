@@ -8,6 +8,7 @@
 #   make gpu-kit    build gpu-kit/ for tests/gpu/run.sh on a bare GPU machine (README: "GPUs")
 #   make gpu-dry-run  run tests/gpu/run.sh from the kit in a bare Debian chroot with no network (root)
 #   make fuzz       run the libFuzzer harnesses (tests/fuzz/) for FUZZ_TIME seconds each (default 60; clang)
+#   make test-cluster  the multi-host test alone: hosts in network namespaces, mpirun over TCP (root)
 #   make test-deploy  build deploy/Dockerfile with podman and smoke-test the container (root; downloads)
 #   make lint-deploy  check deploy/ (k8s, compose, systemd, Dockerfiles); also part of `make test`
 # Missing Debian packages are installed when run as root; otherwise the apt-get line is printed.
@@ -21,9 +22,11 @@ BUILD   ?= build
 CFLAGS  ?= -O2 -g
 # engine/ is split by architecture (docs/ARCHITECTURE.md); headers are included by their plain names
 ENGINE_DIRS = engine/base engine/model engine/text engine/comm engine/runtime engine/train
-ZS_CFLAGS = $(CFLAGS) -std=gnu11 -Wall -Wextra -pthread -MMD -MP -iquote . $(patsubst %,-iquote %,$(ENGINE_DIRS)) -iquote kernels/cpu -iquote offload -iquote server \
-           -I/usr/include/x86_64-linux-gnu/openblas-pthread -I/usr/lib/x86_64-linux-gnu/openmpi/include
-LDLIBS  += -lopenblas -ljansson -lmicrohttpd -luring -lmpi -lm -lpthread
+ZS_INC  = -iquote . $(patsubst %,-iquote %,$(ENGINE_DIRS)) -iquote kernels/cpu -iquote offload -iquote server \
+          -I/usr/include/x86_64-linux-gnu/openblas-pthread -I/usr/lib/x86_64-linux-gnu/openmpi/include
+ZS_CFLAGS = $(CFLAGS) -std=gnu11 -Wall -Wextra -pthread -MMD -MP $(ZS_INC)
+BASE_LDLIBS = -lopenblas -ljansson -lmicrohttpd -luring -lmpi -lm -lpthread
+LDLIBS  += $(BASE_LDLIBS)
 
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
 CUDA    ?= $(if $(NVCC),1,0)
@@ -39,6 +42,7 @@ DEP_HDRS = /usr/include/jansson.h /usr/include/microhttpd.h /usr/include/liburin
 LIB_SRC  := $(wildcard $(addsuffix /*.c,$(ENGINE_DIRS)) kernels/cpu/*.c offload/*.c) $(filter-out server/main.c,$(wildcard server/*.c))
 CUDA_C   := $(filter %-cuda.c %-nccl.c,$(LIB_SRC))
 LIB_SRC  := $(filter-out $(CUDA_C),$(LIB_SRC))
+FUZZ_LIB_SRC := $(LIB_SRC)
 CU_SRC   := $(wildcard kernels/cuda/*.cu)
 TEST_SRC := $(wildcard tests/test-*.c)
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
@@ -63,7 +67,7 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LIB_OBJ  += $(BUILD)/gen/playground.o
 ASAN_OBJ += $(BUILD)/asan/gen/playground.o
 
-.PHONY: all deps test test-unit serve demo-model bench bench-peers clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz
+.PHONY: all deps test test-unit serve demo-model bench bench-peers clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz test-cluster
 all: deps zeroserve
 
 deps:
@@ -122,7 +126,7 @@ $(BUILD)/asan/tests/%: tests/%.c $(BUILD)/asan/libzs.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) -o $@ $< $(BUILD)/asan/libzs.a $(LDLIBS)
 
-test: all $(TESTS) $(ASAN_TESTS) $(GPU_PROGS)
+test: all $(TESTS) $(ASAN_TESTS) $(GPU_PROGS) fuzz-build
 	@BUILD=$(BUILD) sh tests/run-tests.sh
 
 serve: all
@@ -143,19 +147,59 @@ gpu-kit: deps
 gpu-dry-run: gpu-kit
 	sh tests/gpu/dry-run.sh
 
-# libFuzzer harnesses: tests/fuzz/fuzz-NAME.c against the library sources they name (FUZZ_SRC_NAME)
+# ---- fuzzing: libFuzzer harnesses tests/fuzz/fuzz-NAME.c over a clang build of the library with
+# ASan+UBSan and coverage (the CPU kernels are linked from the gcc build: clang 14 cannot build
+# them and the parsers are the target). `make test` runs each briefly (tests/e2e-fuzz.sh),
+# `make fuzz` for FUZZ_TIME seconds each; seeds: tests/fuzz/corpus/NAME/ and the fixtures,
+# crash inputs kept as regressions in tests/fuzz/regress/NAME/ (tests/fuzz/run.sh).
+TEST_PKGS = clang libclang-rt-14-dev iptables
+TEST_HDRS = /usr/bin/clang /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a /usr/sbin/iptables
 FUZZ_TIME ?= 60
-FUZZ_SRC_gguf = engine/model/gguf.c engine/base/common.c
-FUZZ_FLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -iquote engine/base -iquote engine/model
-$(BUILD)/fuzz/fuzz-%: tests/fuzz/fuzz-%.c $(FUZZ_SRC_gguf)
-	@command -v clang >/dev/null || { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null; } || \
-	  { echo "make fuzz needs clang with libFuzzer (apt-get install -y clang)"; exit 1; }
-	@mkdir -p $(dir $@)
-	clang $(FUZZ_FLAGS) -o $@ $< $(FUZZ_SRC_$*) -lpthread -lm
+FUZZ_NAMES := $(patsubst tests/fuzz/fuzz-%.c,%,$(wildcard tests/fuzz/fuzz-*.c))
+FUZZ_BINS := $(patsubst %,$(BUILD)/fuzz/fuzz-%,$(FUZZ_NAMES))
+FUZZ_OBJ := $(patsubst %.c,$(BUILD)/fuzz/%.o,$(filter-out kernels/cpu/%,$(FUZZ_LIB_SRC))) $(BUILD)/gen/playground.o \
+            $(patsubst %.c,$(BUILD)/%.o,$(filter kernels/cpu/%,$(FUZZ_LIB_SRC)))
+FUZZ_CFLAGS = -std=gnu11 -g -O1 -pthread -MMD -MP $(ZS_INC) -fno-omit-frame-pointer \
+              -fsanitize=address,undefined -fno-sanitize-recover=undefined
+.PHONY: test-deps fuzz-build
+test-deps:
+	@missing=""; for h in $(TEST_HDRS); do [ -e $$h ] || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages for the tests: $(TEST_PKGS)"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_PKGS)) >/dev/null || \
+	      echo "could not install $(TEST_PKGS): the fuzz and cluster tests will skip"; \
+	  else \
+	    echo "the fuzz and cluster tests need: sudo apt-get install -y $(TEST_PKGS) (they skip without)"; \
+	  fi; \
+	fi
 
-fuzz: $(BUILD)/fuzz/fuzz-gguf
-	@mkdir -p $(BUILD)/fuzz/corpus-gguf && cp ../shared/models/stories260K/stories260K.gguf $(BUILD)/fuzz/corpus-gguf/ 2>/dev/null; \
-	ZS_LOG=error $(BUILD)/fuzz/fuzz-gguf -max_len=1300000 -max_total_time=$(FUZZ_TIME) -print_final_stats=1 $(BUILD)/fuzz/corpus-gguf
+$(BUILD)/fuzz/%.o: %.c | deps
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(BUILD)/fuzz/libzs.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/fuzz/fuzz-%: tests/fuzz/fuzz-%.c $(BUILD)/fuzz/libzs.a
+	clang $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(BUILD)/fuzz/libzs.a $(BASE_LDLIBS)
+
+# builds the harnesses where clang and libFuzzer are installed (test-deps), else says so
+fuzz-build: test-deps
+	@if command -v clang >/dev/null && [ -e /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_rt.fuzzer-x86_64.a ]; then \
+	  $(MAKE) --no-print-directory $(FUZZ_BINS); \
+	else echo "clang with libFuzzer not installed: the fuzz harnesses are not built (tests/e2e-fuzz.sh skips)"; fi
+
+fuzz: all fuzz-build
+	BUILD=$(BUILD) FUZZ_TIME=$(FUZZ_TIME) sh tests/fuzz/run.sh
+
+$(BUILD)/tests/cluster/netdelay: tests/cluster/netdelay.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -Wextra -o $@ $<
+
+test-cluster: all test-deps $(BUILD)/tests/cluster/netdelay
+	BUILD=$(BUILD) sh tests/cluster/e2e.sh
 
 test-deploy:
 	ZS_SHARED=$${ZS_SHARED:-../shared} sh tests/deploy-container.sh

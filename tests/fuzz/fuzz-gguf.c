@@ -1,16 +1,12 @@
 /* fuzz-gguf.c — libFuzzer harness for the GGUF reader (engine/model/gguf.c): parses each input
  * from memory with zs_gguf_open_mem and, when it opens, walks every key/value through the
  * typed getters and array element accessors and touches every tensor's first and last byte,
- * so that a validation gap shows up as an ASan/UBSan report. Not part of the Makefile.
+ * so that a validation gap shows up as an ASan/UBSan report.
  *
- * Build and run from the repository root (clang with libFuzzer):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
- *     -iquote engine/base -iquote engine/model -o build/fuzz-gguf \
- *     tests/fuzz/fuzz-gguf.c engine/model/gguf.c engine/base/common.c -lpthread -lm
- *   mkdir -p build/fuzz-gguf-corpus && cp ../shared/models/stories260K/stories260K.gguf \
- *     build/fuzz-gguf-corpus/ && ZS_LOG=error build/fuzz-gguf -max_len=1300000 \
- *     -max_total_time=300 build/fuzz-gguf-corpus
- * (more seeds: the synthetic files test-gguf writes, e.g. kept from its scratch directory.) */
+ * Built by the Makefile against the instrumented library ($(BUILD)/fuzz/fuzz-gguf, `make fuzz-build`)
+ * and run by tests/fuzz/run.sh: briefly in `make test` (tests/e2e-fuzz.sh), FUZZ_TIME seconds in
+ * `make fuzz`; seeds: the fixture in fuzz-gguf.seeds (more: the synthetic files test-gguf
+ * writes, e.g. kept from its scratch directory). */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
