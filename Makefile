@@ -8,7 +8,8 @@
 #   make gpu-kit    build gpu-kit/ for tests/gpu/run.sh on a bare GPU machine (README: "GPUs")
 #   make gpu-dry-run  run tests/gpu/run.sh from the kit in a bare Debian chroot with no network (root)
 #   make fuzz       run the libFuzzer harnesses (tests/fuzz/) for FUZZ_TIME seconds each (default 60; clang)
-#   make test-cluster  the multi-host test alone: hosts in network namespaces, mpirun over TCP (root)
+#   make test-cluster  tests/e2e-cluster.sh alone: hosts in network namespaces, mpirun over TCP, partitions (root)
+#   make soak       tests/soak.sh for SOAK_MINUTES (default 10) against an NVMe-offload server
 #   make test-deploy  build deploy/Dockerfile with podman and smoke-test the container (root; downloads)
 #   make lint-deploy  check deploy/ (k8s, compose, systemd, Dockerfiles); also part of `make test`
 # Missing Debian packages are installed when run as root; otherwise the apt-get line is printed.
@@ -67,7 +68,7 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LIB_OBJ  += $(BUILD)/gen/playground.o
 ASAN_OBJ += $(BUILD)/asan/gen/playground.o
 
-.PHONY: all deps test test-unit serve demo-model bench bench-peers clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz test-cluster
+.PHONY: all deps test test-unit serve demo-model bench bench-peers clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz test-cluster soak
 all: deps zeroserve
 
 deps:
@@ -126,7 +127,7 @@ $(BUILD)/asan/tests/%: tests/%.c $(BUILD)/asan/libzs.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) -o $@ $< $(BUILD)/asan/libzs.a $(LDLIBS)
 
-test: all $(TESTS) $(ASAN_TESTS) $(GPU_PROGS) fuzz-build
+test: all $(TESTS) $(ASAN_TESTS) $(GPU_PROGS) fuzz-build $(BUILD)/tests/cluster/netdelay
 	@BUILD=$(BUILD) sh tests/run-tests.sh
 
 serve: all
@@ -198,8 +199,11 @@ $(BUILD)/tests/cluster/netdelay: tests/cluster/netdelay.c
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -Wall -Wextra -o $@ $<
 
+soak: all
+	sh tests/soak.sh --minutes $${SOAK_MINUTES:-10} --out $${SOAK_OUT:-/tmp/zs-soak}
+
 test-cluster: all test-deps $(BUILD)/tests/cluster/netdelay
-	BUILD=$(BUILD) sh tests/cluster/e2e.sh
+	BUILD=$(BUILD) sh tests/e2e-cluster.sh
 
 test-deploy:
 	ZS_SHARED=$${ZS_SHARED:-../shared} sh tests/deploy-container.sh
