@@ -21,8 +21,9 @@
 #include "chat.h"
 #include "common.h"
 #include "toolcall.h"
+#include "fuzz-util.h"
 
-#define MAX_INPUT (1u << 20)
+#define FZ_MAX_INPUT (1u << 20)
 
 static char g_dir[64];
 static volatile uint64_t sink;
@@ -35,36 +36,16 @@ static const zs_tool_def k_tools[] = {
 };
 enum { N_TOOLS = 2 };
 
-static void cleanup(void) {
-    char p[128];
-    snprintf(p, sizeof p, "%s/tokenizer_config.json", g_dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/chat_template.jinja", g_dir);
-    unlink(p);
-    rmdir(g_dir);
-}
+static void cleanup(void) { fz_remove(g_dir); }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
     zs_log_set_level(ZS_LOG_ERROR);
-    snprintf(g_dir, sizeof g_dir, "/dev/shm/zs-fuzz-chat-XXXXXX");
-    if (!mkdtemp(g_dir)) abort();
+    fz_scratch_make(g_dir, sizeof g_dir, "chat");
     atexit(cleanup);
     return 0;
 }
 
-static void put_file(const char *name, const char *d, size_t n) {
-    char p[128];
-    snprintf(p, sizeof p, "%s/%s", g_dir, name);
-    if (!d) {
-        unlink(p);
-        return;
-    }
-    FILE *f = fopen(p, "wb");
-    if (!f) abort();
-    if (n && fwrite(d, 1, n, f) != n) abort();
-    fclose(f);
-}
 
 static void check_family(int t) {
     if (t < 0 || t >= ZS_CHAT_NFAMILIES) __builtin_trap();
@@ -171,7 +152,7 @@ static void parse_calls(const char *text, size_t len) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (size > MAX_INPUT) return 0;
+    if (size > FZ_MAX_INPUT) return 0;
     const uint8_t *nul = memchr(data, 0, size);
     size_t cfg_n = nul ? (size_t)(nul - data) : size;
     char *cfg = malloc(cfg_n + 1);
@@ -182,8 +163,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (text_n) memcpy(text, nul + 1, text_n);
     text[text_n] = 0;
 
-    put_file("tokenizer_config.json", cfg, cfg_n);
-    put_file("chat_template.jinja", nul ? text : NULL, text_n);
+    fz_write(g_dir, "tokenizer_config.json", cfg, cfg_n);
+    fz_write(g_dir, "chat_template.jinja", nul ? text : NULL, text_n);
     int t = zs_chat_template_detect(g_dir);
     check_family(t);
     int c = zs_chat_template_classify(cfg);

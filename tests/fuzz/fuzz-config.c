@@ -13,46 +13,25 @@
 
 #include "common.h"
 #include "config.h"
+#include "fuzz-checks.h"
+#include "fuzz-util.h"
 
 #define FZ_MAX_INPUT (256 * 1024)
 #define FZ_SEP "\n#override\n"
 
 static char fz_dir[64];
 static char fz_path[128];
-static volatile uint64_t sink;
 
-static void fz_cleanup(void) {
-    char p[160];
-    snprintf(p, sizeof p, "%s.tmp", fz_path);
-    unlink(p);
-    unlink(fz_path);
-    rmdir(fz_dir);
-}
+static void fz_cleanup(void) { fz_remove(fz_dir); }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     zs_log_set_level(ZS_LOG_ERROR);
-    snprintf(fz_dir, sizeof fz_dir, "/dev/shm/fuzz-config-XXXXXX");
-    if (!mkdtemp(fz_dir)) snprintf(fz_dir, sizeof fz_dir, "/tmp");
+    fz_scratch_make(fz_dir, sizeof fz_dir, "config");
     snprintf(fz_path, sizeof fz_path, "%s/config.json", fz_dir);
     atexit(fz_cleanup);
     return 0;
-}
-
-/* Every field a consumer reads, so that a value that passed validation is touched. */
-static void fz_walk(const zs_model_config *c) {
-    if (c->n_layers < 1 || c->n_layers > ZS_MAX_LAYERS || c->dim < 1 || c->n_heads < 1 ||
-        c->n_kv_heads < 1 || c->head_dim < 1 || c->vocab_size < 1)
-        __builtin_trap(); /* validation must not let these through */
-    if (c->n_heads % c->n_kv_heads) __builtin_trap();
-    if (c->rope.n_factors < 0 || c->rope.n_factors > ZS_ROPE_MAX_FACTORS) __builtin_trap();
-    for (int l = 0; l < c->n_layers; l++)
-        sink += (unsigned)zs_config_layer_moe(c, l) + (unsigned)zs_config_layer_window(c, l);
-    for (int i = 0; i < c->rope.n_factors; i++)
-        sink += c->rope.short_factor[i] > 0 && c->rope.long_factor[i] > 0;
-    sink += zs_config_att_scale(c) > 0;
-    sink += strlen(zs_family_name(c->family)) + strlen(c->arch_name);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -75,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (rc < 0) {
         if (zs_errmsg()[0] == 0) __builtin_trap(); /* every failure carries a message */
     } else {
-        fz_walk(c);
+        fz_check_config(c);
         /* writable configs must read back as they are (zs_config_write checks it itself) */
         if (zs_config_write(c, fz_path) == 0) {
             zs_model_config *b = malloc(sizeof *b);
@@ -87,7 +66,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         if (ov) {
             rc = zs_config_override(c, ov, "fuzz-override");
-            if (rc == 0) fz_walk(c);
+            if (rc == 0) fz_check_config(c);
             else if (zs_errmsg()[0] == 0) __builtin_trap();
         }
     }

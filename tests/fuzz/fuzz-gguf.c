@@ -1,7 +1,11 @@
 /* fuzz-gguf.c — libFuzzer harness for the GGUF reader (engine/model/gguf.c): parses each input
  * from memory with zs_gguf_open_mem and, when it opens, walks every key/value through the
  * typed getters and array element accessors and touches every tensor's first and last byte,
- * so that a validation gap shows up as an ASan/UBSan report.
+ * so that a validation gap shows up as an ASan/UBSan report. Then what serving the file does:
+ * the model configuration from its metadata (zs_config_from_gguf), and from the same bytes as a
+ * file in a per-process directory under /dev/shm, the model loader's check of every tensor
+ * (zs_model_open), the vocabulary as a tokenizer (zs_model_tokenizer_load; encoded and decoded
+ * as fuzz-tokenizer does) and the chat template's family (zs_model_chat_template_detect).
  *
  * Built by the Makefile against the instrumented library ($(BUILD)/fuzz/fuzz-gguf, `make fuzz-build`)
  * and run by tests/fuzz/run.sh: briefly in `make test` (tests/e2e-fuzz.sh), FUZZ_TIME seconds in
@@ -9,12 +13,62 @@
  * writes, e.g. kept from its scratch directory). */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
 #include "common.h"
+#include "config.h"
+#include "engine.h"
 #include "gguf.h"
+#include "model.h"
+#include "tokenizer.h"
+#include "fuzz-checks.h"
+#include "fuzz-util.h"
 
 static volatile uint64_t sink;
+static char fz_dir[64], fz_path[128];
+
+static void fz_cleanup(void) { fz_remove(fz_dir); }
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    zs_log_set_level(ZS_LOG_ERROR);
+    fz_scratch_make(fz_dir, sizeof fz_dir, "gguf");
+    snprintf(fz_path, sizeof fz_path, "%s/model.gguf", fz_dir);
+    atexit(fz_cleanup);
+    return 0;
+}
+
+/* What a server does with a GGUF file that opened: its model configuration (in memory), then,
+ * from the same bytes as a file (these readers take a path), every tensor the architecture needs
+ * checked by the model loader, the vocabulary as a tokenizer and the chat template's family. */
+static void fz_as_model(const zs_gguf *g, const uint8_t *data, size_t size) {
+    zs_model_config *c = malloc(sizeof *c);
+    if (!c) return;
+    int cfg_ok = zs_config_from_gguf(g, c) == 0;
+    if (cfg_ok) fz_check_config(c);
+    else if (zs_errmsg()[0] == 0) __builtin_trap();
+    free(c);
+    fz_write(fz_dir, "model.gguf", data, size);
+    zs_model *m = NULL;
+    if (zs_model_open(fz_path, NULL, &m) == 0) {
+        if (!cfg_ok) __builtin_trap(); /* the loader reads the same configuration */
+        zs_model_free(m);
+    } else if (m || zs_errmsg()[0] == 0) {
+        __builtin_trap();
+    }
+    zs_tokenizer *t = NULL;
+    if (zs_model_tokenizer_load(fz_path, &t) == 0) {
+        fz_check_tokenizer(t, NULL, 0);
+        zs_tokenizer_free(t);
+    } else if (t || zs_errmsg()[0] == 0) {
+        __builtin_trap();
+    }
+    int fam = zs_model_chat_template_detect(fz_path);
+    if (fam < 0 || fam >= ZS_CHAT_NFAMILIES) __builtin_trap();
+    fz_write(fz_dir, "model.gguf", NULL, 0);
+}
 
 static void walk_value(const zs_gguf *g, const char *key, int type) {
     uint32_t u32;
@@ -59,7 +113,6 @@ static void walk_value(const zs_gguf *g, const char *key, int type) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    zs_log_set_level(ZS_LOG_ERROR);
     zs_gguf *g = NULL;
     int rc = zs_gguf_open_mem(data, size, "fuzz", &g);
     if (rc < 0) {
@@ -83,6 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (zs_gguf_tensor_nbytes(t->type, t->n_dims, t->ne, &nb) != 0 || nb != t->nbytes)
             __builtin_trap();
     }
+    fz_as_model(g, data, size);
     zs_gguf_close(g);
     return 0;
 }

@@ -7,8 +7,6 @@
  * inputs (the PEFT-layout path, then the frozen f32 and bf16 copies), and it is freed.
  * Seeds: tests/fuzz/corpus/peft (adapters zs_lora_save wrote for that base: all seven targets,
  * attention only, rsLoRA). */
-#include <dirent.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +21,7 @@
 #include "init-model.h"
 #include "lora.h"
 #include "model.h"
+#include "fuzz-util.h"
 
 #define FZ_MAX_INPUT (1 << 20)
 
@@ -35,25 +34,12 @@ static char fz_dir[64], fz_base[128], fz_ad[128];
 static zs_model *fz_model;
 static volatile uint64_t sink;
 
-static void fz_rmdir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    char p[512];
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static void fz_cleanup(void) {
     zs_model_free(fz_model);
     fz_model = NULL;
-    fz_rmdir(fz_ad);
-    fz_rmdir(fz_base);
+    fz_remove(fz_ad);
+    fz_remove(fz_base);
     rmdir(fz_dir);
 }
 
@@ -61,8 +47,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     zs_log_set_level(ZS_LOG_ERROR);
-    snprintf(fz_dir, sizeof fz_dir, "/dev/shm/fuzz-peft-XXXXXX");
-    if (!mkdtemp(fz_dir)) abort();
+    fz_scratch_make(fz_dir, sizeof fz_dir, "peft");
     snprintf(fz_base, sizeof fz_base, "%s/base", fz_dir);
     snprintf(fz_ad, sizeof fz_ad, "%s/adapter", fz_dir);
     atexit(fz_cleanup);
@@ -83,19 +68,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-static void fz_put(const char *name, const uint8_t *p, size_t n) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", fz_ad, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) abort();
-    size_t off = 0;
-    while (off < n) {
-        ssize_t w = write(fd, p + off, n - off);
-        if (w <= 0) abort();
-        off += (size_t)w;
-    }
-    close(fd);
-}
 
 /* y += scale·B·A·x for every target of every layer, on two rows */
 static void fz_apply(const zs_lora *l) {
@@ -138,8 +110,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint32_t cl = (uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16 |
                   (uint32_t)data[3] << 24;
     if (cl > size - 4) cl = (uint32_t)(size - 4);
-    fz_put("adapter_config.json", data + 4, cl);
-    fz_put("adapter_model.safetensors", data + 4 + cl, size - 4 - cl);
+    fz_write(fz_ad, "adapter_config.json", data + 4, cl);
+    fz_write(fz_ad, "adapter_model.safetensors", data + 4 + cl, size - 4 - cl);
     zs_lora *l = NULL;
     int rc = zs_lora_load(fz_ad, fz_model, &l);
     if (rc < 0) {

@@ -9,8 +9,6 @@
  * After a successful open every tensor is fetched with zs_st_get under its own shape, found by
  * name, its first and last byte read and its pages released; the fingerprint is taken. */
 #define _GNU_SOURCE /* memmem */
-#include <dirent.h>
-#include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +18,7 @@
 
 #include "common.h"
 #include "safetensors.h"
+#include "fuzz-util.h"
 
 #define FZ_MAX_INPUT (1 << 21)
 #define FZ_MAX_PARTS 5
@@ -28,48 +27,18 @@
 static char fz_dir[64];
 static volatile uint64_t sink;
 
-/* Removes every file of the work directory (it holds only what fz_put wrote). */
-static void fz_clear(void) {
-    DIR *d = opendir(fz_dir);
-    if (!d) return;
-    struct dirent *de;
-    char p[512];
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.') continue;
-        snprintf(p, sizeof p, "%s/%s", fz_dir, de->d_name);
-        unlink(p);
-    }
-    closedir(d);
-}
 
-static void fz_cleanup(void) {
-    fz_clear();
-    rmdir(fz_dir);
-}
+static void fz_cleanup(void) { fz_remove(fz_dir); }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     zs_log_set_level(ZS_LOG_ERROR);
-    snprintf(fz_dir, sizeof fz_dir, "/dev/shm/fuzz-st-XXXXXX");
-    if (!mkdtemp(fz_dir)) abort();
+    fz_scratch_make(fz_dir, sizeof fz_dir, "st");
     atexit(fz_cleanup);
     return 0;
 }
 
-static void fz_put(const char *name, const uint8_t *p, size_t n) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", fz_dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) abort();
-    size_t off = 0;
-    while (off < n) {
-        ssize_t w = write(fd, p + off, n - off);
-        if (w <= 0) abort();
-        off += (size_t)w;
-    }
-    close(fd);
-}
 
 static void fz_walk(const zs_st_set *s) {
     size_t n = zs_st_count(s);
@@ -114,17 +83,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc;
     if (mode == 0) {
         snprintf(path, sizeof path, "%s/x.safetensors", fz_dir);
-        fz_put("x.safetensors", part[0], plen[0]);
+        fz_write(fz_dir, "x.safetensors", part[0], plen[0]);
         rc = zs_st_open_file(path, &s);
     } else if (mode == 1) {
-        fz_put("model.safetensors", part[0], plen[0]);
+        fz_write(fz_dir, "model.safetensors", part[0], plen[0]);
         rc = zs_st_open_dir(fz_dir, &s);
     } else {
-        if (mode == 2) fz_put("model.safetensors.index.json", part[0], plen[0]);
+        if (mode == 2) fz_write(fz_dir, "model.safetensors.index.json", part[0], plen[0]);
         for (size_t i = 1; i < np; i++) {
             char nm[32];
             snprintf(nm, sizeof nm, "%c.safetensors", (char)('a' + i - 1));
-            fz_put(nm, part[i], plen[i]);
+            fz_write(fz_dir, nm, part[i], plen[i]);
         }
         rc = zs_st_open_dir(fz_dir, &s);
     }
@@ -134,6 +103,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_walk(s);
         zs_st_close(s);
     }
-    fz_clear();
+    fz_empty(fz_dir);
     return 0;
 }
