@@ -58,13 +58,15 @@ echo "process $OMPI_COMM_WORLD_RANK exit $rc $(date +%s%N)" >>"$ZS_RC_FILE"
 exit $rc
 EOF
 # mpr NP ARGS...: mpirun on host 0 across hosts 0..NP-1 (what users run across real nodes),
-# with the daemon keep-alive the README recommends, under a time limit
+# with the daemon keep-alive the README recommends, under a time limit; the daemons stay attached
+# to the launch agent, so one that fails to start ends mpirun with an error instead of a wait
 MPR_LIMIT=120
 mpr() {
     local np=$1 hosts; shift
     hosts=$(seq -s, -f "10.231.0.%g" 1 "$np")
     $H0 unshare --uts sh -c 'hostname "$0"; exec "$@"' "$P-h0" \
         timeout $MPR_LIMIT mpirun --mca plm_rsh_agent "$PWD/tests/cluster/rsh.sh" --mca plm_rsh_no_tree_spawn 1 \
+        --mca orte_leave_session_attached 1 \
         --mca oob_tcp_if_include 10.231.0.0/24 --mca btl self,tcp --mca btl_tcp_if_include 10.231.0.0/24 \
         --mca oob_tcp_keepalive_time 10 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 \
         -x ZS_CLUSTER_NS -x ZS_LOG -x ZS_RC_FILE --host "$hosts" -np "$np" "$@"

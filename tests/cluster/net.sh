@@ -6,7 +6,8 @@
 #   sh tests/cluster/net.sh up PREFIX N     make the hosts (removes leftovers of PREFIX first)
 #   sh tests/cluster/net.sh down PREFIX     remove them
 #   sh tests/cluster/net.sh cut PREFIX I    unplug host I: its switch port goes down (a cable cut)
-#   sh tests/cluster/net.sh mend PREFIX I   plug it back
+#   sh tests/cluster/net.sh mend PREFIX I   plug it back, and wait (up to 15 s) until host I and
+#                                           host 0 reach each other over TCP again
 # Needs root and iproute2.
 set -e
 cmd=$1 P=$2
@@ -42,6 +43,22 @@ up)
     ;;
 down) down ;;
 cut) ip -n "$sw" link set "p$3" down ;;
-mend) ip -n "$sw" link set "p$3" up ;;
+mend)
+    ip -n "$sw" link set "p$3" up
+    # the port's carrier comes back up to a second later (linkwatch), and a daemon launched
+    # before host I reaches host 0 fails to start (mpirun: "unable to reliably start one or
+    # more daemons"). A connection from host I to a closed port of host 0 is refused (curl
+    # exit 7) once both directions work, and times out while they do not.
+    if [ "$3" != 0 ] && command -v curl >/dev/null; then
+        k=0
+        while [ "$k" -lt 15 ]; do
+            rc=0; ip netns exec "$P-h$3" curl -s -m 1 http://10.231.0.1:9/ >/dev/null 2>&1 || rc=$?
+            [ "$rc" = 7 ] && break
+            k=$((k + 1))
+        done
+    else
+        sleep 2
+    fi
+    ;;
 *) echo "usage: net.sh up|down|cut|mend PREFIX [N|I]" >&2; exit 2 ;;
 esac
