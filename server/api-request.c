@@ -22,7 +22,6 @@
 #include "api-tools.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -48,22 +47,6 @@ static const char *json_type_name(const json_t *v) {
     case JSON_FALSE: return "a boolean";
     default: return "null";
     }
-}
-
-/* ------------------------------------------------------------------ request errors */
-
-int zs_api_fail(api_err *e, int status, const char *param, const char *code, const char *fmt, ...) {
-    e->status = status;
-    e->type = status == 429 ? "rate_limit_error"
-              : status >= 500 ? "server_error"
-                              : "invalid_request_error";
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
-    return -1;
 }
 
 static int bad_type(api_err *e, const char *name, const char *want, const json_t *v) {
