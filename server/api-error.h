@@ -5,6 +5,8 @@
 #ifndef ZS_API_ERROR_H
 #define ZS_API_ERROR_H
 
+#include <jansson.h>
+
 typedef struct api_err {
     int status;           /* HTTP status */
     const char *type;     /* "invalid_request_error", "rate_limit_error" (429), "server_error" (5xx) */
@@ -16,5 +18,8 @@ typedef struct api_err {
 /* Fills e (type from the status, param NULL: none, the message printf-style); returns -1. */
 int zs_api_fail(api_err *e, int status, const char *param, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
+/* 400 invalid_type: "Invalid type for 'name': expected <want>, but got <v's type> instead."; -1. */
+int zs_api_bad_type(api_err *e, const char *name, const char *want, const json_t *v);
+const char *zs_api_json_type(const json_t *v); /* "an object", "an array", "a string", ..., "null" */
 
 #endif
