@@ -22,7 +22,6 @@
 #include "api-tools.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -37,45 +36,11 @@ static uint64_t random_u64(void) {
     return x;
 }
 
-static const char *json_type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
-/* ------------------------------------------------------------------ request errors */
-
-int zs_api_fail(api_err *e, int status, const char *param, const char *code, const char *fmt, ...) {
-    e->status = status;
-    e->type = status == 429 ? "rate_limit_error"
-              : status >= 500 ? "server_error"
-                              : "invalid_request_error";
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static int bad_type(api_err *e, const char *name, const char *want, const json_t *v) {
-    return zs_api_fail(e, 400, name, "invalid_type", "Invalid type for '%s': expected %s, but got %s instead.",
-                name, want, json_type_name(v));
-}
-
 /* Number field (integer or real); absent/null leaves *out. */
 static int get_num(json_t *o, const char *name, double lo, double hi, double *out, int *given, api_err *e) {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v)) return 0;
-    if (!json_is_number(v)) return bad_type(e, name, "a number", v);
+    if (!json_is_number(v)) return zs_api_bad_type(e, name, "a number", v);
     double x = json_number_value(v);
     if (!isfinite(x) || x < lo || x > hi)
         return zs_api_fail(e, 400, name, "invalid_value", "Invalid '%s': %g is out of range; expected a value between %g and %g.",
@@ -105,7 +70,7 @@ static int get_int(json_t *o, const char *name, long long lo, long long hi, long
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v)) return 0;
     long long x;
-    if (!int_value(v, &x)) return bad_type(e, name, "an integer", v);
+    if (!int_value(v, &x)) return zs_api_bad_type(e, name, "an integer", v);
     if (x < lo || x > hi)
         return zs_api_fail(e, 400, name, "invalid_value", "Invalid '%s': %lld is out of range; expected a value between %lld and %lld.",
                     name, x, lo, hi);
@@ -117,7 +82,7 @@ static int get_int(json_t *o, const char *name, long long lo, long long hi, long
 static int get_bool(json_t *o, const char *name, int *out, api_err *e) {
     json_t *v = json_object_get(o, name);
     if (!v || json_is_null(v)) return 0;
-    if (!json_is_boolean(v)) return bad_type(e, name, "a boolean", v);
+    if (!json_is_boolean(v)) return zs_api_bad_type(e, name, "a boolean", v);
     *out = json_is_true(v);
     return 0;
 }
@@ -228,7 +193,7 @@ static int parse_prompt(const zs_api_model *a, req_t *q, api_err *e) {
     if (!p || json_is_null(p)) return zs_api_fail(e, 400, "prompt", "missing_required_parameter", "Missing required parameter: 'prompt'.");
     if (json_is_string(p))
         return encode_text(a, q, json_string_value(p), json_string_length(p), 1, "prompt", e);
-    if (!json_is_array(p)) return bad_type(e, "prompt", "a string or an array", p);
+    if (!json_is_array(p)) return zs_api_bad_type(e, "prompt", "a string or an array", p);
     size_t n = json_array_size(p);
     if (n == 0) return zs_api_fail(e, 400, "prompt", "invalid_value", "'prompt' must not be an empty array.");
     json_t *first = json_array_get(p, 0);
@@ -261,7 +226,7 @@ static int msg_content(json_t *c, size_t i, int null_ok, const char **out, char 
     }
     if ((!c || json_is_null(c)) && null_ok) return 0;
     if (!json_is_array(c))
-        return c ? bad_type(e, pname, "a string or an array of content parts", c)
+        return c ? zs_api_bad_type(e, pname, "a string or an array of content parts", c)
                  : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
     sbuf b = {0};
     size_t j;
@@ -278,7 +243,7 @@ static int msg_content(json_t *c, size_t i, int null_ok, const char **out, char 
         if (!json_is_string(text)) {
             free(b.p);
             snprintf(pname, sizeof pname, "messages[%zu].content[%zu].text", i, j);
-            return text ? bad_type(e, pname, "a string", text)
+            return text ? zs_api_bad_type(e, pname, "a string", text)
                         : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
         }
         if (j) sb_addn(&b, "\n", 1);
@@ -300,7 +265,7 @@ static int msg_str(json_t *o, const char *key, size_t i, const char *path, const
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v))
         return zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
-    if (!json_is_string(v)) return bad_type(e, pname, "a string", v);
+    if (!json_is_string(v)) return zs_api_bad_type(e, pname, "a string", v);
     *out = json_string_value(v);
     return 0;
 }
@@ -310,7 +275,7 @@ static int msg_tool_calls(json_t *tc, size_t i, zs_tool_msg *m, api_err *e) {
     char pname[96];
     snprintf(pname, sizeof pname, "messages[%zu].tool_calls", i);
     if (!tc || json_is_null(tc)) return 0;
-    if (!json_is_array(tc)) return bad_type(e, pname, "an array", tc);
+    if (!json_is_array(tc)) return zs_api_bad_type(e, pname, "an array", tc);
     size_t n = json_array_size(tc);
     if (!n) return 0;
     zs_tool_call *calls = calloc(n, sizeof *calls);
@@ -321,7 +286,7 @@ static int msg_tool_calls(json_t *tc, size_t i, zs_tool_msg *m, api_err *e) {
         json_t *c = json_array_get(tc, k);
         char path[64];
         snprintf(pname, sizeof pname, "messages[%zu].tool_calls[%zu]", i, k);
-        if (!json_is_object(c)) return bad_type(e, pname, "an object", c);
+        if (!json_is_object(c)) return zs_api_bad_type(e, pname, "an object", c);
         snprintf(path, sizeof path, "tool_calls[%zu].id", k);
         if (msg_str(c, "id", i, path, &calls[k].id, e) < 0) return -1;
         json_t *type = json_object_get(c, "type");
@@ -331,7 +296,7 @@ static int msg_tool_calls(json_t *tc, size_t i, zs_tool_msg *m, api_err *e) {
         json_t *fn = json_object_get(c, "function");
         snprintf(pname, sizeof pname, "messages[%zu].tool_calls[%zu].function", i, k);
         if (!fn) return zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
-        if (!json_is_object(fn)) return bad_type(e, pname, "an object", fn);
+        if (!json_is_object(fn)) return zs_api_bad_type(e, pname, "an object", fn);
         snprintf(path, sizeof path, "tool_calls[%zu].function.name", k);
         if (msg_str(fn, "name", i, path, &calls[k].name, e) < 0) return -1;
         snprintf(path, sizeof path, "tool_calls[%zu].function.arguments", k);
@@ -356,7 +321,7 @@ static int render_chat(const zs_api_model *a, json_t *m, const zs_api_tools *too
                        api_err *e) {
     *out = NULL;
     if (!m || json_is_null(m)) return zs_api_fail(e, 400, "messages", "missing_required_parameter", "Missing required parameter: 'messages'.");
-    if (!json_is_array(m)) return bad_type(e, "messages", "an array", m);
+    if (!json_is_array(m)) return zs_api_bad_type(e, "messages", "an array", m);
     size_t n = json_array_size(m);
     if (n == 0) return zs_api_fail(e, 400, "messages", "invalid_value", "'messages' must contain at least one message.");
     if (n > 100000) return zs_api_fail(e, 400, "messages", "invalid_value", "Too many messages.");
@@ -369,13 +334,13 @@ static int render_chat(const zs_api_model *a, json_t *m, const zs_api_tools *too
         json_t *msg = json_array_get(m, i);
         snprintf(pname, sizeof pname, "messages[%zu]", i);
         if (!json_is_object(msg)) {
-            rc = bad_type(e, pname, "an object", msg);
+            rc = zs_api_bad_type(e, pname, "an object", msg);
             break;
         }
         json_t *role = json_object_get(msg, "role");
         snprintf(pname, sizeof pname, "messages[%zu].role", i);
         if (!json_is_string(role)) {
-            rc = role ? bad_type(e, pname, "a string", role)
+            rc = role ? zs_api_bad_type(e, pname, "a string", role)
                       : zs_api_fail(e, 400, pname, "missing_required_parameter", "Missing required parameter: '%s'.", pname);
             break;
         }
@@ -395,7 +360,7 @@ static int render_chat(const zs_api_model *a, json_t *m, const zs_api_tools *too
             if (nm && !json_is_null(nm)) {
                 snprintf(pname, sizeof pname, "messages[%zu].name", i);
                 if (!json_is_string(nm)) {
-                    rc = bad_type(e, pname, "a string", nm);
+                    rc = zs_api_bad_type(e, pname, "a string", nm);
                     break;
                 }
                 msgs[i].name = json_string_value(nm);
@@ -537,14 +502,14 @@ int zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t 
                     "The body must be a JSON object.", je.text, je.line, je.column);
     if (!json_is_object(q->root))
         return zs_api_fail(e, 400, NULL, NULL, "The body of your request must be a JSON object, not %s.",
-                    json_type_name(q->root));
+                    zs_api_json_type(q->root));
     json_t *root = q->root;
     if (check_fields(root, chat ? k_chat_fields : k_cmpl_fields, e) < 0) return -1;
 
     json_t *model = json_object_get(root, "model");
     const zs_api_model *m = zs_api_model_find(a, NULL);
     if (model && !json_is_null(model)) {
-        if (!json_is_string(model)) return bad_type(e, "model", "a string", model);
+        if (!json_is_string(model)) return zs_api_bad_type(e, "model", "a string", model);
         if (zs_api_resolve(a, json_string_value(model), &m, &q->adapter) < 0)
             return zs_api_fail(e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s').",
                         json_string_value(model), a->base.model_name);
@@ -582,7 +547,7 @@ int zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t 
     if (get_bool(root, "stream", &q->stream, e) < 0) return -1;
     json_t *so = json_object_get(root, "stream_options");
     if (so && !json_is_null(so)) {
-        if (!json_is_object(so)) return bad_type(e, "stream_options", "an object", so);
+        if (!json_is_object(so)) return zs_api_bad_type(e, "stream_options", "an object", so);
         if (!q->stream)
             return zs_api_fail(e, 400, "stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.");
         const char *k;
@@ -593,7 +558,7 @@ int zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t 
         }
         json_t *iu = json_object_get(so, "include_usage");
         if (iu && !json_is_null(iu)) {
-            if (!json_is_boolean(iu)) return bad_type(e, "stream_options.include_usage", "a boolean", iu);
+            if (!json_is_boolean(iu)) return zs_api_bad_type(e, "stream_options.include_usage", "a boolean", iu);
             q->include_usage = json_is_true(iu);
         }
     }
@@ -605,13 +570,13 @@ int zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t 
         json_t *one[1] = {st};
         size_t ns = 1;
         if (json_is_array(st)) ns = json_array_size(st);
-        else if (!json_is_string(st)) return bad_type(e, "stop", "a string or an array of strings", st);
+        else if (!json_is_string(st)) return zs_api_bad_type(e, "stop", "a string or an array of strings", st);
         if (ns > ZS_STOP_MAX_COUNT)
             return zs_api_fail(e, 400, "stop", "invalid_value", "Invalid 'stop': at most %d stop sequences are supported.",
                         ZS_STOP_MAX_COUNT);
         for (size_t i = 0; i < ns; i++) {
             json_t *v = json_is_array(st) ? json_array_get(st, i) : one[0];
-            if (!json_is_string(v)) return bad_type(e, "stop", "a string or an array of strings", v);
+            if (!json_is_string(v)) return zs_api_bad_type(e, "stop", "a string or an array of strings", v);
             size_t l = json_string_length(v);
             if (l == 0) continue; /* an empty stop string stops nothing */
             if (l > ZS_STOP_MAX_LEN || strlen(json_string_value(v)) != l)
@@ -653,25 +618,25 @@ int zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t 
         if (ll != 1) return unsupported(e, "best_of", "only 1 is accepted");
         json_t *sfx = json_object_get(root, "suffix");
         if (sfx && !json_is_null(sfx)) {
-            if (!json_is_string(sfx)) return bad_type(e, "suffix", "a string", sfx);
+            if (!json_is_string(sfx)) return zs_api_bad_type(e, "suffix", "a string", sfx);
             if (json_string_length(sfx)) return unsupported(e, "suffix", "only null or \"\" is accepted");
         }
     }
     json_t *lb = json_object_get(root, "logit_bias");
     if (lb && !json_is_null(lb)) {
-        if (!json_is_object(lb)) return bad_type(e, "logit_bias", "an object", lb);
+        if (!json_is_object(lb)) return zs_api_bad_type(e, "logit_bias", "an object", lb);
         if (json_object_size(lb)) return unsupported(e, "logit_bias", "only an empty map is accepted");
     }
     json_t *us = json_object_get(root, "user");
-    if (us && !json_is_null(us) && !json_is_string(us)) return bad_type(e, "user", "a string", us);
+    if (us && !json_is_null(us) && !json_is_string(us)) return zs_api_bad_type(e, "user", "a string", us);
     if (chat) {
         if (zs_api_tools_parse(root, m, &q->tools, e) < 0) return -1;
         json_t *md = json_object_get(root, "metadata");
-        if (md && !json_is_null(md) && !json_is_object(md)) return bad_type(e, "metadata", "an object", md);
+        if (md && !json_is_null(md) && !json_is_object(md)) return zs_api_bad_type(e, "metadata", "an object", md);
         json_t *sto = json_object_get(root, "store");
-        if (sto && !json_is_null(sto) && !json_is_boolean(sto)) return bad_type(e, "store", "a boolean", sto);
+        if (sto && !json_is_null(sto) && !json_is_boolean(sto)) return zs_api_bad_type(e, "store", "a boolean", sto);
         json_t *tier = json_object_get(root, "service_tier");
-        if (tier && !json_is_null(tier) && !json_is_string(tier)) return bad_type(e, "service_tier", "a string", tier);
+        if (tier && !json_is_null(tier) && !json_is_string(tier)) return zs_api_bad_type(e, "service_tier", "a string", tier);
     }
 
     /* max tokens: validated before the prompt so a type error is reported as such */
@@ -695,7 +660,7 @@ int zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t 
     json_t *rf = json_object_get(root, "response_format");
     int rf_json = 0;
     if (rf && !json_is_null(rf)) {
-        if (!json_is_object(rf)) return bad_type(e, "response_format", "an object", rf);
+        if (!json_is_object(rf)) return zs_api_bad_type(e, "response_format", "an object", rf);
         json_t *t = json_object_get(rf, "type");
         rf_json = json_is_string(t) && strcmp(json_string_value(t), "text");
     }

@@ -1,12 +1,12 @@
-/* api-request.h — a completions or chat request parsed and validated (api-request.c), and the
- * error a request is answered with (api-openai.c turns it into the OpenAI error shape). Not a
- * public interface. */
+/* api-request.h — a completions or chat request parsed and validated (api-request.c); a bad one
+ * is answered with api-error.h's error. Not a public interface. */
 #ifndef ZS_API_REQUEST_H
 #define ZS_API_REQUEST_H
 
 #include <jansson.h>
 #include <stdint.h>
 
+#include "api-error.h"
 #include "api-models.h"
 #include "sampler.h"
 #include "stop.h"
@@ -14,17 +14,6 @@
 #define MAX_N 16            /* choices per prompt */
 #define MAX_CHOICES 128     /* prompts x n per request */
 #define MAX_LOGPROBS_CMPL 5 /* completions: logprobs 0..5 */
-
-/* An error to answer with: status, OpenAI type and code, the field at fault, a message. */
-typedef struct api_err {
-    int status;
-    const char *type, *code;
-    char param[96];
-    char msg[600];
-} api_err;
-
-int zs_api_fail(api_err *e, int status, const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
 
 /* A parsed, validated request: sampling and limits, stop strings (pointing into root) and the
  * tokenized prompts (one per prompt; chat has one). */

@@ -260,24 +260,6 @@ static int valid_name(const char *s) {
     return 1;
 }
 
-static const char *type_name(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
-
-static int bad_type(api_err *e, const char *name, const char *want, const json_t *v) {
-    return zs_api_fail(e, 400, name, "invalid_type", "Invalid type for '%s': expected %s, but got %s instead.", name,
-                       want, type_name(v));
-}
-
 static int missing(api_err *e, const char *name) {
     return zs_api_fail(e, 400, name, "missing_required_parameter", "Missing required parameter: '%s'.", name);
 }
@@ -302,10 +284,10 @@ int zs_api_response_format(json_t *root, const zs_api_model *m, zs_api_cons **ou
     *out = NULL;
     json_t *rf = json_object_get(root, "response_format");
     if (!rf || json_is_null(rf)) return 0;
-    if (!json_is_object(rf)) return bad_type(e, "response_format", "an object", rf);
+    if (!json_is_object(rf)) return zs_api_bad_type(e, "response_format", "an object", rf);
     json_t *t = json_object_get(rf, "type");
     if (!t) return missing(e, "response_format.type");
-    if (!json_is_string(t)) return bad_type(e, "response_format.type", "a string", t);
+    if (!json_is_string(t)) return zs_api_bad_type(e, "response_format.type", "a string", t);
     const char *ts = json_string_value(t);
     static const char *const k_type[] = {"type", NULL};
     static const char *const k_schema[] = {"type", "json_schema", NULL};
@@ -323,28 +305,28 @@ int zs_api_response_format(json_t *root, const zs_api_model *m, zs_api_cons **ou
     if (known_keys(rf, "response_format", k_schema, e) < 0) return -1;
     json_t *js = json_object_get(rf, "json_schema");
     if (!js || json_is_null(js)) return missing(e, "response_format.json_schema");
-    if (!json_is_object(js)) return bad_type(e, "response_format.json_schema", "an object", js);
+    if (!json_is_object(js)) return zs_api_bad_type(e, "response_format.json_schema", "an object", js);
     static const char *const k_js[] = {"name", "schema", "strict", "description", NULL};
     if (known_keys(js, "response_format.json_schema", k_js, e) < 0) return -1;
     json_t *name = json_object_get(js, "name");
     if (!name || json_is_null(name)) return missing(e, "response_format.json_schema.name");
-    if (!json_is_string(name)) return bad_type(e, "response_format.json_schema.name", "a string", name);
+    if (!json_is_string(name)) return zs_api_bad_type(e, "response_format.json_schema.name", "a string", name);
     if (!valid_name(json_string_value(name)))
         return zs_api_fail(e, 400, "response_format.json_schema.name", "invalid_value",
                            "Invalid 'response_format.json_schema.name': '%s' must be 1 to 64 characters of a-z, A-Z, "
                            "0-9, '_' and '-'.", json_string_value(name));
     json_t *st = json_object_get(js, "strict");
     if (st && !json_is_null(st) && !json_is_boolean(st))
-        return bad_type(e, "response_format.json_schema.strict", "a boolean", st);
+        return zs_api_bad_type(e, "response_format.json_schema.strict", "a boolean", st);
     /* accepted and not used: OpenAI gives it to the model as a hint; here the grammar alone
      * decides the value (README, "Structured outputs and tool calls") */
     json_t *d = json_object_get(js, "description");
     if (d && !json_is_null(d) && !json_is_string(d))
-        return bad_type(e, "response_format.json_schema.description", "a string", d);
+        return zs_api_bad_type(e, "response_format.json_schema.description", "a string", d);
     json_t *schema = json_object_get(js, "schema");
     char *text = NULL;
     if (schema && !json_is_null(schema)) {
-        if (!json_is_object(schema)) return bad_type(e, "response_format.json_schema.schema", "an object", schema);
+        if (!json_is_object(schema)) return zs_api_bad_type(e, "response_format.json_schema.schema", "an object", schema);
         text = json_dumps(schema, JSON_SORT_KEYS | JSON_COMPACT);
         if (!text) return zs_api_fail(e, 500, NULL, NULL, "out of memory");
     }
@@ -375,7 +357,7 @@ void zs_api_tools_free(zs_api_tools *t) {
 static int parse_tool(json_t *v, size_t i, zs_tool_def *d, api_err *e) {
     char p[96];
     snprintf(p, sizeof p, "tools[%zu]", i);
-    if (!json_is_object(v)) return bad_type(e, p, "an object", v);
+    if (!json_is_object(v)) return zs_api_bad_type(e, p, "an object", v);
     static const char *const k_tool[] = {"type", "function", NULL};
     static const char *const k_fn[] = {"name", "description", "parameters", "strict", NULL};
     if (known_keys(v, p, k_tool, e) < 0) return -1;
@@ -387,25 +369,25 @@ static int parse_tool(json_t *v, size_t i, zs_tool_def *d, api_err *e) {
     json_t *fn = json_object_get(v, "function");
     snprintf(p, sizeof p, "tools[%zu].function", i);
     if (!fn) return missing(e, p);
-    if (!json_is_object(fn)) return bad_type(e, p, "an object", fn);
+    if (!json_is_object(fn)) return zs_api_bad_type(e, p, "an object", fn);
     if (known_keys(fn, p, k_fn, e) < 0) return -1;
     json_t *name = json_object_get(fn, "name");
     snprintf(p, sizeof p, "tools[%zu].function.name", i);
     if (!name) return missing(e, p);
-    if (!json_is_string(name)) return bad_type(e, p, "a string", name);
+    if (!json_is_string(name)) return zs_api_bad_type(e, p, "a string", name);
     if (!valid_name(json_string_value(name)) || strlen(json_string_value(name)) != json_string_length(name))
         return zs_api_fail(e, 400, p, "invalid_value",
                            "Invalid '%s': '%s' does not match '^[a-zA-Z0-9_-]{1,64}$'.", p, json_string_value(name));
     json_t *desc = json_object_get(fn, "description");
     snprintf(p, sizeof p, "tools[%zu].function.description", i);
-    if (desc && !json_is_null(desc) && !json_is_string(desc)) return bad_type(e, p, "a string", desc);
+    if (desc && !json_is_null(desc) && !json_is_string(desc)) return zs_api_bad_type(e, p, "a string", desc);
     json_t *par = json_object_get(fn, "parameters");
     snprintf(p, sizeof p, "tools[%zu].function.parameters", i);
-    if (par && !json_is_null(par) && !json_is_object(par)) return bad_type(e, p, "an object", par);
+    if (par && !json_is_null(par) && !json_is_object(par)) return zs_api_bad_type(e, p, "an object", par);
     /* accepted and not used: a constrained call always follows the parameters' schema, strict or not */
     json_t *st = json_object_get(fn, "strict");
     snprintf(p, sizeof p, "tools[%zu].function.strict", i);
-    if (st && !json_is_null(st) && !json_is_boolean(st)) return bad_type(e, p, "a boolean", st);
+    if (st && !json_is_null(st) && !json_is_boolean(st)) return zs_api_bad_type(e, p, "a boolean", st);
     d->name = strdup(json_string_value(name));
     d->description = json_is_string(desc) ? strdup(json_string_value(desc)) : NULL;
     d->parameters = json_is_object(par) ? json_dumps(par, JSON_COMPACT) : NULL;
@@ -439,11 +421,11 @@ static int parse_tool_choice(json_t *tc, zs_api_tools *t, api_err *e) {
                                "Invalid value for 'tool_choice.type': only 'function' is supported.");
         json_t *fn = json_object_get(tc, "function");
         if (!fn) return missing(e, "tool_choice.function");
-        if (!json_is_object(fn)) return bad_type(e, "tool_choice.function", "an object", fn);
+        if (!json_is_object(fn)) return zs_api_bad_type(e, "tool_choice.function", "an object", fn);
         if (known_keys(fn, "tool_choice.function", k_fn, e) < 0) return -1;
         json_t *name = json_object_get(fn, "name");
         if (!name) return missing(e, "tool_choice.function.name");
-        if (!json_is_string(name)) return bad_type(e, "tool_choice.function.name", "a string", name);
+        if (!json_is_string(name)) return zs_api_bad_type(e, "tool_choice.function.name", "a string", name);
         int found = 0;
         for (int i = 0; i < t->n && !found; i++) found = !strcmp(t->defs[i].name, json_string_value(name));
         if (!found)
@@ -453,7 +435,7 @@ static int parse_tool_choice(json_t *tc, zs_api_tools *t, api_err *e) {
         t->choice = ZS_API_TC_NAMED;
         if (!(t->only = strdup(json_string_value(name)))) return zs_api_fail(e, 500, NULL, NULL, "out of memory");
     } else {
-        return bad_type(e, "tool_choice", "a string or an object", tc);
+        return zs_api_bad_type(e, "tool_choice", "a string or an object", tc);
     }
     if ((t->choice == ZS_API_TC_REQUIRED || t->choice == ZS_API_TC_NAMED) && !t->n)
         return zs_api_fail(e, 400, "tool_choice", "invalid_value",
@@ -466,8 +448,8 @@ int zs_api_tools_parse(json_t *root, const zs_api_model *m, zs_api_tools **out, 
     json_t *tools = json_object_get(root, "tools");
     json_t *tc = json_object_get(root, "tool_choice");
     json_t *ptc = json_object_get(root, "parallel_tool_calls");
-    if (ptc && !json_is_null(ptc) && !json_is_boolean(ptc)) return bad_type(e, "parallel_tool_calls", "a boolean", ptc);
-    if (tools && !json_is_null(tools) && !json_is_array(tools)) return bad_type(e, "tools", "an array", tools);
+    if (ptc && !json_is_null(ptc) && !json_is_boolean(ptc)) return zs_api_bad_type(e, "parallel_tool_calls", "a boolean", ptc);
+    if (tools && !json_is_null(tools) && !json_is_array(tools)) return zs_api_bad_type(e, "tools", "an array", tools);
     size_t n = json_is_array(tools) ? json_array_size(tools) : 0;
     if (n > ZS_API_MAX_TOOLS)
         return zs_api_fail(e, 400, "tools", "invalid_value", "Invalid 'tools': at most %d tools are supported, got %zu.",

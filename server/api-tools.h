@@ -3,7 +3,7 @@
  * constraints (sched.h's zs_req_constraint), and the pieces the answers need (tool calls as
  * OpenAI's JSON, and an incremental scanner of a call being generated, for streaming). Not a
  * public interface. Dependencies: api-request.c and api-openai.c use this; it uses
- * jsonschema.h, toolcall.h and api-request.h's error type.
+ * jsonschema.h, toolcall.h and api-error.h.
  *
  * Grammar cache: compiled grammars with their token masks (zs_jschema_mask_new over a model's
  * tokenizer), keyed by (tokenizer, the schema's canonical JSON text: json_dumps with
@@ -23,7 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "api-request.h"
+#include "api-error.h"
+#include "api-models.h"
 #include "jsonschema.h"
 #include "sched.h"
 #include "toolcall.h"

@@ -1,6 +1,7 @@
 /* ftjobs-internal.h — what the fine-tuning job routes (ftjobs.c) and the job runner (ftrun.c)
- * share: the job table and its records (ftjobs-table.c). Not a public interface.
- * Dependencies run one way: ftjobs.c -> ftrun.c -> ftjobs-table.c.
+ * share: the job table and its records (ftjobs-table.c), a job's "lora" object (ftjobs-lora.c).
+ * Not a public interface. Dependencies run one way: ftjobs.c -> ftrun.c -> ftjobs-table.c and
+ * ftjobs-lora.c (which ftjobs.c uses too).
  *
  * Locking: zs_ftjobs.mu guards the job table, every job's json object and events, the served
  * fine-tuned models list and the runner's flags. Engine/scheduler/training calls and file
@@ -17,12 +18,15 @@
  * quantized weights (which a full fine-tune refuses), a full fine-tune otherwise */
 #define FT_LORA_DEFAULT_PARAMS 100000000ull
 
+/* A job's "lora" object {"r", "alpha", "dropout", "target_modules": the names of the targets'
+ * bits}, a new reference (ftjobs-lora.c). */
+json_t *zs_ftjobs_lora_json(int r, double alpha, double dropout, unsigned targets);
 /* The default LoRA of a job ({"r":16,"alpha":32,"dropout":0,"target_modules":[the base's default: all seven, or
  * q, k, v, o on a mixture of experts]}),
- * a new reference (ftjobs.c). */
+ * a new reference (ftjobs-lora.c). */
 json_t *zs_ftjobs_lora_default(zs_engine *base); /* base NULL: every target */
 /* The "lora" a job gets when the request has none: zs_ftjobs_lora_default() or null, by the base
- * (FT_LORA_DEFAULT_PARAMS); a new reference (ftjobs.c). */
+ * (FT_LORA_DEFAULT_PARAMS); a new reference (ftjobs-lora.c). */
 json_t *zs_ftjobs_lora_auto(zs_engine *base);
 
 typedef struct ftjob {

@@ -3,7 +3,8 @@
  * .../{id}/checkpoints): validation of the request, the job table, its persistence
  * (jobs/<id>.json written atomically on every status change, jobs/<id>.events.jsonl appended)
  * and reloading at start-up. The job records (find, status, events, paths) are
- * ftjobs-table.c; the runner that trains is ftrun.c.
+ * ftjobs-table.c, a job's "lora" object and its defaults ftjobs-lora.c; the runner that trains
+ * is ftrun.c.
  *
  * Hyperparameters: n_epochs (1..10000, "auto" = 3), batch_size (sequences per rank and step,
  * 1..256, "auto" = 2), learning_rate_multiplier (> 0 and <= 100, "auto" = 1): the LR is
@@ -137,23 +138,6 @@ static int parse_method(json_t *method, json_t **mhp, zs_http_req *r) {
     return 0;
 }
 
-static json_t *lora_json(int r, double alpha, double dropout, unsigned targets) {
-    json_t *tm = json_array();
-    for (int t = 0; t < ZS_LORA_NT; t++)
-        if (targets & (1u << t)) json_array_append_new(tm, json_string(zs_lora_target_name(t)));
-    return json_pack("{s:i,s:f,s:f,s:o}", "r", r, "alpha", alpha, "dropout", dropout, "target_modules", tm);
-}
-
-json_t *zs_ftjobs_lora_default(zs_engine *base) {
-    return lora_json(16, 32, 0, base ? zs_lora_default_targets(zs_model_config_get(zs_engine_model(base))) : ZS_LORA_ALL);
-}
-
-json_t *zs_ftjobs_lora_auto(zs_engine *base) {
-    zs_model *m = zs_engine_model(base);
-    int big = zs_model_param_count(m) >= FT_LORA_DEFAULT_PARAMS, quant = zs_model_quant_dtype(m) != ZS_DTYPE_COUNT;
-    return big || quant ? zs_ftjobs_lora_default(base) : json_null();
-}
-
 /* A target module name: PEFT's (q_proj ...) or without "_proj" (q ...); -1 for another. */
 static int target_of(const char *name) {
     for (int t = 0; t < ZS_LORA_NT; t++) {
@@ -230,7 +214,7 @@ static int parse_lora(json_t *lv, json_t **out, zs_http_req *r, zs_engine *base)
         snprintf(msg, sizeof msg, "Invalid 'lora.target_modules': %s.", zs_errmsg());
         return bad_param(r, "lora.target_modules", "invalid_value", msg);
     }
-    *out = lora_json((int)rank, alpha, dropout, targets);
+    *out = zs_ftjobs_lora_json((int)rank, alpha, dropout, targets);
     return *out ? 0 : bad_param(r, "lora", "invalid_value", "out of memory");
 }
 

@@ -3,7 +3,7 @@
  * matrix). Their search for a group's scale (and min) runs in f32 with every operation rounded in
  * the order ggml writes it and nothing fused, and rounds with ggml's nearest_int (the
  * add-1.5·2^23 trick), so the bytes match on any input, outliers, zeros and subnormals included.
- * The layout of the blocks is described in tensor.h. Pure functions, thread-safe. */
+ * The layout of the blocks is described in tensor.c. Pure functions, thread-safe. */
 #include <math.h>
 #include <string.h>
 
@@ -99,6 +99,14 @@ static inline void qk4_scale_min(const uint8_t *q, int j, int *sc, int *m) {
     }
 }
 
+/* n (a multiple of 256) f32 values to n/256 Q4_K / Q6_K super-blocks, the bytes of ggml's
+ * quantize_row_q4_K_ref / quantize_row_q6_K_ref (no importance matrix). Q4_K: per group of
+ * 32, ggml's make_qkx2_quants (weights rms(group) + |x|; levels 0..15 with a scale and a min, the
+ * best of 21 least-squares refits), the 8 scales and mins as 6-bit multiples of d = fp16(max
+ * scale / 63) and dmin = fp16(max min / 63), then the levels again against those. Q6_K: per 16,
+ * make_qx_quants (levels -32..31, weights x², the best of 19 grids), the 16 scales as int8
+ * multiples of d = fp16(max_scale / -128), then the levels again. Every operation an f32 one
+ * rounded in ggml's order, none fused; rounding with ggml's nearest_int. */
 ZS_QK_EXACT void zs_quantize_q4_k(void *dst, const float *src, size_t n) {
     uint8_t *o = dst;
     for (size_t b = 0; b < n / ZS_QK_K; b++, o += ZS_Q4_K_BYTES, src += ZS_QK_K) {

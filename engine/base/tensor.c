@@ -1,6 +1,20 @@
-/* tensor.c — dtype sizes and names, f16/bf16 <-> f32 conversion, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1
- * quantization and dequantization, Q4_K/Q6_K dequantization (ggml's reference arithmetic; the
- * K-quant quantizers are in quant-k.c). */
+/* tensor.c — dtype sizes and names, bf16 <-> f32 conversion, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1
+ * quantization and dequantization, Q4_K/Q6_K dequantization (ggml's reference arithmetic), and
+ * conversion between any two dtypes. The f16 scalars are in f16.c and the K-quant quantizers in
+ * quant-k.c, both below this file: it calls them, they call nothing here.
+ *
+ * The block formats, ggml's: Q8_0 and Q4_0 are blocks of 32 weights: Q8_0 an f16 scale d, then 32
+ * int8 q (value d·q; 34 bytes); Q4_0 an f16 d, then 16 bytes whose low nibbles are weights 0..15
+ * and high nibbles 16..31 (value d·(q - 8); 18 bytes); Q4_1 an f16 d, an f16 m, then Q4_0's
+ * nibbles (value d·q + m; 20 bytes); Q5_0 an f16 d, 4 bytes qh (bit k: the fifth bit of weight k,
+ * as a little-endian uint32), then Q4_0's nibbles as the low 4 bits (value d·(q - 16); 22 bytes);
+ * Q5_1 an f16 d, an f16 m, qh, the nibbles (value d·q + m; 24 bytes). Q4_K and Q6_K are ggml's
+ * super-blocks of 256 in 8 groups of 32: Q4_K an f16 d, an f16 dmin, 12 bytes of 6-bit scales
+ * sc[g] and mins m[g] (get_scale_min_k4), then 128 bytes of nibbles (group 2i low nibbles, 2i+1
+ * high nibbles of bytes 32i..32i+31; value (d·sc)·q - (dmin·m); 144 bytes); Q6_K 128 bytes ql
+ * of low nibbles, 64 bytes qh of 2-bit highs, 16 int8 scales (one per 16 weights), then an f16
+ * d (value (d·sc)·(q - 32); 210 bytes). Every block format is made by a quantizer with ggml's
+ * reference bytes (the K-quants' in quant-k.c). */
 #include <math.h>
 #include "tensor.h"
 
@@ -88,47 +102,9 @@ uint16_t zs_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-float zs_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t u;
-    if (exp == 0) {
-        if (man == 0) u = sign;
-        else { /* subnormal: value = man * 2^-24 */
-            float f = (float)man * 5.9604644775390625e-8f;
-            u = f2u(f) | sign;
-        }
-    } else if (exp == 31) {
-        u = sign | 0x7f800000u | (man << 13);
-    } else {
-        u = sign | ((exp + 112u) << 23) | (man << 13);
-    }
-    return u2f(u);
-}
-
-uint16_t zs_f32_to_f16(float f) {
-    uint32_t u = f2u(f);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);       /* NaN */
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);      /* overflow -> inf */
-    if (a < 0x38800000u) {                                         /* subnormal or zero */
-        /* value / 2^-24, rounded to nearest even */
-        float v = u2f(a) * 16777216.0f;
-        uint32_t m = (uint32_t)v;
-        float r = v - (float)m;
-        if (r > 0.5f || (r == 0.5f && (m & 1u))) m++;
-        return (uint16_t)(sign | m);
-    }
-    uint32_t e = (a >> 23) - 112u;
-    uint32_t m = a & 0x7fffffu;
-    uint32_t h = (e << 10) | (m >> 13);
-    uint32_t rest = m & 0x1fffu;
-    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-}
-
+/* n (a multiple of 32) f32 values to n/32 Q8_0 blocks, the bytes of ggml's reference quantizer
+ * (quantize_row_q8_0_ref): amax = max|x|, d = amax/127, id = d ? 1/d : 0, q = roundf(x·id)
+ * (half away from zero), stored d = fp16(d) rounded to nearest even. */
 void zs_quantize_q8_0(void *dst, const float *src, size_t n) {
     uint8_t *o = dst;
     for (size_t b = 0; b < n / ZS_Q8_0_BLOCK; b++, o += ZS_Q8_0_BYTES) {
@@ -154,7 +130,10 @@ static float signed_absmax32(const float *x) {
     return max;
 }
 
-/* x·id and + 8.5 rounded separately, as ggml does: no fused multiply-add here */
+/* n (a multiple of 32) f32 values to n/32 Q4_0 blocks, the bytes of ggml's quantize_row_q4_0_ref:
+ * max = the first x of largest |x|, d = max / -8, id = d ? 1/d : 0,
+ * q = min(15, (int8)(x·id + 8.5)) (truncated), stored d = fp16(d). x·id and + 8.5 are rounded
+ * separately, as ggml does: no fused multiply-add here. */
 __attribute__((optimize("fp-contract=off"))) void zs_quantize_q4_0(void *dst, const float *src, size_t n) {
     uint8_t *o = dst;
     for (size_t b = 0; b < n / 32; b++, o += ZS_Q4_0_BYTES) {
@@ -172,8 +151,12 @@ __attribute__((optimize("fp-contract=off"))) void zs_quantize_q4_0(void *dst, co
     }
 }
 
-/* Q4_1 and Q5_1 (bits 4 or 5, nmax 15 or 31): (x - min)·id and + 0.5 rounded separately, as
- * ggml does: no fused multiply-add here */
+/* n (a multiple of 32) f32 values to Q4_1 / Q5_1 blocks, the bytes of quantize_row_q4_1_ref /
+ * q5_1_ref: min and max of the block, d = (max - min) / 15 (Q5_1: / 31), id = d ? 1/d : 0,
+ * q = min(15 (31), (int8)((x - min)·id + 0.5)) (each operation rounded, truncated), stored
+ * d = fp16(d), m = fp16(min); Q5_1's fifth bits go to qh bit k for weight k. Q4_1 and Q5_1
+ * (bits 4 or 5, nmax 15 or 31): (x - min)·id and + 0.5 rounded separately, as ggml does: no fused
+ * multiply-add here. */
 __attribute__((optimize("fp-contract=off"))) static void quantize_min(uint8_t *o, const float *src, size_t n,
                                                                       int five) {
     size_t bb = five ? ZS_Q5_1_BYTES : ZS_Q4_1_BYTES;
@@ -206,6 +189,8 @@ __attribute__((optimize("fp-contract=off"))) static void quantize_min(uint8_t *o
 void zs_quantize_q4_1(void *dst, const float *src, size_t n) { quantize_min(dst, src, n, 0); }
 void zs_quantize_q5_1(void *dst, const float *src, size_t n) { quantize_min(dst, src, n, 1); }
 
+/* n (a multiple of 32) f32 values to Q5_0 blocks (quantize_row_q5_0_ref): max = the first x of
+ * largest |x|, d = max / -16, id = d ? 1/d : 0, q = min(31, (int8)(x·id + 16.5)), d = fp16(d). */
 __attribute__((optimize("fp-contract=off"))) void zs_quantize_q5_0(void *dst, const float *src, size_t n) {
     uint8_t *o = dst;
     for (size_t b = 0; b < n / 32; b++, o += ZS_Q5_0_BYTES) {
@@ -226,6 +211,8 @@ __attribute__((optimize("fp-contract=off"))) void zs_quantize_q5_0(void *dst, co
     }
 }
 
+/* quantize n values into the block format dt (Q8_0 .. Q5_1: n a multiple of 32; Q4_K, Q6_K: of
+ * 256); 0, or ZS_EINVAL for another dtype or an n that is not a whole number of blocks */
 int zs_quantize(zs_dtype dt, void *dst, const float *src, size_t n) {
     if (zs_dtype_is_quant(dt) && n % (size_t)zs_dtype_block(dt) != 0)
         return zs_err(ZS_EINVAL, "quantize: %zu values are not whole %s blocks of %d", n, zs_dtype_name(dt),
@@ -342,6 +329,13 @@ static void q8_0_to_f32(float *dst, const uint8_t *s, size_t n) {
     }
 }
 
+/* Convert n elements of dtype st to f32 (blocks: n a multiple of 32; Q8_0 value = f32(d) * q,
+ * Q4_0 value = f32(d) * (q - 8), Q5_0 value = f32(d) * (q - 16), one rounded f32 product each;
+ * Q4_1 and Q5_1 value = (f32(d) * q) + f32(m), the product rounded, then the sum: two roundings,
+ * never fused, as ggml's dequantize_row_q4_1/q5_1 write it (x*d + m, no fmaf) and the gguf
+ * package computes it; Q4_K value = (f32(d) * sc) * q - (f32(dmin) * m) and Q6_K value =
+ * (f32(d) * sc) * (q - 32), each product rounded, the difference rounded, never fused:
+ * dequantize_row_q4_K/q6_K). */
 void zs_to_f32(float *dst, const void *src, zs_dtype st, size_t n) {
     if (st == ZS_Q8_0) {
         q8_0_to_f32(dst, src, n);
@@ -362,6 +356,9 @@ void zs_to_f32(float *dst, const void *src, zs_dtype st, size_t n) {
     }
 }
 
+/* Convert n elements between dtypes (src and dst must not overlap unless same dtype). Into a
+ * block format this quantizes (zs_quantize_*), out of it dequantizes; n must then be a multiple
+ * of the block. */
 void zs_convert(void *dst, zs_dtype dt, const void *src, zs_dtype st, size_t n) {
     if (zs_dtype_is_quant(dt) && st == ZS_F32) { zs_quantize(dt, dst, src, n); return; }
     if (dt == st) { memmove(dst, src, zs_dtype_bytes(dt, n)); return; }

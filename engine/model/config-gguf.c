@@ -14,7 +14,6 @@
 #include "common.h"
 #include "gguf.h"
 #include "model.h" /* ZS_MAX_EXPERTS */
-#include "rope.h"
 
 /* Names <arch>.<key> in k and looks it up: 1 present, 0 absent (and not required), or
  * ZS_ENOTFOUND when a required key is missing. */
@@ -389,7 +388,7 @@ int zs_config_from_gguf(const zs_gguf *g, zs_model_config *out) {
             c.rope_local_theta = 10000.0f;
         }
     }
-    ZS_CHECK(zs_rope_check(&c, path));
+    ZS_CHECK(zs_config_check_rope(&c, path));
     *out = c;
     return 0;
 }

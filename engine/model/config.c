@@ -16,7 +16,6 @@
 
 #include "common.h"
 #include "model.h" /* ZS_MAX_EXPERTS */
-#include "rope.h"
 
 #define CFG_MAX_FILE ((off_t)64 * 1024 * 1024)
 
@@ -257,6 +256,52 @@ static int cfg_rope(const char *origin, json_t *root, zs_model_config *c, float 
     return 0;
 }
 
+/* See config.h; rope.c computes the frequencies from what passes. */
+int zs_config_check_rope(const zs_model_config *c, const char *o) {
+    const zs_rope_scaling *r = &c->rope;
+    if (r->type == ZS_ROPE_DEFAULT) return 0;
+    if (c->rope_theta <= 0)
+        return zs_err(ZS_EINVAL, "%s: 'rope_scaling' is set but the model has no RoPE", o);
+    if (r->type != ZS_ROPE_LONGROPE && !(r->factor > 0 && isfinite(r->factor)))
+        return zs_err(ZS_EINVAL, "%s: 'rope_scaling.factor' is %g; it must be a positive number", o,
+                      (double)r->factor);
+    if (r->type == ZS_ROPE_DYNAMIC && c->head_dim <= 2)
+        return zs_err(ZS_EINVAL, "%s: dynamic RoPE needs head_dim > 2 (it is %d)", o, c->head_dim);
+    if (r->type == ZS_ROPE_LLAMA3) {
+        if (!(r->low_freq_factor > 0) || !(r->high_freq_factor > 0))
+            return zs_err(ZS_EINVAL, "%s: 'rope_scaling.low_freq_factor' and 'high_freq_factor' must be positive", o);
+        if (r->high_freq_factor == r->low_freq_factor)
+            return zs_err(ZS_EINVAL, "%s: 'rope_scaling.high_freq_factor' equals 'low_freq_factor' (%g): the "
+                          "smoothing divides by their difference", o, (double)r->low_freq_factor);
+        if (r->orig_max_pos <= 0)
+            return zs_err(ZS_EINVAL, "%s: 'rope_scaling.original_max_position_embeddings' must be a positive integer", o);
+    }
+    if (r->type == ZS_ROPE_YARN) {
+        if (r->attention_factor < 0)
+            return zs_err(ZS_EINVAL, "%s: 'rope_scaling.attention_factor' is %g; it must be positive", o,
+                          (double)r->attention_factor);
+        if (r->beta_fast < 0 || r->beta_slow < 0)
+            return zs_err(ZS_EINVAL, "%s: 'rope_scaling.beta_fast' / 'beta_slow' must be positive", o);
+    }
+    if (r->type == ZS_ROPE_LONGROPE) {
+        if (r->n_factors != c->head_dim / 2)
+            return zs_err(ZS_EINVAL, "%s: 'rope_scaling.short_factor' / 'long_factor' have %d entries; head_dim %d "
+                          "needs %d", o, r->n_factors, c->head_dim, c->head_dim / 2);
+        for (int i = 0; i < r->n_factors; i++)
+            if (!(r->short_factor[i] > 0) || !(r->long_factor[i] > 0) || !isfinite(r->short_factor[i]) ||
+                !isfinite(r->long_factor[i]))
+                return zs_err(ZS_EINVAL, "%s: 'rope_scaling' %s_factor[%d] is not a positive number", o,
+                              !(r->short_factor[i] > 0) || !isfinite(r->short_factor[i]) ? "short" : "long", i);
+        if (r->orig_max_pos <= 0 && !(r->factor > 0) && !(r->attention_factor > 0))
+            return zs_err(ZS_EINVAL, "%s: longrope needs 'original_max_position_embeddings', "
+                          "'rope_scaling.factor' or 'rope_scaling.attention_factor'", o);
+        if (r->orig_max_pos > c->max_seq)
+            return zs_err(ZS_EINVAL, "%s: 'original_max_position_embeddings' (%d) exceeds "
+                          "'max_position_embeddings' (%d)", o, r->orig_max_pos, c->max_seq);
+    }
+    return 0;
+}
+
 /* The sliding layers: layer_types when given, else the family's rule. */
 static int cfg_layer_types(const char *origin, json_t *root, zs_model_config *c, int window_by_default) {
     json_t *lt = json_object_get(root, "layer_types");
@@ -417,7 +462,7 @@ static int cfg_llama_family(const char *origin, json_t *root, const cfg_arch *a,
         c.rope.orig_max_pos = c.max_seq;
         c.max_seq = ext > INT_MAX / 2 ? INT_MAX / 2 : (int)ext;
     }
-    ZS_CHECK(zs_rope_check(&c, origin));
+    ZS_CHECK(zs_config_check_rope(&c, origin));
     /* sliding window */
     json_t *sw = json_object_get(root, "sliding_window");
     int window = 0, by_default = 0;

@@ -134,6 +134,10 @@ int zs_config_from_gguf(const struct zs_gguf *g, zs_model_config *out);
 /* Sets config.json keys on c: c as config.json, the keys of the JSON object json_text put over it, read
  * back (e.g. {"rope_scaling": {...}, "sliding_window": 64}); the parser's errors, naming origin. */
 int zs_config_override(zs_model_config *c, const char *json_text, const char *origin);
+/* Checks c's RoPE scaling against the rest of the configuration (factor > 0, factor lists of
+ * head_dim / 2 entries, ...), as both readers do; origin names the file in messages. ZS_EINVAL
+ * naming the key. */
+int zs_config_check_rope(const zs_model_config *c, const char *origin);
 /* Writes an HF config.json atomically (path.tmp, fsync, rename) that zs_config_load reads back
  * equal. ZS_EINVAL if c cannot be expressed as a config.json (e.g. Qwen2 without qkv bias). */
 int zs_config_write(const zs_model_config *c, const char *path);

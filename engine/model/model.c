@@ -80,6 +80,15 @@ int zs_bucket_is_expert(const zs_model *m, int b, int *layer, int *e) {
     return 1;
 }
 
+const char *zs_bucket_label(const zs_model *m, int b, char *buf, size_t cap) {
+    int l, e;
+    if (b == zs_bucket_embed()) snprintf(buf, cap, "embeddings");
+    else if (b == zs_bucket_head(m)) snprintf(buf, cap, "head");
+    else if (zs_bucket_is_expert(m, b, &l, &e)) snprintf(buf, cap, "layer %d expert %d", l, e);
+    else snprintf(buf, cap, "layer %d", b - 1);
+    return buf;
+}
+
 size_t zs_model_expert_bytes(const zs_model *m) {
     size_t mx = 0;
     for (int b = m->head + 1; b < m->n_buckets; b++) mx = ZS_MAX(mx, m->layout[b].data_bytes);

@@ -106,6 +106,8 @@ int zs_bucket_head(const zs_model *m);
 int zs_bucket_expert(const zs_model *m, int layer, int e);
 /* 1 (and *layer, *e) when bucket b is an expert's; 0 otherwise (layer, e may be NULL). */
 int zs_bucket_is_expert(const zs_model *m, int b, int *layer, int *e);
+/* Bucket b's name in messages ("embeddings", "head", "layer 3", "layer 3 expert 5") in buf; returns buf. */
+const char *zs_bucket_label(const zs_model *m, int b, char *buf, size_t cap);
 
 /* Reads config.json and checks every tensor the architecture needs (names, shapes, dtypes)
  * without copying weight data yet. The checkpoint stays mapped until zs_model_free or

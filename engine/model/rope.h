@@ -10,7 +10,8 @@
  * is what transformers computes when tokens are fed one at a time, and keeps every result
  * independent of how a prompt is chunked or batched.
  *
- * Every function is pure and thread-safe. */
+ * The scaling parameters are checked when a configuration is read (zs_config_check_rope, config.c):
+ * rope.c uses config.h, never the other way. Every function is pure and thread-safe. */
 #ifndef ZS_ROPE_H
 #define ZS_ROPE_H
 
@@ -27,8 +28,5 @@ int zs_rope_pos_layer(const zs_model_config *c);
 int zs_rope_layer_local(const zs_model_config *c, int layer);
 /* inv_freq[head_dim / 2] and the cos/sin factor for a token at position pos of layer l. */
 void zs_rope_freqs(const zs_model_config *c, int layer, int pos, float *inv_freq, float *attn_factor);
-/* Checks the scaling parameters against the rest of the configuration (factor > 0, factor lists of
- * head_dim / 2 entries, ...); origin names the file in messages. ZS_EINVAL naming the key. */
-int zs_rope_check(const zs_model_config *c, const char *origin);
 
 #endif

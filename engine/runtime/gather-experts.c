@@ -15,8 +15,6 @@
 #include "common.h"
 #include "gather-impl.h"
 
-#define XTAG (1ULL << 62) /* as in gather.c */
-
 static int mask_has(const uint64_t *m, int e) { return (int)((m[e >> 6] >> (e & 63)) & 1u); }
 static void mask_add(uint64_t *m, int e) { m[e >> 6] |= 1ULL << (e & 63); }
 
@@ -221,7 +219,7 @@ static int fetch_one(zs_gather *g, int b, int slot, void **out, char *msg, size_
         snprintf(msg, cap, "%s", zs_errmsg());
     } else if (global < 0 && local == 0) {
         remote = 1;
-        snprintf(msg, cap, "reading the %s shard failed on another rank", zs_gather_label(g->m, b, lb, sizeof lb));
+        snprintf(msg, cap, "reading the %s shard failed on another rank", zs_bucket_label(g->m, b, lb, sizeof lb));
     }
     void *full = NULL;
     if (global == 0) {

@@ -1,7 +1,8 @@
-/* gather-impl.h — the insides of the gather coordinator, shared by gather.c (shards, the prefetch
- * thread, the static buckets) and gather-experts.c (the experts of a mixture of experts: the
- * agreement at each layer's mark, the expert cache, speculation). Not a public header: only those
- * two files include it. Every field after `mu` is guarded by it unless its comment says otherwise. */
+/* gather-impl.h — the insides of the gather coordinator, shared by its three files, whose calls
+ * run one way: gather.c (shards, the prefetch thread, the static buckets) -> gather-experts.c (the
+ * experts of a mixture of experts: the agreement at each layer's mark, the expert cache,
+ * speculation) -> gather-read.c (NVMe completions, shard repair). Not a public header: only those
+ * three files include it. Every field after `mu` is guarded by it unless its comment says otherwise. */
 #ifndef ZS_GATHER_IMPL_H
 #define ZS_GATHER_IMPL_H
 
@@ -121,15 +122,30 @@ struct zs_gather {
     void *xsync;              /* a shard-sized buffer for a synchronous read when no slot is free */
 };
 
-/* gather.c, for gather-experts.c */
-item_t *zs_gather_ring_at(zs_gather *g, long k);
-int zs_gather_bucket_of(const zs_gather *g, long k);        /* under mu */
-int zs_gather_item_is_bwd(const zs_gather *g, long k);      /* under mu: item k is in a training pass's backward */
-void zs_gather_reap(zs_gather *g);                          /* one NVMe completion (waits) */
+#define XTAG (1ULL << 62) /* an expert read's tag: XTAG | slot (an item's read is tagged with its index) */
+
+/* the ring of items in pass order */
+static inline item_t *zs_gather_ring_at(zs_gather *g, long k) { return &g->ring[k % g->ring_n]; }
+static inline int zs_gather_pass_len(const zs_gather *g, int kind) { return kind ? g->n_torder : g->n_order; }
+/* Under mu: the bucket of item k, or -1 while its pass has not begun (speculation off). */
+static inline int zs_gather_bucket_of(const zs_gather *g, long k) {
+    if (g->spec && k >= g->spec_base) return g->order[(k - g->spec_base) % g->n_order];
+    if (k >= g->cur_start && k < g->cur_start + zs_gather_pass_len(g, g->cur_kind))
+        return (g->cur_kind ? g->torder : g->order)[k - g->cur_start];
+    return -1;
+}
+/* Under mu: item k is in a training pass's backward. */
+static inline int zs_gather_item_is_bwd(const zs_gather *g, long k) {
+    if (g->spec && k >= g->spec_base) return 0;
+    return g->cur_kind == 1 && k >= g->cur_start + g->n_order && k < g->cur_start + g->n_torder;
+}
+
+/* gather-read.c (prefetch thread) */
+void zs_gather_reap(zs_gather *g);                /* one NVMe completion (waits) */
+void zs_gather_wait_read(zs_gather *g, long k);   /* until item k's read is done */
+/* Rewrites shard `bad` (and any past a truncated file's end) from the checkpoint, marking fixed[b];
+ * reads in flight after item k of rewritten shards are made again. */
 void zs_gather_repair(zs_gather *g, int bad, long k, unsigned char *fixed);
-const char *zs_gather_label(const zs_model *m, int b, char *buf, size_t cap);
-int zs_gather_acquire_static(zs_gather *g, int bucket, const void **data);
-void zs_gather_release_static(zs_gather *g);
 
 /* gather-experts.c */
 int  zs_gx_init(zs_gather *g);                   /* at new: sizes, limits (after shard sizes) */

@@ -1,13 +1,13 @@
 /* gather.c — the ZeRO-3 gather coordinator of one rank: shard storage per tier, the prefetch
  * thread (read -> agree -> all_gather -> publish, in pass order, within the live budget), the
- * acquire/release weight source, counters, the repair of truncated or corrupt shards, and
- * reading / writing back one shard of any tier between passes (training). The experts of a
- * mixture of experts (their marks in the pass order, the cache) are in gather-experts.c. */
+ * acquire/release weight source, counters, and reading / writing back one shard of any tier
+ * between passes (training). The experts of a mixture of experts (their marks in the pass order,
+ * the cache) are in gather-experts.c; NVMe completions and the repair of truncated or corrupt
+ * shards in gather-read.c. */
 #include "gather.h"
 
 #include <pthread.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "common.h"
 #include "device.h"
@@ -18,16 +18,6 @@ size_t zs_partition_shard_bytes(const zs_model *m, int bucket, int nranks) {
     if (d == 0) return 0;
     return ZS_ALIGN_UP((d + (size_t)nranks - 1) / (size_t)nranks, 4096);
 }
-
-const char *zs_gather_label(const zs_model *m, int b, char *buf, size_t cap) {
-    int l, e;
-    if (b == zs_bucket_embed()) snprintf(buf, cap, "embeddings");
-    else if (b == zs_bucket_head(m)) snprintf(buf, cap, "head");
-    else if (zs_bucket_is_expert(m, b, &l, &e)) snprintf(buf, cap, "layer %d expert %d", l, e);
-    else snprintf(buf, cap, "layer %d", b - 1);
-    return buf;
-}
-#define bucket_label zs_gather_label
 
 int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const zs_gather_opts *o,
                   zs_gather **out) {
@@ -227,33 +217,13 @@ static void pool_put(zs_gather *g, void *p, size_t cap) {
 
 /* ---- the prefetch thread ---- */
 
-static item_t *ring_at(zs_gather *g, long k) { return &g->ring[k % g->ring_n]; }
-item_t *zs_gather_ring_at(zs_gather *g, long k) { return ring_at(g, k); }
-
-static int pass_len(const zs_gather *g, int kind) { return kind ? g->n_torder : g->n_order; }
-
-/* The bucket of item k, or -1 while its pass has not begun (speculation off). Under g->mu. */
-static int bucket_of(const zs_gather *g, long k) {
-    if (g->spec && k >= g->spec_base) return g->order[(k - g->spec_base) % g->n_order];
-    if (k >= g->cur_start && k < g->cur_start + pass_len(g, g->cur_kind))
-        return (g->cur_kind ? g->torder : g->order)[k - g->cur_start];
-    return -1;
-}
-
-int zs_gather_bucket_of(const zs_gather *g, long k) { return bucket_of(g, k); }
-
-int zs_gather_item_is_bwd(const zs_gather *g, long k) {
-    if (g->spec && k >= g->spec_base) return 0;
-    return g->cur_kind == 1 && k >= g->cur_start + g->n_order && k < g->cur_start + g->n_torder;
-}
-
 /* The full bytes item k's bucket counts against the live budget (0 for a mark). */
 static size_t item_need(const zs_gather *g, int b) { return b >= 0 ? g->full_bytes[b] : 0; }
 
 /* The end (exclusive) of the items the prefetcher may work on now. Under g->mu. */
 static long prefetch_limit(const zs_gather *g) {
     if (g->spec) return g->consumed + g->n_order;
-    return g->cur_start + pass_len(g, g->cur_kind);
+    return g->cur_start + zs_gather_pass_len(g, g->cur_kind);
 }
 
 /* Submits NVMe reads for items [submitted, limit) while slots are free, never past a mark after
@@ -262,9 +232,9 @@ static long prefetch_limit(const zs_gather *g) {
 static void submit_reads(zs_gather *g, long limit, long cur) {
     while (g->submitted < limit) {
         long j = g->submitted;
-        item_t *it = ring_at(g, j);
+        item_t *it = zs_gather_ring_at(g, j);
         pthread_mutex_lock(&g->mu);
-        int b = bucket_of(g, j);
+        int b = zs_gather_bucket_of(g, j);
         pthread_mutex_unlock(&g->mu);
         if (b == -1) return; /* its pass has not begun */
         if (zs_pass_is_experts(b) && j > cur) return;
@@ -289,95 +259,6 @@ static void submit_reads(zs_gather *g, long limit, long cur) {
     }
 }
 
-#define XTAG (1ULL << 62) /* an expert read's tag: XTAG | slot */
-
-/* Waits for one NVMe completion and files it with its item or expert read; a failure of the
- * reader itself fails every read in flight. */
-void zs_gather_reap(zs_gather *g) {
-    uint64_t tag;
-    int status;
-    int r = zs_shard_reader_poll(g->reader, 1, &tag, &status);
-    if (r < 0) {
-        char msg[240];
-        snprintf(msg, sizeof msg, "%s", zs_errmsg());
-        for (long j = g->produced; j < g->submitted; j++) {
-            item_t *it = ring_at(g, j);
-            if (it->read_done) continue;
-            it->read_done = 1;
-            it->read_status = r;
-            snprintf(it->msg, sizeof it->msg, "%s", msg);
-        }
-        for (int i = 0; g->xr && i < zs_pinned_count(g->slots); i++)
-            if (g->xr[i].busy && !g->xr[i].done) {
-                g->xr[i].done = 1;
-                g->xr[i].status = r;
-                snprintf(g->xr[i].msg, sizeof g->xr[i].msg, "%s", msg);
-            }
-        return;
-    }
-    if (r == 0) return;
-    if (tag & XTAG) {
-        xread_t *x = &g->xr[(int)(tag & 0xffff)];
-        x->done = 1;
-        x->status = status;
-        if (status < 0) snprintf(x->msg, sizeof x->msg, "%s", zs_errmsg());
-        return;
-    }
-    item_t *d = ring_at(g, (long)tag);
-    d->read_done = 1;
-    d->read_status = status;
-    if (status < 0) snprintf(d->msg, sizeof d->msg, "%s", zs_errmsg());
-}
-
-/* Waits until item k's read is done, reaping other completions on the way. */
-static void wait_read(zs_gather *g, long k) {
-    item_t *it = ring_at(g, k);
-    while (!it->read_done) zs_gather_reap(g);
-}
-
-/* Rewrites bucket b's shard, and every shard past the end of a truncated file, from the
- * checkpoint; then reads again the shards of those buckets that were already in flight. */
-void zs_gather_repair(zs_gather *g, int bad, long k, unsigned char *fixed) {
-    struct stat sb;
-    off_t size = stat(zs_shard_file_path(g->file), &sb) == 0 ? sb.st_size : 0;
-    for (int b = 0; b < g->n_buckets; b++) {
-        size_t off = zs_shard_file_offset(g->file, b), n = zs_shard_file_bytes(g->file, b);
-        if (n == 0 || (b != bad && (off_t)(off + n) <= size)) continue;
-        const zs_bucket_layout *L = zs_model_layout(g->m, b);
-        char *full = zs_aligned_alloc(4096, g->full_bytes[b]);
-        int rc = full ? zs_model_pack_bucket(g->m, b, full, NULL) : zs_err(ZS_ENOMEM, "out of memory");
-        if (rc == 0) {
-            memset(full + L->data_bytes, 0, g->full_bytes[b] - L->data_bytes);
-            rc = zs_shard_file_repair(g->file, b, full + (size_t)g->rank * g->shard_bytes[b]);
-        }
-        free(full);
-        char lb[32];
-        if (rc == 0) {
-            fixed[b] = 1;
-            g->st.repairs++;
-            zs_log_warn("rank %d: rewrote the %s shard of %s from the checkpoint", g->rank,
-                        bucket_label(g->m, b, lb, sizeof lb), zs_shard_file_path(g->file));
-        } else {
-            zs_log_error("rank %d: cannot repair the %s shard: %s", g->rank,
-                         bucket_label(g->m, b, lb, sizeof lb), zs_errmsg());
-        }
-    }
-    for (long j = k + 1; j < g->submitted; j++) {
-        item_t *it = ring_at(g, j);
-        if (it->slot < 0 || it->bucket < 0 || !fixed[it->bucket]) continue;
-        wait_read(g, j);
-        it->read_done = 0;
-        it->read_status = 0;
-        it->msg[0] = 0;
-        int rc = zs_shard_reader_submit(g->reader, it->bucket, it->slot, (uint64_t)j);
-        if (rc < 0) {
-            it->read_done = 1;
-            it->read_status = rc;
-            snprintf(it->msg, sizeof it->msg, "%s", zs_errmsg());
-        }
-    }
-}
-
 static void *prefetch_main(void *arg) {
     zs_gather *g = arg;
     int nvme = g->o.tier == ZS_OFFLOAD_NVME;
@@ -385,7 +266,7 @@ static void *prefetch_main(void *arg) {
         /* stay within the known passes, one pass of the compute thread, and the live budget */
         pthread_mutex_lock(&g->mu);
         int b = -1;
-        while (!g->stop && (k >= prefetch_limit(g) || (b = bucket_of(g, k)) == -1 ||
+        while (!g->stop && (k >= prefetch_limit(g) || (b = zs_gather_bucket_of(g, k)) == -1 ||
                             (g->live > 0 && g->live + item_need(g, b) > g->live_limit)))
             pthread_cond_wait(&g->cv, &g->mu);
         long window = prefetch_limit(g);
@@ -394,7 +275,7 @@ static void *prefetch_main(void *arg) {
         if (stop) break;
         size_t need = item_need(g, b);
 
-        item_t *it = ring_at(g, k);
+        item_t *it = zs_gather_ring_at(g, k);
         if (zs_pass_is_experts(b)) { /* a MoE layer's experts (gather-experts.c) */
             if (nvme && g->submitted <= k) submit_reads(g, k + 1, k);
             if (!nvme) memset(it, 0, sizeof *it);
@@ -408,7 +289,7 @@ static void *prefetch_main(void *arg) {
             if (g->submitted <= k) submit_reads(g, k + 1, k);
             ZS_ASSERT(g->submitted > k);
             submit_reads(g, ZS_MIN(window, k + zs_pinned_count(g->slots)), k);
-            wait_read(g, k);
+            zs_gather_wait_read(g, k);
         } else {
             memset(it, 0, sizeof *it);
             it->bucket = b;
@@ -430,7 +311,7 @@ static void *prefetch_main(void *arg) {
                 char lb[32];
                 it->remote = 1;
                 snprintf(it->msg, sizeof it->msg, "reading the %s shard failed on another rank",
-                         bucket_label(g->m, b, lb, sizeof lb));
+                         zs_bucket_label(g->m, b, lb, sizeof lb));
             }
             if (global == 0) {
                 const void *send = nvme ? zs_pinned_slot(g->slots, it->slot) : g->shards[b];
@@ -497,6 +378,9 @@ int zs_gather_start(zs_gather *g) {
 
 /* ---- the compute side ---- */
 
+static int acquire_static(zs_gather *g, int bucket, const void **data);
+static void release_static(zs_gather *g);
+
 static int g_acquire(void *ctx, int bucket, const void **data) {
     zs_gather *g = ctx;
     if (g->direct) {
@@ -504,21 +388,21 @@ static int g_acquire(void *ctx, int bucket, const void **data) {
         return 0;
     }
     if (g->moe && zs_bucket_is_expert(g->m, bucket, NULL, NULL)) return zs_gx_acquire(g, bucket, data);
-    return zs_gather_acquire_static(g, bucket, data);
+    return acquire_static(g, bucket, data);
 }
 
-int zs_gather_acquire_static(zs_gather *g, int bucket, const void **data) {
+static int acquire_static(zs_gather *g, int bucket, const void **data) {
     pthread_mutex_lock(&g->mu);
     if (g->moe) zs_gx_consume_bwd_marks(g); /* a backward mark whose plan is empty */
     long k = g->consumed++;
-    ZS_ASSERT(bucket_of(g, k) == bucket);
+    ZS_ASSERT(zs_gather_bucket_of(g, k) == bucket);
     pthread_cond_broadcast(&g->cv); /* the window moved */
     if (g->produced <= k) {
         double t0 = zs_now();
         while (g->produced <= k && !g->stop) pthread_cond_wait(&g->cv, &g->mu);
         g->st.stall_s += zs_now() - t0;
     }
-    item_t *it = ring_at(g, k);
+    item_t *it = zs_gather_ring_at(g, k);
     int depth = (int)(g->produced - k - 1);
     if (depth > g->st.max_depth) g->st.max_depth = depth;
     int rc = g->stop && g->produced <= k ? zs_err(ZS_ECANCELLED, "engine is shutting down") : 0;
@@ -544,16 +428,16 @@ static void g_release(void *ctx, int bucket) {
         zs_gx_release(g, bucket);
         return;
     }
-    zs_gather_release_static(g);
+    release_static(g);
 }
 
 /* Releases the oldest item still held (items are released in the order they were acquired; the
  * marks consumed after it need no release and are passed over). */
-void zs_gather_release_static(zs_gather *g) {
+static void release_static(zs_gather *g) {
     pthread_mutex_lock(&g->mu);
-    while (g->released < g->consumed && zs_pass_is_experts(ring_at(g, g->released)->bucket)) g->released++;
+    while (g->released < g->consumed && zs_pass_is_experts(zs_gather_ring_at(g, g->released)->bucket)) g->released++;
     ZS_ASSERT(g->released < g->consumed);
-    item_t *it = ring_at(g, g->released++);
+    item_t *it = zs_gather_ring_at(g, g->released++);
     if (it->ready && it->buf) {
         if (g->has_dev) g->dv.retire(g->dv.ctx, it->buf); /* before another gather may reuse it */
         pool_put(g, it->buf, g->full_bytes[it->bucket]);
@@ -561,7 +445,7 @@ void zs_gather_release_static(zs_gather *g) {
         it->buf = NULL;
         it->live = 0;
     }
-    while (g->released < g->consumed && zs_pass_is_experts(ring_at(g, g->released)->bucket)) g->released++;
+    while (g->released < g->consumed && zs_pass_is_experts(zs_gather_ring_at(g, g->released)->bucket)) g->released++;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
 }
@@ -590,24 +474,24 @@ void zs_gather_pass_end(zs_gather *g) {
     if (g->moe) zs_gx_drain(g); /* the rest of the experts of an open plan */
     for (;;) {
         pthread_mutex_lock(&g->mu);
-        while (g->released < g->consumed && zs_pass_is_experts(ring_at(g, g->released)->bucket)) g->released++;
+        while (g->released < g->consumed && zs_pass_is_experts(zs_gather_ring_at(g, g->released)->bucket)) g->released++;
         int held = g->released < g->consumed;
         pthread_mutex_unlock(&g->mu);
         if (!held) break;
-        zs_gather_release_static(g);
+        release_static(g);
     }
-    while (g->consumed < g->pass_start + pass_len(g, g->cur_kind)) {
+    while (g->consumed < g->pass_start + zs_gather_pass_len(g, g->cur_kind)) {
         const void *d;
         pthread_mutex_lock(&g->mu);
         long k = g->consumed;
-        int b = bucket_of(g, k);
+        int b = zs_gather_bucket_of(g, k);
         pthread_mutex_unlock(&g->mu);
         if (zs_pass_is_experts(b)) {
             (void)zs_gx_drain_mark(g, k);
             continue;
         }
-        (void)zs_gather_acquire_static(g, b, &d);
-        zs_gather_release_static(g);
+        (void)acquire_static(g, b, &d);
+        release_static(g);
     }
 }
 

@@ -182,15 +182,6 @@ void *zs_world_dev(zs_world *w, int rank) { return rank >= 0 && rank < w->n ? w-
 
 /* ---- placement ---- */
 
-static const char *label_of(const zs_model *m, int b, char *buf, size_t cap) {
-    int l, e;
-    if (b == zs_bucket_embed()) snprintf(buf, cap, "embeddings");
-    else if (b == zs_bucket_head(m)) snprintf(buf, cap, "head");
-    else if (zs_bucket_is_expert(m, b, &l, &e)) snprintf(buf, cap, "layer %d expert %d", l, e);
-    else snprintf(buf, cap, "layer %d", b - 1);
-    return buf;
-}
-
 /* Packs bucket b once into a zero-padded full buffer (n shards long). */
 static int pack_full(zs_model *m, int b, int n, char **out) {
     size_t shard = zs_partition_shard_bytes(m, b, n), full = shard * (size_t)n;
@@ -259,7 +250,7 @@ static int place_nvme(zs_world *w) {
     for (int r = 0; r < w->n && rc == 0; r++) {
         char lb[32];
         for (int b = 0; b < nb && rc == 0; b++)
-            rc = zs_shard_file_set_label(files[r], b, label_of(w->m, b, lb, sizeof lb));
+            rc = zs_shard_file_set_label(files[r], b, zs_bucket_label(w->m, b, lb, sizeof lb));
         if (rc == 0) {
             rc = zs_gather_attach_file(w->ranks[r].g, files[r]);
             files[r] = NULL; /* owned by the coordinator now */
