@@ -144,6 +144,12 @@ static void publish_kv(zs_sched *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Ends r, cancelled or (zs_sched_fail_lora) failed; every request is cancelled when stop. */
+static void end_cancelled(zs_sched *s, zs_request *r, int stop) {
+    if (!stop && atomic_load(&r->failed)) zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, ZS_ECANCELLED, r->fail_msg);
+    else zs_sreq_finish(s, r, ZS_DONE_CANCELLED, "", 0, ZS_ECANCELLED, "cancelled");
+}
+
 /* Ends the waiting and running requests that were cancelled or failed (all of them when stop). */
 static void reap(zs_sched *s, int stop) {
     for (zs_request **pp = &s->waiting; *pp;) {
@@ -154,8 +160,7 @@ static void reap(zs_sched *s, int stop) {
             pthread_mutex_lock(&s->mu);
             s->n_pending--;
             pthread_mutex_unlock(&s->mu);
-            if (!stop && atomic_load(&r->failed)) zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, ZS_ECANCELLED, r->fail_msg);
-            else zs_sreq_finish(s, r, ZS_DONE_CANCELLED, "", 0, ZS_ECANCELLED, "cancelled");
+            end_cancelled(s, r, stop);
         } else {
             pp = &r->next;
         }
@@ -165,8 +170,7 @@ static void reap(zs_sched *s, int stop) {
     for (int i = 0; i < s->nranks; i++)
         for (int j = s->rb[i].n_running - 1; j >= 0; j--) {
             zs_request *r = s->rb[i].running[j];
-            if (!stop && atomic_load(&r->failed)) zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, ZS_ECANCELLED, r->fail_msg);
-            else if (stop || atomic_load(&r->cancelled)) zs_sreq_finish(s, r, ZS_DONE_CANCELLED, "", 0, ZS_ECANCELLED, "cancelled");
+            if (stop || atomic_load(&r->failed) || atomic_load(&r->cancelled)) end_cancelled(s, r, stop);
         }
 }
 
