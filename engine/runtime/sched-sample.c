@@ -2,8 +2,10 @@
  * or for a constrained request taken from sched-constrain.c), its logprobs, its text (the
  * detokenizer holds back an incomplete UTF-8 character, the stop strings hold back what may
  * become a stop string), the sink's on_token, and the request's end: EOS or one of its end ids
- * (unless ignore_eos), a stop string, the grammar done, or max_tokens. At a normal end the
- * held-back text is flushed through the stop strings and handed to on_done. Engine thread. */
+ * (unless ignore_eos; end ids are a chat template's end-of-turn tokens, so that a model whose
+ * generation_config lists only <eos> still stops at the end of its turn), a stop string, the
+ * grammar done, or max_tokens. At a normal end the held-back text is flushed through the stop
+ * strings and handed to on_done. Engine thread. */
 #include <string.h>
 
 #include "common.h"
