@@ -13,7 +13,7 @@
 #include "sched-impl.h"
 
 /* An embedding request: its prompt within the context, known pooling, the CUDA device refused
- * (its adapter is checked by zs_sched_submit). */
+ * (its adapter is checked by sched-submit.c). */
 int zs_sched_embed_check(zs_sched *s, const zs_req_params *p) {
     if (p->n_prompt < 1) return zs_err(ZS_EINVAL, "input: the input is empty");
     if (p->n_prompt > s->context)

@@ -1,8 +1,9 @@
 /* sched-impl.h — the scheduler's insides, shared by its rooms: sched.c (the loop: admission,
- * batches, steps), sched-req.c (a request's end: finish, free, counters), sched-sample.c,
- * sched-constrain.c, sched-embed.c, sched-prefix.c and sched-idle.c. Not a public header.
- * The rooms form a DAG: sched.c calls them; sched-sample calls sched-constrain and sched-req;
- * sched-embed calls sched-req; the rest call no other room (none calls back into sched.c).
+ * batches, steps), sched-submit.c (a request from its parameters), sched-req.c (a request's end:
+ * finish, free, counters), sched-sample.c, sched-constrain.c, sched-embed.c, sched-prefix.c and
+ * sched-idle.c. Not a public header. The rooms form a DAG: sched.c calls them; sched-submit calls
+ * sched-constrain, sched-embed, sched-prefix and sched-req; sched-sample calls sched-constrain and
+ * sched-req; sched-embed calls sched-req; the rest call no other room (none calls sched.c).
  * Thread-safety: fields marked "mu" are guarded by zs_sched.mu; the rest belong to the engine
  * thread once the request is submitted (set before that by zs_sched_submit). */
 #ifndef ZS_SCHED_IMPL_H
@@ -108,6 +109,9 @@ struct zs_sched {
     int32_t top_ids[20];                  /* sampling scratch: top logprobs of a token */
     float top_lps[20];                    /* idem */
 };
+
+/* sched-submit.c: validates p (the error names the field) and makes its request. Any thread. */
+int  zs_sched_req_new(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink, zs_request **out);
 
 /* sched-req.c: a request's end and counters. Engine thread unless said otherwise. */
 void zs_sreq_free(zs_request *r);        /* any thread, once r is no longer shared */

@@ -1,7 +1,7 @@
 /* sched.h — the request scheduler (DESIGN.md §4): generation and embedding requests queued and
  * run by continuous batching on one engine thread, with cancellation, idle jobs (fine-tuning
  * steps) and the counters behind /metrics. The how is in the .c files: sched.c (the loop),
- * sched-sample.c, sched-constrain.c, sched-embed.c, sched-prefix.c, sched-idle.c.
+ * sched-submit.c, sched-sample.c, sched-constrain.c, sched-embed.c, sched-prefix.c, sched-idle.c.
  * Ownership: submit copies the prompt and stop strings; lora and the constraint (and all it
  * points to) are borrowed until on_done has returned, and so is the zs_request handle valid.
  * Thread-safety: submit, cancel, drain, fail_lora, run_idle (not from the engine thread) and
