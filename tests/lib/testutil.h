@@ -1,6 +1,8 @@
 /* testutil.h — tiny shared helpers for the test programs: checks that count failures, the path
  * of the shared fixtures, reading reference.json, and a scratch directory.
- * A test program exits 0 when every check passed, 1 otherwise, 77 to skip. */
+ * A test program exits 0 when every check passed, 1 otherwise, 77 to skip. The counters live in
+ * testutil.c (tests/lib/libtu.a, linked into every test program), so that the checks of the other
+ * tests/lib files count with the program's own. */
 #ifndef ZS_TESTUTIL_H
 #define ZS_TESTUTIL_H
 
@@ -12,8 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int tu_failures = 0;
-static int tu_checks = 0;
+/* checks made and failed so far (plain ints: a test that checks from several threads locks around them) */
+extern int tu_failures;
+extern int tu_checks;
 
 #define CHECK(cond, ...)                                                                   \
     do {                                                                                   \
