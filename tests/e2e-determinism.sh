@@ -5,15 +5,10 @@
 # use 1 or 2 threads, and with our kernel pool at 1, 2 or 3 threads (ZS_THREADS); the same with
 # bf16 weights and with gpt2-bytes (LayerNorm, biases, GELU, tied head); and, when mpirun is
 # present, 2 processes of 1 rank equal 1 process of 2 ranks (mpirun binds each process to a core).
-BUILD=${BUILD:-build}
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
-[ -x "$Z" ] || { echo "no ./zeroserve"; exit 1; }
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
 export ZS_LOG=${ZS_LOG:-warn} ZS_DEVICE=${ZS_DEVICE:-cpu}
-T=$(mktemp -d /tmp/zs-det-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-check() { if eval "$2"; then pass=$((pass+1)); echo "ok - $1"; else fail=$((fail+1)); echo "not ok - $1"; fi; }
+zs_tmpdir det
 
 D=$T/data.jsonl
 for i in $(seq 1 24); do echo "{\"prompt\":\"Q$i: what is $i plus $i?\",\"completion\":\" $((i+i)).\"}"; done >"$D"
@@ -70,5 +65,4 @@ else
     echo "# mpirun not found: the multi-process comparison is skipped"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done
