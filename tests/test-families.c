@@ -294,32 +294,18 @@ static void check_grads(const char *name, const char *dir, json_t *cs, const flo
     free(tok); free(tgt);
 }
 
+static void family_case(tu_ref_case *c, void *ctx) {
+    (void)ctx;
+    figures fg = {0, 0, 0};
+    check_logits(c->name, c->dir, c->cs, c->ref->bin, c->ref->nbin, &fg);
+    check_grads(c->name, c->dir, c->cs, c->ref->bin, c->ref->nbin, &fg);
+    snprintf(c->line, sizeof c->line, "%s: logits max|d| = %.2e, grads max rel = %.2e (loss rel %.1e)", c->name,
+             fg.logit_d, fg.grad_rel, fg.loss_rel);
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL; /* test-families [CASE]: one case */
-    tu_ref ref;
-    if (tu_ref_load(&ref, REF_JSON, NULL) < 0) return 1;
-    char tmp[4096];
-    if (tu_tmpdir(tmp, sizeof tmp, "families") != 0) { fprintf(stderr, "no temp dir\n"); return 1; }
-    json_t *cases = json_object_get(ref.doc, "cases");
-    char summary[4096] = "";
-    size_t ci;
-    json_t *cs;
-    json_array_foreach(cases, ci, cs) {
-        const char *name = json_string_value(json_object_get(cs, "name"));
-        if (only && strcmp(only, name)) continue;
-        char dir[4200];
-        snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-        if (tu_ref_regen(cs, dir, "tests/ref/make_family_ref.py") < 0) continue;
-        figures fg = {0, 0, 0};
-        check_logits(name, dir, cs, ref.bin, ref.nbin, &fg);
-        check_grads(name, dir, cs, ref.bin, ref.nbin, &fg);
-        char line[256];
-        snprintf(line, sizeof line, "%s: logits max|d| = %.2e, grads max rel = %.2e (loss rel %.1e)\n", name,
-                 fg.logit_d, fg.grad_rel, fg.loss_rel);
-        if (strlen(summary) + strlen(line) < sizeof summary) strcat(summary, line);
-    }
-    tu_rmdir(tmp);
-    fprintf(stderr, "%s(tolerances: logits %.0e absolute, gradients %.0e relative)\n", summary, LOGIT_TOL, GRAD_TOL);
-    tu_ref_free(&ref);
+    if (tu_ref_run(REF_JSON, NULL, "families", "tests/ref/make_family_ref.py", only, family_case, NULL) < 0) return 1;
+    fprintf(stderr, "(tolerances: logits %.0e absolute, gradients %.0e relative)\n", LOGIT_TOL, GRAD_TOL);
     return tu_finish("test-families");
 }

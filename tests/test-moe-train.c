@@ -678,31 +678,24 @@ static void ranks_case(json_t *cs, const char *dir) {
     CHECK_ERR(rc, "out of range");
 }
 
+static void moe_train_case(tu_ref_case *c, void *ctx) {
+    (void)ctx;
+    grad_case(c->cs, c->dir, c->ref->bin, c->ref->nbin, 0);
+    steps_case(c->cs, c->dir, 0);
+    if (c->index == 0) {
+        grad_case(c->cs, c->dir, c->ref->bin, c->ref->nbin, 1 << 20);
+        steps_case(c->cs, c->dir, 1 << 20);
+        protocol_case(c->dir);
+        ranks_case(c->cs, c->dir);
+    }
+    if (json_object_get(c->cs, "lora")) lora_case(c->cs, c->dir);
+}
+
 int main(void) {
     zs_log_set_level(ZS_LOG_WARN);
-    tu_ref ref;
-    if (tu_ref_load(&ref, REF_DIR "/reference.json", REF_DIR "/reference.bin") < 0) return 1;
     if (tu_tmpdir(tmp, sizeof tmp, "moe-train") < 0) { fprintf(stderr, "no scratch directory\n"); return 1; }
-    const char *only = getenv("ZS_MOE_CASE");
-    json_t *cases = json_object_get(ref.doc, "cases");
-    for (size_t i = 0; i < json_array_size(cases); i++) {
-        json_t *cs = json_array_get(cases, i);
-        const char *name = json_string_value(json_object_get(cs, "name"));
-        if (only && *only && strcmp(only, name)) continue;
-        char dir[4300];
-        snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-        if (tu_ref_regen(cs, dir, "tests/ref/moe-grad/make_moe_grad_ref.py") < 0) continue;
-        grad_case(cs, dir, ref.bin, ref.nbin, 0);
-        steps_case(cs, dir, 0);
-        if (i == 0) {
-            grad_case(cs, dir, ref.bin, ref.nbin, 1 << 20);
-            steps_case(cs, dir, 1 << 20);
-            protocol_case(dir);
-            ranks_case(cs, dir);
-        }
-        if (json_object_get(cs, "lora")) lora_case(cs, dir);
-    }
+    int rc = tu_ref_run(REF_DIR "/reference.json", REF_DIR "/reference.bin", "moe-train-models",
+                        "tests/ref/moe-grad/make_moe_grad_ref.py", getenv("ZS_MOE_CASE"), moe_train_case, NULL);
     tu_rmdir(tmp);
-    tu_ref_free(&ref);
-    return tu_finish("test-moe-train");
+    return rc < 0 ? 1 : tu_finish("test-moe-train");
 }

@@ -693,41 +693,32 @@ static void check_gguf(const char *tmp) {
     }
 }
 
+static void moe_case(tu_ref_case *c, void *ctx) {
+    (void)ctx;
+    long off = (long)json_integer_value(json_object_get(c->cs, "logits_offset"));
+    int V = (int)json_integer_value(json_object_get(c->cs, "vocab"));
+    long nw = (long)json_array_size(json_object_get(c->cs, "logit_positions"));
+    if (off < 0 || off + nw * V > c->ref->nbin) {
+        CHECK(0, "%s: reference offsets", c->name);
+        return;
+    }
+    double worst = -1;
+    check_case(c->name, c->dir, c->cs, c->ref->bin + off, &worst);
+    snprintf(c->line, sizeof c->line, "%s: logits max|d| = %.2e (scale %.2f)", c->name, worst,
+             json_real_value(json_object_get(c->cs, "logit_scale")));
+}
+
 int main(void) {
     struct stat st;
     if (stat(tu_shared(), &st) != 0) {
         fprintf(stderr, "test-moe: skipped (no %s)\n", tu_shared());
         return 77;
     }
-    tu_ref ref;
-    if (tu_ref_load(&ref, REF_JSON, NULL) < 0) return 1;
-    const float *bin = ref.bin;
-    long nbin = ref.nbin;
+    if (tu_ref_run(REF_JSON, NULL, "moe", "tests/ref/moe/make_moe_ref.py", NULL, moe_case, NULL) < 0) return 1;
+    fprintf(stderr, "(tolerance: logits %.0e x the logit scale)\n", LOGIT_TOL);
     char tmp[4096];
-    if (tu_tmpdir(tmp, sizeof tmp, "moe") != 0) { fprintf(stderr, "no temp dir\n"); return 1; }
-    json_t *cases = json_object_get(ref.doc, "cases");
-    char summary[2048] = "";
-    size_t ci;
-    json_t *cs;
-    json_array_foreach(cases, ci, cs) {
-        const char *name = json_string_value(json_object_get(cs, "name"));
-        char dir[4200];
-        snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-        if (tu_ref_regen(cs, dir, "tests/ref/moe/make_moe_ref.py") < 0) continue;
-        long off = (long)json_integer_value(json_object_get(cs, "logits_offset"));
-        int V = (int)json_integer_value(json_object_get(cs, "vocab"));
-        long nw = (long)json_array_size(json_object_get(cs, "logit_positions"));
-        if (off < 0 || off + nw * V > nbin) { CHECK(0, "%s: reference offsets", name); continue; }
-        double worst = -1;
-        check_case(name, dir, cs, bin + off, &worst);
-        char line[160];
-        snprintf(line, sizeof line, "%s: logits max|d| = %.2e (scale %.2f)\n", name, worst,
-                 json_real_value(json_object_get(cs, "logit_scale")));
-        if (strlen(summary) + strlen(line) < sizeof summary) strcat(summary, line);
-    }
+    if (tu_tmpdir(tmp, sizeof tmp, "moe-gguf") != 0) { fprintf(stderr, "no temp dir\n"); return 1; }
     check_gguf(tmp);
     tu_rmdir(tmp);
-    fprintf(stderr, "%s(tolerance: logits %.0e x the logit scale)\n", summary, LOGIT_TOL);
-    tu_ref_free(&ref);
     return tu_finish("test-moe");
 }

@@ -36,12 +36,8 @@ static int32_t tok[2][32], tgt[2][32];
 static zs_adamw_params adam;
 
 static int load_batch(void) {
-    json_error_t e;
-    json_t *j = json_load_file("tests/ref/stories260K-train.json", 0, &e);
-    if (!j) { fprintf(stderr, "cannot read tests/ref/stories260K-train.json: %s\n", e.text); return -1; }
-    tu_ref_rows(json_object_get(j, "tokens"), 2, 32, &tok[0][0]);
-    tu_ref_rows(json_object_get(j, "targets"), 2, 32, &tgt[0][0]);
-    tu_ref_adamw(json_object_get(j, "adamw"), &adam);
+    json_t *j = tu_ref_batch("tests/ref/stories260K-train.json", 2, 32, &tok[0][0], &tgt[0][0], &adam);
+    if (!j) return -1;
     json_decref(j);
     return 0;
 }

@@ -17,14 +17,10 @@ static double ref_losses[6];
 static zs_adamw_params adam;
 
 static int load_ref(void) {
-    json_error_t e;
-    json_t *j = json_load_file("tests/ref/stories260K-train.json", 0, &e);
-    if (!j) { fprintf(stderr, "cannot read the reference: %s\n", e.text); return -1; }
-    tu_ref_rows(json_object_get(j, "tokens"), 2, 32, &tok[0][0]);
-    tu_ref_rows(json_object_get(j, "targets"), 2, 32, &tgt[0][0]);
-    json_t *a = json_object_get(j, "adamw");
-    tu_ref_adamw(a, &adam);
-    for (int k = 0; k < 6; k++) ref_losses[k] = json_number_value(json_array_get(json_object_get(a, "losses"), k));
+    json_t *j = tu_ref_batch("tests/ref/stories260K-train.json", 2, 32, &tok[0][0], &tgt[0][0], &adam);
+    if (!j) return -1;
+    json_t *ls = json_object_get(json_object_get(j, "adamw"), "losses");
+    for (int k = 0; k < 6; k++) ref_losses[k] = json_number_value(json_array_get(ls, k));
     json_decref(j);
     return 0;
 }

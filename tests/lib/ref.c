@@ -13,12 +13,8 @@
 
 int tu_ref_load(tu_ref *r, const char *json_path, const char *bin_path) {
     memset(r, 0, sizeof *r);
-    json_error_t je;
-    json_t *doc = json_load_file(json_path, 0, &je);
-    if (!doc) {
-        fprintf(stderr, "cannot load %s: %s (run from the repository root)\n", json_path, je.text);
-        return -1;
-    }
+    json_t *doc = tu_ref_json(json_path);
+    if (!doc) return -1;
     char p[4096];
     long n = 0;
     if (bin_path) {
@@ -54,6 +50,22 @@ void tu_ref_free(tu_ref *r) {
     json_decref(r->doc);
     free(r->bin);
     memset(r, 0, sizeof *r);
+}
+
+json_t *tu_ref_json(const char *path) {
+    json_error_t je;
+    json_t *doc = json_load_file(path, 0, &je);
+    if (!doc) fprintf(stderr, "cannot load %s: %s (run from the repository root)\n", path, je.text);
+    return doc;
+}
+
+json_t *tu_ref_batch(const char *path, int B, int T, int32_t *tok, int32_t *tgt, zs_adamw_params *adam) {
+    json_t *doc = tu_ref_json(path);
+    if (!doc) return NULL;
+    tu_ref_rows(json_object_get(doc, "tokens"), B, T, tok);
+    tu_ref_rows(json_object_get(doc, "targets"), B, T, tgt);
+    tu_ref_adamw(json_object_get(doc, "adamw"), adam);
+    return doc;
 }
 
 int tu_ref_ids(json_t *a, int32_t *out, int cap) {
@@ -95,6 +107,54 @@ int tu_ref_regen(json_t *cs, const char *dir, const char *script) {
           "%s: the regenerated model.safetensors (checksum %s) is not the reference's (%s): init-model changed; "
           "re-run %s", name, hex, want ? want : "?", script);
     return 0;
+}
+
+int tu_ref_run(const char *json_path, const char *bin_path, const char *tag, const char *script, const char *only,
+               tu_case_fn fn, void *ctx) {
+    tu_ref ref;
+    char tmp[4096], summary[8192] = "";
+    if (tu_ref_load(&ref, json_path, bin_path) < 0) return -1;
+    if (tu_tmpdir(tmp, sizeof tmp, tag) != 0) {
+        fprintf(stderr, "no scratch directory\n");
+        tu_ref_free(&ref);
+        return -1;
+    }
+    json_t *cases = json_object_get(ref.doc, "cases");
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        tu_ref_case c = {&ref, json_array_get(cases, i), i, NULL, NULL, ""};
+        c.name = json_string_value(json_object_get(c.cs, "name"));
+        if (only && *only && (!c.name || strcmp(only, c.name))) continue;
+        char dir[4300];
+        snprintf(dir, sizeof dir, "%s/%s", tmp, c.name ? c.name : "(no name)");
+        c.dir = dir;
+        if (tu_ref_regen(c.cs, dir, script) < 0) continue;
+        fn(&c, ctx);
+        if (c.line[0] && strlen(summary) + strlen(c.line) + 2 < sizeof summary) {
+            strcat(summary, c.line);
+            strcat(summary, "\n");
+        }
+    }
+    fputs(summary, stderr);
+    tu_rmdir(tmp);
+    tu_ref_free(&ref);
+    return 0;
+}
+
+int tu_ref_lora_base(json_t *ref, const char *dir, const char *flag, const char *value) {
+    int rc = tu_regen_model_with(json_object_get(ref, "init_model_args"), flag, value, dir);
+    if (rc < 0) fprintf(stderr, "base %s: %s\n", dir, zs_errmsg());
+    return rc;
+}
+
+zs_model *tu_ref_lora_base_open(json_t *ref, const char *dir, const char *flag, const char *value, int resident) {
+    if (tu_ref_lora_base(ref, dir, flag, value) < 0) return NULL;
+    zs_model *m = NULL;
+    if (zs_model_open(dir, NULL, &m) < 0 || (resident && zs_model_load_resident(m) < 0)) {
+        fprintf(stderr, "base %s: %s\n", dir, zs_errmsg());
+        zs_model_free(m);
+        return NULL;
+    }
+    return m;
 }
 
 /* the reference scripts' sampler of element indices */

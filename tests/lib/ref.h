@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model.h"
 #include "optim.h"
 
 typedef struct {
@@ -25,6 +26,34 @@ typedef struct {
  * floats. 0, or -1 with a message on stderr (*r then holds nothing to free). */
 int tu_ref_load(tu_ref *r, const char *json_path, const char *bin_path);
 void tu_ref_free(tu_ref *r);
+
+/* The JSON document at path; NULL with a message on stderr. */
+json_t *tu_ref_json(const char *path);
+
+/* One case of a reference's "cases", handed to a tu_case_fn. */
+typedef struct {
+    const tu_ref *ref; /* the reference */
+    json_t *cs;        /* the case */
+    size_t index;      /* its place in "cases" */
+    const char *name;  /* its "name" */
+    const char *dir;   /* its model, regenerated there (tu_ref_regen) */
+    char line[256];    /* a line for the summary printed after the last case (empty: none) */
+} tu_ref_case;
+typedef void (*tu_case_fn)(tu_ref_case *c, void *ctx);
+
+/* Loads json_path and its floats (tu_ref_load), then for every entry of its "cases" (only the one
+ * named only when only is neither NULL nor empty) regenerates the case's model in a scratch
+ * directory /tmp/zs-TAG-... (tu_ref_regen; script named in a failure) and calls fn; then prints the
+ * cases' summary lines on stderr and removes the scratch directory. 0, or -1 (with a message)
+ * when the reference or the scratch directory cannot be had. */
+int tu_ref_run(const char *json_path, const char *bin_path, const char *tag, const char *script, const char *only,
+               tu_case_fn fn, void *ctx);
+
+/* The recorded batch of a training reference (tests/ref/stories260K-train.json and the like,
+ * make_train_ref.py): its "tokens" and "targets" rows [B][T] into tok and tgt, its "adamw" settings
+ * into *adam; returns the document for the rest (the caller json_decref's it), or NULL with a
+ * message on stderr. */
+json_t *tu_ref_batch(const char *path, int B, int T, int32_t *tok, int32_t *tgt, zs_adamw_params *adam);
 
 /* The integers of the JSON array a (at most cap of them) into out; returns the array's length. */
 int tu_ref_ids(json_t *a, int32_t *out, int cap);
@@ -40,6 +69,14 @@ void tu_ref_adamw(json_t *a, zs_adamw_params *p);
  * words, testmodel.h); script: the reference's maker, named in the failure. Returns init-model's
  * status (checked); a checksum mismatch is a failed check, not an error. */
 int tu_ref_regen(json_t *cs, const char *dir, const char *script);
+
+/* The base model a LoRA reference was made on (tests/ref/lora-peft, lora-grad: make_lora_ref.py,
+ * make_lora_grad_ref.py), regenerated into dir from the document's "init_model_args" and, when flag
+ * is not NULL, FLAG VALUE after them (e.g. "--dim", "128": another base). 0, or the error with a
+ * message on stderr. tu_ref_lora_base_open also opens it (its resident weights loaded when
+ * resident is 1); NULL on failure, with a message. The caller frees the model (zs_model_free). */
+int tu_ref_lora_base(json_t *ref, const char *dir, const char *flag, const char *value);
+zs_model *tu_ref_lora_base_open(json_t *ref, const char *dir, const char *flag, const char *value, int resident);
 
 /* Our gradient of the Hugging Face tensor name into out (at most cap floats): its element count,
  * or -1 when the name maps to nothing. */
