@@ -39,6 +39,14 @@ extern int tu_checks;
                   "error message \"%s\" lacks \"%s\"", zs_errmsg(), tu_needles_[tu_i_]);   \
     } while (0)
 
+/* CHECK from several threads at once: the condition is evaluated first (it may be a collective),
+ * then the counters are updated and a failure printed under one lock (testutil.c). A failure line
+ * starts with "FAIL " and tu_fail_tag (empty unless the test sets it, e.g. "[process 1] "). */
+extern char tu_fail_tag[64];
+void tu_check_locked(int ok, const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+#define TCHECK(cond, ...) tu_check_locked((cond) ? 1 : 0, __FILE__, __LINE__, #cond, __VA_ARGS__)
+
 static inline int tu_finish(const char *name) {
     fprintf(stderr, "%s: %d checks, %d failed\n", name, tu_checks, tu_failures);
     return tu_failures ? 1 : 0;
