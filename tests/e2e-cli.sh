@@ -3,6 +3,7 @@
 # init-model writes a model that generate and bench run, --config maps DeepSpeed keys (unknown
 # keys reported once, wrong types and impossible values named), and bad flags or model
 # directories give clear errors with exit status 1.
+# shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 zs_need_bin
 zs_tmpdir cli

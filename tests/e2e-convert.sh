@@ -17,6 +17,7 @@
 #     at --out stays as it was).
 # The byte-level comparison with llama.cpp's own files and runtime is tests/test-gguf-write.c and
 # tests/ref/check_convert.py.
+# shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 zs_need_bin
 zs_tmpdir convert

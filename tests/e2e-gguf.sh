@@ -3,6 +3,7 @@
 # prints the same greedy text as the safetensors directory converted from it (stories260K), also
 # over 2 ranks with NVMe shards (written once, then reused by the GGUF's fingerprint), and a
 # file that is not a usable GGUF gives a clear error with exit status 1.
+# shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 zs_need_bin
 zs_tmpdir gguf

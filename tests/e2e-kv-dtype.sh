@@ -6,6 +6,7 @@
 # positions x 512 logits of magnitude up to ~22 (measured: 0.019 and 0.13; one rounding of a
 # K/V value is 2^-11 relative in f16, 2^-8 in bf16). The 16-bit logits are bitwise the same with
 # 2 ranks and with 1 thread; bench and serve take the flag; a bad value is refused by name.
+# shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 zs_need_bin
 zs_tmpdir kvdt

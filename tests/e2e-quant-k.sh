@@ -4,6 +4,7 @@
 # `generate --weight-dtype q4_k_m` (and q4_k, q6_k), and the logits of the first generated
 # position (the same prompt for all) are close to f32's; a bad --weight-dtype names q4_k_m among
 # the accepted ones.
+# shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 zs_need_bin
 zs_tmpdir quant-k

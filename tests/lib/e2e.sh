@@ -15,10 +15,15 @@
 #     zs_need_bin           fail when $BIN is not built
 #     zs_need_file PATH     skip when a fixture is missing
 #     zs_smollm2 [--try]    SMOL: the SmolLM2 GGUF ($ZS_SMOLLM2 or fetched); skip (--try: 1) without
+#     zs_mpi_env            export OpenMPI's settings for worlds on this machine (root, oversubscribed)
 #     zs_tmpdir TAG         T: a fresh temp directory, removed on exit
+#     zs_setup TAG [TOOL...]   zs_need TOOL..., zs_need_bin, zs_tmpdir TAG
+#     zs_model NAME         MODEL: the fixture $SHARED/models/NAME; skip without it
 #     zs_start_server LOG ARGS...   "$BIN" serve on a free loopback port (sets SPID, ZS_URL)
 #     zs_start_cmd LOG CMD...       any command that serves and prints its "listening on" line
-#     zs_stop_server [PID]  SIGTERM, up to 5 s, SIGKILL; ZS_RC its exit status
+#     zs_stop_server [-SIG] [PID]   SIGTERM (or SIG), up to 5 s, SIGKILL; ZS_RC its exit status
+#     zs_post PATH BODY / zs_code PATH BODY   POST JSON to ZS_URL: the body / the status ($T/body)
+#     zs_expect_400 PATH BODY PARAM WHAT [TEXT]   ok when it is a 400 naming PARAM (and TEXT)
 #     ok MSG / nok MSG [DETAIL] / check NAME CONDITION [DETAIL]   count and print TAP lines
 #     zs_done               print "N passed, N failed" and exit 0 when nothing failed, else 1
 #     zs_abort MSG          nok MSG, then zs_done (a failure that ends the script)
@@ -71,8 +76,8 @@ zs_need() {
 zs_apt_install() {
     [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || return 1
     echo "# installing $* (apt-get install -y $*)"
-    { DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq "$@" ||
-      { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq "$@"; }
+    { DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "$@" ||
+      { timeout 600 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq "$@"; }
     } >/dev/null 2>&1
 }
 
@@ -108,9 +113,32 @@ zs_smollm2() {
     exit 77
 }
 
+# zs_mpi_env: exports OpenMPI's settings for worlds on this one machine: as root, more processes
+# than cores, shared memory and TCP, quiet about the fabrics it does not find
+zs_mpi_env() {
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_rmaps_base_oversubscribe=1
+}
+
 # zs_tmpdir TAG: T, a fresh directory /tmp/zs-TAG.XXXXXX, removed on exit
 zs_tmpdir() {
     T=$(mktemp -d "/tmp/zs-$1.XXXXXX") || exit 1
+}
+
+# zs_setup TAG [TOOL...]: the usual start: the tools (skip without them), the binary (fail
+# without it), T (zs_tmpdir TAG)
+zs_setup() {
+    local tag="$1"
+    shift
+    zs_need "$@"
+    zs_need_bin
+    zs_tmpdir "$tag"
+}
+
+# zs_model NAME: MODEL, the fixture $SHARED/models/NAME (skip without it)
+zs_model() {
+    MODEL=$SHARED/models/$1
+    zs_need_file "$MODEL"
 }
 
 # zs_start_cmd LOG CMD...: runs CMD in the background, its output appended to LOG, until it prints
@@ -148,12 +176,14 @@ zs_start_server() {
     zs_start_cmd "$log" "$BIN" serve --host 127.0.0.1 --port 0 "$@"
 }
 
-# zs_stop_server [PID]: SIGTERM to PID (default: SPID), up to 5 s for it to end, then SIGKILL;
-# ZS_RC its exit status. SPID is emptied when it was PID.
+# zs_stop_server [-SIGNAL] [PID]: SIGNAL (default TERM) to PID (default: SPID), up to 5 s for it
+# to end, then SIGKILL; ZS_RC its exit status. SPID is emptied when it was PID.
 zs_stop_server() {
-    local p="${1:-$SPID}" q rest=""
+    local sig=TERM p q rest=""
+    case ${1:-} in -*) sig=${1#-}; shift;; esac
+    p=${1:-$SPID}
     [ -n "$p" ] || return 0
-    kill -TERM "$p" 2>/dev/null
+    kill -"$sig" "$p" 2>/dev/null
     for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$p" 2>/dev/null
     wait "$p" 2>/dev/null
@@ -180,6 +210,33 @@ zs_cleanup() {
 }
 trap zs_cleanup EXIT
 trap 'echo "# interrupted"; exit 1' INT TERM HUP
+
+# zs_post PATH BODY: POST the JSON BODY to the server at ZS_URL; prints the response's body.
+# zs_code PATH BODY: the same; prints the HTTP status, the body goes to $T/body.
+# Each request gives up after ZS_HTTP_TIMEOUT seconds (default 300).
+zs_post() {
+    curl -s --max-time "${ZS_HTTP_TIMEOUT:-300}" -H 'Content-Type: application/json' "$ZS_URL$1" -d "$2"
+}
+zs_code() {
+    curl -s --max-time "${ZS_HTTP_TIMEOUT:-300}" -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' \
+        "$ZS_URL$1" -d "$2"
+}
+# zs_expect_400 PATH BODY PARAM WHAT [TEXT]: ok when POST BODY answers 400 with error.param PARAM
+# (PARAM ending in *: starting with the rest) and an error.message that contains TEXT
+zs_expect_400() {
+    local c p m pm=0
+    c=$(zs_code "$1" "$2")
+    p=$(jq -r '.error.param // "null"' "$T/body" 2>/dev/null)
+    m=$(jq -r '.error.message // ""' "$T/body" 2>/dev/null)
+    case $3 in
+    *\*) case $p in "${3%\*}"*) pm=1;; esac;;
+    *) [ "$p" = "$3" ] && pm=1;;
+    esac
+    case $m in *"${5:-}"*) ;; *) pm=0;; esac
+    # shellcheck disable=SC2016 # the quotes around TEXT are part of the message
+    if [ "$c" = 400 ] && [ $pm = 1 ]; then ok "$4: 400 param $p${5:+ naming '$5'}"
+    else nok "$4: got $c param $p ($(head -c 300 "$T/body"))"; fi
+}
 
 # ok MSG...: a passed check; nok MSG [DETAIL]: a failed one (DETAIL in brackets when not empty)
 ok() {
