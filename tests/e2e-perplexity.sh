@@ -9,6 +9,7 @@
 # weights change it a little, and bad input (missing or empty text, too few tokens, a window
 # larger than the model's context or than the text, a stride not smaller than the window) is a
 # clear error with exit status 1.
+# shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 zs_need_bin
 REF=tests/ref/ppl-ref.tsv
@@ -47,9 +48,8 @@ check "GGUF file and directory: the same mean NLL bit for bit ($base)" '[ -n "$b
 $Z perplexity --model "$M" --text "$S" --context 64 --ranks 2 --json >"$T/r2.json" 2>/dev/null
 check "--ranks 2: the same mean NLL bit for bit" '[ "$(jget "$T/r2.json" mean_nll)" = "$base" ]'
 if command -v mpirun >/dev/null; then
-    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp \
-    OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_rmaps_base_oversubscribe=1 \
-        timeout 300 mpirun -np 2 $Z perplexity --model "$M" --text "$S" --context 64 --json >"$T/mpi.json" 2>"$T/mpi.err"
+    zs_mpi_env
+    timeout 300 mpirun -np 2 $Z perplexity --model "$M" --text "$S" --context 64 --json >"$T/mpi.json" 2>"$T/mpi.err"
     check "mpirun -np 2 (process 0 drives, the other follows): the same mean NLL bit for bit" \
         '[ "$(jget "$T/mpi.json" mean_nll)" = "$base" ] || { tail -3 "$T/mpi.err"; false; }'
 fi

@@ -6,15 +6,11 @@
 # inside an NVMe optimizer step, then --resume: the same result as an uninterrupted run; the
 # 16-bit consolidated saves (stage3_gather_16bit_weights_on_model_save, export --dtype); bad
 # precision / offload settings are refused by name; keys a command does not act upon are reported.
+# shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 M=$SHARED/models/stories260K
 zs_tmpdir trainmp
-cat > "$T/data.jsonl" <<'JSONL'
-{"prompt": "Once upon a time", "completion": " there was a purple dragon named Zork who loved pancakes."}
-{"prompt": "Tom and his dog", "completion": " went to the moon in a red box."}
-{"text": "Lily had a big blue kite. She flew it every day in the park."}
-{"messages": [{"role": "user", "content": "The cat"}, {"role": "assistant", "content": "sat on the warm mat."}]}
-JSONL
+cp tests/ref/sft-small.jsonl "$T/data.jsonl" # prompt/completion, text and messages examples
 mkdir -p "$T/nv"
 cat > "$T/ds.json" <<EOF
 {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "$T/nv"}, "sub_group_size": 1e6},
@@ -135,8 +131,7 @@ check "step 4 is skipped for it, then trained" 'grep -q "^step 4/6  overflow at 
 sk=$(sed -n 's/^train: fp16: loss scale .* at the end, \([0-9]*\) step(s) skipped.*/\1/p' "$T/i1.log")
 check "the skips are counted (${sk:-none})" '[ -n "$sk" ] && [ "$sk" -ge 1 ]'
 if command -v mpirun > /dev/null; then
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp \
-        OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_rmaps_base_oversubscribe=1
+    zs_mpi_env
     rm -rf "$T/ick"
     fp16i "$T/i2.log" "timeout 300 mpirun -np 2" 1; rc=$?
     check "mpirun -np 2: exit 0" '[ $rc = 0 ]'

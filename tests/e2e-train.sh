@@ -3,15 +3,11 @@
 # the training loss by at least 30% and the exported model completes a training prompt with its
 # training completion (greedy), with 1 rank and with 2 ranks offloaded to pinned host memory; a
 # bad data line stops with its line number before anything is written.
+# shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 M=$SHARED/models/stories260K
 zs_tmpdir train
-cat > "$T/data.jsonl" <<'JSONL'
-{"prompt": "Once upon a time", "completion": " there was a purple dragon named Zork who loved pancakes."}
-{"prompt": "Tom and his dog", "completion": " went to the moon in a red box."}
-{"text": "Lily had a big blue kite. She flew it every day in the park."}
-{"messages": [{"role": "user", "content": "The cat"}, {"role": "assistant", "content": "sat on the warm mat."}]}
-JSONL
+cp tests/ref/sft-small.jsonl "$T/data.jsonl" # prompt/completion, text and messages examples
 for args in "--ranks 1" "--ranks 2 --offload cpu"; do
     $Z train --model "$M" --data "$T/data.jsonl" --out "$T/out" --steps 100 --lr 3e-3 --batch-size 2 \
         --log-every 1 $args > "$T/log" 2>&1; rc=$?
