@@ -52,6 +52,12 @@ TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 GPU_PROGS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/*.c))
 # unit tests that also run under AddressSanitizer + UndefinedBehaviorSanitizer
 ASAN_TESTS := $(patsubst tests/%.c,$(BUILD)/asan/tests/%,$(TEST_SRC))
+# the test harness (tests/lib/): its headers by their plain names, its .c files in an archive that
+# every test program links (plain and ASan)
+TEST_INC := -iquote tests/lib
+TEST_LIB_SRC := $(wildcard tests/lib/*.c)
+TEST_LIB := $(BUILD)/tests/lib/libtu.a
+ASAN_TEST_LIB := $(BUILD)/asan/tests/lib/libtu.a
 
 ifeq ($(CUDA),1)
 ZS_CFLAGS += -DZS_CUDA=1 -I$(CUDA_HOME)/include
@@ -119,13 +125,29 @@ $(BUILD)/kernels/cuda/%.o: kernels/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c $< -o $@
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libzs.a
+$(patsubst tests/%.c,$(BUILD)/tests/%.o,$(TEST_LIB_SRC)): $(BUILD)/tests/lib/%.o: tests/lib/%.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(ZS_CFLAGS) -o $@ $< $(BUILD)/libzs.a $(LDLIBS)
+	$(CC) $(ZS_CFLAGS) $(TEST_INC) -c $< -o $@
 
-$(BUILD)/asan/tests/%: tests/%.c $(BUILD)/asan/libzs.a
+$(patsubst tests/%.c,$(BUILD)/asan/tests/%.o,$(TEST_LIB_SRC)): $(BUILD)/asan/tests/lib/%.o: tests/lib/%.c | deps
 	@mkdir -p $(dir $@)
-	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) -o $@ $< $(BUILD)/asan/libzs.a $(LDLIBS)
+	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) $(TEST_INC) -c $< -o $@
+
+$(TEST_LIB): $(patsubst tests/%.c,$(BUILD)/tests/%.o,$(TEST_LIB_SRC))
+	@rm -f $@
+	ar rcs $@ $^
+
+$(ASAN_TEST_LIB): $(patsubst tests/%.c,$(BUILD)/asan/tests/%.o,$(TEST_LIB_SRC))
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/tests/%: tests/%.c $(TEST_LIB) $(BUILD)/libzs.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ZS_CFLAGS) $(TEST_INC) -o $@ $< $(TEST_LIB) $(BUILD)/libzs.a $(LDLIBS)
+
+$(BUILD)/asan/tests/%: tests/%.c $(ASAN_TEST_LIB) $(BUILD)/asan/libzs.a
+	@mkdir -p $(dir $@)
+	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) $(TEST_INC) -o $@ $< $(ASAN_TEST_LIB) $(BUILD)/asan/libzs.a $(LDLIBS)
 
 test: all $(TESTS) $(ASAN_TESTS) $(GPU_PROGS) fuzz-build $(BUILD)/tests/cluster/netdelay
 	@BUILD=$(BUILD) sh tests/run-tests.sh

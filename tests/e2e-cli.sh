@@ -3,16 +3,10 @@
 # init-model writes a model that generate and bench run, --config maps DeepSpeed keys (unknown
 # keys reported once, wrong types and impossible values named), and bad flags or model
 # directories give clear errors with exit status 1.
-BUILD=${BUILD:-build}
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
-[ -x "$Z" ] || { echo "no ./zeroserve"; exit 1; }
-T=$(mktemp -d /tmp/zs-cli-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-bad() { fail=$((fail+1)); echo "not ok - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
+zs_tmpdir cli
 
 M=$SHARED/models/stories260K
 # the first case's new_text (JSON escapes \n and \' are the only ones in it)
@@ -66,5 +60,4 @@ check "nvme without a path" '[ $rc = 1 ] && grep -q "nvme-path" "$T/err"'
 $Z generate --model "$M" --prompt hi --max-tokens 600 >/dev/null 2>"$T/err"; rc=$?
 check "prompt + max tokens over the context" '[ $rc = 1 ] && grep -q "context" "$T/err"'
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

@@ -15,32 +15,24 @@
 # Every wait is bounded; the namespaces and every process are removed at the end. Traffic goes
 # only between the namespaces' addresses 10.231.0.0/24. Skips (77) without root, ip netns,
 # unshare, mpirun, curl or jq.
-BUILD=${BUILD:-build}
-SHARED=$(cd "${ZS_SHARED:-../shared}" 2>/dev/null && pwd)
-Z=$PWD/zeroserve
-[ -x "$Z" ] || { echo "no ./zeroserve"; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "the cluster test needs root (network namespaces)"; exit 77; }
-for c in ip unshare mpirun curl jq; do command -v $c >/dev/null || { echo "$c not found"; exit 77; }; done
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
+[ "$(id -u)" = 0 ] || { echo "skip: the cluster test needs root (network namespaces)"; exit 77; }
+zs_need ip unshare mpirun curl jq
 P=zc$$
 export ZS_CLUSTER_NS=$P ZS_LOG=warn OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ip netns add "$P-probe" 2>/dev/null || { echo "cannot make network namespaces here"; exit 77; }
+ip netns add "$P-probe" 2>/dev/null || { echo "skip: cannot make network namespaces here"; exit 77; }
 ip netns del "$P-probe"
-T=$(mktemp -d /tmp/zs-cluster-XXXXXX)
+zs_tmpdir cluster
 JOBS=""
-cleanup() {
+zs_at_exit() { # before the harness's cleanup: every process here and in the namespaces, then the namespaces
     for p in $JOBS; do kill -9 "$p" 2>/dev/null; done
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$P-"); do
         ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
     done
     sh tests/cluster/net.sh down "$P"
-    rm -rf "$T"
 }
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-bad() { fail=$((fail+1)); echo "not ok - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
 now() { date +%s%N; }
 secs() { echo "$(( ($2 - $1) / 1000000000 )).$(( ($2 - $1) / 100000000 % 10 ))"; } # t0 t1 (ns)
 le() { [ "$(( ($2 - $1) / 1000000 ))" -le "$(( $3 * 1000 ))" ]; } # t0 t1 bound_s
@@ -168,7 +160,7 @@ if [ -n "$URL" ]; then
     kill $CL 2>/dev/null; wait $CL 2>/dev/null
     sh tests/cluster/net.sh mend "$P" 2
 else
-    bad "serve, 3 hosts: up"; tail -20 "$LOG"
+    nok "serve, 3 hosts: up"; tail -20 "$LOG"
 fi
 
 # ---------------------------------------------------------------- a partition mid-training
@@ -242,5 +234,4 @@ else
     echo "# slow link: no sch_netem and no iptables/netdelay: not tested"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

@@ -17,15 +17,10 @@
 #     at --out stays as it was).
 # The byte-level comparison with llama.cpp's own files and runtime is tests/test-gguf-write.c and
 # tests/ref/check_convert.py.
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
-[ -x "$Z" ] || { echo "no ./zeroserve"; exit 1; }
-T=$(mktemp -d /tmp/zs-convert-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-bad() { fail=$((fail+1)); echo "not ok - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
+zs_tmpdir convert
 
 S=$SHARED/models/stories260K
 G=$SHARED/models/gpt2-bytes
@@ -133,5 +128,4 @@ check "a failed write (file size limit): exit 1, path named, older file kept, no
   '[ $rc = 1 ] && grep -q "full.gguf: cannot write" "$T/err" && [ "$(cat "$T/full.gguf")" = old ] && [ ! -e "$T/full.gguf.tmp" ]'
 check "no temporary files anywhere" '[ -z "$(ls "$T" | grep "\.tmp$")" ]'
 
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+zs_done

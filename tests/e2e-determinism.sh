@@ -5,15 +5,11 @@
 # use 1 or 2 threads, and with our kernel pool at 1, 2 or 3 threads (ZS_THREADS); the same with
 # bf16 weights and with gpt2-bytes (LayerNorm, biases, GELU, tied head); and, when mpirun is
 # present, 2 processes of 1 rank equal 1 process of 2 ranks (mpirun binds each process to a core).
-BUILD=${BUILD:-build}
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
-[ -x "$Z" ] || { echo "no ./zeroserve"; exit 1; }
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
 export ZS_LOG=${ZS_LOG:-warn} ZS_DEVICE=${ZS_DEVICE:-cpu}
-T=$(mktemp -d /tmp/zs-det-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-check() { if eval "$2"; then pass=$((pass+1)); echo "ok - $1"; else fail=$((fail+1)); echo "not ok - $1"; fi; }
+zs_tmpdir det
 
 D=$T/data.jsonl
 for i in $(seq 1 24); do echo "{\"prompt\":\"Q$i: what is $i plus $i?\",\"completion\":\" $((i+i)).\"}"; done >"$D"
@@ -59,8 +55,7 @@ fi
 
 # 2 processes of 1 rank each (mpirun binds each to a core) against 1 process of 2 ranks
 if command -v mpirun >/dev/null; then
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_rmaps_base_oversubscribe=1
+    zs_mpi_env
     timeout 300 mpirun -np 2 $Z train --model "$SHARED/models/stories260K" --data "$D" --steps 5 --batch-size 2 \
         --seq-len 64 --lr 1e-3 --ranks 1 --log-every 5 --out "$T/mpi" >"$T/mpi.out" 2>"$T/mpi.err"
     rc=$?
@@ -70,5 +65,4 @@ else
     echo "# mpirun not found: the multi-process comparison is skipped"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

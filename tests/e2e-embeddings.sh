@@ -11,84 +11,48 @@
 #
 # Env: ZS_SHARED (fixtures, default ../shared), ZS_BIN (default ./zeroserve).
 # Exit: 0 all passed, 1 something failed, 77 skipped (no curl/jq/bash or no fixture).
-if [ -z "${BASH_VERSION:-}" ]; then
-    command -v bash >/dev/null 2>&1 || { echo "skip: bash not found"; exit 77; }
-    exec bash "$0" "$@"
-fi
 # shellcheck disable=SC2016,SC2015  # jq programs are single-quoted; ok/nok always succeed
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-SHARED=${ZS_SHARED:-../shared}
-case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
-MODEL=$SHARED/models/stories260K
-command -v curl >/dev/null 2>&1 || { echo "skip: curl not found"; exit 77; }
-command -v jq >/dev/null 2>&1 || { echo "skip: jq not found (apt-get install jq)"; exit 77; }
-[ -x "$BIN" ] || { echo "not ok - $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-[ -d "$MODEL" ] || { echo "skip: fixture $MODEL not found (ZS_SHARED=$SHARED)"; exit 77; }
+zs_setup e2e-emb curl jq
+zs_model stories260K
+ZS_HTTP_TIMEOUT=60
 
-T=$(mktemp -d /tmp/zs-e2e-emb.XXXXXX) || exit 1
-SPID=""
-cleanup() {
-    if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
-        kill -TERM "$SPID" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$SPID" 2>/dev/null
-    fi
-    wait 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT INT TERM HUP
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
-NPASS=0 NFAIL=0
-ok()  { NPASS=$((NPASS + 1)); echo "ok $((NPASS + NFAIL)) - $*"; }
-nok() { NFAIL=$((NFAIL + 1)); echo "not ok $((NPASS + NFAIL)) - $*"; }
-post() { curl -s --max-time 60 -H 'Content-Type: application/json' "$ZS_URL$1" -d "$2"; }
-code() { curl -s --max-time 60 -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' "$ZS_URL$1" -d "$2"; }
-# expect_400 ROUTE BODY PARAM WHAT: a 400 whose error.param is PARAM
-expect_400() {
-    local c p
-    c=$(code "$1" "$2")
-    p=$(jq -r '.error.param // "null"' "$T/body" 2>/dev/null)
-    [ "$c" = 400 ] && [ "$p" = "$3" ] && ok "$4: 400 param $3" || nok "$4: got $c param $p ($(head -c 200 "$T/body"))"
-}
-
-zs_start_server "$T/srv.log" --model "$MODEL" --device cpu --chat-template chatml || { nok "server starts"; echo "$NPASS passed, $NFAIL failed"; exit 1; }
+zs_start_server "$T/srv.log" --model "$MODEL" --device cpu --chat-template chatml || zs_abort "server starts"
 ok "server starts"
 
 # --- /tokenize, /detokenize
-r=$(post /tokenize '{"prompt":"Hello world"}')
+r=$(zs_post /tokenize '{"prompt":"Hello world"}')
 [ "$(echo "$r" | jq -c '[.tokens, .count, .max_model_len]')" = '[[1,346,306,414,263,304,341],7,512]' ] && ok "tokenize: ids with BOS, count, max_model_len" || nok "tokenize: $r"
-r=$(post /tokenize '{"prompt":"Hello world","add_special_tokens":false}')
+r=$(zs_post /tokenize '{"prompt":"Hello world","add_special_tokens":false}')
 [ "$(echo "$r" | jq -c .tokens)" = '[346,306,414,263,304,341]' ] && ok "tokenize: add_special_tokens false" || nok "tokenize no special: $r"
-r=$(post /tokenize '{"prompt":"Hello world","with_pieces":true}')
+r=$(zs_post /tokenize '{"prompt":"Hello world","with_pieces":true}')
 [ "$(echo "$r" | jq -c '[.tokens[1].id, .tokens[1].piece, ([.tokens[1:][].piece]|add)]')" = '[346," He"," Hello world"]' ] &&
     ok "tokenize with_pieces: {id, piece}, the pieces spell the text" || nok "with_pieces: $r"
-r=$(post /tokenize '{"prompt":"é","with_pieces":true,"add_special_tokens":false}')
+r=$(zs_post /tokenize '{"prompt":"é","with_pieces":true,"add_special_tokens":false}')
 echo "$r" | jq -e '[.tokens[].piece] | map(type) | any(. == "array") or all(. == "string")' >/dev/null &&
     ok "tokenize with_pieces of a non-ASCII text: pieces are strings or byte lists ($(echo "$r" | jq -c '[.tokens[].piece]'))" || nok "non-ascii pieces: $r"
-r=$(post /tokenize '{"messages":[{"role":"user","content":"Hi"}]}')
-r2=$(post /tokenize '{"messages":[{"role":"user","content":"Hi"}],"add_generation_prompt":false}')
+r=$(zs_post /tokenize '{"messages":[{"role":"user","content":"Hi"}]}')
+r2=$(zs_post /tokenize '{"messages":[{"role":"user","content":"Hi"}],"add_generation_prompt":false}')
 n1=$(echo "$r" | jq .count); n2=$(echo "$r2" | jq .count)
 [ "${n1:-0}" -gt "${n2:-0}" ] && [ "${n2:-0}" -gt 2 ] && ok "tokenize messages: the chat template applied ($n1 tokens; $n2 without the generation prompt)" || nok "messages: $r / $r2"
-ids=$(post /tokenize '{"prompt":"Once upon a time","add_special_tokens":false}' | jq -c .tokens)
-r=$(post /detokenize "{\"tokens\":$ids}")
+ids=$(zs_post /tokenize '{"prompt":"Once upon a time","add_special_tokens":false}' | jq -c .tokens)
+r=$(zs_post /detokenize "{\"tokens\":$ids}")
 [ "$(echo "$r" | jq -c '[.prompt, .content]')" = '["Once upon a time","Once upon a time"]' ] && ok "detokenize round trip (prompt and content)" || nok "detokenize: $r"
-expect_400 /detokenize '{"tokens":[1,999999]}' tokens "detokenize an id out of range"
-expect_400 /detokenize '{"tokens":"abc"}' tokens "detokenize tokens not an array"
-expect_400 /detokenize '{}' tokens "detokenize without tokens"
-expect_400 /tokenize '{}' prompt "tokenize without prompt"
-expect_400 /tokenize '{"prompt":5}' prompt "tokenize prompt not a string"
-expect_400 /tokenize '{"prompt":"a","with_pieces":"yes"}' with_pieces "tokenize with_pieces not a boolean"
-expect_400 /tokenize '{"prompt":"a","bogus":1}' bogus "tokenize unknown field"
-expect_400 /tokenize '{"messages":[{"role":"robot","content":"x"}]}' 'messages[0].role' "tokenize a bad role"
+zs_expect_400 /detokenize '{"tokens":[1,999999]}' tokens "detokenize an id out of range"
+zs_expect_400 /detokenize '{"tokens":"abc"}' tokens "detokenize tokens not an array"
+zs_expect_400 /detokenize '{}' tokens "detokenize without tokens"
+zs_expect_400 /tokenize '{}' prompt "tokenize without prompt"
+zs_expect_400 /tokenize '{"prompt":5}' prompt "tokenize prompt not a string"
+zs_expect_400 /tokenize '{"prompt":"a","with_pieces":"yes"}' with_pieces "tokenize with_pieces not a boolean"
+zs_expect_400 /tokenize '{"prompt":"a","bogus":1}' bogus "tokenize unknown field"
+zs_expect_400 /tokenize '{"messages":[{"role":"robot","content":"x"}]}' 'messages[0].role' "tokenize a bad role"
 
 # --- /v1/embeddings
 A='Once upon a time there was a little girl.'; B='The cat sat on the mat'
-one=$(post /v1/embeddings "{\"model\":\"stories260K\",\"input\":\"$A\"}")
+one=$(zs_post /v1/embeddings "{\"model\":\"stories260K\",\"input\":\"$A\"}")
 echo "$one" | jq -e '.object == "list" and .data[0].object == "embedding" and .data[0].index == 0 and (.data[0].embedding|length) == 64 and .model == "stories260K" and .usage.prompt_tokens == 13 and .usage.total_tokens == 13' >/dev/null &&
     ok "one string: OpenAI's shape, 64 dims, usage 13 tokens" || nok "one string: $(echo "$one" | head -c 300)"
 echo "$one" | jq -e '([.data[0].embedding[] | . * .] | add | sqrt - 1 | fabs) < 1e-5' >/dev/null && ok "L2-normalised" || nok "not normalised"
@@ -98,31 +62,31 @@ if [ -f tests/ref/embed-ref.json ]; then
         '[range(0; 64) as $i | ($a[$i] - $r[0].cases[0].mean_normalized[$i]) | fabs] | max')
     jq -en "$err < 1e-5" >/dev/null && ok "matches transformers' mean-pooled embedding (max error $err)" || nok "vs transformers: max error $err"
 fi
-two=$(post /v1/embeddings "{\"input\":[\"$A\",\"$B\"]}")
+two=$(zs_post /v1/embeddings "{\"input\":[\"$A\",\"$B\"]}")
 [ "$(echo "$two" | jq -c '[.data[].index]')" = '[0,1]' ] && [ "$(echo "$two" | jq -c .data[0].embedding)" = "$(echo "$one" | jq -c .data[0].embedding)" ] &&
     ok "two strings: in input order, the first bitwise the same as alone" || nok "batched strings"
-bon=$(post /v1/embeddings "{\"input\":\"$B\"}")
+bon=$(zs_post /v1/embeddings "{\"input\":\"$B\"}")
 [ "$(echo "$two" | jq -c .data[1].embedding)" = "$(echo "$bon" | jq -c .data[0].embedding)" ] && ok "the second bitwise the same as alone" || nok "second vs alone"
-tids=$(post /tokenize "{\"prompt\":\"$A\"}" | jq -c .tokens)
-r=$(post /v1/embeddings "{\"input\":$tids}")
+tids=$(zs_post /tokenize "{\"prompt\":\"$A\"}" | jq -c .tokens)
+r=$(zs_post /v1/embeddings "{\"input\":$tids}")
 [ "$(echo "$r" | jq -c .data[0].embedding)" = "$(echo "$one" | jq -c .data[0].embedding)" ] && ok "token ids: the same vector as the string" || nok "token ids: $(echo "$r" | head -c 200)"
-r=$(post /v1/embeddings "{\"input\":[$tids,[1,291,280]]}")
+r=$(zs_post /v1/embeddings "{\"input\":[$tids,[1,291,280]]}")
 [ "$(echo "$r" | jq '.data|length')" = 2 ] && [ "$(echo "$r" | jq -c .data[0].embedding)" = "$(echo "$one" | jq -c .data[0].embedding)" ] && ok "arrays of token ids" || nok "[[ids]]: $(echo "$r" | head -c 200)"
-r=$(post /v1/embeddings "{\"input\":\"$A\",\"encoding_format\":\"base64\"}")
+r=$(zs_post /v1/embeddings "{\"input\":\"$A\",\"encoding_format\":\"base64\"}")
 dec=$(echo "$r" | jq -r .data[0].embedding | base64 -d | od -An -tf4 -v -w256 | tr -s ' ' '\n' | grep -v '^$')
 flt=$(echo "$one" | jq -r '.data[0].embedding[]')
 # od prints about 7 significant digits: equal within 1e-6 relative, and 64 of them
 bad=$(paste <(echo "$dec") <(echo "$flt") | awk 'BEGIN{n=0;b=0} {n++; d=$1-$2; if (d<0) d=-d; m=$2<0?-$2:$2; if (d>1e-6*(m>1?m:1)) b++} END{print (n==64 ? b : "n=" n)}')
 [ "$bad" = 0 ] && ok "base64: little-endian f32 of the same numbers" || nok "base64 differs ($bad)"
-last=$(post /v1/embeddings "{\"input\":\"$A\",\"pooling\":\"last\"}")
+last=$(zs_post /v1/embeddings "{\"input\":\"$A\",\"pooling\":\"last\"}")
 if [ -f tests/ref/embed-ref.json ]; then
     err=$(jq -n --argjson a "$(echo "$last" | jq -c .data[0].embedding)" --slurpfile r tests/ref/embed-ref.json \
         '[range(0; 64) as $i | ($a[$i] - $r[0].cases[0].last_normalized[$i]) | fabs] | max')
     jq -en "$err < 1e-5" >/dev/null && ok "pooling last: transformers' last-token embedding (max error $err)" || nok "pooling last: max error $err"
 fi
-r=$(post /v1/embeddings "{\"input\":\"$A\",\"normalize\":false}")
+r=$(zs_post /v1/embeddings "{\"input\":\"$A\",\"normalize\":false}")
 echo "$r" | jq -e '([.data[0].embedding[] | . * .] | add | sqrt) > 1.01' >/dev/null && ok "normalize false: the raw mean" || nok "normalize false"
-r=$(post /v1/embeddings "{\"input\":\"$A\",\"dimensions\":64,\"user\":\"u\"}")
+r=$(zs_post /v1/embeddings "{\"input\":\"$A\",\"dimensions\":64,\"user\":\"u\"}")
 [ "$(echo "$r" | jq -c .data[0].embedding)" = "$(echo "$one" | jq -c .data[0].embedding)" ] && ok "dimensions equal to the model's, user accepted" || nok "dimensions 64"
 # under concurrent completions
 # (curl itself in the background: a backgrounded shell function would run the EXIT trap)
@@ -145,19 +109,19 @@ done_c=$(cat "$T/c1" "$T/c2" "$T/c3" | jq -s '[.[].usage.completion_tokens] == [
 m=$(curl -s "$ZS_URL/metrics" | awk '/^zeroserve_prompt_tokens_total/ {print $2}')
 [ -n "$m" ] && [ "${m%.*}" -gt 100 ] && ok "/metrics counts their prompt tokens ($m)" || nok "metrics prompt tokens: '$m'"
 
-expect_400 /v1/embeddings '{"input":""}' input "an empty string"
-expect_400 /v1/embeddings '{"input":[]}' input "an empty array"
-expect_400 /v1/embeddings '{"input":["a",""]}' 'input[1]' "an empty string in a list"
-expect_400 /v1/embeddings '{"input":[[]]}' 'input[0]' "an empty token list"
-expect_400 /v1/embeddings "{\"input\":[$(seq -s, 1 600 | sed 's/[0-9]*/5/g')]}" input "a token list over the context"
-expect_400 /v1/embeddings '{"input":[1,999999]}' input "an id out of range"
-expect_400 /v1/embeddings '{"input":"a","dimensions":32}' dimensions "dimensions other than the model's"
-expect_400 /v1/embeddings '{"input":"a","encoding_format":"int8"}' encoding_format "an unknown encoding_format"
-expect_400 /v1/embeddings '{"input":"a","pooling":"max"}' pooling "an unknown pooling"
-expect_400 /v1/embeddings '{"input":5}' input "input a number"
-expect_400 /v1/embeddings '{}' input "no input"
-expect_400 /v1/embeddings '{"input":"a","foo":1}' foo "an unknown field"
-c=$(code /v1/embeddings '{"input":"a","model":"nope"}')
+zs_expect_400 /v1/embeddings '{"input":""}' input "an empty string"
+zs_expect_400 /v1/embeddings '{"input":[]}' input "an empty array"
+zs_expect_400 /v1/embeddings '{"input":["a",""]}' 'input[1]' "an empty string in a list"
+zs_expect_400 /v1/embeddings '{"input":[[]]}' 'input[0]' "an empty token list"
+zs_expect_400 /v1/embeddings "{\"input\":[$(seq -s, 1 600 | sed 's/[0-9]*/5/g')]}" input "a token list over the context"
+zs_expect_400 /v1/embeddings '{"input":[1,999999]}' input "an id out of range"
+zs_expect_400 /v1/embeddings '{"input":"a","dimensions":32}' dimensions "dimensions other than the model's"
+zs_expect_400 /v1/embeddings '{"input":"a","encoding_format":"int8"}' encoding_format "an unknown encoding_format"
+zs_expect_400 /v1/embeddings '{"input":"a","pooling":"max"}' pooling "an unknown pooling"
+zs_expect_400 /v1/embeddings '{"input":5}' input "input a number"
+zs_expect_400 /v1/embeddings '{}' input "no input"
+zs_expect_400 /v1/embeddings '{"input":"a","foo":1}' foo "an unknown field"
+c=$(zs_code /v1/embeddings '{"input":"a","model":"nope"}')
 [ "$c" = 404 ] && ok "an unknown model: 404" || nok "unknown model: $c"
 
 # the openai client (skipped where the package is missing)
@@ -174,16 +138,15 @@ EOF
 else
     echo "# skip: python3 has no openai package"
 fi
-kill -TERM "$SPID"; wait "$SPID" 2>/dev/null; SPID=""
+zs_stop_server
 
 # --pooling last as the server's default
 zs_start_server "$T/srv2.log" --model "$MODEL" --device cpu --pooling last || nok "server with --pooling last starts"
 if [ -n "$SPID" ]; then
-    r=$(post /v1/embeddings "{\"input\":\"$A\"}")
+    r=$(zs_post /v1/embeddings "{\"input\":\"$A\"}")
     [ "$(echo "$r" | jq -c .data[0].embedding)" = "$(echo "$last" | jq -c .data[0].embedding)" ] && ok "--pooling last: the default pooling" || nok "--pooling last"
-    r=$(post /v1/embeddings "{\"input\":\"$A\",\"pooling\":\"mean\"}")
+    r=$(zs_post /v1/embeddings "{\"input\":\"$A\",\"pooling\":\"mean\"}")
     [ "$(echo "$r" | jq -c .data[0].embedding)" = "$(echo "$one" | jq -c .data[0].embedding)" ] && ok "a request's pooling overrides it" || nok "pooling override"
 fi
 "$BIN" serve --model "$MODEL" --pooling max --port 0 >"$T/bad.log" 2>&1 && nok "--pooling max accepted" || { grep -q -- "--pooling" "$T/bad.log" && ok "--pooling max refused naming the flag" || nok "--pooling max: $(cat "$T/bad.log")"; }
-echo "$NPASS passed, $NFAIL failed"
-[ "$NFAIL" = 0 ]
+zs_done

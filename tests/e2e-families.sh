@@ -7,16 +7,14 @@
 # scalings' original lengths) with the default resident CPU engine, with --ranks 2 (parameters
 # sharded over 2 rank threads), with --offload nvme (shard files) and with --ranks 2 --offload
 # nvme. The text and the token ids must be identical in every mode. Exits 0 when all are.
-Z=./zeroserve
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
 REF=tests/ref/family-ref.json
-[ -x "$Z" ] || { echo "no ./zeroserve (run from the repository root after make)"; exit 1; }
-command -v jq >/dev/null || { echo "jq is needed (apt-get install jq)"; exit 1; }
-[ -f "$REF" ] || { echo "no $REF"; exit 1; }
+zs_need_bin
+zs_need --fail jq
+[ -f "$REF" ] || { echo "not ok - no $REF"; exit 1; }
 export ZS_LOG=${ZS_LOG:-warn} ZS_DEVICE=${ZS_DEVICE:-cpu}
-T=$(mktemp -d /tmp/zs-e2e-fam-XXXXXX) || exit 1
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-check() { if eval "$2"; then pass=$((pass+1)); echo "ok - $1"; else fail=$((fail+1)); echo "not ok - $1"; fi; }
+zs_tmpdir e2e-fam
 PROMPT="Once upon a time, in a small town by the sea"
 
 # gen NAME MODE-ARGS...: text to $T/NAME.out, ids (--print-ids, stderr) to $T/NAME.ids
@@ -57,5 +55,4 @@ EOF
     done
 done
 check "the reference lists the 9 family cases" '[ "$n" -ge 9 ]'
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

@@ -11,50 +11,18 @@
 # Env: ZS_BIN (default ./zeroserve), ZS_SHARED (fixtures, default ../shared).
 # Exit: 0 all passed, 1 something failed, 77 skipped. Bounded (each wait has a deadline);
 # cleans up its server and temp files on every exit.
-if [ -z "${BASH_VERSION:-}" ]; then
-    command -v bash >/dev/null 2>&1 || { echo "skip: bash not found"; exit 77; }
-    exec bash "$0" "$@"
-fi
 # shellcheck disable=SC2016  # jq programs are single-quoted
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-SHARED=${ZS_SHARED:-../shared}
-case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
-MODEL=$SHARED/models/stories260K
-command -v curl >/dev/null 2>&1 || { echo "skip: curl not found"; exit 77; }
-command -v jq >/dev/null 2>&1 || { echo "skip: jq not found"; exit 77; }
-[ -x "$BIN" ] || { echo "not ok - $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-[ -d "$MODEL" ] || { echo "skip: fixture $MODEL not found"; exit 77; }
+zs_setup e2e-ft curl jq
+zs_model stories260K
 
-T=$(mktemp -d /tmp/zs-e2e-ft.XXXXXX) || exit 1
-SPID=""
-cleanup() {
-    trap - EXIT INT TERM HUP
-    [ -n "$SPID" ] && kill -KILL "$SPID" 2>/dev/null
-    wait 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-nok() { fail=$((fail+1)); echo "not ok - $1${2:+ ($2)}"; }
-check() { if eval "$2"; then ok "$1"; else nok "$1" "${3:-}"; fi; }
-
-PORT=$((20000 + $$ % 20000))
-U=http://127.0.0.1:$PORT
 DD=$T/data
-start_server() {
-    "$BIN" serve --model "$MODEL" --port "$PORT" --data-dir "$DD" --max-file-bytes 4096 >>"$T/server.log" 2>&1 &
-    SPID=$!
-    for _ in $(seq 100); do
-        curl -sf "$U/health" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    return 1
+U=""
+start_server() { # (again) on the same data directory; U: its address
+    zs_start_server "$T/server.log" --model "$MODEL" --data-dir "$DD" --max-file-bytes 4096 && U=$ZS_URL
 }
 J() { curl -s -m 30 -H 'Content-Type: application/json' "$@"; }
 upload() { curl -s -m 30 -o "$T/up.json" -w '%{http_code}' "$U/v1/files" -F purpose=fine-tune -F "file=@$1"; }
@@ -91,7 +59,7 @@ cat > "$T/data.jsonl" <<'JSONL'
 {"text": "Lily had a big blue kite. She flew it every day in the park."}
 JSONL
 
-start_server || { nok "server starts"; echo "$pass passed, $fail failed"; exit 1; }
+start_server || zs_abort "server starts"
 ok "server starts with --data-dir"
 
 # ---------------------------------------------------------------- uploads
@@ -183,7 +151,7 @@ check "jobs list: newest first, after/limit" '[ "$(J "$U/v1/fine_tuning/jobs?lim
 # ---------------------------------------------------------------- kill -9 mid-job, restart
 K=$(create_job "$FID" 300 crash)
 check "job to interrupt runs" 'wait_steps "$K" 5 60'
-kill -KILL "$SPID"; wait "$SPID" 2>/dev/null; SPID=""
+zs_stop_server -KILL
 start_server || nok "server restarts"
 check "restart: the file is listed again" '[ "$(J "$U/v1/files" | jq -c "[.data[].id]")" = "[\"$FID\"]" ]'
 check "restart: the jobs are listed again" '[ "$(J "$U/v1/fine_tuning/jobs?limit=100" | jq "[.data[].id] | length")" = 5 ] && [ "$(job_status "$LONG")" = cancelled ] && [ "$(job_status "$JID")" = succeeded ]'
@@ -197,5 +165,4 @@ kill -TERM "$SPID"
 for _ in $(seq 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
 check "SIGTERM stops the server" '! kill -0 "$SPID" 2>/dev/null'
 check "no sanitizer report in the server log" '! grep -q "Sanitizer" "$T/server.log"' "$(grep -m3 -A5 Sanitizer "$T/server.log")"
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

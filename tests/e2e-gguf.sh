@@ -3,15 +3,10 @@
 # prints the same greedy text as the safetensors directory converted from it (stories260K), also
 # over 2 ranks with NVMe shards (written once, then reused by the GGUF's fingerprint), and a
 # file that is not a usable GGUF gives a clear error with exit status 1.
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
-[ -x "$Z" ] || { echo "no ./zeroserve"; exit 1; }
-T=$(mktemp -d /tmp/zs-gguf-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-bad() { fail=$((fail+1)); echo "not ok - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
+zs_tmpdir gguf
 
 M=$SHARED/models/stories260K
 G=$M/stories260K.gguf
@@ -27,5 +22,4 @@ check "nvme shard manifests name the GGUF fingerprint" 'grep -q "gguf-" "$T"/nv/
 printf 'not a gguf' > "$T/bad.gguf"
 $Z generate --model "$T/bad.gguf" --prompt hi --max-tokens 3 >/dev/null 2>"$T/err"; rc=$?
 check "a file that is not GGUF: exit 1, error names the file" '[ $rc = 1 ] && grep -q "bad.gguf" "$T/err"'
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+zs_done

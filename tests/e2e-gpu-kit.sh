@@ -6,19 +6,16 @@
 # with no GPU it must stop at the no-device exit (77) with a summary that says so.
 # The full proof on a bare root with no network is `make gpu-dry-run` (root, downloads once).
 # Exit 0 pass, 1 fail, 77 skipped (no nvcc: a build without CUDA has no kit).
-cd "$(dirname "$0")/.." || exit 1
-BUILD=${BUILD:-build}
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
 command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || { echo "skip: no nvcc"; exit 77; }
-T=$(mktemp -d)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-check() { if eval "$2"; then pass=$((pass+1)); echo "ok - $1"; else fail=$((fail+1)); echo "not ok - $1"; fi; }
+zs_tmpdir gpu-kit
 
 KIT=$T/kit BUILD=$BUILD sh tests/gpu/make-kit.sh >"$T/make-kit.log" 2>&1
 rc=$?
 tail -3 "$T/make-kit.log"
 check "make-kit builds the kit" '[ $rc = 0 ]'
-[ $rc = 0 ] || { cat "$T/make-kit.log"; echo "$pass passed, $fail failed"; exit 1; }
+[ $rc = 0 ] || { cat "$T/make-kit.log"; zs_done; }
 for p in zeroserve test-cuda test-backend-ops test-embed test-train-cuda e2e-gpu bench-gpu; do
     check "the kit has bin/$p" '[ -x "$T/kit/bin/$p" ]'
 done
@@ -51,5 +48,4 @@ cat "$T/run.log"
 check "run.sh from the kit stops at the no-device exit here (77; was $rc)" '[ $rc = 77 ]'
 check "its summary says no_device in kit mode" \
     'grep -q "\"status\": \"no_device\"" "$T/out/gpu-summary.json" && grep -q "\"mode\": \"kit\"" "$T/out/gpu-summary.json"'
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+zs_done

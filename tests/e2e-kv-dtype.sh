@@ -6,17 +6,11 @@
 # positions x 512 logits of magnitude up to ~22 (measured: 0.019 and 0.13; one rounding of a
 # K/V value is 2^-11 relative in f16, 2^-8 in bf16). The 16-bit logits are bitwise the same with
 # 2 ranks and with 1 thread; bench and serve take the flag; a bad value is refused by name.
-BUILD=${BUILD:-build}
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
-[ -x "$Z" ] || { echo "no ./zeroserve"; exit 1; }
-T=$(mktemp -d /tmp/zs-kvdt-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
+zs_tmpdir kvdt
 export ZS_DEVICE=${ZS_DEVICE:-cpu}
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-bad() { fail=$((fail+1)); echo "not ok - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
 
 M=$SHARED/models/stories260K
 # the first case's new_text (JSON escapes \n and \' are the only ones in it)
@@ -62,5 +56,4 @@ echo '{"text":"Once upon a time"}' >"$T/d.jsonl"
 $Z train --model "$M" --data "$T/d.jsonl" --out "$T/tr" --steps 1 --kv-dtype f16 >/dev/null 2>"$T/err"; rc=$?
 check "train refuses --kv-dtype f16 (no KV cache in training)" '[ $rc = 1 ] && grep -q "training uses no KV cache" "$T/err" && [ ! -e "$T/tr" ]'
 
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+zs_done

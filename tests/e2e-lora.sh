@@ -20,45 +20,19 @@
 # Exit: 0 all passed, 1 something failed, 77 skipped. Bounded (each wait has a deadline);
 # cleans up its servers, background requests and temp files on every exit.
 # shellcheck disable=SC2016,SC2034  # jq programs are single-quoted; check's eval reads variables
-if [ -z "${BASH_VERSION:-}" ]; then
-    command -v bash >/dev/null 2>&1 || { echo "skip: bash not found"; exit 77; }
-    exec bash "$0" "$@"
-fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
 REFDIR=$ROOT/tests/ref/lora-peft
 export ZS_DEVICE=cpu
 unset ZS_API_KEY
-command -v curl >/dev/null 2>&1 || { echo "skip: curl not found"; exit 77; }
-command -v jq >/dev/null 2>&1 || { echo "skip: jq not found"; exit 77; }
-[ -x "$BIN" ] || { echo "not ok - $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-[ -f "$REFDIR/reference.json" ] || { echo "skip: $REFDIR not found"; exit 77; }
-
-T=$(mktemp -d /tmp/zs-e2e-lora.XXXXXX) || exit 1
-SPID=""
-BGPIDS=""
-cleanup() {
-    trap - EXIT INT TERM HUP
-    for p in $BGPIDS; do kill "$p" 2>/dev/null; done
-    [ -n "$SPID" ] && kill -KILL "$SPID" 2>/dev/null
-    wait 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-nok() { fail=$((fail+1)); echo "not ok - $1${2:+ ($2)}"; }
-check() { if eval "$2"; then ok "$1"; else nok "$1" "${3:-}"; fi; }
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
+zs_setup e2e-lora curl jq
+zs_need_file "$REFDIR/reference.json"
 
 # ---------------------------------------------------------------- the bases and the adapters
 mapfile -t ARGS < <(jq -r '.init_model_args[]' "$REFDIR/reference.json")
-"$BIN" init-model "${ARGS[@]}" --out "$T/base" >/dev/null || { nok "init-model"; echo "$pass passed, $fail failed"; exit 1; }
+"$BIN" init-model "${ARGS[@]}" --out "$T/base" >/dev/null || zs_abort "init-model"
 ARGS32=()
 for ((i = 0; i < ${#ARGS[@]}; i++)); do
     ARGS32+=("${ARGS[i]}")
@@ -82,7 +56,7 @@ fi
 
 DD=$T/data
 zs_start_server "$T/server.log" --model "$T/base" --data-dir "$DD" --max-seqs 4 --lora "a=$REFDIR" ||
-    { nok "server starts with --lora a=$REFDIR"; echo "$pass passed, $fail failed"; exit 1; }
+    zs_abort "server starts with --lora a=$REFDIR"
 ok "server starts with --lora a=tests/ref/lora-peft"
 U=$ZS_URL
 J() { curl -s -m 60 -H 'Content-Type: application/json' "$@"; }
@@ -194,10 +168,10 @@ for k in 1 2 3 4; do
     for m in base a b; do
         J "$U/v1/completions" -d "{\"model\":\"$m\",\"prompt\":$P,\"temperature\":0,\"max_tokens\":16,\"ignore_eos\":true}" \
             -o "$T/cc-$m-$k.json" -w '%{http_code}' > "$T/cc-$m-$k.code" &
-        BGPIDS="$BGPIDS $!"
+        ZS_BGPIDS="$ZS_BGPIDS $!"
     done
 done
-wait $BGPIDS 2>/dev/null; BGPIDS=""
+wait $ZS_BGPIDS 2>/dev/null; ZS_BGPIDS=""
 okc=1
 for k in 1 2 3 4; do
     [ "$(cat "$T/cc-base-$k.code")" = 200 ] && [ "$(jq -c '.choices[0].text' "$T/cc-base-$k.json")" = "$OUT_BASE" ] || okc=0
@@ -214,10 +188,10 @@ wait_gauge() { # NAME MIN: until the scheduler's gauge is at least MIN (5 s at m
     return 1
 }
 J -N "$U/v1/completions" -d "$STREAM" > "$T/stream1.txt" &
-SP=$!; BGPIDS="$SP"
+SP=$!; ZS_BGPIDS="$SP"
 wait_gauge zeroserve_running_sequences 1
 code=$(post /v1/unload_lora_adapter '{"lora_name":"b"}')
-wait "$SP" 2>/dev/null; BGPIDS=""
+wait "$SP" 2>/dev/null; ZS_BGPIDS=""
 check "unload b while a stream uses it (wait_s 30): 200, it waited (0 failed)" '[ "$code" = 200 ] && jq -e ".deleted == true and .failed_requests == 0" "$T/r.json" >/dev/null' "$code $(cat "$T/r.json")"
 check "the stream finished normally" '[ "$(tail -n 2 "$T/stream1.txt" | head -1)" = "data: [DONE]" ] && ! grep -q error "$T/stream1.txt"' "$(tail -c 300 "$T/stream1.txt")"
 code=$(J -o "$T/r.json" -w '%{http_code}' "$U/v1/completions" -d '{"model":"b","prompt":"hi"}')
@@ -231,17 +205,17 @@ check "the name b can be loaded again" '[ "$code" = 200 ] && [ "$(cmpl b)" = "$O
 # sent, so the unload can only find it running or finished), then 24 requests of 8 sequences x 48
 # tokens with b (4 sequences at a time)
 J -N "$U/v1/completions" -d "$STREAM" > "$T/stream2.txt" &
-BGPIDS="$BGPIDS $!"
+ZS_BGPIDS="$ZS_BGPIDS $!"
 for _ in $(seq 500); do grep -q '^data: ' "$T/stream2.txt" 2>/dev/null && break; sleep 0.01; done
 for k in $(seq 24); do
     J "$U/v1/completions" -d "{\"model\":\"b\",\"prompt\":$P,\"temperature\":0,\"max_tokens\":48,\"ignore_eos\":true,\"n\":8}" \
         -o "$T/ld-$k.json" -w '%{http_code}' > "$T/ld-$k.code" &
-    BGPIDS="$BGPIDS $!"
+    ZS_BGPIDS="$ZS_BGPIDS $!"
 done
 wait_gauge zeroserve_queue_length 16 || echo "# note: the queue never reached 16 requests"
 code=$(post /v1/unload_lora_adapter '{"lora_name":"b","wait_s":0}')
 cp "$T/r.json" "$T/unload2.json"
-wait $BGPIDS 2>/dev/null; BGPIDS=""
+wait $ZS_BGPIDS 2>/dev/null; ZS_BGPIDS=""
 nf=$(jq .failed_requests "$T/unload2.json")
 check "unload b under load with wait_s 0: 200, the requests left are failed ($nf)" '[ "$code" = 200 ] && [ "$nf" -ge 1 ]' "$code $(cat "$T/unload2.json")"
 n200=0; n404=0; nlate=0; nother=0
@@ -268,13 +242,13 @@ check "a long LoRA job runs ($ks steps)" '[ "$code" = 200 ] && [ "$ks" -ge 15 ]'
 t0=$(date +%s.%N); ob=$(cmpl base); oa=$(cmpl a); t1=$(date +%s.%N)
 check "served while the job trains on the same base: base and a answer as before ($(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s)" \
     '[ "$ob" = "$OUT_BASE" ] && [ "$oa" = "$OUT_A" ] && [ "$(J "$U/v1/fine_tuning/jobs/$KJ" | jq -r .status)" = running ]' "$ob / $oa"
-kill -KILL "$SPID"; wait "$SPID" 2>/dev/null; SPID=""
+zs_stop_server -KILL
 check "no sanitizer report in the server log" '! grep -q "Sanitizer" "$T/server.log"'
 "$BIN" serve --model "$T/base" --port 0 --data-dir "$T/data2" --lora "bad=$T/tgt" > "$T/bad.log" 2>&1 &
-BP=$!; BGPIDS="$BP"
+BP=$!; ZS_BGPIDS="$BP"
 for _ in $(seq 200); do kill -0 "$BP" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$BP" 2>/dev/null && { kill -KILL "$BP"; nok "a bad --lora fails the start" "still running"; }
-wait "$BP"; rc=$?; BGPIDS=""
+wait "$BP"; rc=$?; ZS_BGPIDS=""
 check "a bad --lora fails the start, naming NAME=DIR and the problem" '[ "$rc" != 0 ] && grep -q -- "--lora bad=$T/tgt" "$T/bad.log" && grep -q foo_proj "$T/bad.log"' "rc $rc: $(tail -3 "$T/bad.log")"
 "$BIN" serve --model "$T/base" --port 0 --data-dir "$T/data2" --lora "noequals" > "$T/bad2.log" 2>&1
 rc=$?
@@ -300,6 +274,4 @@ kill -TERM "$SPID"
 for _ in $(seq 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
 check "SIGTERM stops the server" '! kill -0 "$SPID" 2>/dev/null'
 check "no sanitizer report in the restarted server's log" '! grep -q "Sanitizer" "$T/server2.log"'
-SPID=""
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

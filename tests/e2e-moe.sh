@@ -14,29 +14,15 @@
 # Env: ZS_BIN (default ./zeroserve). CPU only (ZS_DEVICE=cpu); 20 to 60 s. mpirun parts are skipped
 # (not failed) without mpirun. Exit 0 all passed, 1 something failed.
 # shellcheck disable=SC2016  # check's programs are single-quoted on purpose
-if [ -z "${BASH_VERSION:-}" ]; then
-    command -v bash >/dev/null 2>&1 || { echo "skip: bash not found"; exit 77; }
-    exec bash "$0" "$@"
-fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
 export ZS_DEVICE=cpu ZS_LOG=warn
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+zs_mpi_env
 unset ZS_API_KEY
-[ -x "$BIN" ] || { echo "not ok - $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-T=$(mktemp -d /tmp/zs-e2e-moe.XXXXXX) || exit 1
-SPID=""
-cleanup() { [ -n "$SPID" ] && kill -9 "$SPID" 2>/dev/null; wait 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-bad() { fail=$((fail+1)); echo "not ok - $1${2:+ ($2)}"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1" "${3:-}"; fi; }
+zs_need_bin
+zs_tmpdir e2e-moe
 HAVE_MPI=0
 command -v mpirun >/dev/null 2>&1 && HAVE_MPI=1
 
@@ -150,8 +136,6 @@ check "bench --moe: routed bytes per token under the whole block's at batch 1" \
 
 # ---------------------------------------------------------------- served
 if command -v curl >/dev/null 2>&1; then
-    # shellcheck source=tests/start-server.sh
-    . "$ROOT/tests/start-server.sh"
     mkdir -p "$T/nvs"
     if zs_start_server "$T/server.log" --model "$M" --offload nvme --nvme-path "$T/nvs" --data-dir "$T/data"; then
         code=$(curl -s -o "$T/c.json" -w '%{http_code}' "$ZS_URL/v1/completions" -H 'Content-Type: application/json' \
@@ -182,10 +166,9 @@ if command -v curl >/dev/null 2>&1; then
         curl -s "$ZS_URL/metrics" >"$T/metrics.txt"
         check "served: /metrics exports the expert counters" \
             'awk "\$1 == \"zeroserve_expert_bytes_total\" && \$2 > 0 { f = 1 } END { exit !f }" "$T/metrics.txt" && grep -q "^zeroserve_expert_cache_hit_ratio " "$T/metrics.txt" && grep -q "^zeroserve_expert_bytes_per_token " "$T/metrics.txt"'
-        kill -TERM "$SPID"; wait "$SPID" 2>/dev/null; SPID=""
+        zs_stop_server
     else
-        bad "served: the server starts" "$(tail -3 "$T/server.log")"
+        nok "served: the server starts" "$(tail -3 "$T/server.log")"
     fi
 fi
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

@@ -6,23 +6,12 @@
 # losses, checkpoint and exported model, and a follower killed with SIGKILL: process 0 reports it
 # and the job exits non-zero within 30 s (plain mpirun, and with orte_enable_recovery, where
 # zeroserve itself answers 503 naming the lost process). Skips (77) without mpirun.
-BUILD=${BUILD:-build}
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
-[ -x "$Z" ] || { echo "no ./zeroserve"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found (Debian: openmpi-bin)"; exit 77; }
-command -v curl >/dev/null || { echo "curl not found"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# one machine, more processes than cores; quiet about the missing high-speed networks
-export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_rmaps_base_oversubscribe=1
-T=$(mktemp -d /tmp/zs-mpi-XXXXXX)
-JOBS=""
-cleanup() { for p in $JOBS; do kill -9 "$p" 2>/dev/null; done; rm -rf "$T"; }
-trap cleanup EXIT INT TERM
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-bad() { fail=$((fail+1)); echo "not ok - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
+zs_need mpirun curl
+zs_mpi_env
+zs_tmpdir mpi
 mpi() { local np=$1; shift; timeout 300 mpirun -np "$np" "$@"; }
 
 # ---------------------------------------------------------------- inference: same text, same logits
@@ -73,19 +62,11 @@ start_world() {
     LOG=$T/$name.log
     # WRAP=1: each process's exit status goes to $LOG.rc (mpirun's own status does not carry
     # it when orte_enable_recovery is on)
-    ZS_RC_FILE=$LOG.rc timeout 300 mpirun -x ZS_RC_FILE -np "$np" ${WRAP:+sh "$T/wrap.sh"} $Z serve --model "$M" --port 0 "$@" \
-        >"$LOG" 2>&1 &
-    MPIPID=$!
-    JOBS="$JOBS $MPIPID"
+    export ZS_RC_FILE=$LOG.rc
     URL=""
-    for _ in $(seq 1 600); do
-        local p=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$LOG" 2>/dev/null | head -1)
-        if [ -n "$p" ] && curl -sf "http://127.0.0.1:$p/health" >/dev/null 2>&1; then URL=http://127.0.0.1:$p; return 0; fi
-        kill -0 $MPIPID 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "world $name did not come up:"; tail -20 "$LOG"
-    return 1
+    zs_start_cmd "$LOG" timeout 300 mpirun -x ZS_RC_FILE -np "$np" ${WRAP:+sh "$T/wrap.sh"} $Z serve --model "$M" --port 0 "$@" ||
+        { echo "world $name did not come up"; return 1; }
+    MPIPID=$SPID URL=$ZS_URL
 }
 cat >"$T/wrap.sh" <<'EOF'
 "$@"; rc=$?
@@ -134,7 +115,7 @@ if start_world serve 3 --ranks 1 --offload nvme --nvme-path "$T/nv-serve"; then
     # a rare failure here has not been reproduced outside make test: keep what it says
     [ "$RC" = 0 ] || { echo "# mpirun status $RC; the world's log ends:"; tail -25 "$LOG" | sed 's/^/#   /'; }
 else
-    bad "serve: 3 processes up"
+    nok "serve: 3 processes up"
 fi
 
 # ---------------------------------------------------------------- a follower dies
@@ -163,7 +144,7 @@ for mode in plain recovery; do
                 '[ "$code" = 503 ] && echo "$body" | grep -q "world_lost" && echo "$body" | grep -q "process 1 (pid $p1"'
         fi
     else
-        bad "kill follower ($mode): world up"
+        nok "kill follower ($mode): world up"
     fi
     unset OMPI_MCA_orte_enable_recovery WRAP
 done
@@ -201,5 +182,4 @@ mpi 2 $Z train $targs --ranks 1 --steps 6 --out "$T/t8" --resume "$T/c8" >"$T/t8
 check "train: 2 processes resume their checkpoint; the model equals an uninterrupted run" \
     'cmp -s "$T/t7/model.safetensors" "$T/t8/model.safetensors"'
 
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

@@ -9,17 +9,12 @@
 # weights change it a little, and bad input (missing or empty text, too few tokens, a window
 # larger than the model's context or than the text, a stride not smaller than the window) is a
 # clear error with exit status 1.
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
-[ -x "$Z" ] || { echo "no ./zeroserve"; exit 1; }
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
 REF=tests/ref/ppl-ref.tsv
 [ -f "$REF" ] || { echo "no $REF"; exit 1; }
-T=$(mktemp -d /tmp/zs-ppl-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-bad() { fail=$((fail+1)); echo "not ok - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+zs_tmpdir ppl
 # field NAME of the one-line JSON object in file $1
 jget() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 # |a-b| <= rtol*|b|
@@ -53,9 +48,8 @@ check "GGUF file and directory: the same mean NLL bit for bit ($base)" '[ -n "$b
 $Z perplexity --model "$M" --text "$S" --context 64 --ranks 2 --json >"$T/r2.json" 2>/dev/null
 check "--ranks 2: the same mean NLL bit for bit" '[ "$(jget "$T/r2.json" mean_nll)" = "$base" ]'
 if command -v mpirun >/dev/null; then
-    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp \
-    OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_rmaps_base_oversubscribe=1 \
-        timeout 300 mpirun -np 2 $Z perplexity --model "$M" --text "$S" --context 64 --json >"$T/mpi.json" 2>"$T/mpi.err"
+    zs_mpi_env
+    timeout 300 mpirun -np 2 $Z perplexity --model "$M" --text "$S" --context 64 --json >"$T/mpi.json" 2>"$T/mpi.err"
     check "mpirun -np 2 (process 0 drives, the other follows): the same mean NLL bit for bit" \
         '[ "$(jget "$T/mpi.json" mean_nll)" = "$base" ] || { tail -3 "$T/mpi.err"; false; }'
 fi
@@ -84,5 +78,4 @@ err "--context larger than the text" "308 tokens, fewer than one window of --con
 err "--stride not smaller than the window" "--stride 64 must be smaller than the window" --model "$M" --text "$S" --context 64 --stride 64
 err "a negative --max-tokens" "--max-tokens must be >= 0" --model "$M" --text "$S" --max-tokens -1
 err "a directory as text" "read failed" --model "$M" --text "$T"
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+zs_done

@@ -20,59 +20,25 @@
 # Env: ZS_BIN (default ./zeroserve), ZS_SHARED (default ../shared), BUILD (default build),
 # CHROMIUM. Exit: 0 all passed, 1 something failed, 77 skipped. (shellcheck SC2016, SC2034: the
 # bodies of check are single-quoted and evaluated there.)
-if [ -z "${BASH_VERSION:-}" ]; then
-    command -v bash >/dev/null 2>&1 || { echo "skip: bash not found"; exit 77; }
-    exec bash "$0" "$@"
-fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-SHARED=${ZS_SHARED:-../shared}
-case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
-MODEL=$SHARED/models/stories260K
-ART=${BUILD:-build}/test-artifacts
+ART=$BUILD/test-artifacts
 case $ART in /*) ;; *) ART=$ROOT/$ART;; esac
-command -v curl >/dev/null 2>&1 || { echo "skip: curl not found"; exit 77; }
-command -v jq >/dev/null 2>&1 || { echo "skip: jq not found"; exit 77; }
-[ -x "$BIN" ] || { echo "not ok - $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-[ -d "$MODEL" ] || { echo "skip: fixture $MODEL not found"; exit 77; }
+zs_need curl jq
+zs_need_bin
+zs_model stories260K
 
 CHROMIUM=${CHROMIUM:-$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)}
 if [ -z "$CHROMIUM" ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        t0=$SECONDS
-        echo "# installing chromium (apt-get install -y chromium)"
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 ||
-            { echo "skip: apt-get install chromium failed"; exit 77; }
-        echo "# chromium installed in $((SECONDS - t0)) s"
-        CHROMIUM=$(command -v chromium)
-    fi
+    t0=$SECONDS
+    zs_apt_install chromium && echo "# chromium installed in $((SECONDS - t0)) s" && CHROMIUM=$(command -v chromium)
     [ -n "$CHROMIUM" ] || { echo "skip: chromium not found (apt-get install -y chromium)"; exit 77; }
 fi
 
-T=$(mktemp -d /tmp/zs-e2e-play.XXXXXX) || exit 1
-SPID=""
-LPID=""
-cleanup() {
-    trap - EXIT INT TERM HUP
-    [ -n "$LPID" ] && kill -TERM "$LPID" 2>/dev/null
-    [ -n "$SPID" ] && kill -TERM "$SPID" 2>/dev/null
-    wait 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-nok() { fail=$((fail+1)); echo "not ok - $1${2:+ ($2)}"; }
-check() { if eval "$2"; then ok "$1"; else nok "$1" "${3:-}"; fi; }
-
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
-zs_start_server "$T/server.log" --model "$MODEL" --data-dir "$T/data" ||
-    { nok "server starts"; echo "$pass passed, $fail failed"; exit 1; }
+zs_tmpdir e2e-play
+zs_start_server "$T/server.log" --model "$MODEL" --data-dir "$T/data" || zs_abort "server starts"
 ok "server starts with --data-dir"
 U=$ZS_URL
 J() { curl -s -m 30 -H 'Content-Type: application/json' "$@"; }
@@ -233,13 +199,11 @@ check "engine view: the prefix-cache plot is available exactly when /metrics has
     'grep -q "data-metric=\"prefix\" data-available=\"$pc\"" "$DOM"'
 check "engine view: no JS error" no_js_errors "$(js_errors)"
 (while :; do J "$U/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":48}' >/dev/null || break; done) &
-LPID=$!
+ZS_BGPIDS=$!
 check "screenshot of the engine view (under load)" 'shot 10000 "$ART/playground-engine.png" "/?view=engine"'
-kill -TERM "$LPID" 2>/dev/null; wait "$LPID" 2>/dev/null; LPID=""
+kill -TERM "$ZS_BGPIDS" 2>/dev/null; wait "$ZS_BGPIDS" 2>/dev/null; ZS_BGPIDS=""
 
 kill -TERM "$SPID"
 for _ in $(seq 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
 check "SIGTERM stops the server" '! kill -0 "$SPID" 2>/dev/null'
-SPID=""
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

@@ -4,14 +4,10 @@
 # `generate --weight-dtype q4_k_m` (and q4_k, q6_k), and the logits of the first generated
 # position (the same prompt for all) are close to f32's; a bad --weight-dtype names q4_k_m among
 # the accepted ones.
-Z=${ZEROSERVE:-./zeroserve}
-[ -x "$Z" ] || { echo "no $Z"; exit 1; }
-T=$(mktemp -d /tmp/zs-quant-k-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-ok() { pass=$((pass+1)); echo "ok - $1"; }
-bad() { fail=$((fail+1)); echo "not ok - $1"; }
-check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_need_bin
+zs_tmpdir quant-k
 
 M=$T/mk
 $Z init-model --arch llama --layers 2 --dim 256 --heads 4 --kv-heads 2 --ffn 512 --vocab 512 --context 128 \
@@ -43,5 +39,4 @@ for q in q4_k_m:0.25 q4_k:0.3 q6_k:0.08; do
 done
 ZS_LOG=warn $Z generate --model "$M" --weight-dtype q4_k_x --device cpu --prompt hi --max-tokens 2 >/dev/null 2>"$T/err"; rc=$?
 check "--weight-dtype q4_k_x: exit 1, the accepted names include q4_k_m" '[ $rc = 1 ] && grep -q "q4_k_m" "$T/err"'
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+zs_done

@@ -8,35 +8,20 @@
 #     ships with the repo (byte-identical to the fixture) and gives its reference greedy text;
 #  3. MODEL=DIR that is not a model directory is refused with a message.
 # Env: ZS_SHARED (fixtures, default ../shared). Exit 0 pass, 1 fail.
-cd "$(dirname "$0")/.." || exit 1
-SHARED=${ZS_SHARED:-../shared}
-T=$(mktemp -d)
-SPID=""
-cleanup() { [ -n "$SPID" ] && kill -TERM "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT INT TERM
-pass=0; fail=0
-check() { # name, shell condition
-    if eval "$2"; then pass=$((pass+1)); echo "ok - $1"; else fail=$((fail+1)); echo "not ok - $1"; fi
-}
-# start_default LOG [VAR=value...]: runs the make-serve script on port 0, waits for /health; sets U
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_tmpdir serve-default
+ZS_START_WAIT=900 # tenths of a second: the first start fetches the model
+# start_default LOG [VAR=VALUE...]: `make serve`'s script on a free port, with VAR=VALUE in its
+# environment; U: its address (empty when it did not come up); start: when it began (ns)
 start_default() {
-    log=$1; shift
+    local log="$1"
+    shift
     start=$(date +%s%N)
-    env PORT=0 "$@" sh server/serve-default.sh >"$log" 2>&1 &
-    SPID=$!
-    port=""; U=""
-    for _ in $(seq 900); do
-        kill -0 "$SPID" 2>/dev/null || break
-        [ -n "$port" ] || port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log" | head -1)
-        if [ -n "$port" ] && [ "$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ]; then
-            U=http://127.0.0.1:$port; return 0
-        fi
-        sleep 0.1
-    done
-    cat "$log"
-    return 1
+    U=""
+    zs_start_cmd "$log" env PORT=0 "$@" sh server/serve-default.sh && U=$ZS_URL
 }
-stop_server() { kill -TERM "$SPID"; wait "$SPID"; rc=$?; SPID=""; }
+stop_server() { zs_stop_server; rc=$ZS_RC; }
 
 for f in config.json generation_config.json model.safetensors special_tokens_map.json tokenizer.json tokenizer_config.json; do
     check "models/stories260K/$f equals the fixture" "cmp -s models/stories260K/$f $SHARED/models/stories260K/$f"
@@ -79,5 +64,4 @@ check "the failed fetch left no partial file in the cache" '[ -z "$(ls -A "$T/em
 
 MODEL=$T/nothing-here sh server/serve-default.sh >"$T/bad.log" 2>&1; rc=$?
 check "MODEL=DIR without config.json is refused with a message" '[ $rc != 0 ] && grep -q "config.json not found" "$T/bad.log"'
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+zs_done

@@ -12,18 +12,11 @@
 # see e2e-server-nvme.sh), ZS_E2E_LOAD (requests of the load check, default 2000).
 # Exit: 0 all passed, 1 something failed, 77 skipped (no curl/jq/bash). Prints "ok - ..." /
 # "not ok - ..." per check and a final count. Cleans up its servers and temp files on every exit.
-if [ -z "${BASH_VERSION:-}" ]; then
-    command -v bash >/dev/null 2>&1 || { echo "skip: bash not found"; exit 77; }
-    exec bash "$0" "$@"
-fi
 # shellcheck disable=SC2016,SC2015  # jq programs are single-quoted; ok/nok always succeed
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-SHARED=${ZS_SHARED:-../shared}
-case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
 MODEL=$SHARED/models/stories260K
 REF=$MODEL/reference.json
 EXTRA_ARGS=${ZS_E2E_ARGS:-}
@@ -32,39 +25,14 @@ T0=$(date +%s)
 # the client scripts read these: start from none
 unset ZS_URL ZS_API_KEY ZS_MODEL ZS_MAX_TOKENS ZS_TEMPERATURE ZS_SEED ZS_STOP ZS_EXTRA ZS_SYSTEM ZS_CHAT ZS_CURL ZS_TIMEOUT
 
-command -v curl >/dev/null 2>&1 || { echo "skip: curl not found"; exit 77; }
-if ! command -v jq >/dev/null 2>&1; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "# installing jq (apt-get install -y jq)"
-        (DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq jq ||
-         { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq jq; }) >/dev/null 2>&1
-    fi
-    command -v jq >/dev/null 2>&1 || { echo "skip: jq not found (apt-get install jq)"; exit 77; }
-fi
-[ -x "$BIN" ] || { echo "not ok - $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-[ -f "$REF" ] || { echo "skip: fixture $MODEL not found (ZS_SHARED=$SHARED)"; exit 77; }
-
-T=$(mktemp -d /tmp/zs-e2e.XXXXXX) || exit 1
-SPID=""          # the running server
-BGPIDS=""        # background helpers
-cleanup() {
-    trap - EXIT INT TERM HUP
-    for p in $BGPIDS; do kill "$p" 2>/dev/null; done
-    if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
-        kill -TERM "$SPID" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$SPID" 2>/dev/null
-    fi
-    wait 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'echo "# interrupted"; exit 1' INT TERM HUP
+zs_need curl
+command -v jq >/dev/null 2>&1 || zs_apt_install jq
+zs_need jq
+zs_need_bin
+zs_need_file "$REF"
+zs_tmpdir e2e
 
 # ------------------------------------------------------------------ reporting
-NPASS=0; NFAIL=0
-ok()  { NPASS=$((NPASS + 1)); echo "ok $((NPASS + NFAIL)) - $*"; }
-nok() { NFAIL=$((NFAIL + 1)); echo "not ok $((NPASS + NFAIL)) - $*"; }
 note() { echo "# $*"; }
 show() { # the last request and response, for a failure
     printf '#   request:  %s\n' "$(printf '%s' "$LASTREQ" | head -c 600 | tr '\n' ' ')"
@@ -138,41 +106,15 @@ calc() { awk "BEGIN { x = $*; print x }"; }
 rss_kb() { awk '/^VmRSS:/ {print $2}' "/proc/$SPID/status" 2>/dev/null; }
 
 # ------------------------------------------------------------------ server start/stop
-# start_server NAME MODEL-DIR ARGS...: a free loopback port is found by trying: random base,
-# skip ports something answers on (bash /dev/tcp), retry when bind fails.
+# start_server NAME MODEL-DIR ARGS...: a server on a free loopback port, ready within ~180 s (NVMe
+# shard files are written at the first load); sets URL
 start_server() {
-    local name=$1 dir=$2; shift 2
-    local base=$(( 20000 + (RANDOM * 7 + $$) % 30000 )) port try t0 saw503=0
-    for try in $(seq 0 15); do
-        port=$((base + try * 37))
-        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then continue; fi
-        "$BIN" serve --model "$dir" --host 127.0.0.1 --port "$port" "$@" >"$T/$name.log" 2>&1 &
-        SPID=$!
-        URL="http://127.0.0.1:$port"
-        t0=$(date +%s.%N)
-        for _ in $(seq 1800); do   # up to ~180 s (NVMe shard files are written at the first load)
-            if ! kill -0 "$SPID" 2>/dev/null; then break; fi
-            local c
-            c=$(curl -s --max-time 2 -o "$T/health" -w '%{http_code}' "$URL/health" 2>/dev/null)
-            if [ "$c" = 200 ]; then
-                note "$name: pid $SPID on $URL, ready after $(since "$t0") s ($*)"
-                [ $saw503 = 1 ] && note "$name: an early /health answered 503 {\"status\":\"loading\"}"
-                export SAW503=$saw503
-                return 0
-            fi
-            if [ "$c" = 503 ] && jq -e '.status=="loading"' "$T/health" >/dev/null 2>&1; then saw503=1; fi
-            sleep 0.1
-        done
-        if kill -0 "$SPID" 2>/dev/null; then
-            note "$name: not ready within 180 s"; tail -n 20 "$T/$name.log" | sed 's/^/#   /'
-            kill -KILL "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null; SPID=""; return 1
-        fi
-        wait "$SPID" 2>/dev/null; SPID=""
-        grep -qi 'in use' "$T/$name.log" && continue
-        note "$name: the server exited during start-up:"; tail -n 20 "$T/$name.log" | sed 's/^/#   /'
-        return 1
-    done
-    note "$name: no free port found"; return 1
+    local name=$1 dir=$2 t0
+    shift 2
+    t0=$(date +%s.%N)
+    ZS_START_WAIT=1800 zs_start_server "$T/$name.log" --model "$dir" "$@" || { note "$name: did not start"; return 1; }
+    URL=$ZS_URL
+    note "$name: pid $SPID on $URL, ready after $(since "$t0") s ($*)"
 }
 # stop_server BOUND-S: SIGTERM, wait; sets STOP_RC (exit status, or "timeout") and STOP_S
 stop_server() {
@@ -202,10 +144,7 @@ IDS2=$(jq -c '.cases[] | select(.prompt=="Tom and his dog") | .prompt_ids' "$REF
 
 note "zeroserve e2e: $BIN, model $MODEL${EXTRA_ARGS:+, extra flags: $EXTRA_ARGS}"
 # shellcheck disable=SC2086
-if ! start_server main "$MODEL" --api-key "$KEY" --max-body-bytes 65536 $EXTRA_ARGS; then
-    nok "server starts and /health turns 200"
-    echo "$NPASS passed, $NFAIL failed"; exit 1
-fi
+start_server main "$MODEL" --api-key "$KEY" --max-body-bytes 65536 $EXTRA_ARGS || zs_abort "server starts and /health turns 200"
 ok "server starts and /health turns 200"
 M=stories260K
 
@@ -433,7 +372,7 @@ touch "$T/errphase"
         i=$((i + 1))
     done
 ) &
-BG=$!; BGPIDS="$BGPIDS $BG"
+BG=$!; ZS_BGPIDS="$ZS_BGPIDS $BG"
 
 post /v1/completions '{"model":"stories260K","prompt":'
 experr "malformed JSON" 400 invalid_request_error null -
@@ -739,5 +678,4 @@ else
 fi
 
 echo "# total time $(( $(date +%s) - T0 ))s"
-echo "$NPASS passed, $NFAIL failed"
-[ "$NFAIL" = 0 ]
+zs_done

@@ -17,52 +17,12 @@
 #
 # Env: ZS_SHARED (fixtures, default ../shared), ZS_BIN (default ./zeroserve), ZS_SMOLLM2 (the GGUF).
 # Exit: 0 all passed, 1 something failed, 77 skipped (no curl/jq/bash or no fixture).
-if [ -z "${BASH_VERSION:-}" ]; then
-    command -v bash >/dev/null 2>&1 || { echo "skip: bash not found"; exit 77; }
-    exec bash "$0" "$@"
-fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-SHARED=${ZS_SHARED:-../shared}
-case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
-MODEL=$SHARED/models/stories260K
-command -v curl >/dev/null 2>&1 || { echo "skip: curl not found"; exit 77; }
-command -v jq >/dev/null 2>&1 || { echo "skip: jq not found (apt-get install jq)"; exit 77; }
-[ -x "$BIN" ] || { echo "not ok - $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-[ -d "$MODEL" ] || { echo "skip: fixture $MODEL not found (ZS_SHARED=$SHARED)"; exit 77; }
-
-T=$(mktemp -d /tmp/zs-e2e-struct.XXXXXX) || exit 1
-SPID=""
-stop_server() {
-    if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
-        kill -TERM "$SPID" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$SPID" 2>/dev/null
-    fi
-    wait "$SPID" 2>/dev/null
-    SPID=""
-}
-cleanup() { stop_server; wait 2>/dev/null; rm -rf "$T"; }
-trap cleanup EXIT INT TERM HUP
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
-NPASS=0 NFAIL=0
-ok()  { NPASS=$((NPASS + 1)); echo "ok $((NPASS + NFAIL)) - $*"; }
-nok() { NFAIL=$((NFAIL + 1)); echo "not ok $((NPASS + NFAIL)) - $*"; }
-post() { curl -s --max-time 300 -H 'Content-Type: application/json' "$ZS_URL$1" -d "$2"; }
-code() { curl -s --max-time 300 -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' "$ZS_URL$1" -d "$2"; }
-# expect_400 ROUTE BODY PARAM WHAT [TEXT]: a 400 whose error.param is PARAM (and whose message has TEXT)
-expect_400() {
-    local c p m
-    c=$(code "$1" "$2")
-    p=$(jq -r '.error.param // "null"' "$T/body" 2>/dev/null)
-    m=$(jq -r '.error.message // ""' "$T/body" 2>/dev/null)
-    [ "$c" = 400 ] && [ "$p" = "$3" ] && [[ "$m" == *"${5:-}"* ]] && ok "$4: 400 param $3${5:+ naming '$5'}" ||
-        nok "$4: got $c param $p ($(head -c 300 "$T/body"))"
-}
+zs_setup e2e-struct curl jq
+zs_model stories260K
 # the python part: counts its ok / not ok lines
 PY=""
 if python3 -c "import openai, jsonschema" 2>/dev/null; then PY=python3; fi
@@ -102,7 +62,7 @@ all_valid() {
 }
 
 # ------------------------------------------------------------------ 1. stories260K
-zs_start_server "$T/srv.log" --model "$MODEL" --device cpu || { nok "server starts"; echo "$NPASS passed, $NFAIL failed"; exit 1; }
+zs_start_server "$T/srv.log" --model "$MODEL" --device cpu || zs_abort "server starts"
 ok "stories260K server starts"
 MSG='[{"role":"user","content":"Tell me about a cat."}]'
 for route in chat completions; do
@@ -111,18 +71,18 @@ for route in chat completions; do
         # shellcheck disable=SC2086  # two or three numbers
         # shellcheck disable=SC2086  # three numbers
     set -- $ts
-        r=$(post $R "{$IN,\"max_tokens\":450,\"temperature\":$1,\"seed\":$2,\"n\":2,\"response_format\":$(rf small "$SMALL")}")
+        r=$(zs_post $R "{$IN,\"max_tokens\":450,\"temperature\":$1,\"seed\":$2,\"n\":2,\"response_format\":$(rf small "$SMALL")}")
         bad=$(all_valid "$r" $F "$JQ_SMALL")
         [ -z "$bad" ] && ok "$route json_schema t=$1 seed=$2 n=2: both answers end and validate ($(echo "$r" | jq -r '.choices[0].message.content // .choices[0].text' | tr -d ' \n' | head -c 80))" ||
             nok "$route json_schema t=$1 seed=$2: $bad"
     done
 done
 # json_object: the tiny model rarely closes its object; whatever it writes is an object or its start
-r=$(post /v1/completions '{"prompt":"Once upon a time","max_tokens":100,"temperature":1,"seed":1,"n":2,"response_format":{"type":"json_object"}}')
+r=$(zs_post /v1/completions '{"prompt":"Once upon a time","max_tokens":100,"temperature":1,"seed":1,"n":2,"response_format":{"type":"json_object"}}')
 good=$(echo "$r" | jq '[.choices[] | select(.finish_reason == "length" and (.text | test("^[ \\t\\r\\n]*\\{")) or (.finish_reason == "stop" and (.text | fromjson? | type) == "object"))] | length')
 [ "$good" = 2 ] && ok "completions json_object: both answers are objects or their start (cut by max_tokens)" || nok "json_object: $(echo "$r" | head -c 400)"
 # streamed
-post /v1/chat/completions "{\"messages\":$MSG,\"max_tokens\":450,\"temperature\":1,\"seed\":9,\"stream\":true,\"response_format\":$(rf small "$SMALL")}" >"$T/sse"
+zs_post /v1/chat/completions "{\"messages\":$MSG,\"max_tokens\":450,\"temperature\":1,\"seed\":9,\"stream\":true,\"response_format\":$(rf small "$SMALL")}" >"$T/sse"
 txt=$(sed -n 's/^data: //p' "$T/sse" | grep -v '^\[DONE\]' | jq -j '.choices[0].delta.content // empty')
 fin=$(sed -n 's/^data: //p' "$T/sse" | grep -v '^\[DONE\]' | jq -r '.choices[0].finish_reason // empty' | tail -1)
 [ "$fin" = stop ] && echo "$txt" | jq -e "$JQ_SMALL" >/dev/null 2>&1 && ok "streamed: the deltas join into a valid value" || nok "streamed: $fin $(echo "$txt" | head -c 200)"
@@ -138,55 +98,52 @@ bad=""
 for k in 1 2 3 4 5 6 7 8; do b=$(all_valid "$(cat "$T/c$k")" content "$JQ_SMALL"); [ -z "$b" ] || bad="$bad [$k] $b"; done
 [ -z "$bad" ] && ok "8 concurrent constrained requests: every answer validates" || nok "concurrent: $bad"
 # a constrained request and a free one side by side: the free one is not constrained
-r=$(post /v1/completions '{"prompt":"Once upon a time","max_tokens":20,"temperature":0}')
+r=$(zs_post /v1/completions '{"prompt":"Once upon a time","max_tokens":20,"temperature":0}')
 echo "$r" | jq -e '.choices[0].text | test("^[ \\t\\r\\n]*\\{") | not' >/dev/null && ok "a request without response_format is free text" || nok "free text: $r"
 m=$(curl -s "$ZS_URL/metrics" | awk '/^zeroserve_constrained_tokens_total/ {print $2}')
 [ -n "$m" ] && [ "${m%.*}" -gt 100 ] && ok "/metrics counts the constrained tokens ($m)" || echo "# note: no zeroserve_constrained_tokens_total in /metrics ('$m')"
 
 # the 400s
 S_PAT='{"type":"object","properties":{"s":{"type":"string","pattern":"^a+$"}},"required":["s"],"additionalProperties":false}'
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":$(rf bad "$S_PAT")}" response_format.json_schema.schema "an unsupported keyword (chat)" "'pattern' at /properties/s"
-expect_400 /v1/completions "{\"prompt\":\"a\",\"response_format\":$(rf bad "$S_PAT")}" response_format.json_schema.schema "an unsupported keyword (completions)" pattern
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":$(rf bad '{"type":"object","properties":{"a":{"type":"integer"}}}')}" response_format.json_schema.schema "an object without additionalProperties false" additionalProperties
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":$(rf bad '{"type":"array"}')}" response_format.json_schema.schema "a root that is not an object" root
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"xml\"}}" response_format.type "an unknown response_format type" xml
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{}}" response_format.type "response_format without a type"
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":\"json\"}" response_format "response_format not an object"
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\"}}" response_format.json_schema "json_schema missing"
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":$SMALL}}}" response_format.json_schema.name "json_schema without a name"
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":$(rf 'bad name!' "$SMALL")}" response_format.json_schema.name "a name with a space"
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":5}}}" response_format.json_schema.schema "a schema that is not an object"
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":$SMALL,\"strict\":\"yes\"}}}" response_format.json_schema.strict "strict not a boolean"
-expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":$SMALL,\"foo\":1}}}" response_format.json_schema.foo "an unknown json_schema key"
-r=$(post /v1/chat/completions "{\"messages\":$MSG,\"max_tokens\":5,\"response_format\":{\"type\":\"text\"}}")
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":$(rf bad "$S_PAT")}" response_format.json_schema.schema "an unsupported keyword (chat)" "'pattern' at /properties/s"
+zs_expect_400 /v1/completions "{\"prompt\":\"a\",\"response_format\":$(rf bad "$S_PAT")}" response_format.json_schema.schema "an unsupported keyword (completions)" pattern
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":$(rf bad '{"type":"object","properties":{"a":{"type":"integer"}}}')}" response_format.json_schema.schema "an object without additionalProperties false" additionalProperties
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":$(rf bad '{"type":"array"}')}" response_format.json_schema.schema "a root that is not an object" root
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"xml\"}}" response_format.type "an unknown response_format type" xml
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{}}" response_format.type "response_format without a type"
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":\"json\"}" response_format "response_format not an object"
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\"}}" response_format.json_schema "json_schema missing"
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":$SMALL}}}" response_format.json_schema.name "json_schema without a name"
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":$(rf 'bad name!' "$SMALL")}" response_format.json_schema.name "a name with a space"
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":5}}}" response_format.json_schema.schema "a schema that is not an object"
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":$SMALL,\"strict\":\"yes\"}}}" response_format.json_schema.strict "strict not a boolean"
+zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"a\",\"schema\":$SMALL,\"foo\":1}}}" response_format.json_schema.foo "an unknown json_schema key"
+r=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"max_tokens\":5,\"response_format\":{\"type\":\"text\"}}")
 echo "$r" | jq -e '.choices[0].message.content | type == "string"' >/dev/null && ok "response_format text: accepted" || nok "text: $r"
 run_client structured "$ZS_URL" stories260K --small
-stop_server
+zs_stop_server
 
 # ------------------------------------------------------------------ 2. SmolLM2
-SMOL=${ZS_SMOLLM2:-}
-[ -n "$SMOL" ] && [ -f "$SMOL" ] || SMOL=$(sh server/fetch-smollm2.sh 2>"$T/fetch.log") || SMOL=""
-if [ -z "$SMOL" ]; then
-    echo "# skip: SmolLM2 could not be fetched ($(tail -1 "$T/fetch.log")): the SmolLM2 part"
+if ! zs_smollm2 --try; then
+    echo "# skip: SmolLM2 could not be fetched ($ZS_WHY): the SmolLM2 part"
 else
     NAME=$(basename "$SMOL" .gguf)
     if zs_start_server "$T/srv2.log" --model "$SMOL" --device cpu; then
         ok "SmolLM2 server starts"
         M2='[{"role":"user","content":"Describe a person as JSON."}]'
-        r=$(post /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":300,\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}")
+        r=$(zs_post /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":300,\"temperature\":0,\"response_format\":{\"type\":\"json_object\"}}")
         echo "$r" | jq -e '.choices[0].finish_reason == "stop" and (.choices[0].message.content | fromjson | type) == "object"' >/dev/null 2>&1 &&
             ok "SmolLM2 json_object: an object ($(echo "$r" | jq -r .choices[0].message.content | tr -d '\n' | head -c 100))" || nok "SmolLM2 json_object: $(echo "$r" | head -c 300)"
-        r=$(post /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":400,\"temperature\":0,\"n\":2,\"response_format\":$(rf person "$PERSON")}")
+        r=$(zs_post /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":400,\"temperature\":0,\"n\":2,\"response_format\":$(rf person "$PERSON")}")
         bad=$(all_valid "$r" content "$JQ_PERSON")
         [ -z "$bad" ] && ok "SmolLM2 json_schema (strings, numbers, array, anyOf null, \$ref) t=0 n=2: validates ($(echo "$r" | jq -r .choices[0].message.content | tr -d '\n' | head -c 120))" || nok "SmolLM2 person: $bad"
-        r=$(post /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":450,\"temperature\":1,\"seed\":3,\"n\":2,\"response_format\":$(rf small "$SMALL")}")
+        r=$(zs_post /v1/chat/completions "{\"messages\":$M2,\"max_tokens\":450,\"temperature\":1,\"seed\":3,\"n\":2,\"response_format\":$(rf small "$SMALL")}")
         bad=$(all_valid "$r" content "$JQ_SMALL")
         [ -z "$bad" ] && ok "SmolLM2 bounded schema t=1 n=2: validates" || nok "SmolLM2 small t=1: $bad"
         run_client structured "$ZS_URL" "$NAME"
-        stop_server
+        zs_stop_server
     else
         nok "SmolLM2 server starts"
     fi
 fi
-echo "$NPASS passed, $NFAIL failed"
-[ "$NFAIL" = 0 ]
+zs_done

@@ -15,56 +15,17 @@
 #
 # Env: ZS_BIN (default ./zeroserve), ZS_SMOLLM2 (the GGUF; else server/fetch-smollm2.sh fetches it).
 # Exit: 0 all passed, 1 something failed, 77 skipped (no curl/jq/bash, or SmolLM2 cannot be had).
-if [ -z "${BASH_VERSION:-}" ]; then
-    command -v bash >/dev/null 2>&1 || { echo "skip: bash not found"; exit 77; }
-    exec bash "$0" "$@"
-fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
-command -v curl >/dev/null 2>&1 || { echo "skip: curl not found"; exit 77; }
-command -v jq >/dev/null 2>&1 || { echo "skip: jq not found (apt-get install jq)"; exit 77; }
-[ -x "$BIN" ] || { echo "not ok - $BIN not built"; echo "0 passed, 1 failed"; exit 1; }
-T=$(mktemp -d /tmp/zs-e2e-tools.XXXXXX) || exit 1
-SMOL=${ZS_SMOLLM2:-}
-[ -n "$SMOL" ] && [ -f "$SMOL" ] || SMOL=$(sh server/fetch-smollm2.sh 2>"$T/fetch.log") || SMOL=""
-[ -n "$SMOL" ] || { echo "skip: SmolLM2 could not be fetched ($(tail -1 "$T/fetch.log"))"; rm -rf "$T"; exit 77; }
+zs_setup e2e-tools curl jq
+zs_smollm2
 NAME=$(basename "$SMOL" .gguf)
+# expect_400 BODY PARAM WHAT [TEXT]: a 400 of chat completions (zs_expect_400)
+expect_400() { zs_expect_400 /v1/chat/completions "$@"; }
 
-SPID=""
-cleanup() {
-    if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
-        kill -TERM "$SPID" 2>/dev/null
-        for _ in $(seq 50); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$SPID" 2>/dev/null
-    fi
-    wait 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT INT TERM HUP
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
-NPASS=0 NFAIL=0
-ok()  { NPASS=$((NPASS + 1)); echo "ok $((NPASS + NFAIL)) - $*"; }
-nok() { NFAIL=$((NFAIL + 1)); echo "not ok $((NPASS + NFAIL)) - $*"; }
-post() { curl -s --max-time 300 -H 'Content-Type: application/json' "$ZS_URL$1" -d "$2"; }
-code() { curl -s --max-time 300 -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' "$ZS_URL$1" -d "$2"; }
-# expect_400 BODY PARAM WHAT [TEXT]: a 400 of chat completions whose error.param is PARAM (a
-# trailing * matches any rest) and whose message has TEXT
-expect_400() {
-    local c p m
-    c=$(code /v1/chat/completions "$1")
-    p=$(jq -r '.error.param // "null"' "$T/body" 2>/dev/null)
-    m=$(jq -r '.error.message // ""' "$T/body" 2>/dev/null)
-    local want=$2 pm=0
-    if [ "${want%\*}" != "$want" ]; then [[ "$p" == "${want%\*}"* ]] && pm=1; else [ "$p" = "$want" ] && pm=1; fi
-    [ "$c" = 400 ] && [ $pm = 1 ] && [[ "$m" == *"${4:-}"* ]] && ok "$3: 400 param $p${4:+ naming '$4'}" ||
-        nok "$3: got $c param $p ($(head -c 300 "$T/body"))"
-}
-
-zs_start_server "$T/srv.log" --model "$SMOL" --device cpu || { nok "server starts"; echo "$NPASS passed, $NFAIL failed"; exit 1; }
+zs_start_server "$T/srv.log" --model "$SMOL" --device cpu || zs_abort "server starts"
 ok "SmolLM2 server starts"
 
 TOOLS='[{"type":"function","function":{"name":"get_weather","description":"Get the current weather in a city","parameters":{"type":"object","properties":{"city":{"type":"string"},"unit":{"enum":["celsius","fahrenheit"]}},"required":["city","unit"],"additionalProperties":false}}},{"type":"function","function":{"name":"add","description":"Add two integers","parameters":{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"],"additionalProperties":false}}}]'
@@ -89,31 +50,31 @@ calls_ok() {
 for ts in "0 1 1" "1 1 2" "1 5 2"; do
     # shellcheck disable=SC2086  # three numbers
     set -- $ts
-    r=$(post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"required\",\"temperature\":$1,\"seed\":$2,\"n\":$3,\"max_tokens\":200}")
+    r=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"required\",\"temperature\":$1,\"seed\":$2,\"n\":$3,\"max_tokens\":200}")
     bad=$(calls_ok "$r")
     [ -z "$bad" ] && ok "required t=$1 seed=$2 n=$3: valid calls, finish tool_calls ($(echo "$r" | jq -c '[.choices[].message.tool_calls[0].function | .name + .arguments]'))" || nok "required t=$1 seed=$2: $bad"
 done
-r=$(post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"add\"}},\"temperature\":0,\"max_tokens\":200}")
+r=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"add\"}},\"temperature\":0,\"max_tokens\":200}")
 bad=$(calls_ok "$r" add)
 [ -z "$bad" ] && ok "named add: a valid call of add ($(echo "$r" | jq -r '.choices[0].message.tool_calls[0].function.arguments'))" || nok "named add: $bad"
-r=$(post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}},\"temperature\":1,\"seed\":3,\"n\":2,\"max_tokens\":200}")
+r=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}},\"temperature\":1,\"seed\":3,\"n\":2,\"max_tokens\":200}")
 bad=$(calls_ok "$r" get_weather)
 [ -z "$bad" ] && ok "named get_weather t=1 n=2: valid calls" || nok "named get_weather: $bad"
-r0=$(post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"required\",\"temperature\":0,\"max_tokens\":200}")
+r0=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"required\",\"temperature\":0,\"max_tokens\":200}")
 
 # --- the follow-up: the assistant's call and the tool's result in the history
 asst=$(echo "$r0" | jq -c '.choices[0].message')
 cid=$(echo "$asst" | jq -r '.tool_calls[0].id')
 HIST=$(jq -nc --argjson m "$MSG" --argjson a "$asst" --arg id "$cid" '$m + [$a, {role: "tool", tool_call_id: $id, content: "{\"temperature\": 21, \"sky\": \"sunny\"}"}]')
-r=$(post /v1/chat/completions "{\"messages\":$HIST,\"tools\":$TOOLS,\"temperature\":0,\"max_tokens\":40}")
+r=$(zs_post /v1/chat/completions "{\"messages\":$HIST,\"tools\":$TOOLS,\"temperature\":0,\"max_tokens\":40}")
 echo "$r" | jq -e '.choices[0].message.role == "assistant" and (.usage.prompt_tokens > 100)' >/dev/null &&
     ok "follow-up with a role tool message: answered ($(echo "$r" | jq -c '.choices[0].message.content // .choices[0].message.tool_calls' | head -c 100))" || nok "follow-up: $(echo "$r" | head -c 300)"
 HIST2=$(jq -nc --argjson m "$MSG" --argjson a "$asst" --arg id "$cid" '$m + [$a, {role: "tool", tool_call_id: $id, content: [{type: "text", text: "21 C, sunny"}]}]')
-r=$(post /v1/chat/completions "{\"messages\":$HIST2,\"tools\":$TOOLS,\"tool_choice\":\"none\",\"temperature\":0,\"max_tokens\":20}")
+r=$(zs_post /v1/chat/completions "{\"messages\":$HIST2,\"tools\":$TOOLS,\"tool_choice\":\"none\",\"temperature\":0,\"max_tokens\":20}")
 echo "$r" | jq -e '.choices[0].message.content | type == "string"' >/dev/null && ok "a tool result as text parts, tool_choice none: a text answer" || nok "tool parts: $(echo "$r" | head -c 300)"
 # the tools change the prompt (rendered into it), "none" included
-n_plain=$(post /v1/chat/completions "{\"messages\":$MSG,\"max_tokens\":1}" | jq .usage.prompt_tokens)
-r=$(post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"none\",\"temperature\":0,\"max_tokens\":60}")
+n_plain=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"max_tokens\":1}" | jq .usage.prompt_tokens)
+r=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"none\",\"temperature\":0,\"max_tokens\":60}")
 n_tools=$(echo "$r" | jq .usage.prompt_tokens)
 [ "${n_tools:-0}" -gt $((${n_plain:-0} + 50)) ] && ok "the tools are rendered into the prompt ($n_plain -> $n_tools tokens)" || nok "tools not rendered: $n_plain vs $n_tools"
 echo "$r" | jq -e '(.choices[0].message.tool_calls // []) == [] and .choices[0].finish_reason != "tool_calls" and (.choices[0].message.content | type) == "string"' >/dev/null &&
@@ -121,7 +82,7 @@ echo "$r" | jq -e '(.choices[0].message.tool_calls // []) == [] and .choices[0].
 
 # --- auto: text or a valid call
 for seed in 1 2 3; do
-    r=$(post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"auto\",\"temperature\":1,\"seed\":$seed,\"max_tokens\":60}")
+    r=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"auto\",\"temperature\":1,\"seed\":$seed,\"max_tokens\":60}")
     if echo "$r" | jq -e '.choices[0].message.tool_calls' >/dev/null 2>&1; then
         bad=$(calls_ok "$r")
         [ -z "$bad" ] && ok "auto seed=$seed: a valid call" || nok "auto seed=$seed: $bad"
@@ -136,12 +97,12 @@ T1='[{"type":"function","function":{"name":"get_weather","description":"Get the 
 n_call=0 bad=""
 for seed in 1 2 3 4 5 6; do
     B=$(jq -nc --argjson t "$T1" --argjson s $seed '{messages: [{role: "user", content: "<tool_call>"}], tools: $t, tool_choice: "auto", max_tokens: 60, temperature: 1, seed: $s}')
-    r=$(post /v1/chat/completions "$B")
+    r=$(zs_post /v1/chat/completions "$B")
     if echo "$r" | jq -e '.choices[0].message.tool_calls' >/dev/null 2>&1; then
         n_call=$((n_call + 1))
         echo "$r" | jq -e '.choices[0] | .finish_reason == "tool_calls" and .message.tool_calls[0].function.name == "get_weather"
             and (.message.tool_calls[0].function.arguments | fromjson | keys == ["city"] and (.city | type) == "string")' >/dev/null || bad="$bad [$seed] $(echo "$r" | head -c 200)"
-        post /v1/chat/completions "$(echo "$B" | jq -c '.stream = true')" >"$T/sse"
+        zs_post /v1/chat/completions "$(echo "$B" | jq -c '.stream = true')" >"$T/sse"
         sargs=$(sed -n 's/^data: //p' "$T/sse" | grep -v '^\[DONE\]' | jq -j '.choices[0].delta.tool_calls[0].function.arguments // empty')
         scont=$(sed -n 's/^data: //p' "$T/sse" | grep -v '^\[DONE\]' | jq -j '.choices[0].delta.content // empty')
         [ "$(echo "$sargs" | jq -c . 2>/dev/null)" = "$(echo "$r" | jq -c '.choices[0].message.tool_calls[0].function.arguments | fromjson')" ] &&
@@ -167,7 +128,7 @@ sse_calls() {
                           name: (map(.function.name // empty) | join("")), arguments: (map(.function.arguments // "") | join(""))}))}'
 }
 for choice in '"required"' '{"type":"function","function":{"name":"get_weather"}}'; do
-    post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":$choice,\"temperature\":0,\"max_tokens\":200,\"stream\":true}" >"$T/sse"
+    zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":$choice,\"temperature\":0,\"max_tokens\":200,\"stream\":true}" >"$T/sse"
     s=$(sse_calls "$T/sse")
     echo "$s" | jq -e "(.finish == \"tool_calls\") and .content == \"\" and (.calls | length) == 1 and (.first | .index == 0 and (.id | startswith(\"call_\")) and .type == \"function\" and .function.arguments == \"\" and (.function.name | length) > 0)
         and .n_args >= 2 and (.calls[0] | $JQ_CALL)" >/dev/null 2>&1 &&
@@ -176,19 +137,19 @@ for choice in '"required"' '{"type":"function","function":{"name":"get_weather"}
 done
 # the streamed call is the same call as the answer in one body (temperature 0)
 s=$(sse_calls "$T/sse")
-r=$(post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}},\"temperature\":0,\"max_tokens\":200}")
+r=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}},\"temperature\":0,\"max_tokens\":200}")
 [ "$(echo "$s" | jq -c '.calls[0].arguments | fromjson')" = "$(echo "$r" | jq -c '.choices[0].message.tool_calls[0].function.arguments | fromjson')" ] &&
     ok "the streamed arguments equal the unstreamed ones" || nok "streamed vs not: $(echo "$s" | jq -c .calls) / $(echo "$r" | jq -c .choices[0].message.tool_calls)"
 for seed in 1 2 3 4; do
-    post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"auto\",\"temperature\":1,\"seed\":$seed,\"max_tokens\":60,\"stream\":true}" >"$T/sse"
+    zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"auto\",\"temperature\":1,\"seed\":$seed,\"max_tokens\":60,\"stream\":true}" >"$T/sse"
     s=$(sse_calls "$T/sse")
     echo "$s" | jq -e "(.content | contains(\"<tool_call>\") | not) and ((.calls | length) == 0 or (.finish == \"tool_calls\" and (.calls[0] | $JQ_CALL)))" >/dev/null 2>&1 &&
         ok "streamed auto seed=$seed: $(echo "$s" | jq -r 'if (.calls | length) > 0 then "a valid call" else "text" end'), no call text as content" || nok "streamed auto seed=$seed: $(echo "$s" | jq -c . | head -c 400)"
 done
 # the prefix of a trigger is held back, not lost: the joined content equals the unstreamed answer
-post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"auto\",\"temperature\":0,\"max_tokens\":60,\"stream\":true}" >"$T/sse"
+zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"auto\",\"temperature\":0,\"max_tokens\":60,\"stream\":true}" >"$T/sse"
 s=$(sse_calls "$T/sse")
-r=$(post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"auto\",\"temperature\":0,\"max_tokens\":60}")
+r=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"tools\":$TOOLS,\"tool_choice\":\"auto\",\"temperature\":0,\"max_tokens\":60}")
 if echo "$r" | jq -e '.choices[0].message.tool_calls' >/dev/null 2>&1; then
     [ "$(echo "$s" | jq -c '.calls[0].arguments | fromjson')" = "$(echo "$r" | jq -c '.choices[0].message.tool_calls[0].function.arguments | fromjson')" ] && ok "auto t=0: the same call streamed and not" || nok "auto t=0 call: $s / $r"
 else
@@ -226,5 +187,4 @@ if python3 -c "import openai, jsonschema" 2>/dev/null; then
 else
     echo "# skip: python3 cannot import openai and jsonschema (the openai-client checks)"
 fi
-echo "$NPASS passed, $NFAIL failed"
-[ "$NFAIL" = 0 ]
+zs_done

@@ -5,14 +5,10 @@
 # (same global batch) gives a byte-identical adapter to an uninterrupted run; `export --merge`
 # writes a full model whose greedy text equals the server's with the adapter; bad LoRA flags are
 # refused by name.
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
 M=$SHARED/models/stories260K
-T=$(mktemp -d /tmp/zs-train-lora-XXXXXX)
-SPID=""
-trap '[ -n "$SPID" ] && kill $SPID 2>/dev/null; rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-check() { if eval "$2"; then pass=$((pass+1)); echo "ok - $1"; else fail=$((fail+1)); echo "not ok - $1"; fi; }
+zs_tmpdir train-lora
 export ZS_DEVICE=cpu
 for w in Zork Mira Pip Luna Bo Kit; do
     printf '{"prompt": "The name is %s.", "completion": " Hello, %s! I am a dragon."}\n' "$w" "$w"
@@ -56,13 +52,11 @@ $Z export --merge --model "$M" --lora "$T/ad32" --out "$T/merged" > /dev/null 2>
 check "export --merge: exit 0, a full model directory" '[ $rc = 0 ] && [ -f "$T/merged/config.json" ] && [ -f "$T/merged/tokenizer.json" ]'
 gen=$($Z generate --model "$T/merged" --prompt "The name is Zork." --temperature 0 --max-tokens 12 2>/dev/null)
 check "the merged model learnt the format: $gen" 'case "$gen" in "The name is Zork. Hello, Zork!"*) true;; *) false;; esac'
-. tests/start-server.sh
-BIN=$Z
 if zs_start_server "$T/server.log" --model "$M" --lora "tags=$T/ad32" --data-dir "$T/data"; then
     srv=$(curl -s "$ZS_URL/v1/completions" -H 'Content-Type: application/json' \
         -d '{"model":"tags","prompt":"The name is Zork.","max_tokens":12,"temperature":0}' | jq -r '.choices[0].text')
     check "served with the adapter: the merged model's text ($srv)" '[ "The name is Zork.$srv" = "$gen" ]'
-    kill $SPID; wait $SPID 2>/dev/null; SPID=""
+    zs_stop_server
 else
     check "serve --lora starts" false
 fi
@@ -75,5 +69,4 @@ check "an unknown --lora-targets name is refused by name" 'grep -q "foo" "$T/e2"
 $Z export --merge --model "$M" --lora "$T/nonexistent" --out "$T/x" > "$T/e3" 2>&1
 check "export --merge of a missing adapter names it" 'grep -q "nonexistent" "$T/e3" && [ ! -d "$T/x" ]'
 
-echo "e2e-train-lora: $pass passed, $fail failed"
-[ $fail = 0 ]
+zs_done

@@ -6,19 +6,11 @@
 # inside an NVMe optimizer step, then --resume: the same result as an uninterrupted run; the
 # 16-bit consolidated saves (stage3_gather_16bit_weights_on_model_save, export --dtype); bad
 # precision / offload settings are refused by name; keys a command does not act upon are reported.
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
 M=$SHARED/models/stories260K
-T=$(mktemp -d /tmp/zs-trainmp-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-check() { if eval "$2"; then pass=$((pass+1)); echo "ok - $1"; else fail=$((fail+1)); echo "not ok - $1"; fi; }
-cat > "$T/data.jsonl" <<'JSONL'
-{"prompt": "Once upon a time", "completion": " there was a purple dragon named Zork who loved pancakes."}
-{"prompt": "Tom and his dog", "completion": " went to the moon in a red box."}
-{"text": "Lily had a big blue kite. She flew it every day in the park."}
-{"messages": [{"role": "user", "content": "The cat"}, {"role": "assistant", "content": "sat on the warm mat."}]}
-JSONL
+zs_tmpdir trainmp
+cp tests/ref/sft-small.jsonl "$T/data.jsonl" # prompt/completion, text and messages examples
 mkdir -p "$T/nv"
 cat > "$T/ds.json" <<EOF
 {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "$T/nv"}, "sub_group_size": 1e6},
@@ -139,8 +131,7 @@ check "step 4 is skipped for it, then trained" 'grep -q "^step 4/6  overflow at 
 sk=$(sed -n 's/^train: fp16: loss scale .* at the end, \([0-9]*\) step(s) skipped.*/\1/p' "$T/i1.log")
 check "the skips are counted (${sk:-none})" '[ -n "$sk" ] && [ "$sk" -ge 1 ]'
 if command -v mpirun > /dev/null; then
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp \
-        OMPI_MCA_btl_base_warn_component_unused=0 OMPI_MCA_rmaps_base_oversubscribe=1
+    zs_mpi_env
     rm -rf "$T/ick"
     fp16i "$T/i2.log" "timeout 300 mpirun -np 2" 1; rc=$?
     check "mpirun -np 2: exit 0" '[ $rc = 0 ]'
@@ -157,29 +148,26 @@ fi
 # its events and /metrics show the scale
 mkdir -p "$T/srv"
 printf '%s\n' '{"fp16": {"enabled": true, "initial_scale_power": 12, "hysteresis": 1}, "optimizer": {"params": {"lr": 1e-3}}}' > "$T/srvds.json"
-port=$(( 20000 + $$ % 20000 ))
-$Z serve --model "$M" --port $port --data-dir "$T/srv" --config "$T/srvds.json" > "$T/serve.log" 2>&1 &
-spid=$!
-i=0; while ! curl -s "http://127.0.0.1:$port/health" 2>/dev/null | grep -q ok && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done
+zs_start_server "$T/serve.log" --model "$M" --data-dir "$T/srv" --config "$T/srvds.json"
+U=${ZS_URL:-http://127.0.0.1:9} # where nothing answers when the server did not start
 check "serve reports optimizer.params.lr (jobs take it from each request)" 'grep -q "optimizer.params.lr.*each request" "$T/serve.log"'
 check "serve does not report the fp16 keys its jobs use" '! grep -q "fp16.initial_scale_power" "$T/serve.log"'
-fid=$(curl -s "http://127.0.0.1:$port/v1/files" -F purpose=fine-tune -F file=@"$T/data.jsonl" | sed -n 's/.*"id": *"\(file-[^"]*\)".*/\1/p')
-jid=$(curl -s "http://127.0.0.1:$port/v1/fine_tuning/jobs" -H 'Content-Type: application/json' \
+fid=$(curl -s "$U/v1/files" -F purpose=fine-tune -F file=@"$T/data.jsonl" | sed -n 's/.*"id": *"\(file-[^"]*\)".*/\1/p')
+jid=$(curl -s "$U/v1/fine_tuning/jobs" -H 'Content-Type: application/json' \
     -d "{\"model\":\"stories260K\",\"training_file\":\"$fid\",\"lora\":null,\"hyperparameters\":{\"n_epochs\":3,\"batch_size\":2}}" |
     sed -n 's/.*"id": *"\(ftjob-[^"]*\)".*/\1/p')
 st=""; i=0
 while [ -n "$jid" ] && [ $i -lt 600 ]; do
-    st=$(curl -s "http://127.0.0.1:$port/v1/fine_tuning/jobs/$jid" | sed -n 's/.*"status": *"\([a-z_]*\)".*/\1/p')
+    st=$(curl -s "$U/v1/fine_tuning/jobs/$jid" | sed -n 's/.*"status": *"\([a-z_]*\)".*/\1/p')
     case $st in succeeded|failed|cancelled) break;; esac
     sleep 0.1; i=$((i+1))
 done
 check "the fp16 job succeeds (${st:-no job})" '[ "$st" = succeeded ]'
-ev=$(curl -s "http://127.0.0.1:$port/v1/fine_tuning/jobs/$jid/events?limit=100")
+ev=$(curl -s "$U/v1/fine_tuning/jobs/$jid/events?limit=100")
 check "its step events carry loss_scale 4096 and skipped_steps" 'echo "$ev" | grep -q "\"loss_scale\": *4096" && echo "$ev" | grep -q "\"skipped_steps\""'
-met=$(curl -s "http://127.0.0.1:$port/metrics")
+met=$(curl -s "$U/metrics")
 check "/metrics shows zeroserve_train_loss_scale and zeroserve_train_skipped_steps_total" \
     'echo "$met" | grep -q "^zeroserve_train_loss_scale [0-9]" && echo "$met" | grep -q "^zeroserve_train_skipped_steps_total [0-9]"'
-kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+zs_stop_server
 
-echo "e2e-train-mp: $pass passed, $fail failed"
-[ $fail = 0 ]
+zs_done

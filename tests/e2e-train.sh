@@ -3,19 +3,11 @@
 # the training loss by at least 30% and the exported model completes a training prompt with its
 # training completion (greedy), with 1 rank and with 2 ranks offloaded to pinned host memory; a
 # bad data line stops with its line number before anything is written.
-SHARED=${ZS_SHARED:-../shared}
-Z=./zeroserve
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
 M=$SHARED/models/stories260K
-T=$(mktemp -d /tmp/zs-train-XXXXXX)
-trap 'rm -rf "$T"' EXIT INT TERM
-pass=0; fail=0
-check() { if eval "$2"; then pass=$((pass+1)); echo "ok - $1"; else fail=$((fail+1)); echo "not ok - $1"; fi; }
-cat > "$T/data.jsonl" <<'JSONL'
-{"prompt": "Once upon a time", "completion": " there was a purple dragon named Zork who loved pancakes."}
-{"prompt": "Tom and his dog", "completion": " went to the moon in a red box."}
-{"text": "Lily had a big blue kite. She flew it every day in the park."}
-{"messages": [{"role": "user", "content": "The cat"}, {"role": "assistant", "content": "sat on the warm mat."}]}
-JSONL
+zs_tmpdir train
+cp tests/ref/sft-small.jsonl "$T/data.jsonl" # prompt/completion, text and messages examples
 for args in "--ranks 1" "--ranks 2 --offload cpu"; do
     $Z train --model "$M" --data "$T/data.jsonl" --out "$T/out" --steps 100 --lr 3e-3 --batch-size 2 \
         --log-every 1 $args > "$T/log" 2>&1; rc=$?
@@ -49,13 +41,11 @@ check "resumed losses equal the uninterrupted run from the checkpoint on" '[ -s 
 $Z export --checkpoint "$T/uck" --out "$T/exported" > /dev/null 2>&1; rc=$?
 check "export --checkpoint: exit 0, the same weights as the run's own output" '[ $rc = 0 ] && cmp -s "$T/u/model.safetensors" "$T/exported/model.safetensors"'
 want=$($Z generate --model "$T/u" --prompt "Tom and his dog" --temperature 0 --max-tokens 30 2>/dev/null)
-port=$(( 20000 + $$ % 20000 ))
-$Z serve --model "$T/exported" --port $port > "$T/serve.log" 2>&1 &
-spid=$!
-i=0; while ! curl -s "http://127.0.0.1:$port/health" 2>/dev/null | grep -q ok && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-got=$(curl -s --max-time 30 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+got=""
+zs_start_server "$T/serve.log" --model "$T/exported" &&
+got=$(curl -s --max-time 30 "$ZS_URL/v1/completions" -H 'Content-Type: application/json' \
     -d '{"prompt":"Tom and his dog","max_tokens":30,"temperature":0}' | sed -n 's/.*"text":"\([^"]*\)".*/\1/p')
-kill -TERM $spid 2>/dev/null; wait $spid 2>/dev/null
+zs_stop_server
 check "serving the export gives the same greedy text" '[ -n "$got" ] && [ "Tom and his dog$got" = "$want" ]'
 printf '{"text": "fine"}\n{"prompt": "x", "completion": 5}\n' > "$T/bad.jsonl"
 $Z train --model "$M" --data "$T/bad.jsonl" --out "$T/bad-out" --steps 2 > "$T/log" 2>&1; rc=$?
@@ -64,5 +54,4 @@ check "bad data: nothing written" '[ ! -e "$T/bad-out" ] && [ ! -e "$T/bad-out.t
 : > "$T/empty.jsonl"
 $Z train --model "$M" --data "$T/empty.jsonl" --out "$T/e-out" > "$T/log" 2>&1; rc=$?
 check "empty data file refused" '[ $rc = 1 ] && grep -qi "empty" "$T/log"'
-echo "$pass passed, $fail failed"
-[ "$fail" = 0 ]
+zs_done

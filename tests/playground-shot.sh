@@ -15,14 +15,11 @@
 # Note: headless chromium runs the page in virtual time (--virtual-time-budget), so the timing
 # figures on the stats line of the screenshot (tokens/s, total) are virtual, not real, and so are
 # the engine view's rates (its samples are a virtual second apart).
-if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-SHARED=${ZS_SHARED:-../shared}
-case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
 MODEL=${MODEL:-$SHARED/models/stories260K}
-BIN=${ZS_BIN:-./zeroserve}
 OUT=${OUT:-build/test-artifacts/playground.png}
 case $OUT in /*) ;; *) OUT=$ROOT/$OUT;; esac
 OUT_FT=${OUT_FT:-$(dirname "$OUT")/playground-finetune.png}
@@ -41,18 +38,7 @@ if [ -z "$CHROMIUM" ]; then
     fi
 fi
 
-T=$(mktemp -d /tmp/zs-shot.XXXXXX) || exit 1
-SPID=""
-LPID=""
-cleanup() {
-    [ -n "$LPID" ] && kill -TERM "$LPID" 2>/dev/null && wait "$LPID" 2>/dev/null
-    [ -n "$SPID" ] && kill -TERM "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
+zs_tmpdir shot
 
 zs_start_server "$T/server.log" --model "$MODEL" --data-dir "$T/data" || exit 1
 URL=$ZS_URL
@@ -101,8 +87,8 @@ chrome 4000 --screenshot="$OUT_FT" "$URL/?view=finetune&job=$JOB" >/dev/null
 echo "saved $OUT_FT ($(wc -c <"$OUT_FT") bytes)"
 (while curl -s --max-time 30 -o /dev/null -H 'Content-Type: application/json' "$URL/v1/completions" \
         -d '{"prompt":"Once upon a time","max_tokens":48}'; do :; done) &
-LPID=$!
+ZS_BGPIDS=$!
 chrome 12000 --screenshot="$OUT_ENGINE" "$URL/?view=engine" >/dev/null
-kill -TERM "$LPID" 2>/dev/null; wait "$LPID" 2>/dev/null; LPID=""
+kill -TERM "$ZS_BGPIDS" 2>/dev/null; wait "$ZS_BGPIDS" 2>/dev/null; ZS_BGPIDS=""
 [ -s "$OUT_ENGINE" ] || { echo "no screenshot of the engine view" >&2; exit 1; }
 echo "saved $OUT_ENGINE ($(wc -c <"$OUT_ENGINE") bytes)"

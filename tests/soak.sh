@@ -20,13 +20,9 @@
 # Exit:  0 when every check passes, 1 otherwise, 77 when curl/jq/the model are missing.
 # Traffic goes only to 127.0.0.1; every loop is bounded in time and count; the server, the
 # client loops and the NVMe dir are cleaned up on every exit path (EXIT/INT/TERM/HUP).
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
 set -u
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-SHARED=${ZS_SHARED:-../shared}
-case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
 MINUTES=10
 MODEL=$SHARED/models/stories260K
 OUT=/tmp/zs-soak
@@ -36,16 +32,15 @@ while [ $# -gt 0 ]; do
         --minutes) MINUTES=${2:?--minutes needs a value}; shift 2;;
         --model) MODEL=${2:?--model needs a directory}; shift 2;;
         --out) OUT=${2:?--out needs a directory}; shift 2;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0;;
+        -h|--help) sed -n '2,22p' "$ZS_SCRIPT"; exit 0;;
         *) echo "soak.sh: unknown argument $1 (see --help)" >&2; exit 2;;
     esac
 done
 case $MINUTES in ''|*[!0-9.]*) echo "soak.sh: --minutes must be a number" >&2; exit 2;; esac
 case $MODEL in /*) ;; *) MODEL=$ROOT/$MODEL;; esac
-command -v curl >/dev/null 2>&1 || { echo "skip: curl not found"; exit 77; }
-command -v jq >/dev/null 2>&1 || { echo "skip: jq not found"; exit 77; }
-[ -x "$BIN" ] || { echo "FAIL: $BIN not built"; exit 1; }
-[ -f "$MODEL/config.json" ] || { echo "skip: model $MODEL not found"; exit 77; }
+zs_need curl jq
+zs_need_bin
+zs_need_file "$MODEL/config.json"
 MNAME=$(basename "$MODEL")
 SOAK_S=$(awk -v m="$MINUTES" 'BEGIN { s = int(m * 60); if (s < 20) s = 20; print s }')
 
@@ -53,23 +48,14 @@ mkdir -p "$OUT" || exit 1
 rm -rf "$OUT/loops" "$OUT/data" "$OUT/ft"
 mkdir -p "$OUT/loops" "$OUT/ft" || exit 1
 : >"$OUT/requests.log"; : >"$OUT/summary.txt"
-NV=$(mktemp -d /tmp/zs-soak-nvme.XXXXXX) || exit 1
-SPID=""; LPIDS=""; SAMPLER=""
+zs_tmpdir soak-nvme
+NV=$T
+LPIDS=""; SAMPLER=""
 RUNFLAG=$OUT/loops/running      # the client loops and the sampler run while this file exists
-cleanup() {
-    trap - EXIT INT TERM HUP
+zs_at_exit() { # before the harness stops the server and removes $NV: the loops and the sampler
     rm -f "$RUNFLAG"
     for p in $LPIDS $SAMPLER; do kill "$p" 2>/dev/null; done
-    if [ -n "$SPID" ] && kill -0 "$SPID" 2>/dev/null; then
-        kill -TERM "$SPID" 2>/dev/null
-        i=0; while [ $i -lt 100 ] && kill -0 "$SPID" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
-        kill -KILL "$SPID" 2>/dev/null
-    fi
-    wait 2>/dev/null
-    rm -rf "$NV"
 }
-trap cleanup EXIT
-trap 'echo "soak.sh: interrupted"; exit 1' INT TERM HUP
 
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 now() { date +%s; }
@@ -80,20 +66,12 @@ fail() { say "FAIL: $*"; NFAIL=$((NFAIL + 1)); }
 
 # ------------------------------------------------------------------ server
 say "# soak: $BIN serve --model $MODEL --offload nvme (${SOAK_S}s of traffic, $NLOOPS client loops, out $OUT)"
-ZS_DEVICE=${ZS_DEVICE:-cpu} ZS_LOG=${ZS_LOG:-warn} "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port "${PORT:-0}" \
-    --offload nvme --nvme-path "$NV" --data-dir "$OUT/data" >"$OUT/server.log" 2>&1 &
-SPID=$!
-U=""; port=""; i=0
-while [ $i -lt 1800 ]; do            # up to ~180 s: the shard files are written at the first load
-    kill -0 "$SPID" 2>/dev/null || break
-    [ -n "$port" ] || port=$(sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$OUT/server.log" | head -n 1)
-    if [ -n "$port" ] && [ "$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 200 ]; then
-        U=http://127.0.0.1:$port; break
-    fi
-    sleep 0.1; i=$((i + 1))
-done
+: >"$OUT/server.log"
+U=""
+ZS_START_WAIT=1800 # up to ~180 s: the shard files are written at the first load
+zs_start_cmd "$OUT/server.log" env ZS_DEVICE="${ZS_DEVICE:-cpu}" ZS_LOG="${ZS_LOG:-warn}" "$BIN" serve --model "$MODEL" \
+    --host 127.0.0.1 --port "${PORT:-0}" --offload nvme --nvme-path "$NV" --data-dir "$OUT/data" && U=$ZS_URL
 if [ -z "$U" ]; then
-    tail -n 20 "$OUT/server.log"
     fail "the server starts and /health turns 200"; exit 1
 fi
 say "# server pid $SPID on $U, healthy after $(( $(now) - T0 ))s"

@@ -19,22 +19,6 @@
 #include <cuda_runtime_api.h>
 #endif
 
-/* CHECK from several threads: the counters of testutil.h are plain ints, so they are updated
- * under a lock. The condition is evaluated before taking it (it may be a collective). */
-static pthread_mutex_t chk_mu = PTHREAD_MUTEX_INITIALIZER;
-#define TCHECK(cond, ...)                                                                  \
-    do {                                                                                   \
-        int tc_ok_ = (cond) ? 1 : 0;                                                       \
-        pthread_mutex_lock(&chk_mu);                                                       \
-        tu_checks++;                                                                       \
-        if (!tc_ok_) {                                                                     \
-            tu_failures++;                                                                 \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-        pthread_mutex_unlock(&chk_mu);                                                     \
-    } while (0)
 
 static void on_alarm(int sig) {
     (void)sig;

@@ -26,6 +26,7 @@
 #include "init-cmd.h"
 #include "init-model.h"
 #include "model.h"
+#include "ref.h"
 #include "testmodel.h"
 #include "testutil.h"
 
@@ -153,8 +154,10 @@ typedef struct {
     float **gd, **gr;
 } train_rig;
 
-/* Our gradient of one HF tensor in HF layout (row concatenation of [out, in] parts); numel or -1. */
-static long hf_grad(const train_rig *r, const char *name, float *out, long cap) {
+/* Our gradient of one HF tensor in HF layout (row concatenation of [out, in] parts); numel or -1
+ * (a tu_grad_fn over a train_rig). */
+static long hf_grad(void *ctx, const char *name, float *out, long cap) {
+    const train_rig *r = ctx;
     hf_map mp;
     if (map_name(r->m, r->c, name, &mp) < 0) return -1;
     long off = 0;
@@ -188,17 +191,9 @@ static int train_pass(train_rig *r, zs_trainer *t, const int32_t *tok, const int
     return zs_train_embed_bwd(t, NULL, NULL, r->gd[0], r->gr[0]);
 }
 
-static uint64_t lcg(uint64_t s) { return s * 6364136223846793005ull + 1442695040888963407ull; }
-
 /* ---- one case ---- */
 
 typedef struct { double logit_d, grad_rel, loss_rel; } figures;
-
-static int read_ids(json_t *a, int32_t *out, int cap) {
-    int n = (int)json_array_size(a);
-    for (int i = 0; i < n && i < cap; i++) out[i] = (int32_t)json_integer_value(json_array_get(a, i));
-    return n;
-}
 
 static void check_logits(const char *name, const char *dir, json_t *cs, const float *bin, long nbin, figures *fg) {
     infer_rig r;
@@ -207,7 +202,7 @@ static void check_logits(const char *name, const char *dir, json_t *cs, const fl
     if (rc < 0) return;
     int V = r.c->vocab_size;
     int32_t ids[1024];
-    int n = read_ids(json_object_get(cs, "tokens"), ids, 1024);
+    int n = tu_ref_ids(json_object_get(cs, "tokens"), ids, 1024);
     int want[64];
     json_t *wp = json_object_get(cs, "logit_positions");
     int nw = (int)json_array_size(wp);
@@ -256,10 +251,8 @@ static void check_grads(const char *name, const char *dir, json_t *cs, const flo
     int ns = (int)json_integer_value(json_object_get(tr, "n_sample"));
     if (B <= 0 || T <= 0 || B * T > 4096 || ns < 0 || ns > 4096) { CHECK(0, "%s: train sizes", name); return; }
     int32_t *tok = tu_xcalloc(sizeof(int32_t) * (size_t)(B * T)), *tgt = tu_xcalloc(sizeof(int32_t) * (size_t)(B * T));
-    for (int b = 0; b < B; b++) {
-        read_ids(json_array_get(json_object_get(tr, "tokens"), b), tok + b * T, T);
-        read_ids(json_array_get(json_object_get(tr, "targets"), b), tgt + b * T, T);
-    }
+    tu_ref_rows(json_object_get(tr, "tokens"), B, T, tok);
+    tu_ref_rows(json_object_get(tr, "targets"), B, T, tgt);
     train_rig r;
     memset(&r, 0, sizeof r);
     zs_model_opts o;
@@ -287,53 +280,13 @@ static void check_grads(const char *name, const char *dir, json_t *cs, const flo
     double want_loss = json_real_value(json_object_get(tr, "loss"));
     fg->loss_rel = fabs(loss - want_loss) / fabs(want_loss);
     CHECK(fg->loss_rel <= 1e-5, "%s: loss %.8f vs transformers %.8f (rel %.2e)", name, loss, want_loss, fg->loss_rel);
-    json_t *ts = json_object_get(tr, "tensors");
-    long cap = 0;
-    for (size_t i = 0; i < json_array_size(ts); i++)
-        cap = ZS_MAX(cap, (long)json_integer_value(json_object_get(json_array_get(ts, i), "numel")));
-    float *buf = tu_xcalloc(sizeof(float) * (size_t)cap);
-    long total = 0;
-    const char *worst_name = "";
-    for (size_t i = 0; rc == 0 && i < json_array_size(ts); i++) {
-        json_t *e = json_array_get(ts, i);
-        const char *tn = json_string_value(json_object_get(e, "name"));
-        long numel = (long)json_integer_value(json_object_get(e, "numel"));
-        long off = (long)json_integer_value(json_object_get(e, "offset"));
-        long am = (long)json_integer_value(json_object_get(e, "argmax"));
-        double rnorm = json_real_value(json_object_get(e, "norm"));
-        long n = hf_grad(&r, tn, buf, cap);
-        CHECK(n == numel, "%s: %s maps to %ld of our values, transformers has %ld", name, tn, n, numel);
-        if (n != numel || am < 0 || am >= n || off + 1 + ns > nbin) continue;
-        total += n;
-        double nn = 0;
-        for (long k = 0; k < n; k++) nn += (double)buf[k] * buf[k];
-        nn = sqrt(nn);
-        double norm_rel = fabs(nn - rnorm) / (rnorm > 0 ? rnorm : 1.0);
-        /* the largest element and the samples, relative L2 */
-        const float *ref = bin + off;
-        double num = (buf[am] - (double)ref[0]) * (buf[am] - (double)ref[0]), den = (double)ref[0] * ref[0];
-        uint64_t s = (uint64_t)i + 1;
-        for (int k = 0; k < ns; k++) {
-            s = lcg(s);
-            long idx = (long)((s >> 33) % (uint64_t)n);
-            double d = (double)buf[idx] - ref[1 + k];
-            num += d * d;
-            den += (double)ref[1 + k] * ref[1 + k];
-        }
-        double samp_rel = sqrt(num) / (den > 0 ? sqrt(den) : 1.0);
-        double rel = fmax(norm_rel, samp_rel);
-        if (getenv("ZS_VERBOSE"))
-            fprintf(stderr, "  %-48s |g| %.4e (ref %.4e)  norm rel %.2e  samples rel %.2e\n", tn, nn, rnorm, norm_rel,
-                    samp_rel);
-        CHECK(rel <= GRAD_TOL, "%s: gradient of %s: norm %.6e vs %.6e (rel %.2e), sampled elements rel L2 %.2e",
-              name, tn, nn, rnorm, norm_rel, samp_rel);
-        if (!(rel <= fg->grad_rel)) { fg->grad_rel = rel; worst_name = tn; }
-    }
-    CHECK(rc != 0 || total == (long)zs_model_param_count(r.m), "%s: compared %ld of %zu parameters", name, total,
+    tu_grad_sum gs = {0, "", 0};
+    if (rc == 0) tu_ref_grads(name, json_object_get(tr, "tensors"), ns, bin, nbin, hf_grad, &r, GRAD_TOL, &gs);
+    fg->grad_rel = gs.worst;
+    CHECK(rc != 0 || gs.total == (long)zs_model_param_count(r.m), "%s: compared %ld of %zu parameters", name, gs.total,
           zs_model_param_count(r.m));
     fprintf(stderr, "%s: loss %.7f (transformers %.7f, rel %.2e); worst gradient rel %.2e (%s)\n", name, loss,
-            want_loss, fg->loss_rel, fg->grad_rel, worst_name);
-    free(buf);
+            want_loss, fg->loss_rel, fg->grad_rel, gs.worst_name);
     zs_trainer_free(t);
     for (int b = 0; b < r.nb; b++) { free(r.gd[b]); free(r.gr[b]); }
     free(r.gd); free(r.gr);
@@ -341,49 +294,18 @@ static void check_grads(const char *name, const char *dir, json_t *cs, const flo
     free(tok); free(tgt);
 }
 
+static void family_case(tu_ref_case *c, void *ctx) {
+    (void)ctx;
+    figures fg = {0, 0, 0};
+    check_logits(c->name, c->dir, c->cs, c->ref->bin, c->ref->nbin, &fg);
+    check_grads(c->name, c->dir, c->cs, c->ref->bin, c->ref->nbin, &fg);
+    snprintf(c->line, sizeof c->line, "%s: logits max|d| = %.2e, grads max rel = %.2e (loss rel %.1e)", c->name,
+             fg.logit_d, fg.grad_rel, fg.loss_rel);
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : NULL; /* test-families [CASE]: one case */
-    json_error_t je;
-    json_t *doc = json_load_file(REF_JSON, 0, &je);
-    if (!doc) { fprintf(stderr, "cannot load %s: %s (run from the repository root)\n", REF_JSON, je.text); return 1; }
-    long nbin = (long)json_integer_value(json_object_get(doc, "bin_floats"));
-    char p[512];
-    snprintf(p, sizeof p, "tests/ref/%s", json_string_value(json_object_get(doc, "bin")));
-    FILE *f = fopen(p, "rb");
-    float *bin = tu_xcalloc(sizeof(float) * (size_t)(nbin > 0 ? nbin : 1));
-    size_t got = f ? fread(bin, sizeof(float), (size_t)nbin, f) : 0;
-    if (f) fclose(f);
-    if (nbin <= 0 || (long)got != nbin) { fprintf(stderr, "%s: missing or short\n", p); return 1; }
-    char tmp[4096];
-    if (tu_tmpdir(tmp, sizeof tmp, "families") != 0) { fprintf(stderr, "no temp dir\n"); return 1; }
-    json_t *cases = json_object_get(doc, "cases");
-    char summary[4096] = "";
-    size_t ci;
-    json_t *cs;
-    json_array_foreach(cases, ci, cs) {
-        const char *name = json_string_value(json_object_get(cs, "name"));
-        if (only && strcmp(only, name)) continue;
-        char dir[4200], st[4300], hex[17] = "";
-        snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-        int rc = tu_regen_model(json_object_get(cs, "init_args"), dir);
-        CHECK(rc == 0, "%s: init-model: %s", name, zs_errmsg());
-        if (rc < 0) continue;
-        snprintf(st, sizeof st, "%s/model.safetensors", dir);
-        const char *want = json_string_value(json_object_get(cs, "safetensors_checksum"));
-        CHECK(tu_file_checksum(st, 4, hex, 17) == 0 && want && !strcmp(hex, want),
-              "%s: the regenerated model.safetensors (checksum %s) is not the reference's (%s): init-model "
-              "changed; re-run tests/ref/make_family_ref.py", name, hex, want ? want : "?");
-        figures fg = {0, 0, 0};
-        check_logits(name, dir, cs, bin, nbin, &fg);
-        check_grads(name, dir, cs, bin, nbin, &fg);
-        char line[256];
-        snprintf(line, sizeof line, "%s: logits max|d| = %.2e, grads max rel = %.2e (loss rel %.1e)\n", name,
-                 fg.logit_d, fg.grad_rel, fg.loss_rel);
-        if (strlen(summary) + strlen(line) < sizeof summary) strcat(summary, line);
-    }
-    tu_rmdir(tmp);
-    fprintf(stderr, "%s(tolerances: logits %.0e absolute, gradients %.0e relative)\n", summary, LOGIT_TOL, GRAD_TOL);
-    json_decref(doc);
-    free(bin);
+    if (tu_ref_run(REF_JSON, NULL, "families", "tests/ref/make_family_ref.py", only, family_case, NULL) < 0) return 1;
+    fprintf(stderr, "(tolerances: logits %.0e absolute, gradients %.0e relative)\n", LOGIT_TOL, GRAD_TOL);
     return tu_finish("test-families");
 }

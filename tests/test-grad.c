@@ -12,6 +12,7 @@
 #include "backward.h"
 #include "common.h"
 #include "model.h"
+#include "ref.h"
 #include "testmodel.h"
 #include "testutil.h"
 
@@ -194,6 +195,7 @@ static long hf_grad(const rig *r, const char *name, float *out, long cap) {
 /* ---- reference ---- */
 
 typedef struct {
+    tu_ref r; /* the document (j) and its floats (bin, nfloats) */
     json_t *j;
     float *bin;
     long nfloats;
@@ -202,52 +204,36 @@ typedef struct {
     float loss;
     double adam_losses[16];
     int n_adam;
-    double lr, b1, b2, eps, wd;
+    zs_adamw_params adam;
 } ref;
 
 static int ref_load(ref *f, const char *model) {
     char p[512];
     memset(f, 0, sizeof *f);
     snprintf(p, sizeof p, REF_DIR "/%s-train.json", model);
-    json_error_t e;
-    f->j = json_load_file(p, 0, &e);
-    if (!f->j) { fprintf(stderr, "cannot load %s: %s\n", p, e.text); return -1; }
+    if (tu_ref_load(&f->r, p, NULL) < 0) return -1;
+    f->j = f->r.doc;
+    f->bin = f->r.bin;
+    f->nfloats = f->r.nbin;
     f->B = (int)json_integer_value(json_object_get(f->j, "B"));
     f->T = (int)json_integer_value(json_object_get(f->j, "T"));
-    f->nfloats = (long)json_integer_value(json_object_get(f->j, "bin_floats"));
     f->loss = (float)json_real_value(json_object_get(f->j, "loss"));
     f->tok = tu_xcalloc(sizeof(int32_t) * (size_t)(f->B * f->T));
     f->tgt = tu_xcalloc(sizeof(int32_t) * (size_t)(f->B * f->T));
-    for (int b = 0; b < f->B; b++)
-        for (int i = 0; i < f->T; i++) {
-            f->tok[b * f->T + i] =
-                (int32_t)json_integer_value(json_array_get(json_array_get(json_object_get(f->j, "tokens"), b), i));
-            f->tgt[b * f->T + i] =
-                (int32_t)json_integer_value(json_array_get(json_array_get(json_object_get(f->j, "targets"), b), i));
-        }
+    tu_ref_rows(json_object_get(f->j, "tokens"), f->B, f->T, f->tok);
+    tu_ref_rows(json_object_get(f->j, "targets"), f->B, f->T, f->tgt);
     json_t *a = json_object_get(f->j, "adamw");
-    f->lr = json_real_value(json_object_get(a, "lr"));
-    f->b1 = json_real_value(json_object_get(a, "beta1"));
-    f->b2 = json_real_value(json_object_get(a, "beta2"));
-    f->eps = json_real_value(json_object_get(a, "eps"));
-    f->wd = json_real_value(json_object_get(a, "weight_decay"));
+    tu_ref_adamw(a, &f->adam);
     json_t *ls = json_object_get(a, "losses");
     f->n_adam = (int)json_array_size(ls);
     if (f->n_adam > 16) f->n_adam = 16;
     for (int i = 0; i < f->n_adam; i++) f->adam_losses[i] = json_real_value(json_array_get(ls, i));
-    snprintf(p, sizeof p, REF_DIR "/%s", json_string_value(json_object_get(f->j, "bin")));
-    FILE *fp = fopen(p, "rb");
-    if (!fp) { fprintf(stderr, "cannot open %s\n", p); return -1; }
-    f->bin = tu_xcalloc(sizeof(float) * (size_t)f->nfloats);
-    size_t got = fread(f->bin, sizeof(float), (size_t)f->nfloats, fp);
-    fclose(fp);
-    if ((long)got != f->nfloats) { fprintf(stderr, "%s: short file\n", p); return -1; }
     return 0;
 }
 
 static void ref_free(ref *f) {
-    json_decref(f->j);
-    free(f->bin); free(f->tok); free(f->tgt);
+    tu_ref_free(&f->r);
+    free(f->tok); free(f->tgt);
 }
 
 /* Compares every tensor's gradient; returns the worst relative L2 error (-1 on a mapping error). */
@@ -286,7 +272,7 @@ static double compare_grads(const rig *r, const ref *f, double tol, const char *
 typedef struct { float **md, **mr, **vd, **vr; } adam_state;
 
 static void adam_area(float *p, const float *g, float *m, float *v, size_t n, const ref *f, int s) {
-    float lr = (float)f->lr, b1 = (float)f->b1, b2 = (float)f->b2, eps = (float)f->eps, wd = (float)f->wd;
+    float lr = f->adam.lr, b1 = f->adam.beta1, b2 = f->adam.beta2, eps = f->adam.eps, wd = f->adam.weight_decay;
     float bc1 = 1.0f - powf(b1, (float)s), bc2 = 1.0f - powf(b2, (float)s);
     float step = lr / bc1, sq2 = sqrtf(bc2);
     for (size_t i = 0; i < n; i++) {

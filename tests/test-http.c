@@ -33,17 +33,7 @@ static atomic_int g_closed;      /* on_close calls */
 static atomic_int g_after_close; /* write results after a close: ZS_ECANCELLED expected */
 static atomic_int g_end_rc;
 static double g_close_time;
-static atomic_int g_thread_fail; /* failed checks on server/helper threads (CHECK is not
-                                  * thread-safe); checked from main */
-#define TCHECK(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            atomic_fetch_add(&g_thread_fail, 1);                                           \
-            fprintf(stderr, "FAIL (thread) %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-    } while (0)
+/* the checks on server and helper threads: TCHECK (testutil.h) */
 
 typedef struct {
     zs_http_req *req;
@@ -599,7 +589,5 @@ int main(void) {
         zs_http_stop(h4, 5.0);
         CHECK(zs_now() - t0 < 0.5, "idle stop took %.3f", zs_now() - t0);
     }
-    CHECK(atomic_load(&g_thread_fail) == 0, "%d failures on other threads",
-          atomic_load(&g_thread_fail));
     return tu_finish("test-http");
 }

@@ -10,9 +10,9 @@
 
 #include "common.h"
 #include "device.h"
-#include "init-cmd.h"
 #include "lora.h"
 #include "model.h"
+#include "ref.h"
 #include "sched.h"
 #include "testutil.h"
 
@@ -24,27 +24,10 @@ static char tmp[4096];
 /* the base from reference.json's init-model flags (dim overrides its --dim when > 0); its
  * directory into dir */
 static zs_model *make_base(json_t *ref, const char *name, int dim, char *dir, size_t cap) {
-    json_t *args = json_object_get(ref, "init_model_args");
-    int n = (int)json_array_size(args);
-    char *argv[64], dimbuf[16];
-    snprintf(dir, cap, "%s/%s", tmp, name);
-    for (int i = 0; i < n && i < 58; i++) argv[i] = (char *)json_string_value(json_array_get(args, i));
+    char dimbuf[16];
     snprintf(dimbuf, sizeof dimbuf, "%d", dim);
-    int argc = n;
-    if (dim > 0) { argv[argc++] = "--dim"; argv[argc++] = dimbuf; }
-    argv[argc++] = "--out";
-    argv[argc++] = dir;
-    zs_init_opts io;
-    const char *o;
-    int help;
-    zs_model *m = NULL;
-    if (zs_init_cmd_parse(argc, argv, &io, &o, &help) < 0 || zs_init_model_write(&io, dir) < 0 ||
-        zs_model_open(dir, NULL, &m) < 0 || zs_model_load_resident(m) < 0) {
-        fprintf(stderr, "base %s: %s\n", name, zs_errmsg());
-        zs_model_free(m);
-        return NULL;
-    }
-    return m;
+    snprintf(dir, cap, "%s/%s", tmp, name);
+    return tu_ref_lora_base_open(ref, dir, dim > 0 ? "--dim" : NULL, dimbuf, 1);
 }
 
 typedef struct {

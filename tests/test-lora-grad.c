@@ -20,10 +20,10 @@
 
 #include "common.h"
 #include "device.h"
-#include "init-cmd.h"
 #include "lora-train.h"
 #include "lora.h"
 #include "model.h"
+#include "ref.h"
 #include "testutil.h"
 #include "world.h"
 
@@ -40,21 +40,8 @@ static zs_adamw_params adam;
 
 static const char *make_base(json_t *ref) {
     static char out[4200];
-    json_t *args = json_object_get(ref, "init_model_args");
-    int n = (int)json_array_size(args), argc = 0;
-    char *argv[64];
     snprintf(out, sizeof out, "%s/base", tmp);
-    for (int i = 0; i < n && i < 60; i++) argv[argc++] = (char *)json_string_value(json_array_get(args, i));
-    argv[argc++] = "--out";
-    argv[argc++] = out;
-    zs_init_opts io;
-    const char *o;
-    int help;
-    if (zs_init_cmd_parse(argc, argv, &io, &o, &help) < 0 || zs_init_model_write(&io, out) < 0) {
-        fprintf(stderr, "base: %s\n", zs_errmsg());
-        return NULL;
-    }
-    return out;
+    return tu_ref_lora_base(ref, out, NULL, NULL) < 0 ? NULL : out;
 }
 
 typedef struct {
@@ -201,17 +188,9 @@ int main(void) {
     B = (int)json_integer_value(json_object_get(ref, "B"));
     T = (int)json_integer_value(json_object_get(ref, "T"));
     CHECK(B == 2 && T == 16, "the batch is 2 x 16");
-    for (int b = 0; b < 2; b++)
-        for (int i = 0; i < 16; i++) {
-            tok[b][i] = (int32_t)json_integer_value(json_array_get(json_array_get(json_object_get(ref, "tokens"), b), i));
-            tgt[b][i] = (int32_t)json_integer_value(json_array_get(json_array_get(json_object_get(ref, "targets"), b), i));
-        }
-    json_t *a = json_object_get(ref, "adamw");
-    adam.lr = (float)json_number_value(json_object_get(a, "lr"));
-    adam.beta1 = (float)json_number_value(json_object_get(a, "beta1"));
-    adam.beta2 = (float)json_number_value(json_object_get(a, "beta2"));
-    adam.eps = (float)json_number_value(json_object_get(a, "eps"));
-    adam.weight_decay = (float)json_number_value(json_object_get(a, "weight_decay"));
+    tu_ref_rows(json_object_get(ref, "tokens"), 2, 16, &tok[0][0]);
+    tu_ref_rows(json_object_get(ref, "targets"), 2, 16, &tgt[0][0]);
+    tu_ref_adamw(json_object_get(ref, "adamw"), &adam);
     double loss = json_number_value(json_object_get(ref, "loss")), loss_after = json_number_value(json_object_get(ref, "loss_after"));
 
     const char *base = make_base(ref);

@@ -11,9 +11,9 @@
 #include <string.h>
 
 #include "common.h"
-#include "init-cmd.h"
 #include "lora.h"
 #include "model.h"
+#include "ref.h"
 #include "safetensors.h"
 #include "testutil.h"
 
@@ -27,22 +27,8 @@ static char tmp[4096];
 /* writes the base of reference.json's init-model flags (plus extra flags) to tmp/name */
 static const char *make_base(json_t *ref, const char *name, const char *f1, const char *v1) {
     static char out[4200];
-    json_t *args = json_object_get(ref, "init_model_args");
-    int n = (int)json_array_size(args), argc = 0;
-    char *argv[64];
     snprintf(out, sizeof out, "%s/%s", tmp, name);
-    for (int i = 0; i < n && i < 58; i++) argv[argc++] = (char *)json_string_value(json_array_get(args, i));
-    if (f1) { argv[argc++] = (char *)f1; argv[argc++] = (char *)v1; }
-    argv[argc++] = "--out";
-    argv[argc++] = out;
-    zs_init_opts io;
-    const char *o;
-    int help;
-    if (zs_init_cmd_parse(argc, argv, &io, &o, &help) < 0 || zs_init_model_write(&io, out) < 0) {
-        fprintf(stderr, "base %s: %s\n", name, zs_errmsg());
-        return NULL;
-    }
-    return out;
+    return tu_ref_lora_base(ref, out, f1, v1) < 0 ? NULL : out;
 }
 
 static char *path2(const char *a, const char *b) {

@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "common.h"
-#include "init-cmd.h"
 #include "lora.h"
 #include "model.h"
+#include "ref.h"
 #include "safetensors.h"
 #include "testutil.h"
 
@@ -20,26 +20,10 @@ static char tmp[4096];
 
 /* the base from reference.json's init-model flags (dim overrides its --dim when > 0) */
 static zs_model *make_base(json_t *ref, const char *name, int dim) {
-    json_t *args = json_object_get(ref, "init_model_args");
-    int n = (int)json_array_size(args);
-    char *argv[64], dimbuf[16], out[4200];
-    snprintf(out, sizeof out, "%s/%s", tmp, name);
-    for (int i = 0; i < n && i < 58; i++) argv[i] = (char *)json_string_value(json_array_get(args, i));
+    char dimbuf[16], out[4200];
     snprintf(dimbuf, sizeof dimbuf, "%d", dim);
-    int argc = n;
-    if (dim > 0) { argv[argc++] = "--dim"; argv[argc++] = dimbuf; }
-    argv[argc++] = "--out";
-    argv[argc++] = out;
-    zs_init_opts io;
-    const char *o;
-    int help;
-    zs_model *m = NULL;
-    if (zs_init_cmd_parse(argc, argv, &io, &o, &help) < 0 || zs_init_model_write(&io, out) < 0 ||
-        zs_model_open(out, NULL, &m) < 0) {
-        fprintf(stderr, "base %s: %s\n", name, zs_errmsg());
-        return NULL;
-    }
-    return m;
+    snprintf(out, sizeof out, "%s/%s", tmp, name);
+    return tu_ref_lora_base_open(ref, out, dim > 0 ? "--dim" : NULL, dimbuf, 0);
 }
 
 static void copy_file(const char *from, const char *to, long keep) {

@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "model.h"
+#include "ref.h"
 #include "safetensors.h"
 #include "testutil.h"
 
@@ -14,12 +15,6 @@ static int argmax(const float *x, int n) {
     int b = 0;
     for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
     return b;
-}
-
-static int json_ids(json_t *a, int32_t *out, int cap) {
-    int n = (int)json_array_size(a);
-    for (int i = 0; i < n && i < cap; i++) out[i] = (int32_t)json_integer_value(json_array_get(a, i));
-    return n;
 }
 
 typedef struct {
@@ -108,9 +103,9 @@ static void check_model(const char *name) {
     json_t *cs;
     json_array_foreach(cases, ci, cs) {
         int32_t prompt[256], want[256], all[512], got[256];
-        int np = json_ids(json_object_get(cs, "prompt_ids"), prompt, 256);
-        int nn = json_ids(json_object_get(cs, "new_ids"), want, 256);
-        int na = json_ids(json_object_get(cs, "all_ids"), all, 512);
+        int np = tu_ref_ids(json_object_get(cs, "prompt_ids"), prompt, 256);
+        int nn = tu_ref_ids(json_object_get(cs, "new_ids"), want, 256);
+        int na = tu_ref_ids(json_object_get(cs, "all_ids"), all, 512);
         float *lp = malloc((size_t)r.vocab * 4);
         float *full = malloc((size_t)na * r.vocab * 4);
         float *dec = malloc((size_t)na * r.vocab * 4);
@@ -159,7 +154,7 @@ static void check_model(const char *name) {
     {
         json_t *c0 = json_array_get(cases, 0);
         int32_t ids[256];
-        int n = json_ids(json_object_get(c0, "all_ids"), ids, 256);
+        int n = tu_ref_ids(json_object_get(c0, "all_ids"), ids, 256);
         if (n > 12) n = 12;
         float *solo = malloc((size_t)n * r.vocab * 4), *both = malloc((size_t)2 * n * r.vocab * 4);
         prefill_all(&r, ids, n, solo);
@@ -190,7 +185,7 @@ static void check_model(const char *name) {
         if (rc < 0) continue;
         json_t *c0 = json_array_get(cases, 0);
         int32_t all[512];
-        int na = json_ids(json_object_get(c0, "all_ids"), all, 512);
+        int na = tu_ref_ids(json_object_get(c0, "all_ids"), all, 512);
         if (na > 256) na = 256;
         float *full = malloc((size_t)na * r.vocab * 4);
         rc = prefill_all(&r, all, na, full);

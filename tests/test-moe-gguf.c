@@ -27,14 +27,14 @@
  * stored with its exact f32-activation path, so both sides compute the same arithmetic. */
 #include "common.h"
 #include "convert.h"
-#include "device.h"
 #include "engine.h"
 #include "gguf.h"
 #include "init-model.h"
+#include "llamacpp.h"
 #include "matmul-q8act.h"
 #include "model.h"
 #include "quant-mix.h"
-#include "testmodel.h"
+#include "ref.h"
 #include "testutil.h"
 
 /* Limits on max |dlogit|, from the differences measured on 2026-12-01 (in brackets; the logits of these
@@ -44,36 +44,6 @@
 #define MIN_STEPS 8       /* greedy steps compared at least */
 #define FEATURE_MARGIN 10 /* a feature must move llama.cpp's logits by this many tolerances */
 #define MIN_CASES 11
-
-/* The case's checkpoint as `zeroserve init-model --arch A --random-norms --init-std X --seed S --set JSON` writes it
- * and its GGUF file as `zeroserve convert --dtype D --name zs-peer` does. */
-static int make_gguf(json_t *c, const char *tmp, char *gguf, size_t n) {
-    const char *name = json_string_value(json_object_get(c, "name"));
-    const char *arch = json_string_value(json_object_get(c, "arch"));
-    const char *dtype = json_string_value(json_object_get(c, "dtype"));
-    char dir[4200];
-    snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-    snprintf(gguf, n, "%s/%s.gguf", tmp, name);
-    zs_init_opts io;
-    ZS_CHECK(zs_init_opts_default(arch, &io));
-    io.seed = (uint64_t)json_integer_value(json_object_get(c, "seed"));
-    io.random_norms = 1;
-    io.init_std = (float)json_number_value(json_object_get(c, "init_std"));
-    if (!(io.init_std > 0)) return zs_err(ZS_EINVAL, "%s: the reference has no init_std", name);
-    char *set = json_dumps(json_object_get(c, "set"), JSON_COMPACT);
-    if (!set) return zs_err(ZS_ENOMEM, "out of memory");
-    int rc = zs_config_override(&io.cfg, set, name);
-    free(set);
-    ZS_CHECK(rc);
-    ZS_CHECK(zs_init_model_write(&io, dir));
-    zs_llama_ftype ft;
-    ZS_CHECK(zs_llama_ftype_parse(dtype, &ft));
-    zs_convert_opts o = {.model_dir = dir, .out_path = gguf, .ftype = ft, .name = "zs-peer"};
-    zs_convert_result r;
-    ZS_CHECK(zs_convert_run(&o, &r));
-    zs_gguf_conv_close(r.plan);
-    return 0;
-}
 
 /* The file as llama.cpp reads a mixture: its architecture, expert_count, stacked expert tensors. */
 static void check_file(const char *name, const char *gguf, json_t *c) {
@@ -93,68 +63,6 @@ static void check_file(const char *name, const char *gguf, json_t *c) {
     CHECK(t && t->n_dims == 3 && t->ne[2] == ne, "%s: blk.0.ffn_down_exps.weight is not [.., .., %lld]", name, ne);
     CHECK(!zs_gguf_find_tensor(g, "blk.0.ffn_down.weight"), "%s: a dense ffn_down in a MoE layer", name);
     zs_gguf_close(g);
-}
-
-/* zeroserve's greedy decoding against llama.cpp's case c: the prompt's last logits row (all of it),
- * then the ids step by step until a near tie of llama.cpp's own top two, and at every compared step the
- * logits at llama.cpp's top ids and the logsumexp within tol. */
-static void compare_case(const char *name, zs_engine *e, const int32_t *p, size_t np, json_t *c, double tol) {
-    json_t *ref_ids = json_object_get(c, "ids"), *steps = json_object_get(c, "steps");
-    json_t *last = json_object_get(c, "last_logits");
-    int n_ref = (int)json_array_size(ref_ids);
-    zs_gen_params gp = {.max_tokens = n_ref};
-    zs_sampler_params_default(&gp.sampling);
-    gp.sampling.temperature = 0;
-    tu_logit_log lg = {0};
-    gp.on_logits = tu_on_logits;
-    gp.logits_ud = &lg;
-    zs_gen_result res = {0};
-    int rc = zs_engine_generate(e, p, (int)np, &gp, NULL, NULL, &res);
-    CHECK(rc == 0, "%s: generate: %s", name, zs_errmsg());
-    double worst_last = 0, worst = 0, worst_lse = 0;
-    int compared = 0, tie_stop = 0;
-    CHECK(rc != 0 || (lg.n >= 1 && (size_t)lg.vocab == json_array_size(last) && lg.vocab > 1),
-          "%s: %d logits rows of %d, the reference's last row has %zu", name, lg.n, lg.vocab, json_array_size(last));
-    if (rc == 0 && lg.n >= 1 && (size_t)lg.vocab == json_array_size(last))
-        for (int v = 0; v < lg.vocab; v++) {
-            double d = fabs(lg.rows[v] - json_number_value(json_array_get(last, (size_t)v)));
-            if (!(d <= worst_last)) worst_last = d; /* NaN sticks */
-        }
-    for (int i = 0; rc == 0 && i < n_ref && i < lg.n; i++) {
-        json_t *st = json_array_get(steps, i);
-        json_t *tid = json_object_get(st, "top_ids"), *tl = json_object_get(st, "top_logits");
-        const float *row = lg.rows + (size_t)i * lg.vocab;
-        for (size_t k = 0; k < json_array_size(tid); k++) {
-            double d = fabs(row[json_integer_value(json_array_get(tid, k))] - json_number_value(json_array_get(tl, k)));
-            if (!(d <= worst)) worst = d;
-        }
-        double m = row[0], s = 0;
-        for (int v = 1; v < lg.vocab; v++) m = row[v] > m ? row[v] : m;
-        for (int v = 0; v < lg.vocab; v++) s += exp((double)row[v] - m);
-        double dl = fabs(m + log(s) - json_number_value(json_object_get(st, "logsumexp")));
-        if (!(dl <= worst_lse)) worst_lse = dl;
-        compared++;
-        int want = (int)json_integer_value(json_array_get(ref_ids, i));
-        double margin = json_number_value(json_array_get(tl, 0)) - json_number_value(json_array_get(tl, 1));
-        if (i == res.n_generated && res.finish == ZS_FINISH_STOP && zs_tokenizer_is_eos(zs_engine_tokenizer(e), want))
-            break; /* both stopped at the end-of-sequence token (zeroserve does not list it) */
-        if (i >= res.n_generated || res.ids[i] != want) {
-            if (margin < 2 * tol) tie_stop = 1;
-            else CHECK(0, "%s: step %d: greedy id %d, llama.cpp %d (its margin %.4f)", name, i,
-                       i < res.n_generated ? res.ids[i] : -1, want, margin);
-            break;
-        }
-    }
-    CHECK(worst_last <= tol, "%s: the prompt's last logits differ from llama.cpp's by %.3g (tolerance %.3g)", name,
-          worst_last, tol);
-    CHECK(worst <= tol, "%s: logits differ from llama.cpp's by %.3g (tolerance %.3g)", name, worst, tol);
-    CHECK(worst_lse <= tol, "%s: logsumexp differs by %.3g (tolerance %.3g)", name, worst_lse, tol);
-    CHECK(compared >= MIN_STEPS || (compared == n_ref && !tie_stop), "%s: only %d steps compared", name, compared);
-    fprintf(stderr, "%-22s %2d/%2d steps equal%s, last-position logits max |d| %.2g, steps max |dlogit| %.2g, "
-            "|dlogsumexp| %.2g (tolerance %.3g)\n", name, compared - tie_stop, n_ref, tie_stop ? " (then a near tie)" : "",
-            worst_last, worst, worst_lse, tol);
-    free(res.ids);
-    free(lg.rows);
 }
 
 /* ---------------------------------------------------------------- the conversion rules */
@@ -285,31 +193,11 @@ static void test_rules(const char *tmp) {
  * NULL on failure (checked). */
 static float *greedy_rows(const char *name, const char *path, const char *wd, const int32_t *p, size_t np, int n_new,
                           int *n_rows, int *vocab) {
-    zs_engine_opts o;
-    zs_engine_opts_default(&o);
-    o.model_dir = path;
-    if (wd && !strcmp(wd, "q4_k_m")) { /* as --weight-dtype q4_k_m */
-        o.model.weight_dtype = ZS_Q4_K;
-        o.model.quant_mix = ZS_QUANT_MIX_Q4_K_M;
-    } else if (wd && zs_dtype_parse(wd, &o.model.weight_dtype) != 0) {
-        CHECK(0, "%s: --weight-dtype %s: %s", name, wd, zs_errmsg());
-        return NULL;
-    }
-    o.device = ZS_DEVICE_CPU;
-    o.max_seqs = 1;
-    o.max_context = 512;
-    zs_engine *e = NULL;
-    int rc = zs_engine_open(&o, &e);
-    CHECK(rc == 0, "%s: open %s: %s", name, path, zs_errmsg());
-    if (rc) return NULL;
-    zs_gen_params gp = {.max_tokens = n_new};
-    zs_sampler_params_default(&gp.sampling);
-    gp.sampling.temperature = 0;
+    zs_engine *e = tu_lc_open(name, path, wd);
+    if (!e) return NULL;
     tu_logit_log lg = {0};
-    gp.on_logits = tu_on_logits;
-    gp.logits_ud = &lg;
     zs_gen_result res = {0};
-    rc = zs_engine_generate(e, p, (int)np, &gp, NULL, NULL, &res);
+    int rc = tu_lc_greedy(e, p, np, n_new, &lg, &res);
     CHECK(rc == 0, "%s: generate on %s: %s", name, path, zs_errmsg());
     free(res.ids);
     zs_engine_free(e);
@@ -325,39 +213,22 @@ static float *greedy_rows(const char *name, const char *path, const char *wd, co
 static void run_case(json_t *c, const char *tmp) {
     const char *name = json_string_value(json_object_get(c, "name"));
     const char *pw = json_string_value(json_object_get(c, "peer_weights"));
-    char gguf[4300], sum[32] = "";
-    int rc = make_gguf(c, tmp, gguf, sizeof gguf);
-    CHECK(rc == 0, "%s: init-model + convert: %s", name, zs_errmsg());
-    if (rc) return;
-    const char *want = json_string_value(json_object_get(c, "gguf_checksum"));
-    CHECK(tu_file_checksum(gguf, 8, sum, sizeof sum) == 0 && want && !strcmp(sum, want),
-          "%s: the GGUF file (checksum %s) is not the one llama.cpp ran (%s): init-model or convert changed; "
-          "regenerate tests/ref/moe-llamacpp/ref.json with tests/ref/moe-llamacpp/make_ref.py", name, sum,
-          want ? want : "?");
+    char gguf[4300];
+    if (tu_lc_make_gguf(c, tmp, "tests/ref/moe-llamacpp/make_ref.py", gguf, sizeof gguf)) return;
     check_file(name, gguf, c);
     zs_op_matmul_quant_act(ZS_QUANT_ACT_F32); /* f32 files, and the blocks against llama.cpp's dequantized run */
-    zs_engine_opts o;
-    zs_engine_opts_default(&o);
-    o.model_dir = gguf;
-    o.device = ZS_DEVICE_CPU;
-    o.max_seqs = 1;
-    o.max_context = 512;
-    zs_engine *e = NULL;
-    rc = zs_engine_open(&o, &e);
-    CHECK(rc == 0, "%s: open %s: %s", name, gguf, zs_errmsg());
-    if (rc) return;
+    zs_engine *e = tu_lc_open(name, gguf, NULL);
+    if (!e) return;
     /* the GGUF loader made a mixture: one bucket per expert after the head */
     const zs_model *m = zs_engine_model(e);
     int ne = (int)json_integer_value(json_object_get(c, "n_experts"));
     CHECK(zs_model_config_get(m)->n_experts == ne && zs_bucket_expert(m, 0, ne - 1) > zs_bucket_head(m),
           "%s: the loaded model has %d experts (want %d) or no expert buckets", name, zs_model_config_get(m)->n_experts, ne);
-    json_t *pj = json_object_get(c, "prompt_ids");
-    size_t np = json_array_size(pj);
-    int32_t *p = malloc(np * sizeof *p);
-    for (size_t i = 0; p && i < np; i++) p[i] = (int32_t)json_integer_value(json_array_get(pj, i));
+    size_t np;
+    int32_t *p = tu_ref_ids_dup(json_object_get(c, "prompt_ids"), &np);
     char label[96];
     snprintf(label, sizeof label, "%s%s", name, pw && !strcmp(pw, "dequantized to f32") ? " (dequantized)" : "");
-    if (p && np > 0) compare_case(label, e, p, np, c, TOL);
+    if (p && np > 0) tu_lc_compare(label, e, p, np, c, TOL, MIN_STEPS);
     /* the file computes what the checkpoint does: at f32 bit for bit (the same floats in the same order:
      * Mixtral's Q/K rows permuted on the way out and back on the way in, the experts sliced from their
      * stacked tensors); at q8_0 and q4_k_m bit for bit what the checkpoint quantized at load
@@ -383,14 +254,7 @@ static void run_case(json_t *c, const char *tmp) {
         free(ra);
         free(rb);
     }
-    json_t *fs = json_object_get(c, "features");
-    for (size_t k = 0; k < json_array_size(fs); k++) {
-        json_t *f = json_array_get(fs, k);
-        double d = json_number_value(json_object_get(f, "delta"));
-        const char *what = json_string_value(json_object_get(f, "what"));
-        CHECK(d >= FEATURE_MARGIN * TOL, "%s: %s moves llama.cpp's logits by only %.3g", name, what, d);
-        fprintf(stderr, "%-22s   %s: llama.cpp's logits move by %.3g (%.0f tolerances)\n", "", what, d, d / TOL);
-    }
+    tu_lc_features(name, c, TOL, FEATURE_MARGIN);
     free(p);
     zs_engine_free(e);
 }

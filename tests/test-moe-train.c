@@ -38,6 +38,7 @@
 #include "lora-train.h"
 #include "lora.h"
 #include "model.h"
+#include "ref.h"
 #include "testmodel.h"
 #include "testutil.h"
 #include "train.h"
@@ -48,14 +49,6 @@
                          updated weights: errors of 1e-7 in them move the losses by ~1e-6) */
 
 static char tmp[4096];
-
-static uint64_t lcg(uint64_t s) { return s * 6364136223846793005ull + 1442695040888963407ull; }
-
-static void read_ids(json_t *rows, int B, int T, int32_t *out) {
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < T; i++)
-            out[b * T + i] = (int32_t)json_integer_value(json_array_get(json_array_get(rows, (size_t)b), (size_t)i));
-}
 
 /* ---- (a) one pass over the resident model ---- */
 
@@ -129,8 +122,9 @@ static int train_pass(rig *r, zs_trainer *t, const int32_t *tok, const int32_t *
 }
 
 /* Our gradient of one Hugging Face tensor (the slots whose source is that name, put in place);
- * its element count, or -1. */
-static long hf_grad(const rig *r, const char *name, float *out, long cap) {
+ * its element count, or -1 (a tu_grad_fn over a rig). */
+static long hf_grad(void *ctx, const char *name, float *out, long cap) {
+    const rig *r = ctx;
     long filled = 0;
     for (int b = 0; b < r->nb; b++) {
         const zs_bucket_layout *GL = zs_model_grad_layout(r->m, b);
@@ -162,8 +156,8 @@ static void grad_case(json_t *cs, const char *dir, const float *bin, long nbin, 
     int B = (int)json_integer_value(json_object_get(tr, "B")), T = (int)json_integer_value(json_object_get(tr, "T"));
     int ns = (int)json_integer_value(json_object_get(tr, "n_sample"));
     int32_t *tok = tu_xcalloc(sizeof(int32_t) * (size_t)(B * T)), *tgt = tu_xcalloc(sizeof(int32_t) * (size_t)(B * T));
-    read_ids(json_object_get(tr, "tokens"), B, T, tok);
-    read_ids(json_object_get(tr, "targets"), B, T, tgt);
+    tu_ref_rows(json_object_get(tr, "tokens"), B, T, tok);
+    tu_ref_rows(json_object_get(tr, "targets"), B, T, tgt);
     rig r;
     int rc = rig_open_x(&r, dir, persist);
     CHECK(rc == 0, "%s: open: %s", name, zs_errmsg());
@@ -199,65 +193,12 @@ static void grad_case(json_t *cs, const char *dir, const float *bin, long nbin, 
     double loss_rel = fabs(loss - want) / fabs(want);
     CHECK(loss_rel <= 1e-5, "%s: loss %.8f vs transformers %.8f (ce %.6f + coef x aux %.6f; rel %.2e)", name, loss, want,
           json_real_value(json_object_get(tr, "ce")), json_real_value(json_object_get(tr, "aux")), loss_rel);
-    json_t *ts = json_object_get(tr, "tensors");
-    long cap = 0;
-    for (size_t i = 0; i < json_array_size(ts); i++)
-        cap = ZS_MAX(cap, (long)json_integer_value(json_object_get(json_array_get(ts, i), "numel")));
-    float *buf = tu_xcalloc(sizeof(float) * (size_t)cap);
-    long total = 0;
-    double worst = 0;
-    const char *worst_name = "";
-    for (size_t i = 0; rc == 0 && i < json_array_size(ts); i++) {
-        json_t *e = json_array_get(ts, i);
-        const char *tn = json_string_value(json_object_get(e, "name"));
-        long numel = (long)json_integer_value(json_object_get(e, "numel"));
-        long off = (long)json_integer_value(json_object_get(e, "offset"));
-        long am = (long)json_integer_value(json_object_get(e, "argmax"));
-        int full = json_is_true(json_object_get(e, "full"));
-        double rnorm = json_real_value(json_object_get(e, "norm"));
-        memset(buf, 0, sizeof(float) * (size_t)cap);
-        long n = hf_grad(&r, tn, buf, cap);
-        CHECK(n == numel, "%s: %s maps to %ld of our values, transformers has %ld", name, tn, n, numel);
-        if (n != numel || am < 0 || am >= n || off + (full ? n : 1 + ns) > nbin) continue;
-        total += n;
-        double nn = 0;
-        for (long k = 0; k < n; k++) nn += (double)buf[k] * buf[k];
-        nn = sqrt(nn);
-        double norm_rel = fabs(nn - rnorm) / (rnorm > 0 ? rnorm : 1.0);
-        const float *ref = bin + off;
-        double num = 0, den = 0;
-        if (full) {
-            for (long k = 0; k < n; k++) {
-                double d = (double)buf[k] - ref[k];
-                num += d * d;
-                den += (double)ref[k] * ref[k];
-            }
-        } else {
-            num = (buf[am] - (double)ref[0]) * (buf[am] - (double)ref[0]);
-            den = (double)ref[0] * ref[0];
-            uint64_t s = (uint64_t)i + 1;
-            for (int k = 0; k < ns; k++) {
-                s = lcg(s);
-                long idx = (long)((s >> 33) % (uint64_t)n);
-                double d = (double)buf[idx] - ref[1 + k];
-                num += d * d;
-                den += (double)ref[1 + k] * ref[1 + k];
-            }
-        }
-        double el_rel = sqrt(num) / (den > 0 ? sqrt(den) : 1.0);
-        double rel = fmax(norm_rel, el_rel);
-        if (getenv("ZS_VERBOSE"))
-            fprintf(stderr, "  %-52s |g| %.4e (ref %.4e)  norm rel %.2e  %s rel %.2e\n", tn, nn, rnorm, norm_rel,
-                    full ? "all elements" : "samples", el_rel);
-        CHECK(rel <= GRAD_TOL, "%s: gradient of %s: norm %.6e vs %.6e (rel %.2e), %s rel L2 %.2e", name, tn, nn, rnorm,
-              norm_rel, full ? "every element" : "sampled elements", el_rel);
-        if (!(rel <= worst)) { worst = rel; worst_name = tn; }
-    }
-    CHECK(rc != 0 || total == (long)zs_model_param_count(r.m), "%s: compared %ld of %zu parameters", name, total,
+    tu_grad_sum gs = {0, "", 0};
+    if (rc == 0) tu_ref_grads(name, json_object_get(tr, "tensors"), ns, bin, nbin, hf_grad, &r, GRAD_TOL, &gs);
+    CHECK(rc != 0 || gs.total == (long)zs_model_param_count(r.m), "%s: compared %ld of %zu parameters", name, gs.total,
           zs_model_param_count(r.m));
     fprintf(stderr, "%s: loss %.7f (transformers %.7f, rel %.2e); worst gradient rel %.2e (%s)\n", name, loss, want,
-            loss_rel, worst, worst_name);
-    free(buf);
+            loss_rel, gs.worst, gs.worst_name);
     zs_trainer_free(t);
     rig_close(&r);
     free(tok);
@@ -298,11 +239,7 @@ static zs_train_opts train_opts(json_t *adamw, int B, int T, int accum) {
     o.micro_batch = B;
     o.seq_len = T;
     o.grad_accum = accum;
-    o.adam.lr = (float)json_number_value(json_object_get(adamw, "lr"));
-    o.adam.beta1 = (float)json_number_value(json_object_get(adamw, "beta1"));
-    o.adam.beta2 = (float)json_number_value(json_object_get(adamw, "beta2"));
-    o.adam.eps = (float)json_number_value(json_object_get(adamw, "eps"));
-    o.adam.weight_decay = (float)json_number_value(json_object_get(adamw, "weight_decay"));
+    tu_ref_adamw(adamw, &o.adam);
     o.lr.type = ZS_LR_CONSTANT;
     o.lr.lr = o.adam.lr;
     o.lr.warmup_min_ratio = 1.0f;
@@ -319,8 +256,8 @@ static void steps_case(json_t *cs, const char *dir, int64_t persist) {
     int n = (int)json_array_size(want) - 1;
     int32_t tok[64], tgt[64];
     if (B * T > 64 || n < 1 || n > 8) { CHECK(0, "%s: steps sizes", name); return; }
-    read_ids(json_object_get(st, "tokens"), B, T, tok);
-    read_ids(json_object_get(st, "targets"), B, T, tgt);
+    tu_ref_rows(json_object_get(st, "tokens"), B, T, tok);
+    tu_ref_rows(json_object_get(st, "targets"), B, T, tgt);
     zs_engine *e = open_engine_x(dir, 1, ZS_OFFLOAD_NONE, 0, persist);
     if (!e) { CHECK(0, "%s: engine", name); return; }
     zs_train_opts o = train_opts(json_object_get(st, "adamw"), B, T, 1);
@@ -524,8 +461,8 @@ static void lora_case(json_t *cs, const char *dir) {
     json_t *lj = json_object_get(cs, "lora"), *tr = json_object_get(cs, "train");
     int B = (int)json_integer_value(json_object_get(tr, "B")), T = (int)json_integer_value(json_object_get(tr, "T"));
     int32_t *tok = tu_xcalloc(sizeof(int32_t) * (size_t)(B * T)), *tgt = tu_xcalloc(sizeof(int32_t) * (size_t)(B * T));
-    read_ids(json_object_get(tr, "tokens"), B, T, tok);
-    read_ids(json_object_get(tr, "targets"), B, T, tgt);
+    tu_ref_rows(json_object_get(tr, "tokens"), B, T, tok);
+    tu_ref_rows(json_object_get(tr, "targets"), B, T, tgt);
     char ad[4200], gd[4200];
     snprintf(ad, sizeof ad, REF_DIR "/%s/adapter", json_string_value(json_object_get(lj, "dir")));
     snprintf(gd, sizeof gd, REF_DIR "/%s/grad", json_string_value(json_object_get(lj, "dir")));
@@ -682,8 +619,8 @@ static void ranks_case(json_t *cs, const char *dir) {
     int T = (int)json_integer_value(json_object_get(st, "T"));
     int32_t tok[2 * 32], tgt[2 * 32];
     if (T > 32) { CHECK(0, "ranks sizes"); return; }
-    read_ids(json_object_get(st, "tokens"), 1, T, tok);
-    read_ids(json_object_get(st, "targets"), 1, T, tgt);
+    tu_ref_rows(json_object_get(st, "tokens"), 1, T, tok);
+    tu_ref_rows(json_object_get(st, "targets"), 1, T, tgt);
     for (int i = 0; i < T; i++) { /* a second sequence */
         tok[T + i] = (tok[i] * 7 + 13) % 300;
         tgt[T + i] = i + 1 < T ? (tok[i + 1] * 7 + 13) % 300 : -1;
@@ -741,48 +678,24 @@ static void ranks_case(json_t *cs, const char *dir) {
     CHECK_ERR(rc, "out of range");
 }
 
+static void moe_train_case(tu_ref_case *c, void *ctx) {
+    (void)ctx;
+    grad_case(c->cs, c->dir, c->ref->bin, c->ref->nbin, 0);
+    steps_case(c->cs, c->dir, 0);
+    if (c->index == 0) {
+        grad_case(c->cs, c->dir, c->ref->bin, c->ref->nbin, 1 << 20);
+        steps_case(c->cs, c->dir, 1 << 20);
+        protocol_case(c->dir);
+        ranks_case(c->cs, c->dir);
+    }
+    if (json_object_get(c->cs, "lora")) lora_case(c->cs, c->dir);
+}
+
 int main(void) {
     zs_log_set_level(ZS_LOG_WARN);
-    json_error_t je;
-    json_t *ref = json_load_file(REF_DIR "/reference.json", 0, &je);
-    if (!ref) { fprintf(stderr, "cannot read %s/reference.json: %s\n", REF_DIR, je.text); return 1; }
-    FILE *f = fopen(REF_DIR "/reference.bin", "rb");
-    if (!f) { fprintf(stderr, "cannot read %s/reference.bin\n", REF_DIR); return 1; }
-    fseek(f, 0, SEEK_END);
-    long nbin = ftell(f) / 4;
-    fseek(f, 0, SEEK_SET);
-    float *bin = tu_xcalloc(sizeof(float) * (size_t)nbin);
-    if (fread(bin, 4, (size_t)nbin, f) != (size_t)nbin) { fprintf(stderr, "short reference.bin\n"); return 1; }
-    fclose(f);
     if (tu_tmpdir(tmp, sizeof tmp, "moe-train") < 0) { fprintf(stderr, "no scratch directory\n"); return 1; }
-    const char *only = getenv("ZS_MOE_CASE");
-    json_t *cases = json_object_get(ref, "cases");
-    for (size_t i = 0; i < json_array_size(cases); i++) {
-        json_t *cs = json_array_get(cases, i);
-        const char *name = json_string_value(json_object_get(cs, "name"));
-        if (only && *only && strcmp(only, name)) continue;
-        char dir[4300], st[4500], ck[17];
-        snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-        int rc = tu_regen_model(json_object_get(cs, "init_args"), dir);
-        CHECK(rc == 0, "%s: init-model: %s", name, zs_errmsg());
-        if (rc < 0) continue;
-        snprintf(st, sizeof st, "%s/model.safetensors", dir);
-        const char *want = json_string_value(json_object_get(cs, "safetensors_checksum"));
-        CHECK(tu_file_checksum(st, 4, ck, sizeof ck) == 0 && want && !strcmp(ck, want),
-              "%s: init-model made another model than the reference's (checksum %s, recorded %s): re-run "
-              "make_moe_grad_ref.py", name, ck, want ? want : "?");
-        grad_case(cs, dir, bin, nbin, 0);
-        steps_case(cs, dir, 0);
-        if (i == 0) {
-            grad_case(cs, dir, bin, nbin, 1 << 20);
-            steps_case(cs, dir, 1 << 20);
-            protocol_case(dir);
-            ranks_case(cs, dir);
-        }
-        if (json_object_get(cs, "lora")) lora_case(cs, dir);
-    }
+    int rc = tu_ref_run(REF_DIR "/reference.json", REF_DIR "/reference.bin", "moe-train-models",
+                        "tests/ref/moe-grad/make_moe_grad_ref.py", getenv("ZS_MOE_CASE"), moe_train_case, NULL);
     tu_rmdir(tmp);
-    free(bin);
-    json_decref(ref);
-    return tu_finish("test-moe-train");
+    return rc < 0 ? 1 : tu_finish("test-moe-train");
 }

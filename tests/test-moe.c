@@ -43,6 +43,7 @@
 #include "lora.h"
 #include "model.h"
 #include "quant-mix.h"
+#include "ref.h"
 #include "testmodel.h"
 #include "testutil.h"
 
@@ -692,56 +693,32 @@ static void check_gguf(const char *tmp) {
     }
 }
 
+static void moe_case(tu_ref_case *c, void *ctx) {
+    (void)ctx;
+    long off = (long)json_integer_value(json_object_get(c->cs, "logits_offset"));
+    int V = (int)json_integer_value(json_object_get(c->cs, "vocab"));
+    long nw = (long)json_array_size(json_object_get(c->cs, "logit_positions"));
+    if (off < 0 || off + nw * V > c->ref->nbin) {
+        CHECK(0, "%s: reference offsets", c->name);
+        return;
+    }
+    double worst = -1;
+    check_case(c->name, c->dir, c->cs, c->ref->bin + off, &worst);
+    snprintf(c->line, sizeof c->line, "%s: logits max|d| = %.2e (scale %.2f)", c->name, worst,
+             json_real_value(json_object_get(c->cs, "logit_scale")));
+}
+
 int main(void) {
     struct stat st;
     if (stat(tu_shared(), &st) != 0) {
         fprintf(stderr, "test-moe: skipped (no %s)\n", tu_shared());
         return 77;
     }
-    json_error_t je;
-    json_t *doc = json_load_file(REF_JSON, 0, &je);
-    if (!doc) { fprintf(stderr, "cannot load %s: %s (run from the repository root)\n", REF_JSON, je.text); return 1; }
-    long nbin = (long)json_integer_value(json_object_get(doc, "bin_floats"));
-    char p[512];
-    snprintf(p, sizeof p, "tests/ref/moe/%s", json_string_value(json_object_get(doc, "bin")));
-    FILE *f = fopen(p, "rb");
-    float *bin = tu_xcalloc(sizeof(float) * (size_t)(nbin > 0 ? nbin : 1));
-    size_t got = f ? fread(bin, sizeof(float), (size_t)nbin, f) : 0;
-    if (f) fclose(f);
-    if (nbin <= 0 || (long)got != nbin) { fprintf(stderr, "%s: missing or short\n", p); return 1; }
+    if (tu_ref_run(REF_JSON, NULL, "moe", "tests/ref/moe/make_moe_ref.py", NULL, moe_case, NULL) < 0) return 1;
+    fprintf(stderr, "(tolerance: logits %.0e x the logit scale)\n", LOGIT_TOL);
     char tmp[4096];
-    if (tu_tmpdir(tmp, sizeof tmp, "moe") != 0) { fprintf(stderr, "no temp dir\n"); return 1; }
-    json_t *cases = json_object_get(doc, "cases");
-    char summary[2048] = "";
-    size_t ci;
-    json_t *cs;
-    json_array_foreach(cases, ci, cs) {
-        const char *name = json_string_value(json_object_get(cs, "name"));
-        char dir[4200], stp[4300], hex[17] = "";
-        snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-        int rc = tu_regen_model(json_object_get(cs, "init_args"), dir);
-        CHECK(rc == 0, "%s: init-model: %s", name, zs_errmsg());
-        if (rc < 0) continue;
-        snprintf(stp, sizeof stp, "%s/model.safetensors", dir);
-        const char *want = json_string_value(json_object_get(cs, "safetensors_checksum"));
-        CHECK(tu_file_checksum(stp, 4, hex, 17) == 0 && want && !strcmp(hex, want),
-              "%s: the regenerated model.safetensors (checksum %s) is not the reference's (%s): init-model "
-              "changed; re-run tests/ref/moe/make_moe_ref.py", name, hex, want ? want : "?");
-        long off = (long)json_integer_value(json_object_get(cs, "logits_offset"));
-        int V = (int)json_integer_value(json_object_get(cs, "vocab"));
-        long nw = (long)json_array_size(json_object_get(cs, "logit_positions"));
-        if (off < 0 || off + nw * V > nbin) { CHECK(0, "%s: reference offsets", name); continue; }
-        double worst = -1;
-        check_case(name, dir, cs, bin + off, &worst);
-        char line[160];
-        snprintf(line, sizeof line, "%s: logits max|d| = %.2e (scale %.2f)\n", name, worst,
-                 json_real_value(json_object_get(cs, "logit_scale")));
-        if (strlen(summary) + strlen(line) < sizeof summary) strcat(summary, line);
-    }
+    if (tu_tmpdir(tmp, sizeof tmp, "moe-gguf") != 0) { fprintf(stderr, "no temp dir\n"); return 1; }
     check_gguf(tmp);
     tu_rmdir(tmp);
-    fprintf(stderr, "%s(tolerance: logits %.0e x the logit scale)\n", summary, LOGIT_TOL);
-    json_decref(doc);
-    free(bin);
     return tu_finish("test-moe");
 }

@@ -26,22 +26,6 @@
 #include "tensor.h"
 #include "testutil.h"
 
-/* CHECK from several threads: the counters of testutil.h are updated under a lock. */
-static pthread_mutex_t chk_mu = PTHREAD_MUTEX_INITIALIZER;
-#define TCHECK(cond, ...)                                                                  \
-    do {                                                                                   \
-        int tc_ok_ = (cond) ? 1 : 0;                                                       \
-        pthread_mutex_lock(&chk_mu);                                                       \
-        tu_checks++;                                                                       \
-        if (!tc_ok_) {                                                                     \
-            tu_failures++;                                                                 \
-            fprintf(stderr, "FAIL [process %d] %s:%d: %s: ", zs_cluster_rank(), __FILE__,  \
-                    __LINE__, #cond);                                                      \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-        pthread_mutex_unlock(&chk_mu);                                                     \
-    } while (0)
 
 static int P = 1, me = 0; /* processes, this process */
 
@@ -544,6 +528,7 @@ int main(int argc, char **argv) {
     }
     P = zs_cluster_size();
     me = zs_cluster_rank();
+    snprintf(tu_fail_tag, sizeof tu_fail_tag, "[process %d] ", me);
     if (child && P < 2) {
         fprintf(stderr, "test-mpi: started by mpirun with one process\n");
     }

@@ -30,13 +30,10 @@
  *     prompt ids and 16 generated, and every feature of a case (RoPE scaling, window, softcapping,
  *     ...) must have moved llama.cpp's own logits by at least FEATURE_MARGIN tolerances. */
 #include "common.h"
-#include "convert.h"
-#include "device.h"
 #include "engine.h"
-#include "init-model.h"
+#include "llamacpp.h"
 #include "matmul-q8act.h"
-#include "quant-mix.h"
-#include "testmodel.h"
+#include "ref.h"
 #include "testutil.h"
 
 #define MIN_STEPS 8          /* steps compared at least: the cases on f32 arithmetic on both sides */
@@ -79,60 +76,6 @@ static int ids_equal(const int32_t *a, size_t na, json_t *arr) {
     return 1;
 }
 
-/* zeroserve's greedy decoding of the prompt ids p against llama.cpp's case c (ids, steps): the ids
- * step by step until a near tie of llama.cpp's own top two (or both stop at the end of the sequence),
- * and at every compared step the logits at llama.cpp's top ids and the logsumexp within tol; at least
- * min_steps steps compared. *worst_out (if not NULL): the largest |dlogit|. */
-static void compare_case(const char *name, zs_engine *e, const int32_t *p, size_t np, json_t *c, double tol,
-                         int min_steps, double *worst_out) {
-    json_t *ref_ids = json_object_get(c, "ids"), *steps = json_object_get(c, "steps");
-    int n_ref = (int)json_array_size(ref_ids);
-    zs_gen_params gp = {.max_tokens = n_ref};
-    zs_sampler_params_default(&gp.sampling);
-    gp.sampling.temperature = 0;
-    tu_logit_log lg = {0};
-    gp.on_logits = tu_on_logits;
-    gp.logits_ud = &lg;
-    zs_gen_result res = {0};
-    int rc = zs_engine_generate(e, p, (int)np, &gp, NULL, NULL, &res);
-    CHECK(rc == 0, "%s: generate: %s", name, zs_errmsg());
-    double worst = 0, worst_lse = 0;
-    int compared = 0, tie_stop = 0;
-    for (int i = 0; rc == 0 && i < n_ref && i < lg.n; i++) {
-        json_t *st = json_array_get(steps, i);
-        json_t *tid = json_object_get(st, "top_ids"), *tl = json_object_get(st, "top_logits");
-        const float *row = lg.rows + (size_t)i * lg.vocab;
-        for (size_t k = 0; k < json_array_size(tid); k++) {
-            double d = fabs(row[json_integer_value(json_array_get(tid, k))] - json_real_value(json_array_get(tl, k)));
-            if (d > worst) worst = d;
-        }
-        double m = row[0], s = 0;
-        for (int v = 1; v < lg.vocab; v++) m = row[v] > m ? row[v] : m;
-        for (int v = 0; v < lg.vocab; v++) s += exp((double)row[v] - m);
-        double dl = fabs(m + log(s) - json_real_value(json_object_get(st, "logsumexp")));
-        if (dl > worst_lse) worst_lse = dl;
-        compared++;
-        int want = (int)json_integer_value(json_array_get(ref_ids, i));
-        double margin = json_real_value(json_array_get(tl, 0)) - json_real_value(json_array_get(tl, 1));
-        if (i == res.n_generated && res.finish == ZS_FINISH_STOP && zs_tokenizer_is_eos(zs_engine_tokenizer(e), want))
-            break; /* both stopped at the end-of-sequence token (zeroserve does not list it) */
-        if (i >= res.n_generated || res.ids[i] != want) {
-            if (margin < 2 * tol) tie_stop = 1;
-            else CHECK(0, "%s: step %d: greedy id %d, llama.cpp %d (its margin %.4f)", name, i,
-                       i < res.n_generated ? res.ids[i] : -1, want, margin);
-            break;
-        }
-    }
-    CHECK(worst <= tol, "%s: logits differ from llama.cpp's by %.5f (tolerance %.5f)", name, worst, tol);
-    CHECK(worst_lse <= tol, "%s: logsumexp differs by %.5f (tolerance %.5f)", name, worst_lse, tol);
-    CHECK(compared >= min_steps || (compared == n_ref && !tie_stop), "%s: only %d steps compared", name, compared);
-    fprintf(stderr, "%-20s %2d/%2d steps equal%s, max |dlogit| %.2g, |dlogsumexp| %.2g (tolerance %.3g)\n", name,
-            compared - tie_stop, n_ref, tie_stop ? " (then a near tie)" : "", worst, worst_lse, tol);
-    if (worst_out) *worst_out = worst;
-    free(res.ids);
-    free(lg.rows);
-}
-
 static void run_case(json_t *c) {
     const char *name = json_string_value(json_object_get(c, "name"));
     const char *wd = json_string_value(json_object_get(c, "weight_dtype"));
@@ -147,31 +90,15 @@ static void run_case(json_t *c) {
     const char *pw = json_string_value(json_object_get(c, "peer_weights"));
     int exact = pw && !strcmp(pw, "dequantized to f32");
     zs_op_matmul_quant_act(exact ? ZS_QUANT_ACT_F32 : ZS_QUANT_ACT_Q8);
-    zs_engine_opts o;
-    zs_engine_opts_default(&o);
-    o.model_dir = path;
-    o.device = ZS_DEVICE_CPU;
-    o.max_seqs = 1;
-    o.max_context = 512;
-    if (!strcmp(wd, "q4_k_m")) { /* as --weight-dtype q4_k_m (engine-flags.c) */
-        o.model.weight_dtype = ZS_Q4_K;
-        o.model.quant_mix = ZS_QUANT_MIX_Q4_K_M;
-    } else if (strcmp(wd, "auto")) {
-        int rc = zs_dtype_parse(wd, &o.model.weight_dtype);
-        CHECK(rc == 0, "%s: --weight-dtype %s: %s", name, wd, zs_errmsg());
-        if (rc) return;
-    }
-    zs_engine *e = NULL;
-    int rc = zs_engine_open(&o, &e);
-    CHECK(rc == 0, "%s: open %s: %s", name, path, zs_errmsg());
-    if (rc) return;
+    zs_engine *e = tu_lc_open(name, path, wd);
+    if (!e) return;
     int32_t *p = NULL;
     size_t np = 0;
-    rc = zs_tokenizer_encode(zs_engine_tokenizer(e), prompt, strlen(prompt), 1, &p, &np);
+    int rc = zs_tokenizer_encode(zs_engine_tokenizer(e), prompt, strlen(prompt), 1, &p, &np);
     CHECK(rc == 0 && ids_equal(p, np, json_object_get(c, "prompt_ids")), "%s: prompt ids differ from llama.cpp's", name);
     double tol = tolerance(name, wd, pw);
     int f32_both = exact || (!strcmp(wd, "auto") && !strstr(name, "smollm2")); /* f32 weights or dequantized */
-    if (rc == 0) compare_case(name, e, p, np, c, tol, f32_both ? MIN_STEPS : MIN_STEPS_STORED, NULL);
+    if (rc == 0) tu_lc_compare(name, e, p, np, c, tol, f32_both ? MIN_STEPS : MIN_STEPS_STORED);
     free(p);
     zs_engine_free(e);
 }
@@ -212,78 +139,26 @@ static void check_tokenize(json_t *t) {
 #define TOL_GELU 2e-3   /* [3e-4] gemma2, gemma3 */
 #define FEATURE_MARGIN 10 /* a feature must move llama.cpp's logits by this many tolerances */
 
-/* The case's checkpoint as `zeroserve init-model --arch A --random-norms --seed S --set JSON` writes it
- * and its GGUF file as `zeroserve convert --dtype D --name zs-peer` does. */
-static int make_family_gguf(json_t *c, const char *tmp, char *gguf, size_t n) {
-    const char *name = json_string_value(json_object_get(c, "name"));
-    const char *arch = json_string_value(json_object_get(c, "arch"));
-    const char *dtype = json_string_value(json_object_get(c, "dtype"));
-    char dir[4200];
-    snprintf(dir, sizeof dir, "%s/%s", tmp, name);
-    snprintf(gguf, n, "%s/%s.gguf", tmp, name);
-    zs_init_opts io;
-    ZS_CHECK(zs_init_opts_default(arch, &io));
-    io.seed = (uint64_t)json_integer_value(json_object_get(c, "seed"));
-    io.random_norms = 1;
-    char *set = json_dumps(json_object_get(c, "set"), JSON_COMPACT);
-    if (!set) return zs_err(ZS_ENOMEM, "out of memory");
-    int rc = zs_config_override(&io.cfg, set, name);
-    free(set);
-    ZS_CHECK(rc);
-    ZS_CHECK(zs_init_model_write(&io, dir));
-    zs_llama_ftype ft;
-    ZS_CHECK(zs_llama_ftype_parse(dtype, &ft));
-    zs_convert_opts o = {.model_dir = dir, .out_path = gguf, .ftype = ft, .name = "zs-peer"};
-    zs_convert_result r;
-    ZS_CHECK(zs_convert_run(&o, &r));
-    zs_gguf_conv_close(r.plan);
-    return 0;
-}
-
 static void run_family_case(json_t *c, const char *tmp) {
     const char *name = json_string_value(json_object_get(c, "name"));
     const char *arch = json_string_value(json_object_get(c, "arch"));
     const char *pw = json_string_value(json_object_get(c, "peer_weights"));
-    char gguf[4300], sum[32] = "";
-    int rc = make_family_gguf(c, tmp, gguf, sizeof gguf);
-    CHECK(rc == 0, "%s: init-model + convert: %s", name, zs_errmsg());
-    if (rc) return;
-    const char *want = json_string_value(json_object_get(c, "gguf_checksum"));
-    CHECK(tu_file_checksum(gguf, 8, sum, sizeof sum) == 0 && want && !strcmp(sum, want),
-          "%s: the GGUF file (checksum %s) is not the one llama.cpp ran (%s): init-model or convert changed; "
-          "regenerate tests/ref/llamacpp-family-ref.json with tests/ref/make_family_llamacpp_ref.py", name, sum,
-          want ? want : "?");
+    char gguf[4300];
+    if (tu_lc_make_gguf(c, tmp, "tests/ref/make_family_llamacpp_ref.py", gguf, sizeof gguf)) return;
     /* f32 files and the dequantized peers: zeroserve's exact f32-activation path */
     int exact = pw && !strcmp(pw, "dequantized to f32");
     zs_op_matmul_quant_act(ZS_QUANT_ACT_F32);
-    zs_engine_opts o;
-    zs_engine_opts_default(&o);
-    o.model_dir = gguf;
-    o.device = ZS_DEVICE_CPU;
-    o.max_seqs = 1;
-    o.max_context = 512;
-    zs_engine *e = NULL;
-    rc = zs_engine_open(&o, &e);
-    CHECK(rc == 0, "%s: open %s: %s", name, gguf, zs_errmsg());
-    if (rc) return;
-    json_t *pj = json_object_get(c, "prompt_ids");
-    size_t np = json_array_size(pj);
-    int32_t *p = malloc(np * sizeof *p);
-    for (size_t i = 0; p && i < np; i++) p[i] = (int32_t)json_integer_value(json_array_get(pj, i));
+    zs_engine *e = tu_lc_open(name, gguf, NULL);
+    if (!e) return;
+    size_t np;
+    int32_t *p = tu_ref_ids_dup(json_object_get(c, "prompt_ids"), &np);
     double tol = strstr(arch, "gemma") ? TOL_GELU : TOL_FAMILY;
     char label[96];
     snprintf(label, sizeof label, "%s%s", name, exact ? " (dequantized)" : "");
-    if (p) compare_case(label, e, p, np, c, tol, MIN_STEPS, NULL);
+    if (p) tu_lc_compare(label, e, p, np, c, tol, MIN_STEPS);
     /* what each feature changes in llama.cpp's logits: far above the tolerance, or the case could not
      * tell an engine without it */
-    json_t *fs = json_object_get(c, "features");
-    for (size_t k = 0; k < json_array_size(fs); k++) {
-        json_t *f = json_array_get(fs, k);
-        double d = json_number_value(json_object_get(f, "delta"));
-        const char *what = json_string_value(json_object_get(f, "what"));
-        CHECK(d >= FEATURE_MARGIN * tol, "%s: %s moves llama.cpp's logits by only %.3g", name, what, d);
-        fprintf(stderr, "%-20s   without %s: llama.cpp's logits move by %.3g (%.0f tolerances)\n", "", what, d, d / tol);
-    }
+    tu_lc_features(name, c, tol, FEATURE_MARGIN);
     free(p);
     zs_engine_free(e);
 }

@@ -29,8 +29,9 @@
 #include "matmul-16.h"
 #include "matmul-q8act.h"
 #include "ops.h"
-#include "train.h"
+#include "ref.h"
 #include "testutil.h"
+#include "train.h"
 
 static uint32_t g_rng = 12345;
 static float frand(void) { /* uniform in [-1, 1) */
@@ -341,12 +342,6 @@ static int greedy(zs_engine *e, const int32_t *prompt, int np, int n_new, int32_
     return rc;
 }
 
-static int json_ids(json_t *a, int32_t *out, int cap) {
-    int n = (int)json_array_size(a);
-    for (int i = 0; i < n && i < cap; i++) out[i] = (int32_t)json_integer_value(json_array_get(a, i));
-    return n < cap ? n : cap;
-}
-
 static void check_stories(const char *nv, zs_dtype qt, int min_lead, double tol) {
     const char *dn = zs_dtype_name(qt);
     char dir[4096];
@@ -372,8 +367,8 @@ static void check_stories(const char *nv, zs_dtype qt, int min_lead, double tol)
     for (size_t ci = 0; ci < json_array_size(cases); ci++) {
         json_t *c = json_array_get(cases, ci);
         int32_t prompt[256], want[256], got[256];
-        int np = json_ids(json_object_get(c, "prompt_ids"), prompt, 256);
-        int nn = json_ids(json_object_get(c, "new_ids"), want, 256);
+        int np = tu_ref_ids(json_object_get(c, "prompt_ids"), prompt, 256);
+        int nn = tu_ref_ids(json_object_get(c, "new_ids"), want, 256);
         float *all = malloc((size_t)(np + nn) * vocab * 4);
         rc = greedy(e, prompt, np, nn, got, all, vocab);
         CHECK(rc == 0, "stories260K %s case %zu: greedy: %s", dn, ci, zs_errmsg());

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "tests/testutil.h"
+#include "testutil.h"
 #include "tokenizer.h"
 
 static int ids_equal(const int32_t *a, size_t na, json_t *arr) {

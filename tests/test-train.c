@@ -6,8 +6,9 @@
  * so that the next run with the base model rewrites them instead of reusing them). */
 #include "common.h"
 #include "engine.h"
-#include "train.h"
+#include "ref.h"
 #include "testutil.h"
+#include "train.h"
 
 #include <sys/stat.h>
 
@@ -16,21 +17,10 @@ static double ref_losses[6];
 static zs_adamw_params adam;
 
 static int load_ref(void) {
-    json_error_t e;
-    json_t *j = json_load_file("tests/ref/stories260K-train.json", 0, &e);
-    if (!j) { fprintf(stderr, "cannot read the reference: %s\n", e.text); return -1; }
-    for (int b = 0; b < 2; b++)
-        for (int i = 0; i < 32; i++) {
-            tok[b][i] = (int32_t)json_integer_value(json_array_get(json_array_get(json_object_get(j, "tokens"), b), i));
-            tgt[b][i] = (int32_t)json_integer_value(json_array_get(json_array_get(json_object_get(j, "targets"), b), i));
-        }
-    json_t *a = json_object_get(j, "adamw");
-    adam.lr = (float)json_number_value(json_object_get(a, "lr"));
-    adam.beta1 = (float)json_number_value(json_object_get(a, "beta1"));
-    adam.beta2 = (float)json_number_value(json_object_get(a, "beta2"));
-    adam.eps = (float)json_number_value(json_object_get(a, "eps"));
-    adam.weight_decay = (float)json_number_value(json_object_get(a, "weight_decay"));
-    for (int k = 0; k < 6; k++) ref_losses[k] = json_number_value(json_array_get(json_object_get(a, "losses"), k));
+    json_t *j = tu_ref_batch("tests/ref/stories260K-train.json", 2, 32, &tok[0][0], &tgt[0][0], &adam);
+    if (!j) return -1;
+    json_t *ls = json_object_get(json_object_get(j, "adamw"), "losses");
+    for (int k = 0; k < 6; k++) ref_losses[k] = json_number_value(json_array_get(ls, k));
     json_decref(j);
     return 0;
 }

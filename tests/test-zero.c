@@ -11,15 +11,10 @@
 
 #include "common.h"
 #include "engine.h"
+#include "ref.h"
 #include "safetensors.h"
 #include "store.h"
 #include "testutil.h"
-
-static int json_ids(json_t *a, int32_t *out, int cap) {
-    int n = (int)json_array_size(a);
-    for (int i = 0; i < n && i < cap; i++) out[i] = (int32_t)json_integer_value(json_array_get(a, i));
-    return n;
-}
 
 static int open_engine(const char *dir, int ranks, int tier, const char *nvme, size_t max_live, int verify,
                        zs_engine **e) {
@@ -68,9 +63,9 @@ static void check_matrix(const char *name) {
     if (!ref) { CHECK(0, "reference"); return; }
     json_t *c0 = json_array_get(json_object_get(ref, "cases"), 0);
     int32_t prompt[256], want[256], all[512];
-    int np = json_ids(json_object_get(c0, "prompt_ids"), prompt, 256);
-    int nn = json_ids(json_object_get(c0, "new_ids"), want, 256);
-    int na = json_ids(json_object_get(c0, "all_ids"), all, 512);
+    int np = tu_ref_ids(json_object_get(c0, "prompt_ids"), prompt, 256);
+    int nn = tu_ref_ids(json_object_get(c0, "new_ids"), want, 256);
+    int na = tu_ref_ids(json_object_get(c0, "all_ids"), all, 512);
     if (na > 200) na = 200;
     tu_tmpdir(tmp, sizeof tmp, "zero");
     float *base = NULL;

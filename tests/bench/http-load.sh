@@ -12,28 +12,16 @@
 # Env: MODEL (default $ZS_SHARED/models/stories260K), ZS_SHARED (default ../shared), ZS_BIN
 # (default ./zeroserve), ZS_API_KEY, N (requests per concurrency level, default 256),
 # LEVELS (default "1 8 32"), PROMPT (default "Once upon a time"), ZS_BENCH_ARGS (server flags).
-if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/../lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-ROOT=$PWD
-SHARED=${ZS_SHARED:-../shared}
-case $SHARED in /*) ;; *) SHARED=$ROOT/$SHARED;; esac
 MODEL=${MODEL:-$SHARED/models/stories260K}
-BIN=${ZS_BIN:-./zeroserve}
 N=${N:-256}
 LEVELS=${LEVELS:-"1 8 32"}
 PROMPT=${PROMPT:-Once upon a time}
 command -v curl >/dev/null || { echo "curl is needed" >&2; exit 1; }
-T=$(mktemp -d /tmp/zs-http-load.XXXXXX) || exit 1
-SPID=""
-cleanup() {
-    [ -n "$SPID" ] && kill -TERM "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
+zs_tmpdir http-load
 
 if [ -z "${ZS_URL:-}" ]; then
     # shellcheck disable=SC2086

@@ -15,12 +15,10 @@
 # memory comparison, which a full fine-tune can train: default MODEL loaded with
 # --weight-dtype bf16), ZS_BIN (./zeroserve), N (completions per latency figure, 30),
 # STEPS (training steps of the memory runs, 3), EPOCHS (of the format job, 3).
-if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/../lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-ROOT=$PWD
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
 N=${N:-30}
 STEPS=${STEPS:-3}
 EPOCHS=${EPOCHS:-3}
@@ -29,16 +27,7 @@ if [ -z "${MODEL:-}" ]; then
 fi
 export ZS_DEVICE=${ZS_DEVICE:-cpu} ZS_LOG=${ZS_LOG:-warn}
 for t in curl jq /usr/bin/time; do command -v "$t" >/dev/null || { echo "$t is needed" >&2; exit 1; }; done
-T=$(mktemp -d /tmp/zs-lora-bench.XXXXXX) || exit 1
-SPID=""
-cleanup() {
-    [ -n "$SPID" ] && kill -TERM "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
+zs_tmpdir lora-bench
 
 # the format: train on 48 words, test on 8 others
 TRAIN_WORDS="apple river stone cloud tiger maple honey candle rocket garden silver window

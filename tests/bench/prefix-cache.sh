@@ -12,28 +12,18 @@
 #   sh tests/bench/prefix-cache.sh
 # Env: ZS_BIN (./zeroserve), MODEL (default: SmolLM2-135M-Instruct Q4_1 via
 # server/fetch-smollm2.sh), RUNS (5), DIR (scratch for the NVMe shards, default /tmp/zs-pcbench).
-if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/../lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-ROOT=$PWD
-BIN=${ZS_BIN:-./zeroserve}
-case $BIN in /*) ;; *) BIN=$ROOT/$BIN;; esac
 RUNS=${RUNS:-5}
 DIR=${DIR:-/tmp/zs-pcbench}
 if [ -z "${MODEL:-}" ]; then
     MODEL=$(sh server/fetch-smollm2.sh) || { echo "cannot fetch SmolLM2 (give MODEL=...)" >&2; exit 1; }
 fi
 command -v jq >/dev/null || { echo "jq is missing" >&2; exit 1; }
-T=$(mktemp -d /tmp/zs-pc.XXXXXX) || exit 1
-SPID=""
-cleanup() {
-    [ -n "$SPID" ] && kill -TERM "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
-    rm -rf "$T" "$DIR"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
+zs_tmpdir pc
+zs_at_exit() { rm -rf "$DIR"; }
 
 # a system prompt of about 1000 tokens, different for each seed
 system_prompt() {
@@ -79,9 +69,7 @@ bench() { # label extra-serve-args...
     done
     curl -s "$ZS_URL/metrics" | grep -E '^zeroserve_(prefix_cache_(hit|lookup|miss)_blocks_total|kv_cached_blocks|bytes_streamed_total)' |
         sed 's/^/  /'
-    kill -TERM "$SPID" 2>/dev/null
-    wait "$SPID" 2>/dev/null
-    SPID=""
+    zs_stop_server
 }
 
 echo "model: $MODEL (offload nvme), $RUNS rounds"

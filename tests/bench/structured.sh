@@ -11,30 +11,18 @@
 #   ZS_URL=http://127.0.0.1:8080 MODEL_NAME=... sh tests/bench/structured.sh   # a running server
 # Env: ZS_SMOLLM2 (the GGUF; default: server/fetch-smollm2.sh), ZS_BIN (default ./zeroserve),
 # CONC (default 8), TOKENS (default 64), RUNS (default 3), ZS_BENCH_ARGS (server flags).
-if [ -z "${BASH_VERSION:-}" ]; then exec bash "$0" "$@"; fi
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/../lib/e2e.sh"
+zs_bash "$@"
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-ROOT=$PWD
-BIN=${ZS_BIN:-./zeroserve}
+zs_need --fail curl jq
 CONC=${CONC:-8}
 TOKENS=${TOKENS:-64}
 RUNS=${RUNS:-3}
-command -v curl >/dev/null || { echo "curl is needed" >&2; exit 1; }
-command -v jq >/dev/null || { echo "jq is needed" >&2; exit 1; }
-T=$(mktemp -d /tmp/zs-bench-struct.XXXXXX) || exit 1
-SPID=""
-cleanup() {
-    [ -n "$SPID" ] && kill -TERM "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-# shellcheck source=tests/start-server.sh
-. "$ROOT/tests/start-server.sh"
+zs_tmpdir bench-struct
 
 if [ -z "${ZS_URL:-}" ]; then
-    SMOL=${ZS_SMOLLM2:-}
-    [ -n "$SMOL" ] && [ -f "$SMOL" ] || SMOL=$(sh server/fetch-smollm2.sh) || { echo "SmolLM2 cannot be fetched" >&2; exit 1; }
+    zs_smollm2 --try || { echo "SmolLM2 cannot be fetched ($ZS_WHY)" >&2; exit 1; }
     # shellcheck disable=SC2086
     zs_start_server "$T/server.log" --model "$SMOL" ${ZS_BENCH_ARGS:-} || exit 1
 fi

@@ -33,7 +33,7 @@
 #include "engine.h"
 #include "init-model.h"
 #include "matmul-q8act.h"
-#include "../testutil.h"
+#include "testutil.h"
 
 typedef struct {
     int32_t prompt[256], want[256], all[512];

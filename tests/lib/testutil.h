@@ -1,6 +1,8 @@
 /* testutil.h — tiny shared helpers for the test programs: checks that count failures, the path
  * of the shared fixtures, reading reference.json, and a scratch directory.
- * A test program exits 0 when every check passed, 1 otherwise, 77 to skip. */
+ * A test program exits 0 when every check passed, 1 otherwise, 77 to skip. The counters live in
+ * testutil.c (tests/lib/libtu.a, linked into every test program), so that the checks of the other
+ * tests/lib files count with the program's own. */
 #ifndef ZS_TESTUTIL_H
 #define ZS_TESTUTIL_H
 
@@ -12,8 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int tu_failures = 0;
-static int tu_checks = 0;
+/* checks made and failed so far (plain ints: a test that checks from several threads locks around them) */
+extern int tu_failures;
+extern int tu_checks;
 
 #define CHECK(cond, ...)                                                                   \
     do {                                                                                   \
@@ -35,6 +38,14 @@ static int tu_checks = 0;
             CHECK(strstr(zs_errmsg(), tu_needles_[tu_i_]) != NULL,                         \
                   "error message \"%s\" lacks \"%s\"", zs_errmsg(), tu_needles_[tu_i_]);   \
     } while (0)
+
+/* CHECK from several threads at once: the condition is evaluated first (it may be a collective),
+ * then the counters are updated and a failure printed under one lock (testutil.c). A failure line
+ * starts with "FAIL " and tu_fail_tag (empty unless the test sets it, e.g. "[process 1] "). */
+extern char tu_fail_tag[64];
+void tu_check_locked(int ok, const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+#define TCHECK(cond, ...) tu_check_locked((cond) ? 1 : 0, __FILE__, __LINE__, #cond, __VA_ARGS__)
 
 static inline int tu_finish(const char *name) {
     fprintf(stderr, "%s: %d checks, %d failed\n", name, tu_checks, tu_failures);

@@ -42,11 +42,16 @@ static inline void tu_on_logits(void *ud, const float *logits, int vocab) {
     memcpy(l->rows + (size_t)l->n++ * vocab, logits, (size_t)vocab * sizeof(float));
 }
 
-/* `zeroserve init-model ARGS... --out out`, ARGS a JSON array of strings. */
-static inline int tu_regen_model(json_t *args, const char *out) {
+/* `zeroserve init-model ARGS... [FLAG VALUE] --out out`, ARGS a JSON array of strings; FLAG VALUE
+ * (when flag is not NULL) after them, so that it wins over the same flag in ARGS. */
+static inline int tu_regen_model_with(json_t *args, const char *flag, const char *value, const char *out) {
     int argc = (int)json_array_size(args);
-    char **argv = tu_xcalloc(sizeof(char *) * (size_t)(argc + 3));
+    char **argv = tu_xcalloc(sizeof(char *) * (size_t)(argc + 5));
     for (int i = 0; i < argc; i++) argv[i] = (char *)json_string_value(json_array_get(args, i));
+    if (flag) {
+        argv[argc++] = (char *)flag;
+        argv[argc++] = (char *)value;
+    }
     argv[argc] = "--out";
     argv[argc + 1] = (char *)out;
     zs_init_opts io;
@@ -56,6 +61,9 @@ static inline int tu_regen_model(json_t *args, const char *out) {
     if (rc < 0) return rc;
     return zs_init_model_write(&io, out);
 }
+
+/* `zeroserve init-model ARGS... --out out`, ARGS a JSON array of strings. */
+static inline int tu_regen_model(json_t *args, const char *out) { return tu_regen_model_with(args, NULL, NULL, out); }
 
 /* The checksum over `word` (4 or 8) byte words, as 16 hex digits into hex (n >= 17). */
 static inline int tu_file_checksum(const char *path, int word, char *hex, size_t n) {
