@@ -5,7 +5,7 @@
 #   make demo-model train the demo model (a small Llama on generated stories) into models/demo
 #   make bench      run the benchmarks
 #   make bench-peers  zeroserve against llama.cpp (llama-cpp-python, built once into a cache) on the same GGUF files
-#   make gpu-kit    build gpu-kit/ for tests/gpu/run.sh on a bare GPU machine (README: "GPUs")
+#   make gpu-kit    build gpu-kit/ for tests/gpu/run.sh on a bare GPU machine (docs/gpu.md: "The GPU check on a lent machine")
 #   make gpu-dry-run  run tests/gpu/run.sh from the kit in a bare Debian chroot with no network (root)
 #   make fuzz       run the libFuzzer harnesses (tests/fuzz/) for FUZZ_TIME seconds each (default 60; clang)
 #   make test-cluster  tests/e2e-cluster.sh alone: hosts in network namespaces, mpirun over TCP, partitions (root)

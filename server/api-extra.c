@@ -10,8 +10,8 @@
  * keys; bytes that are not valid UTF-8 become U+FFFD).
  *
  * /v1/embeddings (OpenAI's shape): every input becomes one embedding request of the scheduler
- * (sched.h: prefilled in the continuous batch beside generation traffic, its hidden rows pooled,
- * nothing sampled), all submitted at once; the last on_done (engine thread) or the handler,
+ * (sched-embed.c: prefilled in the continuous batch beside generation traffic, its hidden rows
+ * pooled, nothing sampled), all submitted at once; the last on_done (engine thread) or the handler,
  * whichever lets go last, answers with the vectors in input order, L2-normalised unless the
  * request says "normalize": false. Extensions: "pooling": "mean" | "last" (default: serve
  * --pooling), "normalize". A "model" naming a LoRA adapter runs with it (a reference is held

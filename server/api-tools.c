@@ -319,7 +319,7 @@ int zs_api_response_format(json_t *root, const zs_api_model *m, zs_api_cons **ou
     if (st && !json_is_null(st) && !json_is_boolean(st))
         return zs_api_bad_type(e, "response_format.json_schema.strict", "a boolean", st);
     /* accepted and not used: OpenAI gives it to the model as a hint; here the grammar alone
-     * decides the value (README, "Structured outputs and tool calls") */
+     * decides the value (docs/structured-outputs.md) */
     json_t *d = json_object_get(js, "description");
     if (d && !json_is_null(d) && !json_is_string(d))
         return zs_api_bad_type(e, "response_format.json_schema.description", "a string", d);

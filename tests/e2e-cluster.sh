@@ -50,7 +50,7 @@ echo "process $OMPI_COMM_WORLD_RANK exit $rc $(date +%s%N)" >>"$ZS_RC_FILE"
 exit $rc
 EOF
 # mpr NP ARGS...: mpirun on host 0 across hosts 0..NP-1 (what users run across real nodes),
-# with the daemon keep-alive the README recommends, under a time limit; the daemons stay attached
+# with the daemon keep-alive docs/offload.md recommends, under a time limit; the daemons stay attached
 # to the launch agent, so one that fails to start ends mpirun with an error instead of a wait
 MPR_LIMIT=120
 mpr() {

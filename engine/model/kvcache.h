@@ -76,9 +76,9 @@ int zs_kv_used_blocks(const zs_kvcache *kv);
 int zs_kv_total_blocks(const zs_kvcache *kv);
 int zs_kv_max_len(const zs_kvcache *kv);
 
-/* Prefix caching (sched.h): blocks get reference counts, and a full block whose content is
- * published stays in the cache after its sequences let go of it, addressed by the hash of its
- * whole token prefix, until a sequence needs its room (least recently released first).
+/* Prefix caching (the scheduler's sched-prefix.c): blocks get reference counts, and a full block
+ * whose content is published stays in the cache after its sequences let go of it, addressed by
+ * the hash of its whole token prefix, until a sequence needs its room (least recently released first).
  * zs_kv_prefix_enable switches it on (before or after sequences open; ZS_EINVAL with a window
  * ring, whose blocks are overwritten; ZS_ENOMEM). Without it the functions below find nothing. */
 int zs_kv_prefix_enable(zs_kvcache *kv);
