@@ -98,50 +98,50 @@ __global__ static void argmax_kernel(int32_t *idx, const float *x, int n) {
 
 extern "C" int zs_cuda_gelu(void *out, int odt, const float *x, size_t n, void *stream) {
     if (n == 0) return 0;
-    gelu_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(out, odt, x, n);
+    ZS_LAUNCH(gelu_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, out, odt, x, n);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_swiglu(void *out, int odt, const float *gate, const float *up, size_t n, void *stream) {
     if (n == 0) return 0;
-    swiglu_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(out, odt, gate, up, n);
+    ZS_LAUNCH(swiglu_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, out, odt, gate, up, n);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_geglu(void *out, int odt, const float *gate, const float *up, size_t n, void *stream) {
     if (n == 0) return 0;
-    geglu_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(out, odt, gate, up, n);
+    ZS_LAUNCH(geglu_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, out, odt, gate, up, n);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_softcap(float *x, size_t n, float cap, void *stream) {
     if (!(cap > 0.0f) || isinf(cap)) return zs_cuda_refuse("softcap: cap %g (a positive finite number)", (double)cap);
     if (n == 0) return 0;
-    softcap_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(x, n, cap);
+    ZS_LAUNCH(softcap_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, x, n, cap);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_scale(float *x, size_t n, float s, void *stream) {
     if (n == 0) return 0;
-    scale_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(x, n, s);
+    ZS_LAUNCH(scale_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, x, n, s);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_add(float *y, const float *x, const float *bias, int T, int d, void *stream) {
     size_t n = (size_t)T * d;
     if (n == 0 || (!x && !bias)) return 0;
-    add_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(y, x, bias, d, n);
+    ZS_LAUNCH(add_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, y, x, bias, d, n);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_softmax(float *x, int R, int n, void *stream) {
     if (R <= 0 || n <= 0) return 0;
-    softmax_kernel<<<R, 256, 0, (cudaStream_t)stream>>>(x, n);
+    ZS_LAUNCH(softmax_kernel, R, 256, 0, (cudaStream_t)stream, x, n);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_argmax(int32_t *idx, const float *x, int R, int n, void *stream) {
     if (R <= 0 || n <= 0) return 0;
-    argmax_kernel<<<R, 256, 0, (cudaStream_t)stream>>>(idx, x, n);
+    ZS_LAUNCH(argmax_kernel, R, 256, 0, (cudaStream_t)stream, idx, x, n);
     return zs_launch_ok();
 }

@@ -60,7 +60,7 @@ extern "C" int zs_cuda_kv_store_dt(void *pool, int kvdt, const float *k, int ldk
                                    const int64_t *off, int T, int kvd, void *stream) {
     if (!kv_dt_ok(kvdt)) return zs_cuda_refuse("kv store: cache element type %d (f32, f16 or bf16)", kvdt);
     if (T <= 0) return 0;
-    kv_store_kernel<<<T, 256, 0, (cudaStream_t)stream>>>(pool, kvdt, k, ldk, v, ldv, off, kvd);
+    ZS_LAUNCH(kv_store_kernel, T, 256, 0, (cudaStream_t)stream, pool, kvdt, k, ldk, v, ldv, off, kvd);
     return zs_launch_ok();
 }
 
@@ -168,8 +168,8 @@ template <int R, int GT>
 static void attn_launch(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
                         const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
                         int T, int nh, int nkv, int hd, const att_args &a, int group, int nsub, int only_single) {
-    attn_kernel<R, GT><<<grid, ATT_WARPS * 32, 0, s>>>(out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh, nkv, hd,
-                                                       a.scale, a.cap, a.window, group, nsub, only_single);
+    ZS_LAUNCH((attn_kernel<R, GT>), grid, ATT_WARPS * 32, 0, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T,
+              nh, nkv, hd, a.scale, a.cap, a.window, group, nsub, only_single);
 }
 
 template <int GT>
@@ -219,7 +219,7 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
                   const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale,
                   float cap, int window, int group, int gq, int nsub, int bq, int only_runs) {
     constexpr int C = D / 32; // output columns per lane
-    extern __shared__ float4 tl_smem4[]; // float4: 16-byte alignment for the Q reads
+    ZS_EXTERN_SHARED(float4, tl_smem4); // float4: 16-byte alignment for the Q reads
     float *sQ = (float *)tl_smem4;       // [TL_R][D] query rows, scaled; each warp owns its 8 rows
     float *sK = sQ + TL_R * D;           // [TL_BK][D], column d of key jj at jj*D + (d ^ jj)
     float *sV = sK + TL_BK * D;          // [TL_BK][D]
@@ -376,17 +376,18 @@ static int tiled_launch_w(dim3 grid, cudaStream_t s, void *out, int odt, const f
     size_t smem = tl_smem_bytes(D);
     if (smem > 48 * 1024) {
         // above the default 48 KiB: opt in (per device, so on every call; cheap)
-        cudaError_t e = cudaFuncSetAttribute(attn_tiled_kernel<D, WIN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
+        void (*kfn)(void *, int, const float *, int, const void *, int, const int32_t *, const int32_t *,
+                    const int32_t *, int, int, int, int, float, float, int, int, int, int, int, int) =
+            attn_tiled_kernel<D, WIN>;
+        cudaError_t e = cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) {
             cudaGetLastError();
             return zs_cuda_refuse("attention (tiled): %zu bytes of shared memory for head_dim %d: %s", smem, hd,
                                   cudaGetErrorString(e));
         }
     }
-    attn_tiled_kernel<D, WIN><<<grid, TL_WARPS * 32, smem, s>>>(out, odt, q, ldq, pool, kdt, tables, tab, pos, T, nh,
-                                                                nkv, hd, a.scale, a.cap, a.window, group, gq, nsub,
-                                                                bq, only_runs);
+    ZS_LAUNCH((attn_tiled_kernel<D, WIN>), grid, TL_WARPS * 32, smem, s, out, odt, q, ldq, pool, kdt, tables, tab,
+              pos, T, nh, nkv, hd, a.scale, a.cap, a.window, group, gq, nsub, bq, only_runs);
     return zs_launch_ok();
 }
 

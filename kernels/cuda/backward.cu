@@ -115,7 +115,7 @@ static int colsum(float *dw, float *db, const float *dy, const float *x, const f
                   int T, int d, cudaStream_t s) {
     if (!dw && !db) return 0;
     dim3 blk(32, CR_Y);
-    colsum_kernel<<<(unsigned)((d + 31) / 32), blk, 0, s>>>(dw, db, dy, x, mean, rstd, T, d);
+    ZS_LAUNCH(colsum_kernel, (unsigned)((d + 31) / 32), blk, 0, s, dw, db, dy, x, mean, rstd, T, d);
     return zs_launch_ok();
 }
 
@@ -125,7 +125,7 @@ extern "C" int zs_cuda_rmsnorm_off_bwd(float *dx, float *dw, const float *dy, co
     cudaStream_t s = (cudaStream_t)stream;
     float *st = dw ? stats : NULL;
     if (dw && !stats) return zs_cuda_refuse("rmsnorm_bwd: dw without stats scratch");
-    rmsnorm_bwd_kernel<<<T, norm_threads(d), 0, s>>>(dx, st, dy, x, w, off, T, d, eps);
+    ZS_LAUNCH(rmsnorm_bwd_kernel, T, norm_threads(d), 0, s, dx, st, dy, x, w, off, T, d, eps);
     if (zs_launch_ok() < 0) return -1;
     return colsum(dw, NULL, dy, x, NULL, st ? st + T : NULL, T, d, s);
 }
@@ -141,7 +141,7 @@ extern "C" int zs_cuda_layernorm_bwd(float *dx, float *dw, float *db, const floa
     cudaStream_t s = (cudaStream_t)stream;
     float *st = dw ? stats : NULL;
     if (dw && !stats) return zs_cuda_refuse("layernorm_bwd: dw without stats scratch");
-    layernorm_bwd_kernel<<<T, norm_threads(d), 0, s>>>(dx, st, dy, x, w, T, d, eps);
+    ZS_LAUNCH(layernorm_bwd_kernel, T, norm_threads(d), 0, s, dx, st, dy, x, w, T, d, eps);
     if (zs_launch_ok() < 0) return -1;
     return colsum(dw, db, dy, x, st, st ? st + T : NULL, T, d, s);
 }
@@ -172,8 +172,8 @@ extern "C" int zs_cuda_rope_freq_bwd(float *dx, int T, int ld, int n_heads, int 
     size_t n = (size_t)T * n_heads * (head_dim / 2);
     if (n == 0) return 0;
     if (!inv_freq) return zs_cuda_refuse("rope_bwd: no inv_freq table");
-    rope_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dx, T, ld, n_heads, head_dim, pos, inv_freq,
-                                                                        per_token ? head_dim / 2 : 0, attn_factor);
+    ZS_LAUNCH(rope_bwd_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, dx, T, ld, n_heads, head_dim, pos,
+              inv_freq, per_token ? head_dim / 2 : 0, attn_factor);
     return zs_launch_ok();
 }
 
@@ -238,33 +238,33 @@ __global__ static void add_bwd_kernel(float *dx, const float *dy, size_t n) {
 extern "C" int zs_cuda_swiglu_bwd(float *dgate, float *dup, const float *dy, const float *gate,
                                   const float *up, size_t n, void *stream) {
     if (n == 0) return 0;
-    swiglu_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dgate, dup, dy, gate, up, n);
+    ZS_LAUNCH(swiglu_bwd_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, dgate, dup, dy, gate, up, n);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_gelu_bwd(float *dx, const float *dy, const float *x, size_t n, void *stream) {
     if (n == 0) return 0;
-    gelu_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dx, dy, x, n);
+    ZS_LAUNCH(gelu_bwd_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, dx, dy, x, n);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_geglu_bwd(float *dgate, float *dup, const float *dy, const float *gate,
                                  const float *up, size_t n, void *stream) {
     if (n == 0) return 0;
-    geglu_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dgate, dup, dy, gate, up, n);
+    ZS_LAUNCH(geglu_bwd_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, dgate, dup, dy, gate, up, n);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_softcap_bwd(float *dx, const float *dy, const float *y, size_t n, float cap, void *stream) {
     if (!(cap > 0.0f) || isinf(cap)) return zs_cuda_refuse("softcap_bwd: cap %g (a positive finite number)", (double)cap);
     if (n == 0) return 0;
-    softcap_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dx, dy, y, n, cap);
+    ZS_LAUNCH(softcap_bwd_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, dx, dy, y, n, cap);
     return zs_launch_ok();
 }
 
 extern "C" int zs_cuda_add_bwd(float *dx, const float *dy, size_t n, void *stream) {
     if (n == 0) return 0;
-    add_bwd_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dx, dy, n);
+    ZS_LAUNCH(add_bwd_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, dx, dy, n);
     return zs_launch_ok();
 }
 
@@ -292,7 +292,7 @@ __global__ static void embed_bwd_kernel(float *dtable, const float *dy, const in
 extern "C" int zs_cuda_embed_bwd(float *dtable, const float *dy, const int32_t *ids, int T, int d,
                                  void *stream) {
     if (T <= 0 || d <= 0) return 0;
-    embed_bwd_kernel<<<T, 256, 0, (cudaStream_t)stream>>>(dtable, dy, ids, T, d);
+    ZS_LAUNCH(embed_bwd_kernel, T, 256, 0, (cudaStream_t)stream, dtable, dy, ids, T, d);
     return zs_launch_ok();
 }
 
@@ -349,10 +349,10 @@ extern "C" int zs_cuda_cross_entropy(float *dlogits, float *row_loss, double *lo
                                      const int32_t *targets, int T, int V, float scale, void *stream) {
     cudaStream_t s = (cudaStream_t)stream;
     if (T <= 0 || V <= 0) return 0;
-    xent_kernel<<<T, 1024, 0, s>>>(dlogits, row_loss, logits, targets, V, scale);
+    ZS_LAUNCH(xent_kernel, T, 1024, 0, s, dlogits, row_loss, logits, targets, V, scale);
     if (zs_launch_ok() < 0) return -1;
     if (!loss) return 0;
-    sum_rows_kernel<<<1, 256, 0, s>>>(loss, row_loss, T);
+    ZS_LAUNCH(sum_rows_kernel, 1, 256, 0, s, loss, row_loss, T);
     return zs_launch_ok();
 }
 
@@ -571,12 +571,11 @@ extern "C" int zs_cuda_attention_bwd_ex(float *dq, float *dk, float *dv, const f
     float cap = ap && ap->softcap > 0.0f ? ap->softcap : 0.0f;
     int window = ap && ap->window > 0 ? ap->window : 0;
     if (isinf(cap)) return zs_cuda_refuse("attention_bwd: soft-cap %g (a finite number)", (double)cap);
-    att_bwd_q_kernel<<<(unsigned)((size_t)T * n_heads), 32 * ATT_WARPS, 0, s>>>(dq, stats, dout, q, k, v,
-                                                                                 n_heads, n_kv_heads, hd,
-                                                                                 scale, cap, window);
+    ZS_LAUNCH(att_bwd_q_kernel, (unsigned)((size_t)T * n_heads), 32 * ATT_WARPS, 0, s, dq, stats, dout, q, k, v,
+              n_heads, n_kv_heads, hd, scale, cap, window);
     if (zs_launch_ok() < 0) return -1;
-    att_bwd_kv_kernel<<<(unsigned)((size_t)T * n_kv_heads), 32 * ATT_WARPS, 0, s>>>(
-        dk, dv, stats, dout, q, k, v, T, n_heads, n_kv_heads, hd, scale, cap, window);
+    ZS_LAUNCH(att_bwd_kv_kernel, (unsigned)((size_t)T * n_kv_heads), 32 * ATT_WARPS, 0, s, dk, dv, stats, dout, q,
+              k, v, T, n_heads, n_kv_heads, hd, scale, cap, window);
     return zs_launch_ok();
 }
 

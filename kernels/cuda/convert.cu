@@ -15,7 +15,7 @@ extern "C" int zs_cuda_launch_bf16_to_f32(const unsigned short *src, float *dst,
     if (n == 0) return 0;
     size_t blocks = (n + 255) / 256;
     if (blocks > 65535) blocks = 65535;
-    bf16_to_f32_kernel<<<(unsigned)blocks, 256, 0, (cudaStream_t)stream>>>(src, dst, n);
+    ZS_LAUNCH(bf16_to_f32_kernel, (unsigned)blocks, 256, 0, (cudaStream_t)stream, src, dst, n);
     return zs_launch_ok();
 }
 
@@ -27,7 +27,7 @@ __global__ static void convert_kernel(void *dst, int ddt, const void *src, int s
 
 extern "C" int zs_cuda_convert(void *dst, int ddt, const void *src, int sdt, size_t n, void *stream) {
     if (n == 0) return 0;
-    convert_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(dst, ddt, src, sdt, n);
+    ZS_LAUNCH(convert_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, dst, ddt, src, sdt, n);
     return zs_launch_ok();
 }
 
@@ -47,6 +47,6 @@ extern "C" int zs_cuda_read_probe(const void *src, size_t bytes, unsigned *sink,
     int dev = 0, sms = 132;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    read_probe_kernel<<<(unsigned)sms * 8, 512, 0, (cudaStream_t)stream>>>((const uint4 *)src, n, sink);
+    ZS_LAUNCH(read_probe_kernel, (unsigned)sms * 8, 512, 0, (cudaStream_t)stream, (const uint4 *)src, n, sink);
     return zs_launch_ok();
 }

@@ -24,7 +24,7 @@
 
 #include "tensor.h"
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(ZS_EMU) /* nvcc, or the emulated device of the tests */
 #include <cuda_fp16.h>
 #define ZS_DQ_FN static __device__ __forceinline__
 #define ZS_DQ_HD static __host__ __device__ __forceinline__ /* the sizes: launchers check with them */

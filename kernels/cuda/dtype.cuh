@@ -1,11 +1,21 @@
 // dtype.cuh — shared device helpers of the kernels: loads and stores of f32/f16/bf16 values
 // (dtype codes as zs_dtype: 0 f32, 1 f16, 2 bf16), block reductions, launch checks (the error
-// is read once and kept for zs_cuda_take_error: launch.cu).
+// is read once and kept for zs_cuda_take_error: launch.cu), and the two spellings that differ
+// between nvcc and the emulated device of the tests (tests/gpu/emu/cuda-emu.h, ZS_EMU): every
+// launch goes through ZS_LAUNCH, and dynamic shared memory is declared with ZS_EXTERN_SHARED.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#ifdef ZS_EMU
+#define ZS_LAUNCH(k, grid, block, smem, stream, ...) zs_emu_launch(#k, k, grid, block, smem, stream, __VA_ARGS__)
+#define ZS_EXTERN_SHARED(T, name) T *name = (T *)zs_emu_dyn_smem()
+#else
+#define ZS_LAUNCH(k, grid, block, smem, stream, ...) k<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define ZS_EXTERN_SHARED(T, name) extern __shared__ T name[]
+#endif
 
 enum { ZS_DT_F32 = 0, ZS_DT_F16 = 1, ZS_DT_BF16 = 2 };
 

@@ -33,6 +33,6 @@ extern "C" int zs_cuda_embed(float *out, const void *tok, int tdt, const int32_t
                              int pdt, const int32_t *pos, int T, int d, void *stream) {
     if (T <= 0) return 0;
     if (table_ok("token", tdt, d) < 0 || (pos_tab && table_ok("position", pdt, d) < 0)) return -1;
-    embed_kernel<<<T, 256, 0, (cudaStream_t)stream>>>(out, tok, tdt, ids, pos_tab, pdt, pos, d);
+    ZS_LAUNCH(embed_kernel, T, 256, 0, (cudaStream_t)stream, out, tok, tdt, ids, pos_tab, pdt, pos, d);
     return zs_launch_ok();
 }

@@ -79,7 +79,7 @@ __global__ static void dequant_kernel(void *out, int odt, const uint8_t *__restr
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]); // .x the lower address
-                p[i] = *reinterpret_cast<unsigned *>(&h);
+                memcpy(&p[i], &h, sizeof p[i]);
             }
             reinterpret_cast<uint4 *>(out)[u] = make_uint4(p[0], p[1], p[2], p[3]);
         } else {
@@ -100,13 +100,13 @@ static int check_rows(const char *who, int wdt, int in) {
 
 #define QDISPATCH(wdt, KERNEL, GRID, BLOCK, STREAM, ...)                                              \
     switch (wdt) {                                                                                  \
-    case ZS_Q8_0: KERNEL<ZS_Q8_0><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break;                  \
-    case ZS_Q4_0: KERNEL<ZS_Q4_0><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break;                  \
-    case ZS_Q4_1: KERNEL<ZS_Q4_1><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break;                  \
-    case ZS_Q5_0: KERNEL<ZS_Q5_0><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break;                  \
-    case ZS_Q5_1: KERNEL<ZS_Q5_1><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break;                  \
-    case ZS_Q4_K: KERNEL<ZS_Q4_K><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break;                  \
-    default: KERNEL<ZS_Q6_K><<<GRID, BLOCK, 0, STREAM>>>(__VA_ARGS__); break;                       \
+    case ZS_Q8_0: ZS_LAUNCH(KERNEL<ZS_Q8_0>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
+    case ZS_Q4_0: ZS_LAUNCH(KERNEL<ZS_Q4_0>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
+    case ZS_Q4_1: ZS_LAUNCH(KERNEL<ZS_Q4_1>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
+    case ZS_Q5_0: ZS_LAUNCH(KERNEL<ZS_Q5_0>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
+    case ZS_Q5_1: ZS_LAUNCH(KERNEL<ZS_Q5_1>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
+    case ZS_Q4_K: ZS_LAUNCH(KERNEL<ZS_Q4_K>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
+    default: ZS_LAUNCH(KERNEL<ZS_Q6_K>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;               \
     }
 
 extern "C" int zs_cuda_qgemv(float *y, int ldy, const float *x, int T, int in, const void *W, int wdt, int R,

@@ -48,7 +48,7 @@ static unsigned norm_threads(int d) { return d >= 1024 ? 1024 : d >= 256 ? 256 :
 extern "C" int zs_cuda_rmsnorm_off(void *y, int ydt, const float *x, const float *w, float off,
                                    const int32_t *rows, int R, int d, float eps, void *stream) {
     if (R <= 0) return 0;
-    rmsnorm_kernel<<<R, norm_threads(d), 0, (cudaStream_t)stream>>>(y, ydt, x, w, off, rows, d, eps);
+    ZS_LAUNCH(rmsnorm_kernel, R, norm_threads(d), 0, (cudaStream_t)stream, y, ydt, x, w, off, rows, d, eps);
     return zs_launch_ok();
 }
 
@@ -60,6 +60,6 @@ extern "C" int zs_cuda_rmsnorm(void *y, int ydt, const float *x, const float *w,
 extern "C" int zs_cuda_layernorm(void *y, int ydt, const float *x, const float *w, const float *b,
                                  const int32_t *rows, int R, int d, float eps, void *stream) {
     if (R <= 0) return 0;
-    layernorm_kernel<<<R, norm_threads(d), 0, (cudaStream_t)stream>>>(y, ydt, x, w, b, rows, d, eps);
+    ZS_LAUNCH(layernorm_kernel, R, norm_threads(d), 0, (cudaStream_t)stream, y, ydt, x, w, b, rows, d, eps);
     return zs_launch_ok();
 }

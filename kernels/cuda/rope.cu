@@ -41,8 +41,8 @@ extern "C" int zs_cuda_rope_freq(float *x, int T, int ld, int n_heads, int head_
     size_t n = (size_t)T * n_heads * (head_dim / 2);
     if (n == 0) return 0;
     if (!inv_freq) return zs_cuda_refuse("rope: no inv_freq table");
-    rope_kernel<<<zs_grid(n, 256), 256, 0, (cudaStream_t)stream>>>(x, T, ld, n_heads, head_dim, pos, inv_freq,
-                                                                    per_token ? head_dim / 2 : 0, attn_factor);
+    ZS_LAUNCH(rope_kernel, zs_grid(n, 256), 256, 0, (cudaStream_t)stream, x, T, ld, n_heads, head_dim, pos,
+              inv_freq, per_token ? head_dim / 2 : 0, attn_factor);
     return zs_launch_ok();
 }
 
