@@ -23,6 +23,7 @@ typedef struct zs_comm_ops {
     void (*abort)(zs_comm *c);  /* thread-safe, idempotent */
     void (*free)(zs_comm *c);   /* frees the handle (and the group with the last handle) */
     int (*settle)(zs_comm *c, double timeout_s); /* optional (NULL: nothing is ever left pending) */
+    int (*wait)(zs_comm *c, void *stream);       /* optional (NULL: collectives queue nothing) */
 } zs_comm_ops;
 
 struct zs_comm {

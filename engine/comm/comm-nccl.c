@@ -195,11 +195,11 @@ static int begin(nccl_comm *c, const char *what) {
     return 0;
 }
 
-/* Waits for the internal stream, polling so that an abort or an asynchronous NCCL error ends
- * the wait. */
-static int wait_stream(nccl_comm *c, const char *what) {
+/* Waits for a stream (the internal one, or a caller's with this rank's collectives on it),
+ * polling so that an abort or an asynchronous NCCL error ends the wait. */
+static int wait_on(nccl_comm *c, cudaStream_t s, const char *what) {
     for (unsigned long it = 0;; it++) {
-        cudaError_t e = cudaStreamQuery(c->stream);
+        cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess) return 0;
         if (e != cudaErrorNotReady) return cuda_fail(e, what, c);
         ncclResult_t ar = ncclSuccess;
@@ -261,7 +261,7 @@ static int nccl_barrier(zs_comm *zc) {
     ncclResult_t r =
         nc.ncclAllReduce(c->d_buf + 1, c->d_buf + 1, 1, ncclInt32, ncclSum, c->nc, c->stream);
     if (r != ncclSuccess) return nccl_fail(r, "ncclAllReduce (barrier)", c);
-    return wait_stream(c, "barrier");
+    return wait_on(c, c->stream, "barrier");
 }
 
 static int nccl_agree(zs_comm *zc, int local_status, int *global_status) {
@@ -276,8 +276,29 @@ static int nccl_agree(zs_comm *zc, int local_status, int *global_status) {
     if (r != ncclSuccess) return nccl_fail(r, "ncclAllReduce (agree)", c);
     e = cudaMemcpyAsync(c->h_buf, c->d_buf, sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream);
     if (e != cudaSuccess) return cuda_fail(e, "cudaMemcpyAsync (agree)", c);
-    ZS_CHECK(wait_stream(c, "agree"));
+    ZS_CHECK(wait_on(c, c->stream, "agree"));
     *global_status = (int)*c->h_buf;
+    return 0;
+}
+
+static int nccl_wait(zs_comm *zc, void *stream) {
+    return wait_on((nccl_comm *)zc, (cudaStream_t)stream, "waiting for a collective");
+}
+
+/* After an abort, a collective this rank queued may wait on the device for a peer that gave up:
+ * tearing the rank's communicator down now (ncclCommAbort) ends it, so the stream moves on and
+ * the buffers it uses can be freed. */
+static int nccl_settle(zs_comm *zc, double timeout_s) {
+    (void)timeout_s;
+    nccl_comm *c = (nccl_comm *)zc;
+    if (!atomic_load(&c->g->aborted) || !c->nc) return 0;
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(c->dev);
+    ncclResult_t r = nc.ncclCommAbort(c->nc);
+    if (r != ncclSuccess) zs_log_warn("comm nccl: aborting rank %d: %s", c->base.rank, nc.ncclGetErrorString(r));
+    c->nc = NULL;
+    if (prev >= 0) cudaSetDevice(prev);
     return 0;
 }
 
@@ -330,6 +351,8 @@ static const zs_comm_ops nccl_ops = {
     .agree = nccl_agree,
     .abort = nccl_abort,
     .free = nccl_free,
+    .wait = nccl_wait,
+    .settle = nccl_settle,
 };
 
 /* Per-rank stream and buffers on the rank's device (current device set by the caller). */

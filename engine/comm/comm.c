@@ -97,6 +97,10 @@ void zs_comm_abort(zs_comm *c) {
     if (c && c->ops) c->ops->abort(c);
 }
 
+int zs_comm_wait(zs_comm *c, void *stream) {
+    return c && c->ops && c->ops->wait ? c->ops->wait(c, stream) : 0;
+}
+
 int zs_comm_settle(zs_comm *c, double timeout_s) {
     return c && c->ops && c->ops->settle ? c->ops->settle(c, timeout_s) : 0;
 }

@@ -102,6 +102,11 @@ int zs_comm_broadcast(zs_comm *c, void *buf, size_t bytes, int root, void *strea
  * queued before it on the comm's internal stream; it does not wait for other streams). */
 int zs_comm_barrier(zs_comm *c);
 
+/* Waits until the work queued on stream (this handle's device collectives and what comes
+ * before them) is done, polling, so that zs_comm_abort ends the wait with ZS_ECANCELLED instead
+ * of a hang on a peer that gave up. Host communicators queue nothing: 0 at once. */
+int zs_comm_wait(zs_comm *c, void *stream);
+
 /* Agree on an error: every rank passes its local status (0 or negative; positive counts as 0);
  * every rank gets the minimum (worst) status in *global_status. Returns 0 when the agreement itself worked (then
  * *global_status is set), or a negative code (e.g. ZS_ECANCELLED after an abort). */
@@ -115,8 +120,9 @@ void zs_comm_abort(zs_comm *c);
 /* After an abort: a collective that this handle's caller gave up on may still be under way in
  * the transport (MPI goes on writing its receive buffer when the peers' data arrives late, e.g.
  * over a slow link). Waits up to timeout_s for it to finish. Returns 0 when nothing is pending
- * (always for the in-process and NCCL backends), 1 when it still is (or the cluster is lost):
- * then the buffers of that call must not be freed. Call it from one thread, once no thread
+ * (always for the in-process backend; NCCL tears the aborted rank's communicator down here,
+ * which ends its collectives still queued on a stream), 1 when it still is (or the cluster is
+ * lost): then the buffers of that call must not be freed. Call it from one thread, once no thread
  * uses the handle. */
 int zs_comm_settle(zs_comm *c, double timeout_s);
 

@@ -40,6 +40,7 @@ static void gd_free(void *ctx, void *p) {
     cudaSetDevice(d->id);
     if (ev) {
         cudaEventSynchronize(ev->retired);
+        cudaEventSynchronize(ev->copied); /* a gather that failed after its copy records no ready */
         cudaEventSynchronize(ev->ready);
     } else {
         zs_dev_sync(d);
@@ -51,9 +52,19 @@ static int gd_upload(void *ctx, void *dst, const void *src, size_t bytes) {
     return zs_dev_upload(ctx, dst, src, bytes);
 }
 
+static int gather_q(zs_dev *d, zs_comm *comm, const void *src, int kind, void *full, size_t shard);
+
+/* A gather that fails leaves no copy queued: its source (a read slot, the pinned cpu tier) may be
+ * released or unregistered as soon as the caller hears of the failure. */
 static int gd_gather(void *ctx, zs_comm *comm, const void *src, int kind, void *full, size_t shard) {
     zs_dev *d = ctx;
     ZS_CHECK(zs_dev_set_current(d));
+    int rc = gather_q(d, comm, src, kind, full, shard);
+    if (rc < 0) cudaStreamSynchronize(d->q[ZS_Q_COPY]);
+    return rc;
+}
+
+static int gather_q(zs_dev *d, zs_comm *comm, const void *src, int kind, void *full, size_t shard) {
     zs_dev_bufev *ev = zs_dev_buf_events(d, full);
     if (!ev) return ZS_ENOMEM;
     int rank = zs_comm_rank(comm), n = zs_comm_size(comm);
@@ -68,24 +79,33 @@ static int gd_gather(void *ctx, zs_comm *comm, const void *src, int kind, void *
         } else {
             ZS_CHECK(cu(cudaStreamWaitEvent(cq, ev->retired, 0), d, "cudaStreamWaitEvent"));
             ZS_CHECK(cu(cudaMemcpyAsync(mine, src, shard, cudaMemcpyHostToDevice, cq), d, "shard copy"));
-            ZS_CHECK(cu(cudaEventRecord(ev->copied, cq), d, "cudaEventRecord"));
-            ZS_CHECK(cu(cudaStreamWaitEvent(mq, ev->copied, 0), d, "cudaStreamWaitEvent"));
-            ZS_CHECK(zs_comm_all_gather(comm, mine, full, shard, mq));
-            if (kind == ZS_GSRC_HOST_TRANSIENT)
-                ZS_CHECK(cu(cudaEventSynchronize(ev->copied), d, "shard copy"));
+            int rc = cu(cudaEventRecord(ev->copied, cq), d, "cudaEventRecord");
+            if (rc == 0) rc = cu(cudaStreamWaitEvent(mq, ev->copied, 0), d, "cudaStreamWaitEvent");
+            if (rc == 0) rc = zs_comm_all_gather(comm, mine, full, shard, mq);
+            /* a read slot goes back to the pool when this returns: its copy must be done, also
+             * when the all_gather failed (an abort) */
+            if (kind == ZS_GSRC_HOST_TRANSIENT) {
+                int src = cu(cudaStreamSynchronize(cq), d, "shard copy");
+                if (rc == 0) rc = src;
+            }
+            ZS_CHECK(rc);
         }
         ZS_CHECK(cu(cudaEventRecord(ev->ready, mq), d, "cudaEventRecord"));
         /* the next collective of this communicator (zs_comm_agree) runs on NCCL's internal
-         * stream: wait here so that the ranks' NCCL kernels never run in different orders */
-        return cu(cudaStreamSynchronize(mq), d, "ncclAllGather");
+         * stream: wait here so that the ranks' NCCL kernels never run in different orders; by
+         * polling, so that an abort (a peer that stopped prefetching) ends the wait */
+        return zs_comm_wait(comm, mq);
     }
 
     ZS_CHECK(cu(cudaStreamWaitEvent(cq, ev->retired, 0), d, "cudaStreamWaitEvent"));
     ZS_CHECK(cu(cudaMemcpyAsync(mine, src, shard, cudaMemcpyDefault, cq), d, "shard copy"));
     if (n == 1) {
-        ZS_CHECK(cu(cudaEventRecord(ev->ready, cq), d, "cudaEventRecord"));
-        if (kind == ZS_GSRC_HOST_TRANSIENT) ZS_CHECK(cu(cudaEventSynchronize(ev->ready), d, "shard copy"));
-        return 0;
+        int rc = cu(cudaEventRecord(ev->ready, cq), d, "cudaEventRecord");
+        if (kind == ZS_GSRC_HOST_TRANSIENT) { /* the read slot's copy is done before it goes back */
+            int src = cu(cudaStreamSynchronize(cq), d, "shard copy");
+            if (rc == 0) rc = src;
+        }
+        return rc;
     }
     /* local communicator: every rank's own shard is in place before the addresses go out */
     int rc = cu(cudaStreamSynchronize(cq), d, "shard copy");
