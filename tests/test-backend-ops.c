@@ -33,8 +33,10 @@
  * with scale, soft-cap and window); and what the device trainer (backward-cuda.c) adds: its
  * attention forward (contiguous sequences through the paged store, each kernel) against the CPU's
  * training op, the per-head q/k norm backward, RMSNorm backward with offset 0 equal to the plain
- * one bit for bit, a cross-entropy block with every row masked. Skips (77) without CUDA or without
- * a device. */
+ * one bit for bit, a cross-entropy block with every row masked; and the benchmarks' probes (the
+ * read-bandwidth kernel, a timed upload). On the emulated device (tests/gpu/emu, ZS_EMU_DEVICE set)
+ * the same kernels and paths run with fewer and smaller attention shapes, on device 0 only, and
+ * the 70000-token case is left to a real device. Skips (77) without CUDA or without a device. */
 #include "backend.h"
 #include "common.h"
 #include "testutil.h"
@@ -91,6 +93,9 @@ static void round_to(float *x, size_t n, zs_dtype dt) {
 
 static zs_dev *D;
 static void *S; /* compute stream */
+/* on the emulated device (tests/gpu/emu, ZS_EMU_DEVICE set by it): every kernel and code path,
+ * with fewer and smaller shapes (the threads of a block run as fibers on one core) */
+static int EMU;
 
 /* device copy of host f32 values stored as dt */
 static void *up(const float *x, size_t n, zs_dtype dt) {
@@ -842,11 +847,13 @@ static void test_attention_params(void) {
     int lm[4] = {120, 33, 64, 20}, nm[4] = {40, 1, 1, 20}, l90 = 90, n37 = 37, l300 = 300, l77 = 77, n1 = 1;
     int wins[6] = {1, 5, 16, 40, 1000, 0};
     int heads[4][3] = {{8, 4, 64}, {32, 8, 128}, {12, 2, 64}, {8, 2, 256}};
-    for (int wi = 0; wi < 6; wi++)
+    /* emulated: windows of 1, 16 and longer than the context, each with and without the scale
+     * and soft-cap, over GQA 2 at head_dim 64 and GQA 4 at 256 */
+    for (int wi = 0; wi < 6; wi += EMU ? 2 : 1)
         for (int ci = 0; ci < 2; ci++) {
             if (wins[wi] == 0 && ci == 0) continue; /* nothing to test: the plain cases above */
             zs_cuda_att_params ap = {ci ? 0.0625f : 0.0f, ci ? 0.75f : 0.0f, wins[wi]};
-            for (int hi = 0; hi < 4; hi++) {
+            for (int hi = 0; hi < 4; hi += EMU ? 3 : 1) {
                 int nh = heads[hi][0], nkv = heads[hi][1], hd = heads[hi][2];
                 int f32o = hi > 0; /* the output dtypes once per parameter set */
                 attention_case_p("prefill of 3 sequences", 3, len3, len3, nh, nkv, hd, f32o, &ap);
@@ -854,7 +861,10 @@ static void test_attention_params(void) {
                 attention_case_p("decode, T=1", 1, &l77, &n1, nh, nkv, hd, 1, &ap);
                 attention_case_p("chunk of 37 after 53 cached", 1, &l90, &n37, nh, nkv, hd, 1, &ap);
                 attention_case_p("serving batch", 4, lm, nm, nh, nkv, hd, f32o, &ap);
-                if (hi < 2) attention_case_p("prefill, T=300", 1, &l300, &l300, nh, nkv, hd, 1, &ap);
+                if (hi < 2) {
+                    int lp = EMU ? 100 : l300;
+                    attention_case_p(EMU ? "prefill, T=100" : "prefill, T=300", 1, &lp, &lp, nh, nkv, hd, 1, &ap);
+                }
             }
             attention_kv16_case_p("serving batch", 4, lm, nm, 32, 8, 128, &ap);
             attention_kv16_case_p("chunk of 37 after 53 cached", 1, &l90, &n37, 12, 2, 64, &ap);
@@ -920,7 +930,7 @@ static void test_attention(void) {
      * after 53 cached positions), a prefill of 300 tokens (19 KV pages), and a serving batch
      * (a chunk, two decodes, a short prefill: both kernels in auto) */
     int heads[4][3] = {{8, 8, 64}, {8, 2, 64}, {8, 8, 128}, {32, 8, 128}};
-    for (int i = 0; i < 4; i++) {
+    for (int i = EMU ? 1 : 0; i < 4; i += EMU ? 2 : 1) {
         int nh = heads[i][0], nkv = heads[i][1], hd = heads[i][2];
         int l1 = 77, n1 = 1;
         attention_case("decode, T=1", 1, &l1, &n1, nh, nkv, hd, 0);
@@ -928,13 +938,16 @@ static void test_attention(void) {
         attention_case("prefill, T=37", 1, &l37, &l37, nh, nkv, hd, 0);
         int l90 = 90, n37 = 37;
         attention_case("chunk of 37 after 53 cached", 1, &l90, &n37, nh, nkv, hd, 0);
-        int l300 = 300;
-        attention_case("prefill, T=300", 1, &l300, &l300, nh, nkv, hd, 0);
+        int l300 = EMU ? 100 : 300; /* emulated: 7 KV pages, 4 key tiles */
+        attention_case(EMU ? "prefill, T=100" : "prefill, T=300", 1, &l300, &l300, nh, nkv, hd, 0);
         int lm[4] = {120, 33, 64, 20}, nm[4] = {40, 1, 1, 20};
         attention_case("serving batch", 4, lm, nm, nh, nkv, hd, 0);
     }
-    /* T > 65535 (grid.y's limit, where the token index used to be): 17500 sequences of 4 */
-    {
+    /* T > 65535 (grid.y's limit, where the token index used to be): 17500 sequences of 4 (9 M
+     * threads: a real device only) */
+    if (EMU) {
+        fprintf(stderr, "test-backend-ops: the 70000-token attention case runs on a real device only\n");
+    } else {
         int n = 17500;
         int *l = malloc((size_t)n * sizeof(int));
         for (int i = 0; i < n; i++) l[i] = 4;
@@ -1570,6 +1583,17 @@ static void test_matmul_bwd(void) {
     cublasDestroy(h);
 }
 
+/* the benchmarks' probes (bench-gpu): the read-bandwidth kernel (convert.cu) and a pinned upload,
+ * timed with events; they run and give a positive, finite rate */
+static void test_probes(void) {
+    double g = 0;
+    CHECK(zs_dev_read_gbps(D, (size_t)1 << 20, 2, &g) == 0, "read probe: %s", zs_errmsg());
+    CHECK(g > 0 && isfinite(g), "read probe: %g GB/s", g);
+    g = 0;
+    CHECK(zs_dev_h2d_gbps(D, (size_t)1 << 20, 2, &g) == 0, "upload probe: %s", zs_errmsg());
+    CHECK(g > 0 && isfinite(g), "upload probe: %g GB/s", g);
+}
+
 int main(void) {
     /* the CUDA kernels reproduce the CPU's exact f32-activation path (matmul-q8act.h), not its
      * default 8-bit-activation one */
@@ -1579,6 +1603,8 @@ int main(void) {
         return 77;
     }
     int ndev = zs_backend_cuda_devices();
+    EMU = getenv("ZS_EMU_DEVICE") != NULL;
+    if (EMU) ndev = 1; /* emulated devices are all alike */
     for (int dev = 0; dev < ndev; dev++) {
         char name[256];
         CHECK(zs_backend_cuda_describe(dev, name, sizeof name) == 0, "describe: %s", zs_errmsg());
@@ -1608,6 +1634,7 @@ int main(void) {
         test_matmul_bwd();
         test_train_attention();
         test_train_extra_bwd();
+        test_probes();
         CHECK(zs_dev_sync(D) == 0, "device %d: %s", dev, zs_errmsg());
         zs_dev_free(D);
         D = NULL;
