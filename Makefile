@@ -5,6 +5,7 @@
 #   make demo-model train the demo model (a small Llama on generated stories) into models/demo
 #   make bench      run the benchmarks
 #   make bench-peers  zeroserve against llama.cpp (llama-cpp-python, built once into a cache) on the same GGUF files
+#   make test-gpu-emu  the GPU tests alone, on the emulated device (tests/gpu/emu; needs the CUDA toolkit's headers)
 #   make gpu-kit    build gpu-kit/ for tests/gpu/run.sh on a bare GPU machine (docs/gpu.md: "The GPU check on a lent machine")
 #   make gpu-dry-run  run tests/gpu/run.sh from the kit in a bare Debian chroot with no network (root)
 #   make fuzz       run the libFuzzer harnesses (tests/fuzz/) for FUZZ_TIME seconds each (default 60; clang)
@@ -74,7 +75,7 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-
 LIB_OBJ  += $(BUILD)/gen/playground.o
 ASAN_OBJ += $(BUILD)/asan/gen/playground.o
 
-.PHONY: all deps test test-unit serve demo-model bench bench-peers clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz test-cluster soak
+.PHONY: all deps test test-gpu-emu test-unit serve demo-model bench bench-peers clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz test-cluster soak
 all: deps zeroserve
 
 deps:
@@ -149,7 +150,72 @@ $(BUILD)/asan/tests/%: tests/%.c $(ASAN_TEST_LIB) $(BUILD)/asan/libzs.a
 	@mkdir -p $(dir $@)
 	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) $(TEST_INC) -o $@ $< $(ASAN_TEST_LIB) $(BUILD)/asan/libzs.a $(LDLIBS)
 
-test: all $(TESTS) $(ASAN_TESTS) $(GPU_PROGS) fuzz-build $(BUILD)/tests/cluster/netdelay
+# ---- the emulated device (tests/gpu/emu, tests only): the .cu files built again with the host C++
+# compiler against cuda-emu.h, linked with libzs-emu.so (the CUDA runtime, cuBLAS and NCCL on the
+# CPU) instead of the CUDA runtime, for the GPU tests in `make test` (emu-* and emu-asan-*) and
+# `make test-gpu-emu`. Needs only the toolkit's headers (CUDA=1).
+EMU_DIR   := $(BUILD)/emu
+EMU_SO    := $(EMU_DIR)/libzs-emu.so
+EMU_CC    := $(wildcard tests/gpu/emu/*.cc)
+EMU_CXX   ?= g++
+EMU_CXXFLAGS = -std=c++17 -O2 -g -ffp-contract=off -ftls-model=initial-exec -Wall -Wextra -Wno-unknown-pragmas \
+               -pthread -MMD -MP -I$(CUDA_HOME)/include -Itests/gpu/emu
+EMU_KFLAGS = $(EMU_CXXFLAGS) -x c++ -DZS_EMU=1 -include tests/gpu/emu/cuda-emu.h -I. $(patsubst %,-I%,$(ENGINE_DIRS)) -Ikernels
+EMU_KOBJ  := $(patsubst kernels/cuda/%.cu,$(EMU_DIR)/kernels/%.o,$(CU_SRC))
+EMU_KOBJ_ASAN := $(patsubst kernels/cuda/%.cu,$(EMU_DIR)/asan/kernels/%.o,$(CU_SRC))
+EMU_TEST_NAMES := test-cuda test-backend-ops test-embed test-train-cuda
+EMU_PROGS := $(patsubst %,$(EMU_DIR)/tests/%,$(EMU_TEST_NAMES) e2e-gpu) \
+             $(patsubst %,$(EMU_DIR)/asan/tests/%,$(EMU_TEST_NAMES) e2e-gpu)
+EMU_LIBS  = -L$(EMU_DIR) -lzs-emu -Wl,-rpath,$(abspath $(EMU_DIR)) $(BASE_LDLIBS) -ldl -lstdc++
+
+$(EMU_SO): $(patsubst tests/gpu/emu/%.cc,$(EMU_DIR)/rt/%.o,$(EMU_CC))
+	$(EMU_CXX) -shared -pthread -Wl,-soname,libzs-emu.so -o $@ $^ -ldl
+
+$(EMU_DIR)/rt/%.o: tests/gpu/emu/%.cc | deps
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_CXXFLAGS) -fPIC -c $< -o $@
+
+$(EMU_DIR)/kernels/%.o: kernels/cuda/%.cu | deps
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_KFLAGS) -c $< -o $@
+
+$(EMU_DIR)/asan/kernels/%.o: kernels/cuda/%.cu | deps
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_KFLAGS) $(ASAN_FLAGS) -c $< -o $@
+
+$(EMU_DIR)/libzs.a: $(filter-out $(LIB_CU_OBJ),$(LIB_OBJ)) $(EMU_KOBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(EMU_DIR)/asan/libzs.a: $(filter-out $(LIB_CU_OBJ),$(ASAN_OBJ)) $(EMU_KOBJ_ASAN)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(EMU_DIR)/tests/e2e-gpu: tests/gpu/e2e-gpu.c $(TEST_LIB) $(EMU_DIR)/libzs.a $(EMU_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(ZS_CFLAGS) $(TEST_INC) -o $@ $< $(TEST_LIB) $(EMU_DIR)/libzs.a $(EMU_LIBS)
+
+$(EMU_DIR)/tests/%: tests/%.c $(TEST_LIB) $(EMU_DIR)/libzs.a $(EMU_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(ZS_CFLAGS) $(TEST_INC) -o $@ $< $(TEST_LIB) $(EMU_DIR)/libzs.a $(EMU_LIBS)
+
+$(EMU_DIR)/asan/tests/e2e-gpu: tests/gpu/e2e-gpu.c $(ASAN_TEST_LIB) $(EMU_DIR)/asan/libzs.a $(EMU_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) $(TEST_INC) -o $@ $< $(ASAN_TEST_LIB) $(EMU_DIR)/asan/libzs.a $(EMU_LIBS)
+
+$(EMU_DIR)/asan/tests/%: tests/%.c $(ASAN_TEST_LIB) $(EMU_DIR)/asan/libzs.a $(EMU_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) $(TEST_INC) -o $@ $< $(ASAN_TEST_LIB) $(EMU_DIR)/asan/libzs.a $(EMU_LIBS)
+
+ifeq ($(CUDA),1)
+EMU_ALL := $(EMU_PROGS)
+endif
+
+test-gpu-emu: all $(EMU_ALL)
+	@BUILD=$(BUILD) ONLY=emu sh tests/run-tests.sh
+
+test: all $(TESTS) $(ASAN_TESTS) $(GPU_PROGS) $(EMU_ALL) fuzz-build $(BUILD)/tests/cluster/netdelay
 	@BUILD=$(BUILD) sh tests/run-tests.sh
 
 serve: all
