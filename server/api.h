@@ -94,6 +94,9 @@ typedef struct {
     /* the --config's keys for full fine-tuning jobs (bf16/fp16 precision, fp16 loss scaling,
      * offload_optimizer, sub_group_size, the 16-bit save); copied; NULL: none */
     const zs_zero_opts *train_config;
+    /* speculative decoding (spec.h): NULL or "none", or "ngram" (prompt lookup); the number of
+     * drafts per sequence is sched.spec_tokens (0: chosen from the measured costs) */
+    const char *speculative;
 } zs_server_opts;
 
 typedef struct zs_server zs_server;

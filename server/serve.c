@@ -46,6 +46,7 @@ struct zs_server {
     char errmsg[512];
     zs_engine *engine;
     zs_sched *sched;
+    zs_spec *spec;  /* the scheduler's draft proposer (freed after it) */
     void (*on_loaded)(void *, int);
     void *ud;
 };
@@ -62,6 +63,15 @@ static int load_loras(zs_server *s, zs_engine *e, zs_lora **ls) {
     return 0;
 }
 
+/* The draft proposer that --speculative names (NULL for none). */
+static int open_spec(zs_server *s, zs_spec **out) {
+    const char *k = s->o.speculative;
+    *out = NULL;
+    if (!k || !*k || !strcmp(k, "none")) return 0;
+    if (!strcmp(k, "ngram")) return zs_spec_ngram_new(ZS_SPEC_NGRAM_MIN, ZS_SPEC_NGRAM_MAX, out);
+    return zs_err(ZS_EINVAL, "--speculative %s: none or ngram (a draft model: --draft-model)", k);
+}
+
 static void *loader_main(void *arg) {
     zs_server *s = arg;
     double t0 = zs_now();
@@ -70,8 +80,12 @@ static void *loader_main(void *arg) {
     zs_lora **ls = s->n_loras ? calloc((size_t)s->n_loras, sizeof *ls) : NULL;
     int rc = s->n_loras && !ls ? zs_err(ZS_ENOMEM, "serve: out of memory") : 0;
     if (rc == 0) rc = zs_engine_open(&s->o.engine, &e);
+    zs_spec *spec = NULL;
+    if (rc == 0) rc = open_spec(s, &spec);
     if (rc == 0) {
-        rc = zs_sched_new(e, &s->o.sched, &sc);
+        zs_sched_opts so = s->o.sched;
+        so.spec = spec;
+        rc = zs_sched_new(e, &so, &sc);
         if (rc < 0) zs_err_prefix(rc, "scheduler");
     }
     if (rc == 0) rc = load_loras(s, e, ls); /* before /health says ok */
@@ -87,8 +101,10 @@ static void *loader_main(void *arg) {
     free(ls);
     if (rc < 0) {
         if (sc) zs_sched_free(sc);
+        zs_spec_free(spec);
         if (e) zs_engine_free(e);
         sc = NULL;
+        spec = NULL;
         e = NULL;
     }
     if (rc == 0) zs_api_attach(s->api, e, sc);
@@ -97,6 +113,7 @@ static void *loader_main(void *arg) {
     pthread_mutex_lock(&s->mu);
     s->engine = e;
     s->sched = sc;
+    s->spec = spec;
     s->state = rc == 0 ? 1 : rc;
     if (rc < 0) snprintf(s->errmsg, sizeof s->errmsg, "%s", zs_errmsg()[0] ? zs_errmsg() : zs_strerror(rc));
     pthread_cond_broadcast(&s->cv);
@@ -272,6 +289,7 @@ void zs_server_stop(zs_server *s, double drain_s) {
     /* stop accepting; what is left of the responses gets a moment to flush */
     zs_http_stop(s->http, sc ? 2.0 : 0.5);
     if (s->sched) zs_sched_free(s->sched); /* the last callbacks run here */
+    zs_spec_free(s->spec);
     zs_ftjobs_free(s->ftjobs);
     zs_files_free(s->files);
     zs_api_free(s->api);
@@ -345,8 +363,9 @@ int zs_cmd_serve(int argc, char **argv) {
     ef.ds_uses = ZS_DS_USE_ENGINE | ZS_DS_USE_JOBS; /* fine-tuning jobs: loss scaling, offload_optimizer, the 16-bit save */
     const char *lora_help = NULL; /* --lora is taken out of argv before parsing (repeatable) */
     const char *pooling = "mean";
-    int no_prefix_cache = 0;
-    zs_opt opts[19 + ZS_ENGINE_FLAG_COUNT] = {
+    int no_prefix_cache = 0, spec_tokens = 0;
+    const char *speculative = "none";
+    zs_opt opts[21 + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
         {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\" (default: $ZS_API_KEY, else none)"},
@@ -354,6 +373,10 @@ int zs_cmd_serve(int argc, char **argv) {
         {"max-batch-tokens", ZS_OPT_INT, &max_batch, "tokens per engine step (default 256)"},
         {"max-queue", ZS_OPT_INT, &max_queue, "waiting requests at most; beyond it 429 (default 256)"},
         {"no-prefix-cache", ZS_OPT_FLAG, &no_prefix_cache, "do not keep prompts' KV blocks for later requests with the same prefix"},
+        {"speculative", ZS_OPT_STR, &speculative, "none | ngram: draft tokens verified many per weight pass (ngram: "
+                                                   "prompt lookup; default none)"},
+        {"spec-tokens", ZS_OPT_INT, &spec_tokens, "drafts per sequence and step (default 0: chosen from the measured "
+                                                   "stream and compute times; at most 16)"},
         {"max-body-bytes", ZS_OPT_I64, &max_body, "largest request body (default 8388608)"},
         {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | gemma | phi3 | mistral | plain (default auto)"},
         {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name, or the GGUF file's without .gguf)"},
@@ -365,7 +388,7 @@ int zs_cmd_serve(int argc, char **argv) {
         {"pooling", ZS_OPT_STR, &pooling, "mean | last: how /v1/embeddings pools the final hidden states of an input's "
                                           "tokens (default mean; a request's \"pooling\" overrides it)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 15);
+    int n_opts = zs_engine_flags_table(&ef, opts, 17);
     if (want_help(argc, argv)) {
         zs_cli_usage("serve", "Serves the model over an OpenAI-compatible HTTP API until SIGTERM/SIGINT.", opts,
                      n_opts);
@@ -409,6 +432,12 @@ int zs_cmd_serve(int argc, char **argv) {
     so.sched.max_batch_tokens = max_batch;
     so.sched.max_queue = max_queue;
     so.sched.no_prefix_cache = no_prefix_cache;
+    if (spec_tokens < 0 || spec_tokens > ZS_SPEC_MAX_TOKENS)
+        return zs_err(ZS_ERANGE, "--spec-tokens must be between 0 and %d (got %d)", ZS_SPEC_MAX_TOKENS, spec_tokens);
+    if (strcmp(speculative, "none") && strcmp(speculative, "ngram"))
+        return zs_err(ZS_EINVAL, "--speculative must be none or ngram (got '%s')", speculative);
+    so.sched.spec_tokens = spec_tokens;
+    so.speculative = speculative;
     so.model_name = name;
     so.chat_template = tmpl;
     so.data_dir = data_dir;

@@ -268,82 +268,138 @@ static int apply_top_p(zs_cand *c, double *w, int m, int sorted, float max, doub
 
 /* ---------- sampling ---------- */
 
-int zs_sampler_sample(zs_sampler *s, const float *logits, int *token, float *logprob) {
-    if (!s) return zs_err(ZS_EINVAL, "zs_sampler_sample: sampler is NULL");
-    if (!logits) return zs_err(ZS_EINVAL, "zs_sampler_sample: logits is NULL");
-    if (!token) return zs_err(ZS_EINVAL, "zs_sampler_sample: token is NULL");
+/* The candidates the draw is made from: c[0..m) with unnormalised weights w[0..m) after
+ * temperature, top_k, min_p and top_p (in that order); *lse gets log(sum exp(l - max)) when the
+ * pass yields it for free (else NAN). Only for temperature > 0 and top_k != 1. */
+static int kept_candidates(zs_sampler *s, const float *logits, float max, double *lse) {
+    const zs_sampler_params *p = &s->p;
     const int n = s->n;
+    const double inv_t = 1.0 / (double)p->temperature;
+    zs_cand *c = s->cand;
+    double *w = s->w;
+    int m, sorted;
+    *lse = NAN;
+    if (p->top_k > 0 && p->top_k < n) {
+        select_top_k(logits, n, p->top_k, c);
+        m = p->top_k;
+        sorted = 1;
+    } else {
+        for (int i = 0; i < n; i++) {
+            c[i].logit = logits[i];
+            c[i].id = i;
+        }
+        m = n;
+        sorted = 0;
+    }
+    double sum = 0.0;
+    for (int j = 0; j < m; j++) {
+        w[j] = cand_weight(c[j].logit, max, inv_t);
+        sum += w[j];
+    }
+    if (m == n && p->temperature == 1.0f) *lse = log(sum);
+
+    if (p->min_p > 0.0f) { /* max weight is exactly 1, so the cut is min_p itself */
+        const double cut = (double)p->min_p;
+        int k = 0;
+        for (int j = 0; j < m; j++) {
+            if (w[j] >= cut) {
+                c[k] = c[j];
+                w[k] = w[j];
+                k++;
+            }
+        }
+        m = k; /* k >= 1: the maximum (w == 1) always stays */
+    }
+    if (p->top_p < 1.0f) m = apply_top_p(c, w, m, sorted, max, inv_t, (double)p->top_p);
+    return m;
+}
+
+/* The candidate that the inverse-CDF walk of u in [0, 1) lands on, skipping `skip` (-1: none). */
+static int draw(const zs_sampler *s, int m, double u, int skip, int argmax) {
+    const zs_cand *c = s->cand;
+    const double *w = s->w;
+    double total = 0.0;
+    for (int j = 0; j < m; j++)
+        if (c[j].id != skip) total += w[j];
+    const double r = u * total;
+    double cum = 0.0;
+    int last_pos = -1;
+    for (int j = 0; j < m; j++) {
+        if (w[j] <= 0.0 || c[j].id == skip) continue;
+        cum += w[j];
+        last_pos = j;
+        if (r < cum) return c[j].id;
+    }
+    return last_pos >= 0 ? c[last_pos].id : argmax; /* rounding at the end */
+}
+
+static int check_call(const zs_sampler *s, const float *logits, const int *token, const char *who) {
+    if (!s) return zs_err(ZS_EINVAL, "%s: sampler is NULL", who);
+    if (!logits) return zs_err(ZS_EINVAL, "%s: logits is NULL", who);
+    if (!token) return zs_err(ZS_EINVAL, "%s: token is NULL", who);
+    return 0;
+}
+
+static void set_logprob(const zs_sampler *s, const float *logits, float max, double lse, int tok, float *logprob) {
+    if (!logprob) return;
+    if (isnan(lse)) lse = log_sum_exp_shifted(logits, s->n, max);
+    *logprob = (float)((double)logits[tok] - (double)max - lse);
+}
+
+static int greedy(const zs_sampler *s) { return !(s->p.temperature > 0.0f && s->p.top_k != 1); }
+
+int zs_sampler_sample(zs_sampler *s, const float *logits, int *token, float *logprob) {
+    ZS_CHECK(check_call(s, logits, token, "zs_sampler_sample"));
     float max = 0.0f;
     int argmax = 0;
-    int bad = scan_logits(logits, n, &max, &argmax);
+    int bad = scan_logits(logits, s->n, &max, &argmax);
     if (bad >= 0)
         return zs_err(ZS_EINVAL, "logits[%d] is not finite (%g)", bad, (double)logits[bad]);
 
     const double u = rng_uniform(s->rng); /* exactly one draw per successful call */
-    const zs_sampler_params *p = &s->p;
     int tok = argmax;
-    double lse_known = NAN; /* log(sum exp(l - max)) when a pass below yields it for free */
-
-    if (p->temperature > 0.0f && p->top_k != 1) {
-        const double inv_t = 1.0 / (double)p->temperature;
-        zs_cand *c = s->cand;
-        double *w = s->w;
-        int m, sorted;
-        if (p->top_k > 0 && p->top_k < n) {
-            select_top_k(logits, n, p->top_k, c);
-            m = p->top_k;
-            sorted = 1;
-        } else {
-            for (int i = 0; i < n; i++) {
-                c[i].logit = logits[i];
-                c[i].id = i;
-            }
-            m = n;
-            sorted = 0;
-        }
-        double sum = 0.0;
-        for (int j = 0; j < m; j++) {
-            w[j] = cand_weight(c[j].logit, max, inv_t);
-            sum += w[j];
-        }
-        if (m == n && p->temperature == 1.0f) lse_known = log(sum);
-
-        if (p->min_p > 0.0f) { /* max weight is exactly 1, so the cut is min_p itself */
-            const double cut = (double)p->min_p;
-            int k = 0;
-            for (int j = 0; j < m; j++) {
-                if (w[j] >= cut) {
-                    c[k] = c[j];
-                    w[k] = w[j];
-                    k++;
-                }
-            }
-            m = k; /* k >= 1: the maximum (w == 1) always stays */
-        }
-        if (p->top_p < 1.0f) m = apply_top_p(c, w, m, sorted, max, inv_t, (double)p->top_p);
-
-        double total = 0.0;
-        for (int j = 0; j < m; j++) total += w[j];
-        const double r = u * total;
-        double cum = 0.0;
-        int last_pos = -1;
-        tok = -1;
-        for (int j = 0; j < m; j++) {
-            if (w[j] <= 0.0) continue;
-            cum += w[j];
-            last_pos = j;
-            if (r < cum) {
-                tok = c[j].id;
-                break;
-            }
-        }
-        if (tok < 0) tok = last_pos >= 0 ? c[last_pos].id : argmax; /* rounding at the end */
+    double lse = NAN; /* log(sum exp(l - max)) when a pass below yields it for free */
+    if (!greedy(s)) {
+        int m = kept_candidates(s, logits, max, &lse);
+        tok = draw(s, m, u, -1, argmax);
     }
+    set_logprob(s, logits, max, lse, tok, logprob);
+    *token = tok;
+    return 0;
+}
 
-    if (logprob) {
-        double lse = isnan(lse_known) ? log_sum_exp_shifted(logits, n, max) : lse_known;
-        *logprob = (float)((double)logits[tok] - (double)max - lse);
+int zs_sampler_verify(zs_sampler *s, const float *logits, int draft, int *token, int *accepted, float *logprob) {
+    ZS_CHECK(check_call(s, logits, token, "zs_sampler_verify"));
+    if (!accepted) return zs_err(ZS_EINVAL, "zs_sampler_verify: accepted is NULL");
+    if (draft < 0 || draft >= s->n) return zs_err(ZS_ERANGE, "draft token %d is out of the vocabulary", draft);
+    if (greedy(s)) { /* the argmax with plain decoding's one draw: its bits and its generator */
+        ZS_CHECK(zs_sampler_sample(s, logits, token, logprob));
+        *accepted = *token == draft;
+        return 0;
     }
+    float max = 0.0f;
+    int argmax = 0;
+    int bad = scan_logits(logits, s->n, &max, &argmax);
+    if (bad >= 0)
+        return zs_err(ZS_EINVAL, "logits[%d] is not finite (%g)", bad, (double)logits[bad]);
+    double lse = NAN;
+    int m = kept_candidates(s, logits, max, &lse);
+    double total = 0.0, pd = 0.0;
+    for (int j = 0; j < m; j++) {
+        total += s->w[j];
+        if (s->cand[j].id == draft) pd = s->w[j];
+    }
+    /* q is a point mass on the draft: accept with probability p(draft); else draw from p with the
+     * draft taken out (max(0, p - q) renormalised) */
+    int tok;
+    if (rng_uniform(s->rng) < pd / total) {
+        tok = draft;
+        *accepted = 1;
+    } else {
+        tok = pd < total ? draw(s, m, rng_uniform(s->rng), draft, argmax) : draft;
+        *accepted = tok == draft;
+    }
+    set_logprob(s, logits, max, lse, tok, logprob);
     *token = tok;
     return 0;
 }

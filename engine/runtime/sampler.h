@@ -51,6 +51,16 @@ void zs_sampler_free(zs_sampler *s); /* NULL is fine */
  * index. On error nothing is drawn from the generator. */
 int zs_sampler_sample(zs_sampler *s, const float *logits, int *token, float *logprob);
 
+/* Speculative decoding's acceptance rule for a draft token that a proposer chose
+ * deterministically (prompt lookup, a greedy draft model: q is a point mass on it). With p the
+ * distribution zs_sampler_sample draws from, the draft is accepted with probability p(draft);
+ * otherwise the token is drawn from p with the draft taken out, renormalised (max(0, p - q)).
+ * The token is then distributed exactly as zs_sampler_sample's (Leviathan et al. 2023). Greedy
+ * (temperature 0, top_k 1): exactly zs_sampler_sample (the argmax, one draw), accepted when it is
+ * the draft. Otherwise one draw when accepted, two when not. *accepted: *token is the draft. */
+int zs_sampler_verify(zs_sampler *s, const float *logits, int draft, int *token, int *accepted,
+                      float *logprob);
+
 /* The k most likely tokens with their log-softmax values, descending, ties by lower id.
  * 0 <= k <= min(20, vocab_size); ids and logprobs hold k entries (may be NULL when k == 0). */
 int zs_sampler_top_logprobs(const float *logits, int vocab_size, int k, int *ids,

@@ -109,7 +109,8 @@ void zs_sched_con_masks(int vocab, zs_request *const *rows, const float *logits,
     int n = 0;
     for (int l = 0; l < n_rows; l++) {
         zs_request *r = rows[l];
-        if (!r->has_con || r->phase != PH_VALUE) continue;
+        /* a request's first row only: its draft rows come after tokens not yet chosen */
+        if (!r->has_con || r->phase != PH_VALUE || (l > 0 && rows[l - 1] == r)) continue;
         req[n] = r;
         lg[n] = logits + (size_t)l * vocab;
         if (++n == 64) {
@@ -124,17 +125,36 @@ void zs_sched_con_masks(int vocab, zs_request *const *rows, const float *logits,
     } /* a single one is computed where it is sampled */
 }
 
-/* A constrained request's next token: forced, or sampled under the grammar's mask. *used: the
- * logits it was sampled from (the masked ones in the value phase). *end: the request ends after
- * this token. 0 or an error code. */
-int zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int *tok, float *lp,
-                        const float **used, int *end) {
+int zs_sched_con_forced(const zs_request *r, int32_t *out, int k) {
+    if (!r->has_con || (r->phase != PH_PREFIX && r->phase != PH_SUFFIX)) return 0;
+    const int32_t *ids = r->phase == PH_PREFIX ? r->con.prefix : r->con.suffix;
+    int n = (r->phase == PH_PREFIX ? r->con.n_prefix : r->con.n_suffix) - r->forced_i;
+    n = ZS_MIN(n, k);
+    memcpy(out, ids + r->forced_i, (size_t)ZS_MAX(n, 0) * sizeof *out);
+    return ZS_MAX(n, 0);
+}
+
+/* Samples tok from logits, or with a draft (>= 0) verifies it (zs_sampler_verify). */
+static int pick(zs_request *r, const float *logits, int32_t draft, int *tok, int *accepted, float *lp) {
+    float *want = r->top_logprobs >= 0 ? lp : NULL;
+    *accepted = 0;
+    if (draft < 0) return zs_sampler_sample(r->smp, logits, tok, want);
+    return zs_sampler_verify(r->smp, logits, draft, tok, accepted, want);
+}
+
+/* A constrained request's next token: forced, or sampled under the grammar's mask (a draft is
+ * verified under it). *accepted: the token is draft. *used: the logits it was sampled from (the
+ * masked ones in the value phase). *end: the request ends after this token. 0 or an error. */
+int zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int32_t draft, int *tok,
+                        int *accepted, float *lp, const float **used, int *end) {
     *end = 0;
     *used = logits;
+    *accepted = 0;
     if (r->phase == PH_PREFIX || r->phase == PH_SUFFIX) {
         const int32_t *ids = r->phase == PH_PREFIX ? r->con.prefix : r->con.suffix;
         int n = r->phase == PH_PREFIX ? r->con.n_prefix : r->con.n_suffix;
         *tok = ids[r->forced_i++];
+        *accepted = *tok == draft;
         if (r->top_logprobs >= 0) *lp = logprob_of(logits, s->vocab, *tok);
         if (r->forced_i >= n) {
             if (r->phase == PH_SUFFIX) *end = 1;
@@ -145,7 +165,7 @@ int zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int *to
         return 0;
     }
     if (r->phase == PH_TRIGGER) {
-        int rc = zs_sampler_sample(r->smp, logits, tok, r->top_logprobs >= 0 ? lp : NULL);
+        int rc = pick(r, logits, draft, tok, accepted, lp);
         if (rc < 0) return rc;
         tail_push(s, r, *tok);
         if (strstr(r->tail, r->con.trigger)) enter(r);
@@ -156,7 +176,7 @@ int zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int *to
     if (allowed == 0) allowed = mask(s->vocab, r, logits);
     if (allowed <= 0) return zs_err(ZS_EINVAL, "response_format: the grammar allows no token here (nesting too deep)");
     *used = r->masked;
-    int rc = zs_sampler_sample(r->smp, r->masked, tok, r->top_logprobs >= 0 ? lp : NULL);
+    int rc = pick(r, r->masked, draft, tok, accepted, lp);
     if (rc < 0) return rc;
     pthread_mutex_lock(&s->mu);
     s->st.constrained_tokens++;

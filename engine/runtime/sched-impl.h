@@ -1,9 +1,10 @@
 /* sched-impl.h — the scheduler's insides, shared by its rooms: sched.c (the loop: admission,
  * batches, steps), sched-submit.c (a request from its parameters), sched-req.c (a request's end:
- * finish, free, counters), sched-sample.c, sched-constrain.c, sched-embed.c, sched-prefix.c and
- * sched-idle.c. Not a public header. The rooms form a DAG: sched.c calls them; sched-submit calls
- * sched-constrain, sched-embed, sched-prefix and sched-req; sched-sample calls sched-constrain and
- * sched-req; sched-embed calls sched-req; the rest call no other room (none calls sched.c).
+ * finish, free, counters), sched-sample.c, sched-constrain.c, sched-embed.c, sched-prefix.c,
+ * sched-idle.c and sched-spec.c. Not a public header. The rooms form a DAG: sched.c calls them;
+ * sched-submit calls sched-constrain, sched-embed, sched-prefix and sched-req; sched-sample calls
+ * sched-constrain and sched-req; sched-embed calls sched-req; sched-spec calls sched-constrain;
+ * the rest call no other room (none calls sched.c).
  * Thread-safety: fields marked "mu" are guarded by zs_sched.mu; the rest belong to the engine
  * thread once the request is submitted (set before that by zs_sched_submit). */
 #ifndef ZS_SCHED_IMPL_H
@@ -20,7 +21,7 @@ enum { RQ_WAITING = 0, RQ_RUNNING = 1 };
 enum { PH_TRIGGER = 0, PH_PREFIX = 1, PH_VALUE = 2, PH_SUFFIX = 3 };
 
 struct zs_request {
-    int32_t *prompt;                      /* a copy of the prompt's token ids */
+    int32_t *prompt;                      /* the prompt's token ids, then the generated ones (room for max_tokens) */
     int n_prompt;                         /* prompt tokens */
     int max_tokens;                       /* tokens to generate at most (0 for embed) */
     int top_logprobs;                     /* -1: none; else alternatives reported per token */
@@ -57,6 +58,10 @@ struct zs_request {
     int n_done;                           /* prompt tokens computed (or taken from the cache) */
     int n_gen;                            /* tokens generated */
     int32_t last_tok;                     /* the token the next decode row feeds */
+    int32_t draft[ZS_SPEC_MAX_TOKENS];    /* this step's drafts after last_tok (sched-spec.c) */
+    int n_draft;                          /* how many are in the step */
+    int n_forced;                         /* of those, the leading ones forced by the constraint */
+    double acc_hits, acc_trials;          /* drafts accepted and tried, decayed: its acceptance rate */
     double t_submit;                      /* zs_now() at submit (time to first token) */
     double t_last;                        /* zs_now() at the last token (inter-token latency) */
     struct zs_request *next;              /* inbox / waiting queue */
@@ -70,7 +75,8 @@ typedef struct {
     zs_request **row_req;                 /* the request of each logits row */
     const zs_lora **lora;                 /* the adapter of each token row (zs_batch.lora) */
     float *hidden;                        /* final-normed rows [max_batch, dim] (zs_batch.hidden) */
-    float *logits;                        /* logits rows [per_rank, vocab] */
+    float *logits;                        /* logits rows [logit_rows, vocab] */
+    int logit_rows;                       /* decode tokens and drafts of a step at most */
     zs_request **running;                 /* the running requests, in admission order [per_rank] */
     int n_running;                        /* how many */
 } zs_sched_rank;
@@ -106,6 +112,13 @@ struct zs_sched {
     zs_request *waiting, *waiting_tail;   /* taken from the inbox, not yet admitted */
     zs_sched_rank *rb;                    /* per rank */
     zs_sched_stats st;                    /* mu: the counters (queued/running/gather filled on read) */
+    zs_spec *spec;                        /* the draft proposer, or NULL (borrowed) */
+    int spec_tokens;                      /* zs_sched_opts.spec_tokens */
+    int spec_on;                          /* drafts may be put in steps (a proposer, or constraints) */
+    double cost_io, cost_tok;             /* sched-spec.c: a pass's stream time, compute per token (s) */
+    double spec_logged_k;                 /* the last drafts-per-sequence figure logged */
+    zs_spec_req *spec_reqs;               /* scratch [max_seqs] */
+    int32_t *spec_buf;                    /* scratch [max_seqs * ZS_SPEC_MAX_TOKENS] */
     int32_t top_ids[20];                  /* sampling scratch: top logprobs of a token */
     float top_lps[20];                    /* idem */
 };
@@ -121,15 +134,20 @@ void zs_sreq_finish(zs_sched *s, zs_request *r, int reason, const char *text, si
 void zs_sreq_count_token(zs_sched *s, zs_request *r);  /* a generated token: latency, counters */
 void zs_sreq_stats_init(zs_sched_stats *st);           /* the latency histograms' bounds */
 
-/* sched-sample.c: one logits row of a request: its token, text, stop strings, end. */
-void zs_sched_sample(zs_sched *s, zs_request *r, const float *logits);
+/* sched-sample.c: one logits row of a request: its token (verifying draft when >= 0), text, stop
+ * strings, end. Returns 1 when r goes on and its token is draft (the next row is valid), 0 when
+ * it goes on otherwise, -1 when r has ended (it is freed). */
+int  zs_sched_sample(zs_sched *s, zs_request *r, const float *logits, int32_t draft);
 
 /* sched-constrain.c: constrained decoding (the grammar's masks, forced tokens, the trigger). */
 int  zs_sched_con_check(zs_sched *s, const zs_req_params *p);                /* at submit */
 int  zs_sched_con_init(zs_sched *s, zs_request *r, const zs_req_constraint *c);
 void zs_sched_con_masks(int vocab, zs_request *const *rows, const float *logits, int n_rows);
-int  zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int *tok, float *lp,
-                         const float **used, int *end);
+int  zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int32_t draft, int *tok,
+                         int *accepted, float *lp, const float **used, int *end);
+/* The tokens the constraint forces next, up to k (the prefix or suffix still to come): drafts that
+ * verification always accepts (jump-forward). */
+int  zs_sched_con_forced(const zs_request *r, int32_t *out, int k);
 
 /* sched-embed.c: embedding requests' pooling. */
 int  zs_sched_embed_check(zs_sched *s, const zs_req_params *p);              /* at submit */
@@ -140,6 +158,18 @@ void zs_sched_embed_finish(zs_sched *s, zs_request *r);
 /* sched-prefix.c: the prefix cache's keys and publishing. */
 int  zs_sched_prefix_hash(zs_sched *s, zs_request *r, const zs_req_params *p);  /* at submit */
 void zs_sched_prefix_publish(zs_sched *s, int rank);                         /* after a step */
+
+/* sched-spec.c: speculative decoding's plan and counters. */
+int  zs_sched_spec_init(zs_sched *s, const zs_sched_opts *o);
+/* Chooses this step's drafts of the running decode requests of every rank, given the tokens each
+ * rank's batch has without them (base[i]); each rank's drafts fit in room[i]. */
+void zs_sched_spec_plan(zs_sched *s, const int *base, const int *room);
+/* A request's rows were verified: drafted of its drafts were in the step, accepted of them held
+ * (r NULL when it ended meanwhile). */
+void zs_sched_spec_verified(zs_sched *s, zs_request *r, int drafted, int forced, int accepted);
+/* A step ran: its tokens (the largest rank's), seconds, and the gather's stall in it; gen the
+ * tokens it generated. */
+void zs_sched_spec_step(zs_sched *s, int tokens, double seconds, double stall_s, int gen);
 
 /* sched-idle.c: background jobs (zs_sched_run_idle). Under mu. */
 int  zs_sched_idle_run_next(zs_sched *s);      /* engine thread: runs one job; 1 if it did */

@@ -5,7 +5,9 @@
  * (unless ignore_eos; end ids are a chat template's end-of-turn tokens, so that a model whose
  * generation_config lists only <eos> still stops at the end of its turn), a stop string, the
  * grammar done, or max_tokens. At a normal end the held-back text is flushed through the stop
- * strings and handed to on_done. Engine thread. */
+ * strings and handed to on_done. A row that verifies a draft token takes the speculative rule
+ * (zs_sampler_verify): the draft is accepted or the token is drawn so that its distribution is
+ * the target's; greedy, the argmax as plain decoding picks it. Engine thread. */
 #include <string.h>
 
 #include "common.h"
@@ -31,33 +33,36 @@ static void end(zs_sched *s, zs_request *r, int reason) {
 
 static void fail(zs_sched *s, zs_request *r, int rc) { zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, rc, zs_errmsg()); }
 
-void zs_sched_sample(zs_sched *s, zs_request *r, const float *logits) {
+int zs_sched_sample(zs_sched *s, zs_request *r, const float *logits, int32_t draft) {
     zs_tokenizer *tk = zs_engine_tokenizer(s->e);
-    int tok;
+    int tok, accepted = 0;
     float lp = 0;
     int con_end = 0, constrained = r->has_con && r->phase != PH_TRIGGER;
     int rc;
     if (r->has_con) {
-        rc = zs_sched_con_sample(s, r, logits, &tok, &lp, &logits, &con_end);
+        rc = zs_sched_con_sample(s, r, logits, draft, &tok, &accepted, &lp, &logits, &con_end);
         /* an EOS the grammar allowed: the value is complete, the EOS is not output */
         if (rc == 0 && con_end && constrained && r->phase == PH_VALUE && zs_tokenizer_is_eos(tk, tok)) {
             end(s, r, ZS_DONE_STOP);
-            return;
+            return -1;
         }
+    } else if (draft >= 0) {
+        rc = zs_sampler_verify(r->smp, logits, draft, &tok, &accepted, r->top_logprobs >= 0 ? &lp : NULL);
     } else {
         rc = zs_sampler_sample(r->smp, logits, &tok, r->top_logprobs >= 0 ? &lp : NULL);
     }
     if (rc < 0) {
         fail(s, r, rc);
-        return;
+        return -1;
     }
     zs_sreq_count_token(s, r);
     int eos = zs_tokenizer_is_eos(tk, tok);
     for (int i = 0; i < r->n_end_ids && !eos; i++) eos = tok == r->end_ids[i];
     if (!r->ignore_eos && eos && !constrained) {
         end(s, r, ZS_DONE_STOP);
-        return;
+        return -1;
     }
+    r->prompt[r->n_prompt + r->n_gen] = tok;
     r->n_gen++;
     char txt[512], out[1024];
     size_t n = 0, m = 0;
@@ -71,13 +76,23 @@ void zs_sched_sample(zs_sched *s, zs_request *r, const float *logits) {
     }
     if (rc < 0) {
         fail(s, r, rc);
-        return;
+        return -1;
     }
     int k = r->top_logprobs > 0 ? r->top_logprobs : 0;
     if (k > 0 && zs_sampler_top_logprobs(logits, s->vocab, k, s->top_ids, s->top_lps) < 0) k = 0;
     r->sink.on_token(r->sink.ud, tok, out, m, lp, s->top_ids, s->top_lps, k);
-    if (stopped) zs_sreq_finish(s, r, ZS_DONE_STOP, "", 0, 0, NULL); /* the rest is cut off */
-    else if (con_end) end(s, r, ZS_DONE_STOP);
-    else if (r->n_gen >= r->max_tokens) end(s, r, ZS_DONE_LENGTH);
-    else r->last_tok = tok;
+    if (stopped) {
+        zs_sreq_finish(s, r, ZS_DONE_STOP, "", 0, 0, NULL); /* the rest is cut off */
+        return -1;
+    }
+    if (con_end) {
+        end(s, r, ZS_DONE_STOP);
+        return -1;
+    }
+    if (r->n_gen >= r->max_tokens) {
+        end(s, r, ZS_DONE_LENGTH);
+        return -1;
+    }
+    r->last_tok = tok;
+    return accepted ? 1 : 0;
 }

@@ -44,7 +44,8 @@ static int req_new(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink,
     zs_request *r = calloc(1, sizeof *r);
     if (!r) return zs_err(ZS_ENOMEM, "out of memory");
     int rc = 0;
-    r->prompt = malloc((size_t)p->n_prompt * sizeof(int32_t));
+    /* the generated tokens follow the prompt (the prompt lookup proposer reads both) */
+    r->prompt = malloc(((size_t)p->n_prompt + (p->embed ? 0 : (size_t)p->max_tokens)) * sizeof(int32_t));
     if (!r->prompt) rc = zs_err(ZS_ENOMEM, "out of memory");
     if (rc == 0) {
         memcpy(r->prompt, p->prompt, (size_t)p->n_prompt * sizeof(int32_t));

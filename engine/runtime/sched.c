@@ -78,24 +78,49 @@ static void admit(zs_sched *s) {
     }
 }
 
-/* Builds every rank's batch; returns the total token count. */
+/* Builds every rank's batch; returns the total token count. Per rank: each decoding sequence's
+ * token, then its drafts (sched-spec.c chooses them in the room the decode tokens and the prompt
+ * chunks leave), then prompt chunks, oldest first, up to the token budget. */
 static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
     int total = 0;
+    int base[s->nranks], room[s->nranks];
+    for (int i = 0; i < s->nranks; i++) {
+        zs_sched_rank *b = &s->rb[i];
+        int dec = 0, prompt = 0, finals = 0;
+        for (int j = 0; j < b->n_running; j++) {
+            zs_request *r = b->running[j];
+            if (r->n_done >= r->n_prompt) dec++;
+        }
+        dec = ZS_MIN(dec, s->max_batch);
+        for (int j = 0; j < b->n_running && dec + prompt < s->max_batch; j++) {
+            zs_request *r = b->running[j];
+            if (r->n_done >= r->n_prompt) continue;
+            int c = ZS_MIN(r->n_prompt - r->n_done, s->max_batch - dec - prompt);
+            prompt += c;
+            finals += r->n_done + c == r->n_prompt && !r->embed;
+        }
+        base[i] = dec + prompt;
+        room[i] = ZS_MIN(s->max_batch - base[i], b->logit_rows - dec - finals);
+    }
+    if (s->spec_on) zs_sched_spec_plan(s, base, room);
     for (int i = 0; i < s->nranks; i++) {
         zs_sched_rank *b = &s->rb[i];
         int n = 0, nl = 0, any_lora = 0, any_embed = 0;
-        /* decode tokens first, so running sequences always advance */
+        /* decode tokens first, so running sequences always advance; each with its drafts */
         for (int j = 0; j < b->n_running && n < s->max_batch; j++) {
             zs_request *r = b->running[j];
             if (r->n_done < r->n_prompt) continue;
-            b->tok[n] = r->last_tok;
-            b->pos[n] = r->n_prompt + r->n_gen - 1;
-            b->seq[n] = r->seq;
-            b->lidx[n] = nl;
-            b->lora[n] = r->lora;
+            int nd = s->spec_on ? r->n_draft : 0;
+            for (int d = 0; d <= nd; d++) {
+                b->tok[n] = d == 0 ? r->last_tok : r->draft[d - 1];
+                b->pos[n] = r->n_prompt + r->n_gen - 1 + d;
+                b->seq[n] = r->seq;
+                b->lidx[n] = nl;
+                b->lora[n] = r->lora;
+                b->row_req[nl++] = r;
+                n++;
+            }
             any_lora |= r->lora != NULL;
-            b->row_req[nl++] = r;
-            n++;
         }
         /* then prompt chunks, oldest first, up to the token budget */
         for (int j = 0; j < b->n_running && n < s->max_batch; j++) {
@@ -208,7 +233,21 @@ static void step_done(zs_sched *s, int i, const zs_batch *bt) {
         pthread_mutex_unlock(&s->mu);
     }
     zs_sched_con_masks(s->vocab, b->row_req, b->logits, bt->n_logits);
-    for (int l = 0; l < bt->n_logits; l++) zs_sched_sample(s, b->row_req[l], b->logits + (size_t)l * s->vocab);
+    /* each request's rows in order: its decode row, then one per draft while the drafts hold */
+    for (int l = 0; l < bt->n_logits;) {
+        zs_request *r = b->row_req[l];
+        int nd = 0;
+        while (l + nd + 1 < bt->n_logits && b->row_req[l + nd + 1] == r) nd++;
+        int forced = r->n_forced, held = 0;
+        for (int d = 0; d <= nd; d++) {
+            int v = zs_sched_sample(s, r, b->logits + (size_t)(l + d) * s->vocab, d < nd ? r->draft[d] : -1);
+            if (v < 0) r = NULL; /* it ended (and is freed) */
+            if (v != 1) break;
+            held++;
+        }
+        if (nd > 0) zs_sched_spec_verified(s, r, nd, forced, held);
+        l += nd + 1;
+    }
     /* embedding requests whose last token was in this step end with their vector */
     for (int j = b->n_running - 1; j >= 0; j--) {
         zs_request *r = b->running[j];
@@ -247,10 +286,19 @@ static void *engine_main(void *arg) {
         admit(s);
         publish_kv(s);
         if (build_batches(s, bs, lg) == 0) continue;
+        zs_gather_stats g0, g1;
+        zs_world_stats(s->w, &g0);
+        uint64_t gen0 = s->st.generated_tokens; /* written by this thread only */
+        double t0 = zs_now();
         int rc = zs_world_step(s->w, bs, lg);
+        double dt = zs_now() - t0;
+        zs_world_stats(s->w, &g1);
         if (rc < 0) step_failed(s, bs, rc);
         else
             for (int i = 0; i < s->nranks; i++) step_done(s, i, &bs[i]);
+        int most = 0;
+        for (int i = 0; i < s->nranks; i++) most = ZS_MAX(most, bs[i].n);
+        zs_sched_spec_step(s, most, dt, g1.stall_s - g0.stall_s, rc < 0 ? 0 : (int)(s->st.generated_tokens - gen0));
         pthread_mutex_lock(&s->mu);
         s->st.steps++;
         pthread_mutex_unlock(&s->mu);
@@ -279,6 +327,14 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
     for (int i = 0; i < s->nranks; i++) s->st.kv_total += zs_kv_total_blocks(zs_world_kv(s->w, i));
     if (s->max_batch < s->per_rank) s->per_rank = s->max_batch; /* one decode token each */
     s->prefix = !(o && o->no_prefix_cache);
+    if (zs_sched_spec_init(s, o) < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", zs_errmsg());
+        free(s->spec_reqs);
+        free(s->spec_buf);
+        free(s);
+        return zs_err(ZS_ERANGE, "%s", msg);
+    }
     for (int i = 0; s->prefix && i < s->nranks; i++)
         if (zs_kv_prefix_enable(zs_world_kv(s->w, i)) < 0) {
             zs_log_info("prefix cache off: %s", zs_errmsg());
@@ -295,7 +351,9 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
         zs_sched_rank *b = &s->rb[i];
         b->tok = malloc((size_t)s->max_batch * sizeof(int32_t) * 4);
         b->row_req = calloc((size_t)s->max_batch + 1, sizeof(zs_request *));
-        b->logits = malloc((size_t)s->per_rank * (size_t)s->vocab * sizeof(float));
+        /* a logits row per decode token and per draft: room for 64 drafts a step beyond them */
+        b->logit_rows = ZS_MIN(s->max_batch, s->per_rank + 64);
+        b->logits = malloc((size_t)b->logit_rows * (size_t)s->vocab * sizeof(float));
         b->running = calloc((size_t)s->per_rank, sizeof(zs_request *));
         b->lora = calloc((size_t)s->max_batch, sizeof(const zs_lora *));
         b->hidden = malloc((size_t)s->max_batch * (size_t)s->dim * sizeof(float));
@@ -407,6 +465,8 @@ void zs_sched_free(zs_sched *s) {
         free(s->rb[i].hidden);
     }
     free(s->rb);
+    free(s->spec_reqs);
+    free(s->spec_buf);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->cv_idle);

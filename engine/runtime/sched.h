@@ -1,7 +1,8 @@
 /* sched.h — the request scheduler (DESIGN.md §4): generation and embedding requests queued and
  * run by continuous batching on one engine thread, with cancellation, idle jobs (fine-tuning
- * steps) and the counters behind /metrics. The how is in the .c files: sched.c (the loop),
- * sched-submit.c, sched-sample.c, sched-constrain.c, sched-embed.c, sched-prefix.c, sched-idle.c.
+ * steps), speculative decoding and the counters behind /metrics. The how is in the .c files:
+ * sched.c (the loop), sched-submit.c, sched-sample.c, sched-constrain.c, sched-embed.c,
+ * sched-prefix.c, sched-idle.c, sched-spec.c.
  * Ownership: submit copies the prompt and stop strings; lora and the constraint (and all it
  * points to) are borrowed until on_done has returned, and so is the zs_request handle valid.
  * Thread-safety: submit, cancel, drain, fail_lora, run_idle (not from the engine thread) and
@@ -15,6 +16,7 @@
 #include "engine.h"
 #include "jsonschema.h"
 #include "sampler.h"
+#include "spec.h"
 
 enum { ZS_POOL_MEAN = 0, ZS_POOL_LAST = 1 };                 /* zs_req_params.pooling */
 enum { ZS_DONE_STOP = 0, ZS_DONE_LENGTH = 1, ZS_DONE_CANCELLED = 2, ZS_DONE_ERROR = 3 };  /* finish */
@@ -26,6 +28,10 @@ typedef struct {
     int max_batch_tokens;  /* tokens per engine step (default 256) */
     int max_queue;         /* waiting requests at most; beyond it submit returns ZS_EBUSY (default 256) */
     int no_prefix_cache;   /* 1: no prefix caching (on by default; sched-prefix.c) */
+    zs_spec *spec;         /* a proposer of draft tokens (spec.h), or NULL: no speculation; borrowed */
+    int spec_tokens;       /* drafts per sequence and step: 0 chosen from measured costs, N at most N */
+    int no_drafts;         /* 1: one token per sequence and step, also for a constraint's forced
+                              tokens (plain decoding: what the tests compare speculation with) */
 } zs_sched_opts;
 
 /* Constrained decoding (structured outputs, tool calls; sched-constrain.c): a trigger text, then
@@ -92,6 +98,14 @@ typedef struct {
     uint64_t itl_counts[ZS_SCHED_LAT_BUCKETS], itl_count;
     double itl_sum;
     zs_gather_stats gather;          /* bytes per tier, stall, depth, live bytes */
+    /* speculative decoding (sched-spec.c): draft tokens put into steps and accepted, forced
+     * tokens fed as drafts (jump-forward), verifications by accepted drafts, drafts per sequence
+     * chosen for the last step, and tokens generated per step that generated any (EWMA) */
+    uint64_t spec_drafted, spec_accepted, spec_forced;
+    uint64_t spec_accept_hist[ZS_SPEC_MAX_TOKENS + 1];
+    double spec_k;
+    double tokens_per_pass;
+    uint64_t passes, pass_tokens;    /* steps that generated tokens, and the tokens they generated */
 } zs_sched_stats;
 
 int  zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out);  /* starts the engine thread */

@@ -86,6 +86,11 @@ int zs_stop_push(zs_stop *s, const char *text, size_t len, char *out, size_t cap
     }
     size_t L;
     if (zs_add_size(s->held, len, &L)) return zs_err(ZS_ERANGE, "stop: text too long");
+    if (L == 0) { /* nothing held and an empty piece (a token whose text is still incomplete) */
+        *n_out = 0;
+        *stopped = 0;
+        return 0;
+    }
     if (L > s->bufcap) {
         size_t nc = s->bufcap ? s->bufcap : 512;
         while (nc < L) nc = nc > SIZE_MAX / 2 ? L : nc * 2;

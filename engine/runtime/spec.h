@@ -1,0 +1,50 @@
+/* spec.h — proposers of draft tokens for speculative decoding: the scheduler asks one for up to k
+ * tokens per running sequence before a step, puts them in the step after the sequence's decode
+ * token, and verifies them from the step's logits (sched-spec.c, sched-sample.c).
+ * Proposers choose their drafts deterministically (the verification rule assumes it:
+ * zs_sampler_verify). Two kinds: prompt lookup (spec-ngram.c: n-grams of the prompt and the text
+ * so far) and a draft model (spec-draft.c: a small resident model with its own KV cache).
+ * Ownership: the scheduler borrows a proposer; its creator frees it after the scheduler.
+ * Thread-safety: one thread (the scheduler's engine thread) calls it. */
+#ifndef ZS_SPEC_H
+#define ZS_SPEC_H
+
+#include <stdint.h>
+
+#define ZS_SPEC_MAX_TOKENS 16   /* drafts per sequence and step at most */
+
+/* One sequence's request for drafts. */
+typedef struct {
+    uintptr_t key;          /* the sequence, stable while it runs (the draft model's KV slot) */
+    const int32_t *tokens;  /* its prompt and generated tokens so far, in order */
+    int n;                  /* how many (>= 1) */
+    int k;                  /* drafts wanted (1..ZS_SPEC_MAX_TOKENS) */
+    int32_t *draft;         /* out: the drafts, up to k */
+    int n_draft;            /* out: how many (0: none to offer) */
+} zs_spec_req;
+
+typedef struct zs_spec zs_spec;
+typedef struct {
+    const char *name;                                          /* "ngram", "draft" */
+    int (*propose)(zs_spec *p, zs_spec_req *reqs, int n);      /* fills draft/n_draft of each */
+    void (*release)(zs_spec *p, uintptr_t key);                /* the sequence has ended */
+    void (*free)(zs_spec *p);
+} zs_spec_ops;
+struct zs_spec {
+    const zs_spec_ops *ops;
+};
+
+/* Drafts for n sequences at once (0, or an error: no drafts, the step runs without them). */
+int  zs_spec_propose(zs_spec *p, zs_spec_req *reqs, int n);
+void zs_spec_release(zs_spec *p, uintptr_t key);
+const char *zs_spec_name(const zs_spec *p);
+void zs_spec_free(zs_spec *p);   /* NULL is fine */
+
+#define ZS_SPEC_NGRAM_MIN 2      /* serve --speculative ngram: n-grams of 2 to 4 tokens */
+#define ZS_SPEC_NGRAM_MAX 4
+
+/* Prompt lookup: the longest suffix of the tokens (max_ngram down to min_ngram long) that occurred
+ * before, most recent occurrence first; the tokens that followed it are the drafts. */
+int  zs_spec_ngram_new(int min_ngram, int max_ngram, zs_spec **out);
+
+#endif
