@@ -118,6 +118,32 @@ else
     nok "serve: 3 processes up"
 fi
 
+# speculative decoding across processes: drafts in process 0's steps, verified in the same passes
+# (a prompt that repeats itself, so that prompt lookup finds drafts)
+rep="Lily and Tom went to the park. Lily and Tom went to the park. Lily and"
+srep=$($Z generate --model "$M" --prompt "$rep" --max-tokens 24 --temperature 0 2>/dev/null)
+if start_world spec 3 --ranks 1 --speculative ngram --spec-tokens 4; then
+    c=$(curl -s "$URL/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"prompt\":\"$rep\",\"max_tokens\":24,\"temperature\":0}")
+    check "serve --speculative ngram: the text of one process without it" '[ "$rep$(echo "$c" | jq -r .choices[0].text)" = "$srep" ]'
+    cp=""
+    for i in 1 2 3 4; do
+        curl -s "$URL/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"prompt\":\"$rep\",\"max_tokens\":24,\"temperature\":0}" >"$T/spar$i.json" &
+        cp="$cp $!"
+    done
+    for p in $cp; do wait "$p"; done
+    same=0; for i in 1 2 3 4; do [ "$rep$(jq -r .choices[0].text "$T/spar$i.json")" = "$srep" ] && same=$((same+1)); done
+    check "serve --speculative ngram: 4 concurrent requests each equal the solo text ($same/4)" '[ $same = 4 ]'
+    drafted=$(curl -s "$URL/metrics" | sed -n 's/^zeroserve_spec_draft_tokens_total \([0-9]*\)$/\1/p')
+    check "serve --speculative ngram: drafts were verified across the processes (${drafted:-none})" '[ "${drafted:-0}" -gt 0 ]'
+    kill -TERM "$(pid_of 0)"
+    wait_end $MPIPID 30
+    check "serve --speculative ngram: SIGTERM stops the world, exit 0" '[ "$RC" = 0 ]'
+else
+    nok "serve --speculative ngram: 3 processes up"
+fi
+
 # ---------------------------------------------------------------- a follower dies
 for mode in plain recovery; do
     [ $mode = recovery ] && export OMPI_MCA_orte_enable_recovery=1 WRAP=1
