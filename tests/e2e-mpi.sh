@@ -2,7 +2,8 @@
 # End-to-end checks of worlds of several processes under OpenMPI (mpirun --oversubscribe on this
 # one machine): greedy text and logits bitwise equal to one process with as many ranks
 # (stories260K and gpt2-bytes, offload none and nvme, 2 and 3 processes, 2 ranks per process),
-# serving over HTTP from process 0 (curl smoke test, orderly stop), training steps with the same
+# serving over HTTP from process 0 (curl smoke test, orderly stop; with --speculative ngram the
+# same text, drafts verified in process 0's passes), training steps with the same
 # losses, checkpoint and exported model, and a follower killed with SIGKILL: process 0 reports it
 # and the job exits non-zero within 30 s (plain mpirun, and with orte_enable_recovery, where
 # zeroserve itself answers 503 naming the lost process). Skips (77) without mpirun.
