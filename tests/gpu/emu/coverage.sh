@@ -12,8 +12,9 @@ log=${1:-}
 kernels=$(cat kernels/cuda/*.cu | tr '\n' ' ' | sed 's/__launch_bounds__([^)]*)//g' |
     grep -o '__global__[^(]*(' | sed 's/($//; s/.*[^A-Za-z0-9_]//' | sort -u)
 launched=$(awk '$3 > 0 { n[$2] += $3 } END { for (k in n) print k, n[k] }' "$log" | sort)
-echo "launches per test:"
-awk '{ n[$1] += $3; m[$1]++ } END { for (p in n) printf "  %-22s %8d launches of %d kernels\n", p, n[p], m[p] }' "$log" | sort
+echo "launches per test program (all its runs: plain, ASan, e2e-gpu on one device too):"
+awk '{ n[$1] += $3; r[$1]++; if (!(($1, $2) in seen)) { seen[$1, $2] = 1; m[$1]++ } }
+     END { for (p in n) printf "  %-22s %8d launches of %d kernels\n", p, n[p], m[p] }' "$log" | sort
 echo "launches per kernel (all tests):"
 echo "$launched" | awk '{ printf "  %-24s %8d\n", $1, $2 }'
 missing=""
