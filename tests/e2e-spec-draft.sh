@@ -4,7 +4,7 @@
 # CPU with stories260K as the target:
 #   - greedy completions (texts, token logprobs, finish reasons) of a server with the draft model
 #     equal a server's without speculation, byte for byte, for a set of prompts; with the same
-#     model as its draft every draft holds (/metrics: drafted = accepted > 0, more than one token
+#     model as its draft (its GGUF file beside the Hugging Face directory) every draft holds (/metrics: drafted = accepted > 0, more than one token
 #     per pass); with the draft at q8_0 drafts are accepted (> 0), more than one token per pass;
 #   - streamed answers equal the plain server's too;
 #   - refused at start, with the message: a draft with another vocabulary (gpt2-bytes: 256 tokens
@@ -45,12 +45,13 @@ zs_start_server "$T/plain.log" --model "$MODEL" --max-seqs 4 || zs_abort "the pl
 answers plain
 zs_stop_server
 
-zs_start_server "$T/draft.log" --model "$MODEL" --max-seqs 4 --draft-model "$MODEL" --spec-tokens 4 ||
-    zs_abort "a server with --draft-model starts"
+# the same weights as the GGUF file llama.cpp converted (the draft's vocabulary read from GGUF)
+zs_start_server "$T/draft.log" --model "$MODEL" --max-seqs 4 --draft-model "$MODEL/stories260K.gguf" --spec-tokens 4 ||
+    zs_abort "a server with --draft-model (a GGUF file) starts"
 answers draft
 curl -s --max-time 10 "$ZS_URL/metrics" -o "$T/metrics"
 zs_stop_server
-check "--draft-model (the same model): greedy completions, logprobs and streams equal the plain server's" 'same_answers draft'
+check "--draft-model (the same model, as GGUF): greedy completions, logprobs and streams equal the plain server's" 'same_answers draft'
 d=$(metric zeroserve_spec_draft_tokens_total); a=$(metric zeroserve_spec_accepted_tokens_total)
 p=$(metric zeroserve_passes_total); t=$(metric zeroserve_pass_tokens_total)
 check "the same model as draft: /metrics shows drafts, all accepted ($a of $d)" '[ "$d" != absent ] && [ "$d" -gt 0 ] && [ "$a" = "$d" ]'

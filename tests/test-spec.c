@@ -12,7 +12,20 @@
  *     at 4 and 16; with 1 rank, 2 ranks, and 2 ranks over NVMe shards. And for a random Qwen3-MoE
  *     model. Speculation must have happened (drafts accepted, more than one token per pass).
  *   - Sampled outputs: the distributions of the second, third and fourth tokens under speculation
- *     equal plain sampling's (3,000 seeds each, chi-square). */
+ *     equal plain sampling's (3,000 seeds each, chi-square), with prompt lookup and with a draft
+ *     model.
+ *   - The draft model proposer (spec-draft.c): called directly, its drafts are the greedy
+ *     continuation; a sequence rolled back after a rejection feeds only the new token and drafts
+ *     what a fresh sequence does; catch-up in chunks, several sequences in one call, slots taken
+ *     back least recently used, no drafts past the context or beyond its slots, release gives
+ *     every KV block back; a sliding-window model's ring (a rollback the ring no longer holds
+ *     starts over). Through the scheduler, greedy = plain decoding bit for bit (drafts from the
+ *     costs, 4 and 16): the same model as draft (every draft holds when nothing ends a request
+ *     early), a q8_0 draft of the f32 model with LoRA and constrained requests, a bf16 draft on 2
+ *     ranks, the sliding-window model; acceptance rates within bounds, fewer passes, and the
+ *     draft's KV back to 0 blocks after all requests. Refused at start, by name: another
+ *     vocabulary (gpt2-bytes: 256 tokens; a random 512-token byte-level one: the first token that
+ *     differs), a path that does not load. */
 #include <math.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -468,19 +481,24 @@ static void test_greedy(const eng_cfg *c, const char *label, int with_lora, int 
 
 /* ---------- sampled outputs keep the target's distribution ---------- */
 
-static void test_sampled(void) {
+/* With prompt lookup, or (dc) a draft model. */
+static void test_sampled(const draft_cfg *dc, const char *label) {
     enum { NS = 3000 };
     eng_cfg c = {1, 0, NULL};
     zs_spec *ng = NULL;
     CHECK(zs_spec_ngram_new(1, 3, &ng) == 0, "ngram");
     static long cnt[2][3][512];
+    memset(cnt, 0, sizeof cnt);
     zs_sched_stats st[2];
     for (int mode = 0; mode < 2; mode++) {
         zs_engine *e = open_engine(&c, NULL);
         if (!e) return;
-        zs_sched_opts so = {16, 64, 4096, 0, mode ? ng : NULL, mode ? 4 : 0, !mode};
+        char tdir[4096];
+        zs_spec *dp = mode && dc ? open_draft(dc, e, model_path(&c, tdir, sizeof tdir), 16) : NULL;
+        zs_sched_opts so = {16, 64, 4096, 0, mode ? (dp ? dp : ng) : NULL, mode ? 4 : 0, !mode};
         zs_sched *s = NULL;
         if (zs_sched_new(e, &so, &s) < 0) {
+            zs_spec_free(dp);
             zs_engine_free(e);
             CHECK(0, "sched: %s", zs_errmsg());
             return;
@@ -520,18 +538,21 @@ static void test_sampled(void) {
         }
         zs_sched_stats_get(s, &st[mode]);
         zs_sched_free(s);
+        zs_spec_free(dp);
         zs_engine_free(e);
     }
     CHECK(st[1].spec_drafted > 0 && st[1].spec_accepted > 0 && st[1].spec_accepted < st[1].spec_drafted,
-          "sampled: drafts were proposed, some accepted and some not (%llu of %llu)",
+          "%s: drafts were proposed, some accepted and some not (%llu of %llu)", label,
           (unsigned long long)st[1].spec_accepted, (unsigned long long)st[1].spec_drafted);
+    fprintf(stderr, "%s: %llu of %llu drafts accepted\n", label, (unsigned long long)st[1].spec_accepted,
+            (unsigned long long)st[1].spec_drafted);
     for (int t = 0; t < 3; t++) {
         double x;
         int df;
         CHECK(same_dist(cnt[1][t], cnt[0][t], 512, NS, NS, &x, &df),
-              "sampled: token %d with speculation follows plain sampling (chi-square %.1f, %d df, critical %.1f)", t + 2,
-              x, df, chi2_crit(df));
-        fprintf(stderr, "sampled: token %d: chi-square %.1f on %d df\n", t + 2, x, df);
+              "%s: token %d with speculation follows plain sampling (chi-square %.1f, %d df, critical %.1f)", label,
+              t + 2, x, df, chi2_crit(df));
+        fprintf(stderr, "%s: token %d: chi-square %.1f on %d df\n", label, t + 2, x, df);
     }
     zs_spec_free(ng);
 }
@@ -762,6 +783,7 @@ static void test_draft(void) {
     eng_cfg one = {1, 0, NULL}, two = {2, 0, NULL};
     draft_cfg same = {NULL, ZS_DTYPE_COUNT, 0}, q8 = {NULL, ZS_Q8_0, 0}, bf16 = {NULL, ZS_BF16, 0};
     test_draft_calls();
+    test_sampled(&q8, "sampled, a q8_0 draft model");
     /* the same weights and dtype: every greedy draft holds */
     test_draft_greedy(&one, &same, "draft = target (f32), no EOS or stops", 0, 0, 120, 1, 1.0, 1.0);
     test_draft_greedy(&one, &same, "draft = target (f32), mixed", 1, 1, N_REQ, 0, 0.5, 1.0);
@@ -827,7 +849,7 @@ int main(void) {
         CHECK(0, "moe model: %s", zs_errmsg());
     }
     tu_rmdir(moe);
-    test_sampled();
+    test_sampled(NULL, "sampled");
     test_draft();
     return tu_finish("test-spec");
 }
