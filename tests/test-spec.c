@@ -779,6 +779,56 @@ static int make_random(const char *arch, int vocab, int window, const char *dir)
     return zs_init_model_write(&io, dir);
 }
 
+static int copy_file(const char *from, const char *to) {
+    FILE *f = fopen(from, "rb");
+    if (!f) return -1;
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    int full = !feof(f);
+    fclose(f);
+    return full ? -1 : tu_write_file(to, buf, n);
+}
+
+/* A target whose model has more rows (600) than the shared tokenizer's ids (520), and a draft
+ * with 520: a sequence holding an id the draft has no row for gets no drafts, the others do. */
+static void test_draft_padded(const char *dir) {
+    char a[4200], b[4200], f1[4300], f2[4300];
+    snprintf(a, sizeof a, "%s/v520", dir);
+    snprintf(b, sizeof b, "%s/v600", dir);
+    int ok = make_random("llama", 520, 0, a) == 0 && make_random("llama", 600, 0, b) == 0;
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
+    for (int i = 0; ok && i < 3; i++) {
+        snprintf(f1, sizeof f1, "%s/%s", a, files[i]);
+        snprintf(f2, sizeof f2, "%s/%s", b, files[i]);
+        ok = copy_file(f1, f2) == 0;
+    }
+    /* the target's config.json names the shared tokenizer's BOS/EOS */
+    snprintf(f2, sizeof f2, "%s/config.json", b);
+    json_t *cj = ok ? json_load_file(f2, 0, NULL) : NULL;
+    ok = cj && json_object_set_new(cj, "bos_token_id", json_integer(519)) == 0 &&
+         json_object_set_new(cj, "eos_token_id", json_integer(519)) == 0 && json_dump_file(cj, f2, JSON_INDENT(2)) == 0;
+    json_decref(cj);
+    CHECK(ok, "padded models: %s", zs_errmsg());
+    if (!ok) return;
+    eng_cfg c = {1, 0, b};
+    zs_engine *e = open_engine(&c, NULL);
+    if (!e) return;
+    draft_cfg dc = {a, ZS_DTYPE_COUNT, 16};
+    zs_spec *p = open_draft(&dc, e, b, 4);
+    if (p) {
+        int32_t t[40], u[40], d1[4], d2[4];
+        for (int i = 0; i < 40; i++) t[i] = u[i] = (i * 31) % 500;
+        u[20] = 550; /* a row of the target's model, past the tokenizer and the draft */
+        zs_spec_req q[2] = {{1, t, 40, 4, d1, 0}, {2, u, 40, 4, d2, 0}};
+        CHECK(zs_spec_propose(p, q, 2) == 0 && q[0].n_draft == 4 && q[1].n_draft == 0,
+              "an id past the draft's rows: no drafts for that sequence, the other has its own (%d, %d)", q[0].n_draft,
+              q[1].n_draft);
+        for (int i = 0; i < 4; i++) CHECK(d1[i] >= 0 && d1[i] < 520, "drafts within the shared tokenizer's ids (%d)", d1[i]);
+        zs_spec_free(p);
+    }
+    zs_engine_free(e);
+}
+
 static void test_draft(void) {
     eng_cfg one = {1, 0, NULL}, two = {2, 0, NULL};
     draft_cfg same = {NULL, ZS_DTYPE_COUNT, 0}, q8 = {NULL, ZS_Q8_0, 0}, bf16 = {NULL, ZS_BF16, 0};
@@ -805,6 +855,7 @@ static void test_draft(void) {
     }
     if (make_random("llama", 512, 0, r512) == 0) test_draft_refusals(r512);
     else CHECK(0, "llama model: %s", zs_errmsg());
+    test_draft_padded(dir);
     tu_rmdir(dir);
 }
 

@@ -9,9 +9,10 @@
  * decode step feeds the previous draft and gives the next. Every phase is batched across the
  * proposal's sequences: catch-up tokens in chunks of up to max_batch_tokens, decode steps with
  * one row per sequence. Drafts are argmaxes (lowest id among ties): deterministic, as
- * zs_sampler_verify assumes. A sequence with no slot or KV room left, or past the draft's
- * context, gets no drafts this time. With a sliding-window ring (a model whose every layer is
- * windowed) a rollback that reaches positions the ring has overwritten starts the slot over.
+ * zs_sampler_verify assumes. A sequence with no slot or KV room left, past the draft's
+ * context, or holding an id the draft model has no row for, gets no drafts this time. With a
+ * sliding-window ring (a model whose every layer is windowed) a rollback that reaches positions
+ * the ring has overwritten starts the slot over.
  * Slots of keys not in the current proposal are taken back least recently used first when
  * every slot is held (the scheduler releases keys as their requests end: this only matters for
  * callers that do not). Engine thread only. */
@@ -257,7 +258,10 @@ static int draft_propose(zs_spec *p, zs_spec_req *reqs, int nreq) {
         if (!intact(d, s, c)) c = 0;
         d->st.rolled += (uint64_t)(s->n - c);
         s->n = c;
-        if (zs_kv_seq_reserve(d->kv, s->seq, q->n + k - 1) < 0) continue; /* no room: no drafts */
+        /* an id past the draft's rows (a target with a larger, padded vocabulary): none */
+        int bad = 0;
+        for (int j = c; j < q->n && !bad; j++) bad = q->tokens[j] < 0 || q->tokens[j] >= d->lvocab;
+        if (bad || zs_kv_seq_reserve(d->kv, s->seq, q->n + k - 1) < 0) continue; /* no room: no drafts */
         d->acts[na++] = (act_t){q, s, c, k, 0, 0};
         kmax = ZS_MAX(kmax, k);
     }
