@@ -496,9 +496,6 @@ int zs_cmd_serve(int argc, char **argv) {
     }
     if (draft_model) { /* what zs_spec_draft_new refuses, said before the model loads */
         int dev = ZS_DEVICE_CPU;
-        if (zs_cluster_size() > 1)
-            return zs_err(ZS_EUNSUPPORTED, "--draft-model %s: not supported with several processes (mpirun): the draft "
-                          "model runs in one process", draft_model);
         if (zs_device_resolve(so.engine.device, &dev) == 0 && dev == ZS_DEVICE_CUDA)
             return zs_err(ZS_EUNSUPPORTED, "--draft-model %s: not supported with a target on a CUDA device (the draft "
                           "model runs on the CPU device only); serve with --device cpu, or use --speculative ngram",

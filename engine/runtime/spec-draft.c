@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster.h"
 #include "common.h"
 #include "device.h"
 #include "spec.h"
@@ -312,9 +311,6 @@ int zs_spec_draft_new(const zs_engine_opts *o, zs_engine *target, const char *ta
     if (zs_engine_device(target) == ZS_DEVICE_CUDA)
         return zs_err(ZS_EUNSUPPORTED, "--draft-model %s: not supported with a target on a CUDA device (the draft model "
                       "runs on the CPU device only); serve with --device cpu, or use --speculative ngram", path);
-    if (zs_cluster_size() > 1)
-        return zs_err(ZS_EUNSUPPORTED, "--draft-model %s: not supported with several processes (mpirun): the draft model "
-                      "runs in one process", path);
     if (o->max_seqs < 1 || o->max_batch_tokens < 1)
         return zs_err(ZS_EINVAL, "--draft-model %s: its sequences (%d) and tokens per call (%d) must be >= 1", path,
                       o->max_seqs, o->max_batch_tokens);
@@ -336,6 +332,7 @@ int zs_spec_draft_new(const zs_engine_opts *o, zs_engine *target, const char *ta
     eo.max_live_params = 0;
     eo.device = ZS_DEVICE_CPU;
     eo.spmd = 0;
+    eo.local = 1; /* process 0 alone proposes; the followers only run the target's step plans */
     eo.max_context = zs_engine_context(target);
     draft *d = calloc(1, sizeof *d);
     if (!d) return zs_err(ZS_ENOMEM, "out of memory");
