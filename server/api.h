@@ -94,9 +94,16 @@ typedef struct {
     /* the --config's keys for full fine-tuning jobs (bf16/fp16 precision, fp16 loss scaling,
      * offload_optimizer, sub_group_size, the 16-bit save); copied; NULL: none */
     const zs_zero_opts *train_config;
-    /* speculative decoding (spec.h): NULL or "none", or "ngram" (prompt lookup); the number of
-     * drafts per sequence is sched.spec_tokens (0: chosen from the measured costs) */
+    /* speculative decoding (spec.h): NULL (a draft model when draft_model is set, else none),
+     * "none", "ngram" (prompt lookup) or "draft" (draft_model); the number of drafts per sequence
+     * is sched.spec_tokens (0: chosen from the measured costs) */
     const char *speculative;
+    /* the draft model (spec-draft.c): a Hugging Face directory or GGUF file sharing the model's
+     * vocabulary, kept resident on the CPU with its own KV cache for the scheduler's sequences;
+     * NULL: none. draft_weight_dtype: NULL or a --weight-dtype value. Copied. "none" or "ngram"
+     * with a draft model, "draft" without one, or a dtype without a model are refused by name. */
+    const char *draft_model;
+    const char *draft_weight_dtype;
 } zs_server_opts;
 
 typedef struct zs_server zs_server;

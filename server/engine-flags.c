@@ -43,6 +43,21 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
     return n + ZS_ENGINE_FLAG_COUNT;
 }
 
+int zs_engine_flags_weight_dtype(const char *flag, const char *v, zs_model_opts *mo) {
+    mo->weight_dtype = ZS_DTYPE_COUNT;
+    mo->quant_mix = ZS_QUANT_MIX_NONE;
+    if (!v || !strcmp(v, "auto")) return 0;
+    if (!strcmp(v, "q4_k_m") || !strcmp(v, "Q4_K_M")) {
+        mo->weight_dtype = ZS_Q4_K; /* llama.cpp's Q4_K_M: Q4_K with Q6_K where it keeps more bits */
+        mo->quant_mix = ZS_QUANT_MIX_Q4_K_M;
+        return 0;
+    }
+    if (zs_dtype_parse(v, &mo->weight_dtype) < 0)
+        return zs_err(ZS_EINVAL, "%s: '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, "
+                      "q4_k_m", flag, v);
+    return 0;
+}
+
 int zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo) {
     zs_zero_opts z;
     zs_zero_opts_init(&z);
@@ -113,18 +128,11 @@ int zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo) {
         eo->kv_dtype = kt;
     }
     /* precision: --weight-dtype, else bf16/fp16 from the config, else as stored */
-    eo->model.weight_dtype = ZS_DTYPE_COUNT;
-    eo->model.quant_mix = ZS_QUANT_MIX_NONE;
-    if (f->weight_dtype && (!strcmp(f->weight_dtype, "q4_k_m") || !strcmp(f->weight_dtype, "Q4_K_M"))) {
-        eo->model.weight_dtype = ZS_Q4_K; /* llama.cpp's Q4_K_M: Q4_K with Q6_K where it keeps more bits */
-        eo->model.quant_mix = ZS_QUANT_MIX_Q4_K_M;
-    } else if (f->weight_dtype && strcmp(f->weight_dtype, "auto") != 0) {
-        if (zs_dtype_parse(f->weight_dtype, &eo->model.weight_dtype) < 0)
-            return zs_err(ZS_EINVAL, "--weight-dtype: '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, "
-                          "q5_1, q4_k, q6_k, q4_k_m", f->weight_dtype);
-    } else if (z.bf16 == 1) {
+    ZS_CHECK(zs_engine_flags_weight_dtype("--weight-dtype", f->weight_dtype, &eo->model));
+    int as_stored = !f->weight_dtype || !strcmp(f->weight_dtype, "auto");
+    if (as_stored && z.bf16 == 1) {
         eo->model.weight_dtype = ZS_BF16;
-    } else if (z.fp16 == 1) {
+    } else if (as_stored && z.fp16 == 1) {
         eo->model.weight_dtype = ZS_F16;
     }
     return 0;

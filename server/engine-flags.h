@@ -31,6 +31,9 @@ void zs_engine_flags_init(zs_engine_flags *f);
 /* Appends the flag descriptors to opts (room for ZS_ENGINE_FLAG_COUNT); returns the new count. */
 #define ZS_ENGINE_FLAG_COUNT 19
 int  zs_engine_flags_table(zs_engine_flags *f, zs_opt *opts, int n);
+/* A --weight-dtype value (NULL or "auto": as stored; f32, f16, bf16, the block formats, q4_k_m)
+ * into mo's weight_dtype and quant_mix; ZS_EINVAL naming flag and the choices. */
+int  zs_engine_flags_weight_dtype(const char *flag, const char *value, zs_model_opts *mo);
 /* Fills eo (already defaulted) from the config file and the flags. */
 int  zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo);
 

@@ -32,6 +32,8 @@ struct zs_server {
     zs_server_opts o;
     zs_zero_opts train_config; /* the copy o.train_config pointed to */
     char *model_dir, *nvme_path, *name, *data_dir;
+    char *draft_path;           /* --draft-model, or NULL */
+    zs_model_opts draft_model;  /* its weight dtype (--draft-weight-dtype) */
     char **lora_names, **lora_dirs; /* --lora NAME=DIR, split */
     int n_loras;
     zs_files *files;
@@ -63,13 +65,39 @@ static int load_loras(zs_server *s, zs_engine *e, zs_lora **ls) {
     return 0;
 }
 
-/* The draft proposer that --speculative names (NULL for none). */
-static int open_spec(zs_server *s, zs_spec **out) {
-    const char *k = s->o.speculative;
+/* --speculative and --draft-model together (checked at start): "none", "ngram" or "draft". */
+static int spec_kind(const zs_server_opts *o, const char **kind) {
+    const char *k = o->speculative && *o->speculative ? o->speculative : NULL;
+    int draft = o->draft_model && *o->draft_model;
+    if (o->draft_weight_dtype && !draft)
+        return zs_err(ZS_EINVAL, "--draft-weight-dtype %s needs --draft-model PATH", o->draft_weight_dtype);
+    if (k && strcmp(k, "none") && strcmp(k, "ngram") && strcmp(k, "draft"))
+        return zs_err(ZS_EINVAL, "--speculative must be none, ngram or draft (got '%s')", k);
+    if (k && draft && strcmp(k, "draft"))
+        return zs_err(ZS_EINVAL, "--speculative %s and --draft-model %s: a draft model is speculation with it (give "
+                      "--speculative draft, or leave one of them out)", k, o->draft_model);
+    if (k && !strcmp(k, "draft") && !draft) return zs_err(ZS_EINVAL, "--speculative draft needs --draft-model PATH");
+    *kind = draft ? "draft" : k ? k : "none";
+    return 0;
+}
+
+/* The draft proposer that --speculative / --draft-model name (NULL for none). The draft model
+ * keeps a KV sequence for each sequence the scheduler runs at once, at the model's context. */
+static int open_spec(zs_server *s, zs_engine *e, zs_spec **out) {
+    const char *k = "none";
     *out = NULL;
-    if (!k || !*k || !strcmp(k, "none")) return 0;
+    ZS_CHECK(spec_kind(&s->o, &k));
     if (!strcmp(k, "ngram")) return zs_spec_ngram_new(ZS_SPEC_NGRAM_MIN, ZS_SPEC_NGRAM_MAX, out);
-    return zs_err(ZS_EINVAL, "--speculative %s: none or ngram (a draft model: --draft-model)", k);
+    if (strcmp(k, "draft")) return 0;
+    zs_engine_opts d;
+    zs_engine_opts_default(&d);
+    d.model_dir = s->draft_path;
+    d.model = s->draft_model;
+    int seqs = s->o.sched.max_seqs > 0 ? s->o.sched.max_seqs : 32;
+    d.max_seqs = ZS_MIN(seqs, zs_engine_max_seqs(e) * zs_world_ranks(zs_engine_world(e)));
+    d.max_batch_tokens = zs_engine_max_batch_tokens(e);
+    d.kv_dtype = s->o.engine.kv_dtype;
+    return zs_spec_draft_new(&d, e, s->model_dir, out);
 }
 
 static void *loader_main(void *arg) {
@@ -81,7 +109,7 @@ static void *loader_main(void *arg) {
     int rc = s->n_loras && !ls ? zs_err(ZS_ENOMEM, "serve: out of memory") : 0;
     if (rc == 0) rc = zs_engine_open(&s->o.engine, &e);
     zs_spec *spec = NULL;
-    if (rc == 0) rc = open_spec(s, &spec);
+    if (rc == 0) rc = open_spec(s, e, &spec);
     if (rc == 0) {
         zs_sched_opts so = s->o.sched;
         so.spec = spec;
@@ -138,6 +166,7 @@ static void server_free(zs_server *s) {
     free(s->nvme_path);
     free(s->name);
     free(s->data_dir);
+    free(s->draft_path);
     for (int i = 0; i < s->n_loras; i++) {
         free(s->lora_names[i]);
         free(s->lora_dirs[i]);
@@ -175,6 +204,21 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
     s->o.model_name = s->name;
     s->data_dir = o->data_dir ? strdup(o->data_dir) : NULL;
     s->o.data_dir = s->data_dir;
+    const char *kind;
+    int src = spec_kind(o, &kind);
+    if (src == 0 && o->draft_model && *o->draft_model) {
+        zs_model_opts_default(&s->draft_model);
+        src = zs_engine_flags_weight_dtype("--draft-weight-dtype", o->draft_weight_dtype, &s->draft_model);
+        s->draft_model.embed_lookup = 1; /* an inference engine, as the served one */
+        s->draft_path = strdup(o->draft_model);
+        if (src == 0 && !s->draft_path) src = zs_err(ZS_ENOMEM, "serve: out of memory");
+    }
+    s->o.draft_model = s->draft_path;
+    s->o.draft_weight_dtype = NULL; /* parsed into draft_model */
+    if (src < 0) {
+        server_free(s);
+        return src;
+    }
     s->o.http.api_key = NULL; /* not kept: the HTTP layer copies it */
     s->o.loras = NULL;        /* kept split in lora_names / lora_dirs */
     s->o.n_loras = 0;
@@ -364,7 +408,7 @@ int zs_cmd_serve(int argc, char **argv) {
     const char *lora_help = NULL; /* --lora is taken out of argv before parsing (repeatable) */
     const char *pooling = "mean";
     int no_prefix_cache = 0, spec_tokens = 0;
-    const char *speculative = "none";
+    const char *speculative = NULL, *draft_model = NULL, *draft_dtype = NULL;
     zs_opt opts[21 + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
@@ -373,8 +417,14 @@ int zs_cmd_serve(int argc, char **argv) {
         {"max-batch-tokens", ZS_OPT_INT, &max_batch, "tokens per engine step (default 256)"},
         {"max-queue", ZS_OPT_INT, &max_queue, "waiting requests at most; beyond it 429 (default 256)"},
         {"no-prefix-cache", ZS_OPT_FLAG, &no_prefix_cache, "do not keep prompts' KV blocks for later requests with the same prefix"},
-        {"speculative", ZS_OPT_STR, &speculative, "none | ngram: draft tokens verified many per weight pass (ngram: "
-                                                   "prompt lookup; default none)"},
+        {"speculative", ZS_OPT_STR, &speculative, "none | ngram | draft: draft tokens verified many per weight pass "
+                                                   "(ngram: prompt lookup; draft: --draft-model; default none, or draft "
+                                                   "with --draft-model)"},
+        {"draft-model", ZS_OPT_STR, &draft_model, "a small model with the same vocabulary whose greedy tokens are the "
+                                                   "drafts (HF directory or GGUF file; resident on the CPU, its own KV "
+                                                   "cache)"},
+        {"draft-weight-dtype", ZS_OPT_STR, &draft_dtype, "the draft model's weights: the choices of --weight-dtype "
+                                                         "(default auto: as stored)"},
         {"spec-tokens", ZS_OPT_INT, &spec_tokens, "drafts per sequence and step (default 0: chosen from the measured "
                                                    "stream and compute times; at most 16)"},
         {"max-body-bytes", ZS_OPT_I64, &max_body, "largest request body (default 8388608)"},
@@ -388,7 +438,7 @@ int zs_cmd_serve(int argc, char **argv) {
         {"pooling", ZS_OPT_STR, &pooling, "mean | last: how /v1/embeddings pools the final hidden states of an input's "
                                           "tokens (default mean; a request's \"pooling\" overrides it)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 17);
+    int n_opts = zs_engine_flags_table(&ef, opts, 19);
     if (want_help(argc, argv)) {
         zs_cli_usage("serve", "Serves the model over an OpenAI-compatible HTTP API until SIGTERM/SIGINT.", opts,
                      n_opts);
@@ -434,10 +484,23 @@ int zs_cmd_serve(int argc, char **argv) {
     so.sched.no_prefix_cache = no_prefix_cache;
     if (spec_tokens < 0 || spec_tokens > ZS_SPEC_MAX_TOKENS)
         return zs_err(ZS_ERANGE, "--spec-tokens must be between 0 and %d (got %d)", ZS_SPEC_MAX_TOKENS, spec_tokens);
-    if (strcmp(speculative, "none") && strcmp(speculative, "ngram"))
-        return zs_err(ZS_EINVAL, "--speculative must be none or ngram (got '%s')", speculative);
     so.sched.spec_tokens = spec_tokens;
     so.speculative = speculative;
+    so.draft_model = draft_model;
+    so.draft_weight_dtype = draft_dtype;
+    const char *kind;
+    ZS_CHECK(spec_kind(&so, &kind)); /* before anything starts */
+    if (draft_dtype) {
+        zs_model_opts mo;
+        ZS_CHECK(zs_engine_flags_weight_dtype("--draft-weight-dtype", draft_dtype, &mo));
+    }
+    if (draft_model) { /* what zs_spec_draft_new refuses, said before the model loads */
+        int dev = ZS_DEVICE_CPU;
+        if (zs_device_resolve(so.engine.device, &dev) == 0 && dev == ZS_DEVICE_CUDA)
+            return zs_err(ZS_EUNSUPPORTED, "--draft-model %s: not supported with a target on a CUDA device (the draft "
+                          "model runs on the CPU device only); serve with --device cpu, or use --speculative ngram",
+                          draft_model);
+    }
     so.model_name = name;
     so.chat_template = tmpl;
     so.data_dir = data_dir;

@@ -12,7 +12,20 @@
  *     at 4 and 16; with 1 rank, 2 ranks, and 2 ranks over NVMe shards. And for a random Qwen3-MoE
  *     model. Speculation must have happened (drafts accepted, more than one token per pass).
  *   - Sampled outputs: the distributions of the second, third and fourth tokens under speculation
- *     equal plain sampling's (3,000 seeds each, chi-square). */
+ *     equal plain sampling's (3,000 seeds each, chi-square), with prompt lookup and with a draft
+ *     model.
+ *   - The draft model proposer (spec-draft.c): called directly, its drafts are the greedy
+ *     continuation; a sequence rolled back after a rejection feeds only the new token and drafts
+ *     what a fresh sequence does; catch-up in chunks, several sequences in one call, slots taken
+ *     back least recently used, no drafts past the context or beyond its slots, release gives
+ *     every KV block back; a sliding-window model's ring (a rollback the ring no longer holds
+ *     starts over). Through the scheduler, greedy = plain decoding bit for bit (drafts from the
+ *     costs, 4 and 16): the same model as draft (every draft holds when nothing ends a request
+ *     early), a q8_0 draft of the f32 model with LoRA and constrained requests, a bf16 draft on 2
+ *     ranks, the sliding-window model; acceptance rates within bounds, fewer passes, and the
+ *     draft's KV back to 0 blocks after all requests. Refused at start, by name: another
+ *     vocabulary (gpt2-bytes: 256 tokens; a random 512-token byte-level one: the first token that
+ *     differs), a path that does not load. */
 #include <math.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -231,6 +244,7 @@ typedef struct {
     uint32_t lp[N_REQ][MAXT];
     int n[N_REQ], finish[N_REQ];
     zs_sched_stats st;
+    zs_spec_draft_stats dst;   /* the draft model's, after the scheduler has ended */
 } run_out;
 
 /* What a request of the mix is: its prompt (into p), and its parameters. */
@@ -239,6 +253,7 @@ typedef struct {
     zs_lora *lora;
     const zs_req_constraint *con;
     int vocab;
+    int simple;   /* no EOS, no stop strings: every request runs to max_tokens */
 } mix_ctx;
 
 static int make_req(const mix_ctx *m, int i, int32_t *p, zs_req_params *rp) {
@@ -273,8 +288,8 @@ static int make_req(const mix_ctx *m, int i, int32_t *p, zs_req_params *rp) {
     zs_sampler_params_default(&rp->sampling);
     rp->sampling.temperature = 0.0f;
     rp->top_logprobs = i % 5 == 0 ? 2 : i % 5 == 1 ? -1 : 0;
-    rp->ignore_eos = i % 4 != 0;
-    if (i % 7 == 0) {
+    rp->ignore_eos = m->simple || i % 4 != 0;
+    if (i % 7 == 0 && !m->simple) {
         rp->stop = &stops[i % 2];
         rp->n_stop = 1;
     }
@@ -287,11 +302,47 @@ static int make_req(const mix_ctx *m, int i, int32_t *p, zs_req_params *rp) {
     return 0;
 }
 
-static void run_mix(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, run_out *o,
-                    int with_lora, int with_con, int nreq) {
+/* A draft model proposer opened over each run's target engine. */
+typedef struct {
+    const char *dir;     /* the draft model (NULL: stories260K) */
+    zs_dtype dtype;      /* its weight dtype (ZS_DTYPE_COUNT: as stored) */
+    int batch;           /* its tokens per forward call (0: 64) */
+} draft_cfg;
+
+static const char *model_path(const eng_cfg *c, char *buf, size_t n) {
+    if (c->dir) snprintf(buf, n, "%s", c->dir);
+    else tu_model_dir(buf, n, "stories260K");
+    return buf;
+}
+
+static zs_spec *open_draft(const draft_cfg *dc, zs_engine *target, const char *target_dir, int max_seqs) {
+    char dir[4096];
+    if (dc->dir) snprintf(dir, sizeof dir, "%s", dc->dir);
+    else tu_model_dir(dir, sizeof dir, "stories260K");
+    zs_engine_opts eo;
+    zs_engine_opts_default(&eo);
+    eo.model_dir = dir;
+    eo.model.weight_dtype = dc->dtype;
+    eo.max_seqs = max_seqs;
+    eo.max_batch_tokens = dc->batch > 0 ? dc->batch : 64;
+    zs_spec *p = NULL;
+    int rc = zs_spec_draft_new(&eo, target, target_dir, &p);
+    CHECK(rc == 0, "draft model %s: %s", dir, zs_errmsg());
+    return rc == 0 ? p : NULL;
+}
+
+static void run_mix_ex(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, run_out *o,
+                       int with_lora, int with_con, int nreq, const draft_cfg *dc, int simple) {
     zs_engine *e = open_engine(c, nvme);
     if (!e) return;
-    mix_ctx m = {zs_engine_tokenizer(e), NULL, NULL, zs_model_config_get(zs_engine_model(e))->vocab_size};
+    mix_ctx m = {zs_engine_tokenizer(e), NULL, NULL, zs_model_config_get(zs_engine_model(e))->vocab_size, simple};
+    char tdir[4096];
+    zs_spec *dp = dc && !no_drafts ? open_draft(dc, e, model_path(c, tdir, sizeof tdir), 16) : NULL;
+    if (dp) spec = dp;
+    else if (dc && !no_drafts) {
+        zs_engine_free(e);
+        return;
+    }
     zs_jschema *g = NULL;
     zs_jschema_masks *mk = NULL;
     int32_t pre[3] = {0}, suf[2] = {0};
@@ -359,11 +410,18 @@ static void run_mix(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *
     }
     zs_sched_stats_get(s, &o->st);
     zs_sched_free(s);
+    if (dp) CHECK(zs_spec_draft_stats_get(dp, &o->dst) == 0, "draft stats");
 out:
+    zs_spec_free(dp);
     zs_lora_free(m.lora);
     zs_jschema_mask_free(mk);
     zs_jschema_free(g);
     zs_engine_free(e);
+}
+
+static void run_mix(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, run_out *o,
+                    int with_lora, int with_con, int nreq) {
+    run_mix_ex(c, nvme, no_drafts, spec, k, o, with_lora, with_con, nreq, NULL, 0);
 }
 
 static int compare(const run_out *a, const run_out *b, int nreq, int *first) {
@@ -423,19 +481,24 @@ static void test_greedy(const eng_cfg *c, const char *label, int with_lora, int 
 
 /* ---------- sampled outputs keep the target's distribution ---------- */
 
-static void test_sampled(void) {
+/* With prompt lookup, or (dc) a draft model. */
+static void test_sampled(const draft_cfg *dc, const char *label) {
     enum { NS = 3000 };
     eng_cfg c = {1, 0, NULL};
     zs_spec *ng = NULL;
     CHECK(zs_spec_ngram_new(1, 3, &ng) == 0, "ngram");
     static long cnt[2][3][512];
+    memset(cnt, 0, sizeof cnt);
     zs_sched_stats st[2];
     for (int mode = 0; mode < 2; mode++) {
         zs_engine *e = open_engine(&c, NULL);
         if (!e) return;
-        zs_sched_opts so = {16, 64, 4096, 0, mode ? ng : NULL, mode ? 4 : 0, !mode};
+        char tdir[4096];
+        zs_spec *dp = mode && dc ? open_draft(dc, e, model_path(&c, tdir, sizeof tdir), 16) : NULL;
+        zs_sched_opts so = {16, 64, 4096, 0, mode ? (dp ? dp : ng) : NULL, mode ? 4 : 0, !mode};
         zs_sched *s = NULL;
         if (zs_sched_new(e, &so, &s) < 0) {
+            zs_spec_free(dp);
             zs_engine_free(e);
             CHECK(0, "sched: %s", zs_errmsg());
             return;
@@ -475,20 +538,325 @@ static void test_sampled(void) {
         }
         zs_sched_stats_get(s, &st[mode]);
         zs_sched_free(s);
+        zs_spec_free(dp);
         zs_engine_free(e);
     }
     CHECK(st[1].spec_drafted > 0 && st[1].spec_accepted > 0 && st[1].spec_accepted < st[1].spec_drafted,
-          "sampled: drafts were proposed, some accepted and some not (%llu of %llu)",
+          "%s: drafts were proposed, some accepted and some not (%llu of %llu)", label,
           (unsigned long long)st[1].spec_accepted, (unsigned long long)st[1].spec_drafted);
+    fprintf(stderr, "%s: %llu of %llu drafts accepted\n", label, (unsigned long long)st[1].spec_accepted,
+            (unsigned long long)st[1].spec_drafted);
     for (int t = 0; t < 3; t++) {
         double x;
         int df;
         CHECK(same_dist(cnt[1][t], cnt[0][t], 512, NS, NS, &x, &df),
-              "sampled: token %d with speculation follows plain sampling (chi-square %.1f, %d df, critical %.1f)", t + 2,
-              x, df, chi2_crit(df));
-        fprintf(stderr, "sampled: token %d: chi-square %.1f on %d df\n", t + 2, x, df);
+              "%s: token %d with speculation follows plain sampling (chi-square %.1f, %d df, critical %.1f)", label,
+              t + 2, x, df, chi2_crit(df));
+        fprintf(stderr, "%s: token %d: chi-square %.1f on %d df\n", label, t + 2, x, df);
     }
     zs_spec_free(ng);
+}
+
+/* ---------- the draft model proposer (spec-draft.c) ---------- */
+
+static double acc_rate(const zs_sched_stats *st) {
+    return st->spec_drafted ? (double)st->spec_accepted / (double)st->spec_drafted : 0.0;
+}
+static double per_pass(const zs_sched_stats *st) { return (double)st->pass_tokens / (double)(st->passes ? st->passes : 1); }
+
+/* Greedy with a draft model = plain decoding bit for bit (drafts from the costs, 4 and 16 per
+ * sequence); its acceptance rate within [lo, hi] with fixed drafts; its KV given back. */
+static void test_draft_greedy(const eng_cfg *c, const draft_cfg *dc, const char *label, int with_lora, int with_con,
+                              int nreq, int simple, double lo, double hi) {
+    static run_out plain, r;
+    static const int ks[3] = {0, 4, 16};
+    memset(&plain, 0, sizeof plain);
+    run_mix_ex(c, NULL, 1, NULL, 0, &plain, with_lora, with_con, nreq, NULL, simple);
+    for (int j = 0; j < 3; j++) {
+        memset(&r, 0, sizeof r);
+        run_mix_ex(c, NULL, 0, NULL, ks[j], &r, with_lora, with_con, nreq, dc, simple);
+        int first, same = compare(&plain, &r, nreq, &first);
+        const zs_sched_stats *a = &r.st;
+        CHECK(same == nreq, "%s, %s drafts: greedy with the draft model = plain decoding, %d/%d (first differing: %d)",
+              label, j ? (j == 1 ? "4" : "16") : "auto", same, nreq, first);
+        CHECK(a->generated_tokens == plain.st.generated_tokens, "%s: the same tokens generated", label);
+        CHECK(r.dst.kv_used == 0 && r.dst.seqs == 0, "%s: every request's draft KV given back (%d blocks, %d sequences "
+              "held after %d requests)", label, r.dst.kv_used, r.dst.seqs, nreq);
+        fprintf(stderr, "%s, %s drafts: %llu drafted, %llu accepted (%.3f), %llu passes (plain %llu), %.2f tokens per "
+                "pass (plain %.2f); draft: %llu calls, %llu tokens fed, %llu rolled back, %.2f s\n", label,
+                j ? (j == 1 ? "4" : "16") : "auto", (unsigned long long)a->spec_drafted,
+                (unsigned long long)a->spec_accepted, acc_rate(a), (unsigned long long)a->passes,
+                (unsigned long long)plain.st.passes, per_pass(a), per_pass(&plain.st), (unsigned long long)r.dst.passes,
+                (unsigned long long)r.dst.fed, (unsigned long long)r.dst.rolled, r.dst.seconds);
+        if (j == 0) continue;
+        CHECK(a->spec_drafted > 0 && r.dst.passes > 0, "%s: the draft model proposed", label);
+        CHECK(acc_rate(a) >= lo && acc_rate(a) <= hi, "%s, %d drafts: acceptance %.3f within [%.2f, %.2f]", label, ks[j],
+              acc_rate(a), lo, hi);
+        CHECK(a->passes < plain.st.passes, "%s, %d drafts: fewer passes (%llu < %llu)", label, ks[j],
+              (unsigned long long)a->passes, (unsigned long long)plain.st.passes);
+    }
+}
+
+/* The proposer called directly: drafts are the greedy continuation, a rolled-back sequence
+ * drafts what a fresh one does, chunked catch-up, the context and slot limits, release. */
+static void test_draft_calls(void) {
+    eng_cfg c = {1, 0, NULL};
+    zs_engine *e = open_engine(&c, NULL);
+    if (!e) return;
+    char tdir[4096];
+    draft_cfg dc = {NULL, ZS_DTYPE_COUNT, 16}; /* 16 tokens a call: catch-up in chunks */
+    zs_spec *p = open_draft(&dc, e, model_path(&c, tdir, sizeof tdir), 2);
+    if (!p) {
+        zs_engine_free(e);
+        return;
+    }
+    CHECK(!strcmp(zs_spec_name(p), "draft"), "name");
+    int32_t t[300], ref[40];
+    int32_t *ids = NULL;
+    size_t n = 0;
+    t[0] = 1;
+    const char *text = "Once upon a time, there was a little girl named Lily.";
+    CHECK(zs_tokenizer_encode(zs_engine_tokenizer(e), text, strlen(text), 0, &ids, &n) == 0 && n > 4 && n < 40, "encode");
+    memcpy(t + 1, ids, n * sizeof *t);
+    free(ids);
+    int nt = (int)n + 1;
+    /* the reference: plain greedy generation of the target (the same weights) */
+    zs_gen_params gp;
+    memset(&gp, 0, sizeof gp);
+    zs_sampler_params_default(&gp.sampling);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 30;
+    gp.ignore_eos = 1;
+    zs_gen_result res;
+    memset(&res, 0, sizeof res);
+    CHECK(zs_engine_generate(e, t, nt, &gp, NULL, NULL, &res) == 0 && res.n_generated == 30, "generate: %s", zs_errmsg());
+    if (res.ids) memcpy(ref, res.ids, 30 * sizeof *ref);
+    free(res.ids);
+
+    int32_t d1[ZS_SPEC_MAX_TOKENS], d2[ZS_SPEC_MAX_TOKENS], d3[ZS_SPEC_MAX_TOKENS];
+    zs_spec_req q[3];
+    q[0] = (zs_spec_req){11, t, nt, 8, d1, 0};
+    CHECK(zs_spec_propose(p, q, 1) == 0 && q[0].n_draft == 8 && !memcmp(d1, ref, 8 * sizeof *d1),
+          "the drafts are the greedy continuation (%d drafts)", q[0].n_draft);
+    /* four drafts accepted, then a token the draft did not propose: rolled back to it */
+    int32_t u[300];
+    memcpy(u, t, (size_t)nt * sizeof *u);
+    memcpy(u + nt, d1, 4 * sizeof *u);
+    u[nt + 4] = d1[4] == 300 ? 301 : 300;
+    zs_spec_draft_stats st0, st1;
+    zs_spec_draft_stats_get(p, &st0);
+    q[0] = (zs_spec_req){11, u, nt + 5, 6, d2, 0};
+    CHECK(zs_spec_propose(p, q, 1) == 0 && q[0].n_draft == 6, "after a rejection: %d drafts", q[0].n_draft);
+    zs_spec_draft_stats_get(p, &st1);
+    CHECK(st1.rolled == st0.rolled + 3, "the 3 stale draft positions rolled back (%llu)",
+          (unsigned long long)(st1.rolled - st0.rolled));
+    CHECK(st1.fed - st0.fed == 1 + 5, "only the new token fed (the accepted drafts are in the KV), then 5 drafts (%llu)",
+          (unsigned long long)(st1.fed - st0.fed));
+    q[0] = (zs_spec_req){12, u, nt + 5, 6, d3, 0};
+    CHECK(zs_spec_propose(p, q, 1) == 0 && q[0].n_draft == 6 && !memcmp(d2, d3, 6 * sizeof *d2),
+          "a rolled-back sequence drafts what a fresh one does");
+    /* two sequences in one call, one with a long prompt (catch-up in chunks of 16); key 12's
+     * slot is reused, key 11's taken back (least recently used) for key 13 */
+    for (int i = 0; i < 200; i++) t[i] = 5 + (i * 37) % 500;
+    q[0] = (zs_spec_req){12, u, nt + 6, 4, d2, 0};
+    u[nt + 5] = d3[0];
+    q[1] = (zs_spec_req){13, t, 200, 5, d1, 0};
+    CHECK(zs_spec_propose(p, q, 2) == 0 && q[0].n_draft == 4 && q[1].n_draft == 5, "two sequences: %d and %d drafts",
+          q[0].n_draft, q[1].n_draft);
+    CHECK(!memcmp(d2, d3 + 1, 3 * sizeof *d2), "the accepted draft fed: the drafts go on where they were");
+    q[2] = (zs_spec_req){14, t, 200, 5, d3, 0};
+    CHECK(zs_spec_propose(p, &q[2], 1) == 0 && q[2].n_draft == 5 && !memcmp(d1, d3, 5 * sizeof *d1),
+          "a third sequence takes the least recently used slot; batched drafts = drafts alone");
+    /* more sequences in one call than the draft keeps: the rest get none, no error */
+    q[0] = (zs_spec_req){21, t, 50, 3, d1, 0};
+    q[1] = (zs_spec_req){22, t, 60, 3, d2, 0};
+    q[2] = (zs_spec_req){23, t, 70, 3, d3, 0};
+    CHECK(zs_spec_propose(p, q, 3) == 0 && q[0].n_draft == 3 && q[1].n_draft == 3 && q[2].n_draft == 0,
+          "2 slots: drafts for 2 of 3 sequences (%d %d %d)", q[0].n_draft, q[1].n_draft, q[2].n_draft);
+    /* the context (256): drafts stop at its end; a sequence past it gets none */
+    for (int i = 200; i < 300; i++) t[i] = 5 + (i * 41) % 500;
+    q[0] = (zs_spec_req){21, t, 254, 8, d1, 0};
+    q[1] = (zs_spec_req){22, t, 260, 8, d2, 0};
+    CHECK(zs_spec_propose(p, q, 2) == 0 && q[0].n_draft == 3 && q[1].n_draft == 0,
+          "context 256: 3 drafts after 254 tokens, none after 260 (%d, %d)", q[0].n_draft, q[1].n_draft);
+    zs_spec_draft_stats_get(p, &st0);
+    CHECK(st0.seqs == 2 && st0.kv_used > 0, "two sequences held (%d, %d blocks)", st0.seqs, st0.kv_used);
+    zs_spec_release(p, 21);
+    zs_spec_release(p, 22);
+    zs_spec_release(p, 99); /* unknown: nothing */
+    zs_spec_draft_stats_get(p, &st0);
+    CHECK(st0.seqs == 0 && st0.kv_used == 0, "released: no sequence, no block held (%d, %d)", st0.seqs, st0.kv_used);
+    zs_spec *ng = NULL;
+    CHECK(zs_spec_ngram_new(2, 3, &ng) == 0 && zs_spec_draft_stats_get(ng, &st0) == ZS_EINVAL, "not a draft: refused");
+    zs_spec_free(ng);
+    zs_spec_free(p);
+    zs_engine_free(e);
+}
+
+/* A model whose every layer has a sliding window (a ring of KV blocks per sequence): a rollback
+ * into positions the ring has overwritten starts the sequence over, and drafts stay those of a
+ * fresh sequence. */
+static void test_draft_window(const char *dir) {
+    eng_cfg c = {1, 0, dir};
+    zs_engine *e = open_engine(&c, NULL);
+    if (!e) return;
+    draft_cfg dc = {dir, ZS_DTYPE_COUNT, 16};
+    zs_spec *p = open_draft(&dc, e, dir, 2);
+    if (p) {
+        int32_t t[200], d1[8] = {0}, d2[8] = {0};
+        for (int i = 0; i < 200; i++) t[i] = (i * 53 + i * i % 7) % 250;
+        zs_spec_req q = {1, t, 150, 6, d1, 0};
+        CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 6, "window: 6 drafts");
+        /* back to 40 tokens: the ring (window 16, 16 tokens a call) no longer holds them */
+        zs_spec_draft_stats st0, st1;
+        zs_spec_draft_stats_get(p, &st0);
+        q = (zs_spec_req){1, t, 41, 6, d1, 0};
+        CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 6, "window, rolled back far: 6 drafts");
+        zs_spec_draft_stats_get(p, &st1);
+        CHECK(st1.rolled - st0.rolled == 155, "the whole sequence started over (%llu positions rolled back)",
+              (unsigned long long)(st1.rolled - st0.rolled));
+        zs_spec_req q2 = {2, t, 41, 6, d2, 0};
+        CHECK(zs_spec_propose(p, &q2, 1) == 0 && q2.n_draft == 6 && !memcmp(d1, d2, 6 * sizeof *d1),
+              "window: the same drafts as a fresh sequence");
+        /* a short rollback the ring still holds: no restart */
+        int32_t u[200];
+        memcpy(u, t, sizeof u);
+        memcpy(u + 41, d2, 2 * sizeof *u);
+        u[43] = d2[2] == 7 ? 8 : 7;
+        zs_spec_draft_stats_get(p, &st0);
+        q2 = (zs_spec_req){2, u, 44, 6, d2, 0};
+        zs_spec_req q3 = {3, u, 44, 6, d1, 0};
+        CHECK(zs_spec_propose(p, &q2, 1) == 0 && zs_spec_propose(p, &q3, 1) == 0 && q2.n_draft == 6 &&
+                  q3.n_draft == 6 && !memcmp(d1, d2, 6 * sizeof *d1), "window, a short rollback: the drafts of a fresh sequence");
+        zs_spec_draft_stats_get(p, &st1);
+        CHECK(st1.rolled - st0.rolled == 3 + 0, "window, a short rollback: only the stale drafts rolled back (%llu)",
+              (unsigned long long)(st1.rolled - st0.rolled));
+        zs_spec_free(p);
+    }
+    zs_engine_free(e);
+}
+
+/* What cannot be a draft is refused at the start, by name. */
+static void test_draft_refusals(const char *random512) {
+    eng_cfg c = {1, 0, NULL};
+    zs_engine *e = open_engine(&c, NULL);
+    if (!e) return;
+    char tdir[4096], gdir[4096];
+    model_path(&c, tdir, sizeof tdir);
+    tu_model_dir(gdir, sizeof gdir, "gpt2-bytes");
+    zs_engine_opts eo;
+    zs_engine_opts_default(&eo);
+    zs_spec *p = NULL;
+    eo.model_dir = gdir;
+    CHECK_ERR(zs_spec_draft_new(&eo, e, tdir, &p), "--draft-model", gdir, tdir, "(256 tokens)", "(512 tokens)");
+    fprintf(stderr, "refused: %s\n", zs_errmsg());
+    eo.model_dir = random512; /* 512 tokens, byte-level: not the same tokens */
+    CHECK_ERR(zs_spec_draft_new(&eo, e, tdir, &p), "--draft-model", random512, tdir, "at token 0");
+    fprintf(stderr, "refused: %s\n", zs_errmsg());
+    eo.model_dir = "/nonexistent/draft";
+    CHECK_ERR(zs_spec_draft_new(&eo, e, tdir, &p), "--draft-model /nonexistent/draft: ");
+    fprintf(stderr, "refused: %s\n", zs_errmsg());
+    eo.model_dir = tdir;
+    eo.max_seqs = 0;
+    CHECK_ERR(zs_spec_draft_new(&eo, e, tdir, &p), "--draft-model", "sequences");
+    CHECK(p == NULL, "nothing made");
+    zs_engine_free(e);
+}
+
+static int make_random(const char *arch, int vocab, int window, const char *dir) {
+    zs_init_opts io;
+    int rc = zs_init_opts_default(arch, &io);
+    if (rc < 0) return rc;
+    io.cfg.n_layers = 2;
+    io.cfg.vocab_size = vocab;
+    io.cfg.max_seq = 512;
+    io.seed = 3;
+    io.random_norms = 1;
+    io.init_std = 0.3f;
+    char ov[64] = "{}";
+    if (window) snprintf(ov, sizeof ov, "{\"sliding_window\": %d}", window);
+    if ((rc = zs_config_override(&io.cfg, ov, "test-spec")) < 0) return rc;
+    return zs_init_model_write(&io, dir);
+}
+
+static int copy_file(const char *from, const char *to) {
+    FILE *f = fopen(from, "rb");
+    if (!f) return -1;
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    int full = !feof(f);
+    fclose(f);
+    return full ? -1 : tu_write_file(to, buf, n);
+}
+
+/* A target whose model has more rows (600) than the shared tokenizer's ids (520), and a draft
+ * with 520: a sequence holding an id the draft has no row for gets no drafts, the others do. */
+static void test_draft_padded(const char *dir) {
+    char a[4200], b[4200], f1[4300], f2[4300];
+    snprintf(a, sizeof a, "%s/v520", dir);
+    snprintf(b, sizeof b, "%s/v600", dir);
+    int ok = make_random("llama", 520, 0, a) == 0 && make_random("llama", 600, 0, b) == 0;
+    static const char *files[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json"};
+    for (int i = 0; ok && i < 3; i++) {
+        snprintf(f1, sizeof f1, "%s/%s", a, files[i]);
+        snprintf(f2, sizeof f2, "%s/%s", b, files[i]);
+        ok = copy_file(f1, f2) == 0;
+    }
+    /* the target's config.json names the shared tokenizer's BOS/EOS */
+    snprintf(f2, sizeof f2, "%s/config.json", b);
+    json_t *cj = ok ? json_load_file(f2, 0, NULL) : NULL;
+    ok = cj && json_object_set_new(cj, "bos_token_id", json_integer(519)) == 0 &&
+         json_object_set_new(cj, "eos_token_id", json_integer(519)) == 0 && json_dump_file(cj, f2, JSON_INDENT(2)) == 0;
+    json_decref(cj);
+    CHECK(ok, "padded models: %s", zs_errmsg());
+    if (!ok) return;
+    eng_cfg c = {1, 0, b};
+    zs_engine *e = open_engine(&c, NULL);
+    if (!e) return;
+    draft_cfg dc = {a, ZS_DTYPE_COUNT, 16};
+    zs_spec *p = open_draft(&dc, e, b, 4);
+    if (p) {
+        int32_t t[40], u[40], d1[4], d2[4];
+        for (int i = 0; i < 40; i++) t[i] = u[i] = (i * 31) % 500;
+        u[20] = 550; /* a row of the target's model, past the tokenizer and the draft */
+        zs_spec_req q[2] = {{1, t, 40, 4, d1, 0}, {2, u, 40, 4, d2, 0}};
+        CHECK(zs_spec_propose(p, q, 2) == 0 && q[0].n_draft == 4 && q[1].n_draft == 0,
+              "an id past the draft's rows: no drafts for that sequence, the other has its own (%d, %d)", q[0].n_draft,
+              q[1].n_draft);
+        for (int i = 0; i < 4; i++) CHECK(d1[i] >= 0 && d1[i] < 520, "drafts within the shared tokenizer's ids (%d)", d1[i]);
+        zs_spec_free(p);
+    }
+    zs_engine_free(e);
+}
+
+static void test_draft(void) {
+    eng_cfg one = {1, 0, NULL}, two = {2, 0, NULL};
+    draft_cfg same = {NULL, ZS_DTYPE_COUNT, 0}, q8 = {NULL, ZS_Q8_0, 0}, bf16 = {NULL, ZS_BF16, 0};
+    test_draft_calls();
+    test_sampled(&q8, "sampled, a q8_0 draft model");
+    /* the same weights and dtype: every greedy draft holds */
+    test_draft_greedy(&one, &same, "draft = target (f32), no EOS or stops", 0, 0, 120, 1, 1.0, 1.0);
+    test_draft_greedy(&one, &same, "draft = target (f32), mixed", 1, 1, N_REQ, 0, 0.5, 1.0);
+    /* another dtype: most drafts hold, not all */
+    test_draft_greedy(&one, &q8, "draft q8_0, target f32, mixed", 1, 1, N_REQ, 0, 0.5, 0.999);
+    test_draft_greedy(&two, &bf16, "draft bf16, target f32 on 2 ranks", 0, 0, 120, 0, 0.5, 0.999);
+    char dir[4096];
+    tu_tmpdir(dir, sizeof dir, "spec-draft");
+    char win[4200], r512[4200];
+    snprintf(win, sizeof win, "%s/mistral", dir);
+    snprintf(r512, sizeof r512, "%s/llama512", dir);
+    if (make_random("mistral", 300, 16, win) == 0) {
+        eng_cfg w = {1, 0, win};
+        draft_cfg wd = {win, ZS_DTYPE_COUNT, 16};
+        test_draft_window(win);
+        test_draft_greedy(&w, &wd, "sliding window 16 (random Mistral), draft = target", 0, 0, 60, 1, 1.0, 1.0);
+    } else {
+        CHECK(0, "mistral model: %s", zs_errmsg());
+    }
+    if (make_random("llama", 512, 0, r512) == 0) test_draft_refusals(r512);
+    else CHECK(0, "llama model: %s", zs_errmsg());
+    test_draft_padded(dir);
+    tu_rmdir(dir);
 }
 
 /* ---------- a mixture of experts ---------- */
@@ -532,6 +900,7 @@ int main(void) {
         CHECK(0, "moe model: %s", zs_errmsg());
     }
     tu_rmdir(moe);
-    test_sampled();
+    test_sampled(NULL, "sampled");
+    test_draft();
     return tu_finish("test-spec");
 }

@@ -196,8 +196,8 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
                 (double)zs_kv_block_bytes(c->n_layers, kvd, o->kv_dtype) * n_blocks / (1 << 20),
                 zs_dtype_name(o->kv_dtype));
     zs_world_opts wo = {o->ranks, o->nvme_path, o->gather, o->max_batch_tokens, n_blocks, o->max_seqs, e->context,
-                        e->device, o->spmd, o->kv_dtype};
-    int world_ranks = o->ranks * zs_cluster_size();
+                        e->device, o->spmd, o->kv_dtype, o->local};
+    int world_ranks = o->ranks * (o->local ? 1 : zs_cluster_size());
     if (o->zero_stage < 0 || o->zero_stage > 3) {
         rc = zs_err(ZS_EINVAL, "zero_optimization.stage must be 1, 2 or 3 (got %d)", o->zero_stage);
         goto fail;

@@ -45,6 +45,8 @@ typedef struct {
                               ZS_DEVICE environment variable overrides auto) | _CPU | _CUDA */
     int spmd;              /* several processes (cluster.h): every process drives the engine
                               (training); 0: process 0 drives, the others zs_engine_follow */
+    int local;             /* 1: an engine of this process alone, whatever the cluster (a draft
+                              model: process 0 runs it, the others never open it) */
 } zs_engine_opts;
 
 void zs_engine_opts_default(zs_engine_opts *o);

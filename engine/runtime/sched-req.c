@@ -1,7 +1,8 @@
 /* sched-req.c — the end of a scheduler request and its counters, below every other room of the
  * scheduler (it calls none of them): freeing a request, finishing one (its KV sequence closed,
- * its slot on the rank freed, on_done called, the done counter and the live list updated), and
- * the per-token latency histograms behind /metrics. See sched-impl.h. */
+ * its slot on the rank freed, the draft proposer told (spec.h), on_done called, the done counter
+ * and the live list updated), and the per-token latency histograms behind /metrics. See
+ * sched-impl.h. */
 #include <string.h>
 
 #include "common.h"
@@ -47,6 +48,7 @@ void zs_sreq_finish(zs_sched *s, zs_request *r, int reason, const char *text, si
                     const char *msg) {
     if (r->state == RQ_RUNNING) {
         zs_kv_seq_close(zs_world_kv(s->w, r->rank), r->seq);
+        zs_spec_release(s->spec, (uintptr_t)r); /* the proposer's state of it (a draft model's KV) */
         zs_sched_rank *b = &s->rb[r->rank];
         for (int i = 0; i < b->n_running; i++)
             if (b->running[i] == r) {

@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "engine.h"
+
 #define ZS_SPEC_MAX_TOKENS 16   /* drafts per sequence and step at most */
 
 /* One sequence's request for drafts. */
@@ -46,5 +48,36 @@ void zs_spec_free(zs_spec *p);   /* NULL is fine */
 /* Prompt lookup: the longest suffix of the tokens (max_ngram down to min_ngram long) that occurred
  * before, most recent occurrence first; the tokens that followed it are the drafts. */
 int  zs_spec_ngram_new(int min_ngram, int max_ngram, zs_spec **out);
+
+/* A draft model (spec-draft.c): a second, small engine with resident weights on one CPU rank and
+ * its own KV cache, whose greedy continuation of each sequence is the drafts. It keeps a KV
+ * sequence per key: a proposal first feeds the tokens the target accepted since the draft last
+ * saw the sequence (its KV is rolled back to the longest prefix still the sequence's: rejected
+ * drafts are overwritten), chunked and batched across sequences, then runs up to k decode steps
+ * with one row per sequence; release frees the key's KV blocks. A sequence beyond the draft's
+ * KV room or context gets no drafts (not an error).
+ * draft: the draft engine's options: model_dir (a Hugging Face directory or a GGUF file), model
+ * (weight dtype, quant mix, embed_lookup), max_seqs (the sequences it keeps at once: the
+ * scheduler's max_seqs), max_batch_tokens (tokens per draft forward call), kv_dtype, kv_bytes;
+ * the rest is set here: one rank, resident weights (no offload), the CPU device, the target's
+ * context (or the draft model's, when shorter). The draft's vocabulary must be the target's:
+ * the same token count, every token's bytes (zs_tokenizer_token_bytes) and BOS/EOS ids; a
+ * mismatch is ZS_EINVAL naming both paths (target_path names the target in messages).
+ * Refused (ZS_EUNSUPPORTED): a target on a CUDA device, several processes (mpirun). Load errors
+ * are the engine's. The target must outlive the proposer. */
+int  zs_spec_draft_new(const zs_engine_opts *draft, zs_engine *target, const char *target_path, zs_spec **out);
+
+/* What a draft model proposer holds and has done (for tests and logs). */
+typedef struct {
+    int seqs;          /* sequences whose KV it keeps */
+    int kv_used;       /* its KV blocks held by them */
+    int kv_total;      /* its KV blocks */
+    uint64_t passes;   /* draft forward calls */
+    uint64_t fed;      /* tokens fed (catch-up and drafts) */
+    uint64_t rolled;   /* KV positions rolled back (rejected drafts, or a window's lost history) */
+    double seconds;    /* time spent proposing */
+} zs_spec_draft_stats;
+/* ZS_EINVAL when p is not a draft model proposer. */
+int  zs_spec_draft_stats_get(const zs_spec *p, zs_spec_draft_stats *out);
 
 #endif

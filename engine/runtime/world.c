@@ -318,9 +318,9 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     w->m = m;
     w->o = *o;
     w->n = o->ranks;
-    int procs = zs_cluster_size();
+    int procs = o->local ? 1 : zs_cluster_size();
     w->size = w->n * procs;
-    w->first = w->n * zs_cluster_rank();
+    w->first = o->local ? 0 : w->n * zs_cluster_rank();
     w->led = procs > 1 && !o->spmd;
     w->quit_sent = 1; /* nothing to tell the followers until the world runs */
     pthread_mutex_init(&w->mu, NULL);
@@ -340,7 +340,7 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
         /* pinned pools created from now on (cpu tier, NVMe slots) are registered with CUDA */
         zs_dev_install_pinned_hooks();
         /* several processes on one host take consecutive devices */
-        int base = zs_cluster_node_rank() * w->n;
+        int base = o->local ? 0 : zs_cluster_node_rank() * w->n;
         for (int r = 0; r < w->n && rc == 0; r++) rc = zs_dev_open((base + r) % ndev, &w->ranks[r].dev);
     }
     if ((rc = agree_start(w, rc, "opening its devices")) < 0) {
@@ -355,7 +355,7 @@ int zs_world_open(zs_model *m, const zs_world_opts *o, zs_world **out) {
     int nccl = cuda && w->size > 1 && zs_cluster_node_size() * w->n <= ndev && !(cm && !strcmp(cm, "local"));
     if (nccl) {
         int devs[256];
-        for (int r = 0; r < w->n; r++) devs[r] = (zs_cluster_node_rank() * w->n + r) % ndev;
+        for (int r = 0; r < w->n; r++) devs[r] = ((o->local ? 0 : zs_cluster_node_rank()) * w->n + r) % ndev;
         int nrc = procs > 1 ? zs_comm_nccl_create_cluster(w->n, devs, comms) : zs_comm_nccl_create(w->n, devs, comms);
         if (procs > 1 && (nrc = agree_start(w, nrc, "joining NCCL")) < 0) {
             free(comms);

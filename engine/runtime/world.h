@@ -40,6 +40,8 @@ typedef struct {
                               else: the CPU device */
     int spmd;              /* several processes: every process drives the world (see above) */
     zs_dtype kv_dtype;     /* KV cache elements (host or device): ZS_F32 (0), ZS_F16, ZS_BF16 */
+    int local;             /* 1: this process's ranks alone, whatever the cluster (spec-draft.c's
+                              draft model, which only process 0 runs) */
 } zs_world_opts;
 
 typedef struct zs_world zs_world;
