@@ -198,7 +198,8 @@ static int cmd_bench(int argc, char **argv) {
     zs_bench_opts_default(&bo);
     zs_engine_flags ef;
     zs_engine_flags_init(&ef);
-    zs_opt opts[9 + ZS_ENGINE_FLAG_COUNT] = {
+    const char *raw_read = NULL;
+    zs_opt opts[12 + ZS_ENGINE_FLAG_COUNT] = {
         {"runs", ZS_OPT_INT, &bo.runs, "repetitions, medians reported (default 5)"},
         {"prefill", ZS_OPT_INT, &bo.prefill_tokens, "prompt tokens (default 128)"},
         {"decode", ZS_OPT_INT, &bo.decode_tokens, "decode tokens per run (default 32)"},
@@ -208,13 +209,23 @@ static int cmd_bench(int argc, char **argv) {
         {"lora-r", ZS_OPT_INT, &bo.lora_r, "rank of those adapters (default 16)"},
         {"lora-seqs", ZS_OPT_INT, &bo.lora_seqs, "sequences decoding together with --lora (default 16)"},
         {"moe", ZS_OPT_FLAG, &bo.moe, "a mixture of experts: decode at batch 1, 8, 32 with only the routed experts gathered against --moe-gather-all"},
+        {"speculative", ZS_OPT_FLAG, &bo.speculative, "greedy decode of a copying prompt at batch 1, plain against prompt lookup: tokens/s, tokens per pass, pass time against the I/O bound"},
+        {"spec-tokens", ZS_OPT_INT, &bo.spec_tokens, "with --speculative: drafts per step (default 0: chosen from the measured costs; at most 16)"},
+        {"raw-read", ZS_OPT_STR, &raw_read, "DIR: only the raw io_uring O_DIRECT read rate of the shard files DIR/rank*.shards (--ranks of them), in GB/s; no --model"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 9);
+    int n_opts = zs_engine_flags_table(&ef, opts, 12);
     if (want_help(argc, argv)) {
         zs_cli_usage("bench", "Measures prefill and decode throughput against bounds measured in the same run.", opts, n_opts);
         return 0;
     }
     ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
+    if (raw_read) { /* the NVMe bound alone, for scripts that measure a server (tests/bench/speculative.sh) */
+        ZS_CHECK(zs_engine_flags_apply(&ef, &bo.engine));
+        double gbps;
+        ZS_CHECK(zs_bench_raw_bound(raw_read, bo.engine.ranks, &bo.engine.gather, &gbps));
+        printf("%.4f\n", gbps);
+        return 0;
+    }
     if (!ef.model) return zs_err(ZS_EINVAL, "--model is required");
     if (bo.runs < 1 || bo.prefill_tokens < 1 || bo.decode_tokens < 2)
         return zs_err(ZS_EINVAL, "--runs and --prefill must be >= 1, --decode >= 2");
@@ -226,6 +237,12 @@ static int cmd_bench(int argc, char **argv) {
     ZS_CHECK(zs_engine_flags_apply(&ef, &bo.engine));
     if (bo.moe && (bo.lora_adapters || ef.moe_gather_all))
         return zs_err(ZS_EINVAL, "--moe runs the --moe-gather-all baseline itself and does not combine with --lora");
+    if (bo.spec_tokens < 0 || bo.spec_tokens > ZS_SPEC_MAX_TOKENS)
+        return zs_err(ZS_ERANGE, "--spec-tokens must be between 0 and %d (got %d)", ZS_SPEC_MAX_TOKENS, bo.spec_tokens);
+    if (bo.spec_tokens && !bo.speculative) return zs_err(ZS_EINVAL, "--spec-tokens needs --speculative");
+    if (bo.speculative && (bo.moe || bo.lora_adapters))
+        return zs_err(ZS_EINVAL, "--speculative does not combine with --moe or --lora");
+    if (bo.speculative) return zs_bench_spec(&bo);
     if (bo.moe) return zs_bench_moe(&bo);
     if (bo.lora_adapters) return zs_bench_lora(&bo);
     if (bo.engine.ranks > 1 || bo.engine.gather.tier != ZS_OFFLOAD_NONE) return zs_bench_offload(&bo);

@@ -16,6 +16,8 @@ typedef struct {
     int lora_r;         /* their rank (default 16) */
     int lora_seqs;      /* sequences decoding together (default 16) */
     int moe;            /* zs_bench_moe */
+    int speculative;    /* zs_bench_spec */
+    int spec_tokens;    /* its drafts per sequence and step (0: chosen from the measured costs) */
 } zs_bench_opts;
 
 void zs_bench_opts_default(zs_bench_opts *o);
@@ -44,5 +46,9 @@ int zs_bench_raw_bound(const char *dir, int ranks, const zs_gather_opts *g, doub
  * whole-block baseline (--moe-gather-all), interleaved; expert bytes per token, the cache's hit
  * rate and the stream rate against the tier's bound (bench-moe.c). */
 int zs_bench_moe(const zs_bench_opts *o);
+/* `bench --speculative`: greedy decode at batch 1 of a copying prompt through the scheduler, plain
+ * against prompt lookup, interleaved: tokens/s, tokens per pass, the pass time against the tier's
+ * I/O bound, and whether the outputs are identical (ZS_EINVAL when they are not; bench-spec.c). */
+int zs_bench_spec(const zs_bench_opts *o);
 
 #endif
