@@ -38,8 +38,8 @@ if [ -z "$CHROMIUM" ]; then
 fi
 
 zs_tmpdir e2e-play
-zs_start_server "$T/server.log" --model "$MODEL" --data-dir "$T/data" || zs_abort "server starts"
-ok "server starts with --data-dir"
+zs_start_server "$T/server.log" --model "$MODEL" --data-dir "$T/data" --speculative ngram --spec-tokens 4 || zs_abort "server starts"
+ok "server starts with --data-dir (and prompt lookup, for the tokens-per-pass plot)"
 U=$ZS_URL
 J() { curl -s -m 30 -H 'Content-Type: application/json' "$@"; }
 uri() { jq -rn --arg s "$1" '$s | @uri'; }
@@ -188,15 +188,18 @@ for _ in 1 2 3; do J "$U/v1/completions" -d '{"prompt":"Once upon a time","max_t
 dom 6000 "/?view=engine"
 ns=$(text_of engine-samples)
 check "engine view: several samples of /metrics ($ns), data-engine ok" '[ "${ns:-0}" -ge 3 ] && [ "$(attr data-engine)" = ok ]'
-six_plots() {
-    for m in tokens requests kv bytes stall prefix; do grep -q "data-metric=\"$m\"" "$DOM" || return 1; done
-    [ "$(grep -o '<svg viewBox="0 0 320 96"' "$DOM" | wc -l)" = 6 ]
+seven_plots() {
+    for m in tokens requests kv bytes stall prefix pass; do grep -q "data-metric=\"$m\"" "$DOM" || return 1; done
+    [ "$(grep -o '<svg viewBox="0 0 320 96"' "$DOM" | wc -l)" = 7 ]
 }
-check "engine view: the six plots" six_plots
+check "engine view: the seven plots" seven_plots
 check "engine view: the requests plot reads the running gauge (0 now)" 'grep -q "data-metric=\"requests\" data-available=\"1\" data-value=\"0\"" "$DOM"'
 pc=$(curl -s "$U/metrics" | grep -c '^zeroserve_prefix_cache_lookup_blocks_total ')
 check "engine view: the prefix-cache plot is available exactly when /metrics has its counters ($pc)" \
     'grep -q "data-metric=\"prefix\" data-available=\"$pc\"" "$DOM"'
+tpp=$(curl -s "$U/metrics" | awk '$1 == "zeroserve_passes_total" { n = $2 } $1 == "zeroserve_pass_tokens_total" { t = $2 } END { if (n > 0) printf "%.2f over %d passes", t / n, n }')
+check "engine view: the tokens-per-pass plot is available and says the overall figure of /metrics ($tpp)" \
+    '[ -n "$tpp" ] && grep -q "data-metric=\"pass\" data-available=\"1\"" "$DOM" && grep -q "overall $tpp" "$DOM"'
 check "engine view: no JS error" no_js_errors "$(js_errors)"
 (while :; do J "$U/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":48}' >/dev/null || break; done) &
 ZS_BGPIDS=$!
