@@ -198,8 +198,8 @@ static int cmd_bench(int argc, char **argv) {
     zs_bench_opts_default(&bo);
     zs_engine_flags ef;
     zs_engine_flags_init(&ef);
-    const char *raw_read = NULL;
-    zs_opt opts[12 + ZS_ENGINE_FLAG_COUNT] = {
+    const char *raw_read = NULL, *draft_dtype = NULL;
+    zs_opt opts[14 + ZS_ENGINE_FLAG_COUNT] = {
         {"runs", ZS_OPT_INT, &bo.runs, "repetitions, medians reported (default 5)"},
         {"prefill", ZS_OPT_INT, &bo.prefill_tokens, "prompt tokens (default 128)"},
         {"decode", ZS_OPT_INT, &bo.decode_tokens, "decode tokens per run (default 32)"},
@@ -209,11 +209,13 @@ static int cmd_bench(int argc, char **argv) {
         {"lora-r", ZS_OPT_INT, &bo.lora_r, "rank of those adapters (default 16)"},
         {"lora-seqs", ZS_OPT_INT, &bo.lora_seqs, "sequences decoding together with --lora (default 16)"},
         {"moe", ZS_OPT_FLAG, &bo.moe, "a mixture of experts: decode at batch 1, 8, 32 with only the routed experts gathered against --moe-gather-all"},
-        {"speculative", ZS_OPT_FLAG, &bo.speculative, "greedy decode of a copying prompt at batch 1, plain against prompt lookup: tokens/s, tokens per pass, pass time against the I/O bound"},
+        {"speculative", ZS_OPT_FLAG, &bo.speculative, "greedy decode of a copying prompt at batch 1, plain against prompt lookup (or --draft-model): tokens/s, tokens per pass, pass time against the I/O bound"},
         {"spec-tokens", ZS_OPT_INT, &bo.spec_tokens, "with --speculative: drafts per step (default 0: chosen from the measured costs; at most 16)"},
+        {"draft-model", ZS_OPT_STR, &bo.draft_model, "with --speculative: a draft model (same vocabulary; HF directory or GGUF file) proposes instead of prompt lookup"},
+        {"draft-weight-dtype", ZS_OPT_STR, &draft_dtype, "its weights: the choices of --weight-dtype (default auto: as stored)"},
         {"raw-read", ZS_OPT_STR, &raw_read, "DIR: only the raw io_uring O_DIRECT read rate of the shard files DIR/rank*.shards (--ranks of them), in GB/s; no --model"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 12);
+    int n_opts = zs_engine_flags_table(&ef, opts, 14);
     if (want_help(argc, argv)) {
         zs_cli_usage("bench", "Measures prefill and decode throughput against bounds measured in the same run.", opts, n_opts);
         return 0;
@@ -240,6 +242,9 @@ static int cmd_bench(int argc, char **argv) {
     if (bo.spec_tokens < 0 || bo.spec_tokens > ZS_SPEC_MAX_TOKENS)
         return zs_err(ZS_ERANGE, "--spec-tokens must be between 0 and %d (got %d)", ZS_SPEC_MAX_TOKENS, bo.spec_tokens);
     if (bo.spec_tokens && !bo.speculative) return zs_err(ZS_EINVAL, "--spec-tokens needs --speculative");
+    if (bo.draft_model && !bo.speculative) return zs_err(ZS_EINVAL, "--draft-model needs --speculative");
+    if (draft_dtype && !bo.draft_model) return zs_err(ZS_EINVAL, "--draft-weight-dtype %s needs --draft-model PATH", draft_dtype);
+    if (draft_dtype) ZS_CHECK(zs_engine_flags_weight_dtype("--draft-weight-dtype", draft_dtype, &bo.draft));
     if (bo.speculative && (bo.moe || bo.lora_adapters))
         return zs_err(ZS_EINVAL, "--speculative does not combine with --moe or --lora");
     if (bo.speculative) return zs_bench_spec(&bo);

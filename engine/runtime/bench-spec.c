@@ -1,11 +1,12 @@
 /* bench-spec.c — `zeroserve bench --speculative`: greedy decode at batch 1 through the scheduler,
- * plain against prompt lookup (spec-ngram.c), on a copying prompt (the model's chat template
- * asking it to repeat a paragraph; where there is none, the paragraph and "The same paragraph
- * again:"). Runs interleaved (plain, lookup, lookup, plain, ...), medians. Per mode: decode
- * tokens/s, tokens per weight pass, drafts accepted over drafted, the pass's time against its I/O
- * bound (bytes streamed per pass / the tier's bound measured in the same run: raw io_uring
- * O_DIRECT reads of the same shard files for nvme, host memory bandwidth otherwise), and whether
- * the two modes' tokens are identical (greedy speculation must not change them). */
+ * plain against prompt lookup (spec-ngram.c) or, with --draft-model, a draft model
+ * (spec-draft.c), on a copying prompt (the model's chat template asking it to repeat a paragraph;
+ * where there is none, the paragraph and "The same paragraph again:"). Runs interleaved (plain,
+ * speculative, speculative, plain, ...), medians. Per mode: decode tokens/s, tokens per weight
+ * pass, drafts accepted over drafted, the pass's time against its I/O bound (bytes streamed per
+ * pass / the tier's bound measured in the same run: raw io_uring O_DIRECT reads of the same shard
+ * files for nvme, host memory bandwidth otherwise), and whether the two modes' tokens are
+ * identical (greedy speculation must not change them). */
 #include <jansson.h>
 #include <pthread.h>
 #include <string.h>
@@ -153,7 +154,8 @@ int zs_bench_spec(const zs_bench_opts *o) {
     ZS_CHECK(zs_engine_open(&o->engine, &e));
     zs_model *m = zs_engine_model(e);
     const zs_model_config *c = zs_model_config_get(m);
-    zs_spec *ngram = NULL;
+    zs_spec *prop = NULL;
+    const char *pname = o->draft_model ? "draft model" : "prompt lookup";
     int32_t *prompt = NULL, *ids[2] = {NULL, NULL};
     double *v = calloc((size_t)runs * 12, sizeof *v);
     run_fig fig[2];
@@ -166,7 +168,19 @@ int zs_bench_spec(const zs_bench_opts *o) {
     rp.top_logprobs = -1;
     rp.max_tokens = o->decode_tokens;
     if (!v) { rc = zs_err(ZS_ENOMEM, "out of memory"); goto done; }
-    if ((rc = zs_spec_ngram_new(ZS_SPEC_NGRAM_MIN, ZS_SPEC_NGRAM_MAX, &ngram)) < 0) goto done;
+    if (o->draft_model) {
+        zs_engine_opts d;
+        zs_engine_opts_default(&d);
+        d.model_dir = o->draft_model;
+        d.model = o->draft;
+        d.max_seqs = 1;
+        d.max_batch_tokens = zs_engine_max_batch_tokens(e);
+        d.kv_dtype = o->engine.kv_dtype;
+        rc = zs_spec_draft_new(&d, e, o->engine.model_dir, &prop);
+    } else {
+        rc = zs_spec_ngram_new(ZS_SPEC_NGRAM_MIN, ZS_SPEC_NGRAM_MAX, &prop);
+    }
+    if (rc < 0) goto done;
     if ((rc = copy_prompt(e, o->engine.model_dir, &rp, &prompt)) < 0) goto done;
     if (rp.n_prompt + rp.max_tokens > zs_engine_context(e)) { /* a small model's short context */
         rp.max_tokens = zs_engine_context(e) - rp.n_prompt;
@@ -187,17 +201,17 @@ int zs_bench_spec(const zs_bench_opts *o) {
     char live[64] = "";
     if (tier != ZS_OFFLOAD_NONE) snprintf(live, sizeof live, " (live budget %.1f MB)", (double)gs.live_limit / 1e6);
     fprintf(stderr, "bench: %s, %.1fM parameters, %s weights, %d rank(s), offload %s%s; a copying prompt of %d tokens, "
-            "greedy, batch 1, up to %d tokens; plain against prompt lookup%s, %d interleaved runs\n",
+            "greedy, batch 1, up to %d tokens; plain against %s%s, %d interleaved runs\n",
             c->arch_name, (double)zs_model_param_count(m) / 1e6, zs_dtype_name(zs_model_layout(m, 1)->slot[ZS_R_WQ].dtype),
-            ranks, zs_offload_name(tier), live, rp.n_prompt, rp.max_tokens, o->spec_tokens ? " (fixed drafts)" : "", runs);
+            ranks, zs_offload_name(tier), live, rp.n_prompt, rp.max_tokens, pname, o->spec_tokens ? " (fixed drafts)" : "", runs);
 
-    /* run 0 warms both up; then plain and lookup alternate which goes first */
+    /* run 0 warms both up; then plain and speculative alternate which goes first */
     double *tok[2] = {v, v + runs}, *pp[2] = {v + 2 * runs, v + 3 * runs}, *ps[2] = {v + 4 * runs, v + 5 * runs};
     double *ratio = v + 6 * runs, *bw = v + 7 * runs, *bound = v + 8 * runs, *rel[2] = {v + 9 * runs, v + 10 * runs};
     for (int r = 0; r <= runs; r++) {
         for (int j = 0; j < 2; j++) {
-            int k = (r % 2) ? 1 - j : j; /* 0 plain, 1 lookup */
-            if ((rc = one_run(e, k ? ngram : NULL, o->spec_tokens, tier, &rp, ids[k], rp.max_tokens, &fig[k])) < 0)
+            int k = (r % 2) ? 1 - j : j; /* 0 plain, 1 speculative */
+            if ((rc = one_run(e, k ? prop : NULL, o->spec_tokens, tier, &rp, ids[k], rp.max_tokens, &fig[k])) < 0)
                 goto done;
         }
         if (fig[0].n != fig[1].n || memcmp(ids[0], ids[1], (size_t)fig[0].n * sizeof(int32_t))) {
@@ -241,7 +255,7 @@ int zs_bench_spec(const zs_bench_opts *o) {
     printf("%-40s %8.1f MB  (bound %.2f ms: bytes / %s)\n", tier == ZS_OFFLOAD_NONE ? "weights read per pass:" : "streamed per pass:",
            (tier == ZS_OFFLOAD_NONE ? resident_bytes : fig[0].bytes_pass) / 1e6, m_bound * 1e3,
            tier == ZS_OFFLOAD_NVME ? "raw read" : "memory bandwidth");
-    printf("%-40s %12s %14s\n", "", "plain", "prompt lookup");
+    printf("%-40s %12s %14s\n", "", "plain", pname);
     printf("%-40s %12.2f %14.2f   x%.2f (median of the per-run ratios)\n", "decode tokens/s:", m_tok[0], m_tok[1], m_ratio);
     printf("%-40s %12.2f %14.2f\n", "tokens per pass:", m_pp[0], m_pp[1]);
     printf("%-40s %12.1f %14.1f\n", "pass time (ms):", m_ps[0] * 1e3, m_ps[1] * 1e3);
@@ -251,12 +265,12 @@ int zs_bench_spec(const zs_bench_opts *o) {
     if (same) printf("greedy outputs: identical (%d tokens, every run)\n", n_same);
     else printf("greedy outputs: DIFFER (first at token %d)\n", first_diff);
     if (o->json_out) {
-        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:b, s:i}",
-                              "model", c->arch_name, "offload", zs_offload_name(tier), "ranks", ranks, "prompt_tokens",
+        json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:b, s:i}",
+                              "model", c->arch_name, "proposer", o->draft_model ? "draft" : "ngram", "offload", zs_offload_name(tier), "ranks", ranks, "prompt_tokens",
                               rp.n_prompt, "bound_gbps", m_bw, "io_bound_pass_s", m_bound, "plain_tok_s", m_tok[0],
-                              "lookup_tok_s", m_tok[1], "ratio", m_ratio, "plain_tokens_per_pass", m_pp[0],
-                              "lookup_tokens_per_pass", m_pp[1], "plain_pass_s", m_ps[0], "lookup_pass_s", m_ps[1],
-                              "plain_pass_over_bound", m_rel[0], "lookup_pass_over_bound", m_rel[1], "drafted",
+                              "spec_tok_s", m_tok[1], "ratio", m_ratio, "plain_tokens_per_pass", m_pp[0],
+                              "spec_tokens_per_pass", m_pp[1], "plain_pass_s", m_ps[0], "spec_pass_s", m_ps[1],
+                              "plain_pass_over_bound", m_rel[0], "spec_pass_over_bound", m_rel[1], "drafted",
                               (json_int_t)drafted, "accepted", (json_int_t)accepted, "identical", same, "runs", runs);
         if (!j) rc = zs_err(ZS_ENOMEM, "bench: cannot build the JSON figures");
         else if (json_dump_file(j, o->json_out, JSON_INDENT(2)) != 0) rc = zs_err(ZS_EIO, "bench: cannot write %s", o->json_out);
@@ -269,7 +283,7 @@ done:
     free(prompt);
     free(ids[0]);
     free(ids[1]);
-    zs_spec_free(ngram);
+    zs_spec_free(prop);
     zs_engine_free(e);
     return rc;
 }

@@ -18,6 +18,8 @@ typedef struct {
     int moe;            /* zs_bench_moe */
     int speculative;    /* zs_bench_spec */
     int spec_tokens;    /* its drafts per sequence and step (0: chosen from the measured costs) */
+    const char *draft_model; /* with speculative: a draft model proposes (spec-draft.c), not prompt lookup */
+    zs_model_opts draft;     /* its weight dtype (--draft-weight-dtype) */
 } zs_bench_opts;
 
 void zs_bench_opts_default(zs_bench_opts *o);
@@ -47,7 +49,7 @@ int zs_bench_raw_bound(const char *dir, int ranks, const zs_gather_opts *g, doub
  * rate and the stream rate against the tier's bound (bench-moe.c). */
 int zs_bench_moe(const zs_bench_opts *o);
 /* `bench --speculative`: greedy decode at batch 1 of a copying prompt through the scheduler, plain
- * against prompt lookup, interleaved: tokens/s, tokens per pass, the pass time against the tier's
+ * against prompt lookup (or draft_model's drafts), interleaved: tokens/s, tokens per pass, the pass time against the tier's
  * I/O bound, and whether the outputs are identical (ZS_EINVAL when they are not; bench-spec.c). */
 int zs_bench_spec(const zs_bench_opts *o);
 
