@@ -143,7 +143,7 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
             n += c;
         }
         bs[i] = (zs_batch){n, b->tok, b->pos, b->seq, b->lidx, nl, any_lora ? b->lora : NULL,
-                           any_embed ? b->hidden : NULL};
+                           any_embed ? b->hidden : NULL, NULL};
         lg[i] = b->logits;
         total += n;
     }

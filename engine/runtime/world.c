@@ -128,7 +128,7 @@ int zs_world_follow(zs_world *w) {
 }
 
 static int local_step(zs_world *w, const zs_batch *batches, float **logits) {
-    static const zs_batch empty = {0, NULL, NULL, NULL, NULL, 0, NULL, NULL};
+    static const zs_batch empty = {0, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL};
     for (int i = 0; i < w->n; i++) {
         w->ranks[i].batch = batches ? &batches[i] : &empty;
         w->ranks[i].logits = logits ? logits[i] : NULL;
