@@ -36,21 +36,46 @@ static void test_ngram(void) {
     CHECK(zs_spec_ngram_new(0, 4, &(zs_spec *){NULL}) == ZS_ERANGE, "min 0 refused");
     if (!p) return;
     int32_t a[] = {1, 5, 6, 7, 8, 9, 2, 5, 6, 7}, d[8];
-    zs_spec_req q = {1, a, 10, 3, d, 0};
+    zs_spec_req q = {1, a, 10, 3, d, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 3 && d[0] == 8 && d[1] == 9 && d[2] == 2,
           "5 6 7 seen before: 8 9 2 proposed (%d: %d %d %d)", q.n_draft, d[0], d[1], d[2]);
     int32_t b[] = {1, 4, 5, 9, 4, 5, 8, 3, 4, 5};
-    q = (zs_spec_req){2, b, 10, 5, d, 0};
+    q = (zs_spec_req){2, b, 10, 5, d, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 4 && d[0] == 8 && d[1] == 3 && d[2] == 4 && d[3] == 5,
           "the most recent occurrence of 4 5: 8 3 4 5, up to the end (%d: %d %d %d %d)", q.n_draft, d[0], d[1], d[2],
           d[3]);
     int32_t c[] = {1, 2, 3, 4, 5, 6};
-    q = (zs_spec_req){3, c, 6, 4, d, 0};
+    q = (zs_spec_req){3, c, 6, 4, d, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 0, "no repeated n-gram: nothing proposed");
     int32_t e2[] = {7, 7};
-    q = (zs_spec_req){4, e2, 2, 4, d, 0};
+    q = (zs_spec_req){4, e2, 2, 4, d, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 0, "too short for a 2-gram: nothing");
     CHECK(!strcmp(zs_spec_name(p), "ngram"), "name");
+    /* trees: 5 6 7 was followed by 8 1 .. and (more recently) by 3 2 ..: both branches, the
+     * recent one first, each with half the weight; a level deeper costs more than a sibling */
+    int32_t t1[] = {9, 5, 6, 7, 8, 1, 5, 6, 7, 3, 2, 5, 6, 7}, par[8];
+    float sh[8];
+    q = (zs_spec_req){5, t1, 14, 4, d, 0, par, sh};
+    CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 4 && d[0] == 3 && d[1] == 8 && d[2] == 2 && d[3] == 1 &&
+              par[0] == -1 && par[1] == -1 && par[2] == 0 && par[3] == 1 && sh[0] == 0.5f && sh[1] == 0.5f &&
+              sh[2] == 1.0f && sh[3] == 1.0f,
+          "tree: two continuations of 5 6 7 (%d: %d %d %d %d, parents %d %d %d %d, shares %g %g %g %g)", q.n_draft, d[0],
+          d[1], d[2], d[3], par[0], par[1], par[2], par[3], (double)sh[0], (double)sh[1], (double)sh[2], (double)sh[3]);
+    /* the 3-token suffix 4 5 6 (weight 2) was followed by 9 3, the 2-token 5 6 (weight 1) by 2 */
+    int32_t t2[] = {4, 5, 6, 9, 3, 5, 6, 2, 4, 5, 6};
+    q = (zs_spec_req){6, t2, 11, 3, d, 0, par, sh};
+    CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 3 && d[0] == 9 && d[1] == 3 && d[2] == 2 && par[0] == -1 &&
+              par[1] == 0 && par[2] == -1 && fabsf(sh[0] - 2.0f / 3) < 1e-6f && sh[1] == 1.0f &&
+              fabsf(sh[2] - 1.0f / 3) < 1e-6f,
+          "tree: the longer match weighs more (%d: %d %d %d, parents %d %d %d, shares %g %g %g)", q.n_draft, d[0], d[1],
+          d[2], par[0], par[1], par[2], (double)sh[0], (double)sh[1], (double)sh[2]);
+    /* one continuation: the chain, shares 1 */
+    q = (zs_spec_req){7, a, 10, 3, d, 0, par, sh};
+    CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 3 && d[0] == 8 && d[1] == 9 && d[2] == 2 && par[0] == -1 &&
+              par[1] == 0 && par[2] == 1 && sh[0] == 1.0f && sh[2] == 1.0f,
+          "tree: a single continuation is the chain");
+    q = (zs_spec_req){8, c, 6, 4, d, 0, par, sh};
+    CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 0, "tree: nothing without a repeated n-gram");
     zs_spec_free(p);
 }
 
@@ -158,6 +183,92 @@ static void test_verify(void) {
     zs_sampler_free(s2);
 }
 
+/* Several drafts at one node (a tree's children): the token still follows the target; one draft
+ * is zs_sampler_verify draw for draw; greedy picks the argmax's draft. */
+static void test_verify_multi(void) {
+    enum { V = 40, N = 200000 };
+    float lg[V];
+    uint64_t z = 7;
+    for (int i = 0; i < V; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        lg[i] = (float)((double)(z >> 40) / (1 << 24) * 5.0 - 2.5);
+    }
+    int ord[V]; /* ids by logit, descending */
+    for (int i = 0; i < V; i++) ord[i] = i;
+    for (int i = 0; i < V; i++)
+        for (int j = i + 1; j < V; j++)
+            if (lg[ord[j]] > lg[ord[i]]) { int t = ord[i]; ord[i] = ord[j]; ord[j] = t; }
+    struct { float t, top_p; int top_k; int n, d[4]; const char *what; } cases[] = {
+        {1.0f, 1.0f, 0, 3, {ord[0], ord[1], ord[2]}, "temperature 1, the three likeliest"},
+        {0.8f, 1.0f, 0, 4, {ord[30], ord[1], ord[30], ord[5]}, "temperature 0.8, an unlikely one, repeated"},
+        {1.2f, 0.9f, 6, 3, {ord[20], ord[3], ord[0]}, "top_k 6, top_p 0.9, one outside them"},
+        {1.0f, 1.0f, 2, 2, {ord[1], ord[0]}, "top_k 2, the drafts hold all the mass"},
+    };
+    static long ca[V], cb[V];
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        zs_sampler_params sp;
+        zs_sampler_params_default(&sp);
+        sp.temperature = cases[c].t;
+        sp.top_p = cases[c].top_p;
+        sp.top_k = cases[c].top_k;
+        zs_sampler *s1 = NULL, *s2 = NULL;
+        sp.seed = 3;
+        CHECK(zs_sampler_new(&sp, V, &s1) == 0, "sampler");
+        sp.seed = 4;
+        CHECK(zs_sampler_new(&sp, V, &s2) == 0, "sampler");
+        if (!s1 || !s2) return;
+        memset(ca, 0, sizeof ca);
+        memset(cb, 0, sizeof cb);
+        long acc[4] = {0};
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            int t = 0, w = -2;
+            bad |= zs_sampler_verify_multi(s1, lg, cases[c].d, cases[c].n, &t, &w, NULL) != 0;
+            bad |= w >= 0 ? cases[c].d[w] != t : w != -1;
+            for (int k = 0; k < (w >= 0 ? w : cases[c].n); k++) bad |= cases[c].d[k] == t; /* none before it */
+            ca[t]++;
+            if (w >= 0) acc[w]++;
+            bad |= zs_sampler_sample(s2, lg, &t, NULL) != 0;
+            cb[t]++;
+        }
+        double x;
+        int df;
+        CHECK(!bad, "%s: the calls worked and which names the accepted draft", cases[c].what);
+        CHECK(same_dist(ca, cb, V, N, N, &x, &df), "%s: tokens after several drafts follow the target (chi-square "
+              "%.1f, %d df, critical %.1f)", cases[c].what, x, df, chi2_crit(df));
+        fprintf(stderr, "verify several: %s: accepted %.3f %.3f %.3f %.3f, chi-square %.1f on %d df\n", cases[c].what,
+                (double)acc[0] / N, (double)acc[1] / N, (double)acc[2] / N, (double)acc[3] / N, x, df);
+        if (c == 1) CHECK(acc[2] == 0, "a repeated draft never holds in its second place");
+        zs_sampler_free(s1);
+        zs_sampler_free(s2);
+    }
+    /* one draft = zs_sampler_verify, draw for draw */
+    zs_sampler_params sp;
+    zs_sampler_params_default(&sp);
+    sp.temperature = 0.9f;
+    sp.top_k = 12;
+    zs_sampler *s1 = NULL, *s2 = NULL;
+    CHECK(zs_sampler_new(&sp, V, &s1) == 0 && zs_sampler_new(&sp, V, &s2) == 0, "samplers");
+    int same = 1;
+    for (int i = 0; i < 5000 && s1 && s2; i++) {
+        int d = ord[i % 15], t1, t2, a, w;
+        float l1, l2;
+        same &= zs_sampler_verify(s1, lg, d, &t1, &a, &l1) == 0 && zs_sampler_verify_multi(s2, lg, &d, 1, &t2, &w, &l2) == 0 &&
+                t1 == t2 && a == (w == 0) && !memcmp(&l1, &l2, 4);
+    }
+    CHECK(same, "one draft: zs_sampler_verify_multi = zs_sampler_verify, draw for draw");
+    zs_sampler_free(s1);
+    zs_sampler_free(s2);
+    /* greedy: the argmax, its draft's index */
+    sp.temperature = 0.0f;
+    CHECK(zs_sampler_new(&sp, V, &s1) == 0, "greedy sampler");
+    int d3[3] = {ord[2], ord[0], ord[1]}, t, w;
+    CHECK(s1 && zs_sampler_verify_multi(s1, lg, d3, 3, &t, &w, NULL) == 0 && t == ord[0] && w == 1,
+          "greedy: the argmax's draft holds (%d, %d)", t, w);
+    CHECK(s1 && zs_sampler_verify_multi(s1, lg, d3, 0, &t, &w, NULL) == ZS_ERANGE, "no drafts is refused");
+    zs_sampler_free(s1);
+}
+
 /* ---------- requests through the scheduler ---------- */
 
 #define MAXT 64
@@ -249,6 +360,10 @@ static int make_req(const mix_ctx *m, int i, int32_t *p, zs_req_params *rp) {
     if (kind == 0) { /* a passage, then its start again: the model may copy it */
         int len = 20 + i % 17;
         for (int t = 0; t < len; t++) p[n++] = 5 + (t * 31 + i * 7) % (m->vocab - 10);
+        if (i % 12 == 6) { /* its first tokens once more with another continuation: two branches */
+            for (int t = 0; t < 4; t++) p[n++] = p[1 + t];
+            for (int t = 0; t < 10; t++) p[n++] = 5 + (t * 17 + i * 3 + 1) % (m->vocab - 10);
+        }
         for (int t = 0; t < 8; t++) p[n++] = p[1 + t];
     } else if (kind == 1) { /* random tokens */
         int len = 10 + i % 40;
@@ -287,7 +402,7 @@ static int make_req(const mix_ctx *m, int i, int32_t *p, zs_req_params *rp) {
     return 0;
 }
 
-static void run_mix(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, run_out *o,
+static void run_mix(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, int tree, run_out *o,
                     int with_lora, int with_con, int nreq) {
     zs_engine *e = open_engine(c, nvme);
     if (!e) return;
@@ -326,7 +441,7 @@ static void run_mix(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *
         con = (zs_req_constraint){g, mk, pre, np, suf, ns, NULL};
         if (mk) m.con = &con;
     }
-    zs_sched_opts so = {16, 64, 512, 0, spec, k, no_drafts};
+    zs_sched_opts so = {16, 64, 512, 0, spec, k, no_drafts, tree};
     zs_sched *s = NULL;
     if (zs_sched_new(e, &so, &s) < 0) {
         CHECK(0, "sched: %s", zs_errmsg());
@@ -378,52 +493,66 @@ static int compare(const run_out *a, const run_out *b, int nreq, int *first) {
     return same;
 }
 
+static void report(const char *label, const char *what, const run_out *p, const run_out *a) {
+    fprintf(stderr, "%s, %s: %llu passes (plain %llu), %llu drafted, %llu accepted, %llu forced, %llu trees, %llu "
+                    "accepted off the first branch, %llu KV moves, %.2f tokens per pass (plain %.2f)\n",
+            label, what, (unsigned long long)a->st.passes, (unsigned long long)p->st.passes,
+            (unsigned long long)a->st.spec_drafted, (unsigned long long)a->st.spec_accepted,
+            (unsigned long long)a->st.spec_forced, (unsigned long long)a->st.spec_trees,
+            (unsigned long long)a->st.spec_side_accepted, (unsigned long long)a->st.spec_kv_moves,
+            (double)a->st.pass_tokens / (double)(a->st.passes ? a->st.passes : 1),
+            (double)p->st.pass_tokens / (double)(p->st.passes ? p->st.passes : 1));
+}
+
+static uint64_t greedy_moves; /* KV entries moved after trees in all greedy runs */
+
+/* Greedy with speculation, chains and trees, drafts chosen from the costs and fixed at 4 and 16,
+ * against plain decoding: the same tokens, logprob bits and finish for every request. */
 static void test_greedy(const eng_cfg *c, const char *label, int with_lora, int with_con, int nreq) {
-    static run_out plain, spec_auto, spec4, spec16;
+    static run_out plain, runs[6];
+    static const struct { int k, tree; const char *what; } cfg[6] = {
+        {0, 0, "chains from costs"}, {4, 0, "4-token chains"}, {16, 0, "16-token chains"},
+        {0, 1, "trees from costs"},  {4, 1, "4-node trees"},   {16, 1, "16-node trees"}};
     char nvme[4096] = "";
     if (c->nvme) tu_tmpdir(nvme, sizeof nvme, "spec-nvme");
     zs_spec *ng = NULL;
     CHECK(zs_spec_ngram_new(ZS_SPEC_NGRAM_MIN, ZS_SPEC_NGRAM_MAX, &ng) == 0, "ngram");
     memset(&plain, 0, sizeof plain);
-    memset(&spec_auto, 0, sizeof spec_auto);
-    memset(&spec4, 0, sizeof spec4);
-    memset(&spec16, 0, sizeof spec16);
-    run_mix(c, nvme, 1, NULL, 0, &plain, with_lora, with_con, nreq);
-    run_mix(c, nvme, 0, ng, 0, &spec_auto, with_lora, with_con, nreq);
-    run_mix(c, nvme, 0, ng, 4, &spec4, with_lora, with_con, nreq);
-    run_mix(c, nvme, 0, ng, 16, &spec16, with_lora, with_con, nreq);
-    int f1, f2, f3;
-    int s1 = compare(&plain, &spec_auto, nreq, &f1), s2 = compare(&plain, &spec4, nreq, &f2),
-        s3 = compare(&plain, &spec16, nreq, &f3);
-    CHECK(s1 == nreq, "%s: greedy with speculation (drafts chosen from costs) = plain decoding, %d/%d (first "
-          "differing: %d)", label, s1, nreq, f1);
-    CHECK(s2 == nreq, "%s: with 4 drafts = plain, %d/%d (first differing: %d)", label, s2, nreq, f2);
-    CHECK(s3 == nreq, "%s: with 16 drafts = plain, %d/%d (first differing: %d)", label, s3, nreq, f3);
-    const zs_sched_stats *a = &spec4.st, *p = &plain.st;
-    fprintf(stderr, "%s: plain %llu passes; 4 drafts: %llu passes, %llu drafted, %llu accepted, %llu forced, "
-                    "%.2f tokens per pass (plain %.2f); auto: %llu passes, %llu drafted, %llu accepted\n",
-            label, (unsigned long long)p->passes, (unsigned long long)a->passes, (unsigned long long)a->spec_drafted,
-            (unsigned long long)a->spec_accepted, (unsigned long long)a->spec_forced,
-            (double)a->pass_tokens / (double)(a->passes ? a->passes : 1),
-            (double)p->pass_tokens / (double)(p->passes ? p->passes : 1), (unsigned long long)spec_auto.st.passes,
-            (unsigned long long)spec_auto.st.spec_drafted, (unsigned long long)spec_auto.st.spec_accepted);
+    run_mix(c, nvme, 1, NULL, 0, 0, &plain, with_lora, with_con, nreq);
+    const zs_sched_stats *p = &plain.st;
     CHECK(p->spec_drafted == 0 && p->spec_forced == 0, "%s: plain decoding drafts nothing", label);
-    CHECK(a->spec_accepted > 0 && a->spec_accepted <= a->spec_drafted, "%s: drafts were accepted (%llu of %llu)", label,
-          (unsigned long long)a->spec_accepted, (unsigned long long)a->spec_drafted);
-    CHECK(a->passes < p->passes, "%s: fewer passes with speculation (%llu < %llu)", label,
-          (unsigned long long)a->passes, (unsigned long long)p->passes);
-    CHECK(a->generated_tokens == p->generated_tokens, "%s: the same tokens generated", label);
-    uint64_t hist = 0;
-    for (int i = 0; i <= ZS_SPEC_MAX_TOKENS; i++) hist += a->spec_accept_hist[i];
-    CHECK(hist > 0, "%s: the acceptance histogram counts verifications", label);
-    if (with_con) CHECK(a->spec_forced > 0, "%s: forced tokens went in as drafts (jump-forward)", label);
+    for (int k = 0; k < 6; k++) {
+        memset(&runs[k], 0, sizeof runs[k]);
+        run_mix(c, nvme, 0, ng, cfg[k].k, cfg[k].tree, &runs[k], with_lora, with_con, nreq);
+        int f, same = compare(&plain, &runs[k], nreq, &f);
+        CHECK(same == nreq, "%s: greedy with %s = plain decoding, %d/%d (first differing: %d)", label, cfg[k].what, same,
+              nreq, f);
+        report(label, cfg[k].what, &plain, &runs[k]);
+        const zs_sched_stats *a = &runs[k].st;
+        CHECK(a->generated_tokens == p->generated_tokens, "%s, %s: the same tokens generated", label, cfg[k].what);
+        CHECK(a->spec_accepted <= a->spec_drafted, "%s, %s: accepted <= drafted", label, cfg[k].what);
+        CHECK(cfg[k].tree || (a->spec_trees == 0 && a->spec_side_accepted == 0 && a->spec_kv_moves == 0),
+              "%s, %s: chains never branch nor move", label, cfg[k].what);
+        if (cfg[k].k != 4) continue;
+        /* the fixed 4: speculation must have happened */
+        CHECK(a->spec_accepted > 0, "%s, %s: drafts were accepted (%llu of %llu)", label, cfg[k].what,
+              (unsigned long long)a->spec_accepted, (unsigned long long)a->spec_drafted);
+        CHECK(a->passes < p->passes, "%s, %s: fewer passes with speculation (%llu < %llu)", label, cfg[k].what,
+              (unsigned long long)a->passes, (unsigned long long)p->passes);
+        uint64_t hist = 0;
+        for (int i = 0; i <= ZS_SPEC_MAX_TOKENS; i++) hist += a->spec_accept_hist[i];
+        CHECK(hist > 0, "%s, %s: the acceptance histogram counts verifications", label, cfg[k].what);
+        if (with_con) CHECK(a->spec_forced > 0, "%s, %s: forced tokens went in as drafts (jump-forward)", label, cfg[k].what);
+        if (cfg[k].tree) CHECK(a->spec_trees > 0, "%s, %s: drafts branched", label, cfg[k].what);
+    }
+    for (int k = 0; k < 6; k++) greedy_moves += runs[k].st.spec_kv_moves;
     zs_spec_free(ng);
     if (c->nvme) tu_rmdir(nvme);
 }
 
 /* ---------- sampled outputs keep the target's distribution ---------- */
 
-static void test_sampled(void) {
+static void test_sampled(const char *label, const char *text, int tree) {
     enum { NS = 3000 };
     eng_cfg c = {1, 0, NULL};
     zs_spec *ng = NULL;
@@ -433,15 +562,13 @@ static void test_sampled(void) {
     for (int mode = 0; mode < 2; mode++) {
         zs_engine *e = open_engine(&c, NULL);
         if (!e) return;
-        zs_sched_opts so = {16, 64, 4096, 0, mode ? ng : NULL, mode ? 4 : 0, !mode};
+        zs_sched_opts so = {16, 64, 4096, 0, mode ? ng : NULL, mode ? (tree ? 8 : 4) : 0, !mode, tree};
         zs_sched *s = NULL;
         if (zs_sched_new(e, &so, &s) < 0) {
             zs_engine_free(e);
             CHECK(0, "sched: %s", zs_errmsg());
             return;
         }
-        /* a text that repeats itself: prompt lookup proposes its continuation */
-        static const char *text = "Lily and Tom went to the park. Lily and Tom went to the park. Lily and";
         int32_t p[64], *ids = NULL;
         size_t np = 0;
         p[0] = 1;
@@ -459,7 +586,7 @@ static void test_sampled(void) {
                 memset(&rp, 0, sizeof rp);
                 rp.prompt = p;
                 rp.n_prompt = (int)np + 1;
-                rp.max_tokens = 4;
+                rp.max_tokens = tree ? 8 : 4; /* trees: room for a few nodes at once */
                 zs_sampler_params_default(&rp.sampling);
                 rp.sampling.temperature = 1.0f;
                 rp.sampling.seed = 7000 + (uint64_t)(w0 + j) * 2 + (uint64_t)mode;
@@ -478,15 +605,24 @@ static void test_sampled(void) {
         zs_engine_free(e);
     }
     CHECK(st[1].spec_drafted > 0 && st[1].spec_accepted > 0 && st[1].spec_accepted < st[1].spec_drafted,
-          "sampled: drafts were proposed, some accepted and some not (%llu of %llu)",
+          "%s: drafts were proposed, some accepted and some not (%llu of %llu)", label,
           (unsigned long long)st[1].spec_accepted, (unsigned long long)st[1].spec_drafted);
+    fprintf(stderr, "%s: %llu drafted, %llu accepted, %llu trees, %llu accepted off the first branch, %llu KV moves\n",
+            label, (unsigned long long)st[1].spec_drafted, (unsigned long long)st[1].spec_accepted,
+            (unsigned long long)st[1].spec_trees, (unsigned long long)st[1].spec_side_accepted,
+            (unsigned long long)st[1].spec_kv_moves);
+    if (tree)
+        CHECK(st[1].spec_trees > 0 && st[1].spec_side_accepted > 0 && st[1].spec_kv_moves > 0,
+              "%s: drafts branched (%llu trees), branches other than the first held (%llu drafts), accepted paths "
+              "were moved (%llu entries)", label, (unsigned long long)st[1].spec_trees,
+              (unsigned long long)st[1].spec_side_accepted, (unsigned long long)st[1].spec_kv_moves);
     for (int t = 0; t < 3; t++) {
         double x;
         int df;
         CHECK(same_dist(cnt[1][t], cnt[0][t], 512, NS, NS, &x, &df),
-              "sampled: token %d with speculation follows plain sampling (chi-square %.1f, %d df, critical %.1f)", t + 2,
-              x, df, chi2_crit(df));
-        fprintf(stderr, "sampled: token %d: chi-square %.1f on %d df\n", t + 2, x, df);
+              "%s: token %d with speculation follows plain sampling (chi-square %.1f, %d df, critical %.1f)", label,
+              t + 2, x, df, chi2_crit(df));
+        fprintf(stderr, "%s: token %d: chi-square %.1f on %d df\n", label, t + 2, x, df);
     }
     zs_spec_free(ng);
 }
@@ -519,6 +655,7 @@ static int make_moe(const char *dir) {
 int main(void) {
     test_ngram();
     test_verify();
+    test_verify_multi();
     eng_cfg one = {1, 0, NULL}, two = {2, 0, NULL}, two_nvme = {2, 1, NULL};
     test_greedy(&one, "stories260K, 1 rank", 1, 1, N_REQ);
     test_greedy(&two, "stories260K, 2 ranks", 0, 0, 120);
@@ -532,6 +669,12 @@ int main(void) {
         CHECK(0, "moe model: %s", zs_errmsg());
     }
     tu_rmdir(moe);
-    test_sampled();
+    CHECK(greedy_moves > 0, "greedy: accepted tree paths were moved (%llu entries) and the outputs stayed plain decoding's",
+          (unsigned long long)greedy_moves);
+    /* a text that repeats itself: prompt lookup proposes its continuation */
+    test_sampled("sampled, chains", "Lily and Tom went to the park. Lily and Tom went to the park. Lily and", 0);
+    /* its continuations differ: trees */
+    test_sampled("sampled, trees", "Lily and Tom went to the park. Lily and Sue went to the shop. Lily and Tom went home. "
+                 "Lily and Sue went", 1);
     return tu_finish("test-spec");
 }
