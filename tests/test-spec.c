@@ -77,6 +77,17 @@ static void test_ngram(void) {
     q = (zs_spec_req){8, c, 6, 4, d, 0, par, sh};
     CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 0, "tree: nothing without a repeated n-gram");
     zs_spec_free(p);
+    /* 64-token n-grams: a match that long weighs 2^63 (no integer shift); the text repeats with
+     * period 70, so the tree is the one continuation, a chain */
+    CHECK(zs_spec_ngram_new(1, 64, &p) == 0, "ngram 1..64");
+    if (!p) return;
+    int32_t lng[200];
+    for (int i = 0; i < 200; i++) lng[i] = 3 + i % 70;
+    q = (zs_spec_req){9, lng, 200, 8, d, 0, par, sh};
+    int chain = zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 8;
+    for (int j = 0; chain && j < 8; j++) chain = d[j] == 3 + (200 + j) % 70 && par[j] == j - 1 && sh[j] == 1.0f;
+    CHECK(chain, "tree with 64-token n-grams: the continuation of the period (%d drafts)", q.n_draft);
+    zs_spec_free(p);
 }
 
 /* ---------- the verification rule ---------- */

@@ -13,6 +13,7 @@
  * would fill the k nodes before any alternative got one); the k best nodes by score (ties: the one
  * inserted first, so a parent before its children and the most recent occurrence's continuation
  * before the others) are the tree. One continuation alone gives the chain above. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,7 +81,7 @@ static int lookup_tree(const ngram *g, const int32_t *t, int n, int k, int32_t *
     tr[0] = (tnode){t[n - 1], -1, -1, -1, 0.0, 1.0};
     for (int len = ZS_MIN(g->max_n, n - 1); len >= g->min_n && nocc < TREE_OCC; len--) {
         const int32_t *suffix = t + n - len;
-        double w = (double)(1u << (len - g->min_n));
+        double w = ldexp(1.0, len - g->min_n); /* n-grams may be 64 long: no integer shift */
         for (int end = n - 2; end >= len - 1 && nocc < TREE_OCC; end--) {
             if (t[end] != suffix[len - 1] || memcmp(t + end - len + 1, suffix, (size_t)len * sizeof *t)) continue;
             int seen = 0; /* counted already at a longer n */
