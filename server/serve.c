@@ -365,7 +365,7 @@ int zs_cmd_serve(int argc, char **argv) {
     const char *pooling = "mean";
     int no_prefix_cache = 0, spec_tokens = 0;
     const char *speculative = "none";
-    const char *spec_tree = "on";
+    const char *spec_tree = "off";
     zs_opt opts[21 + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
@@ -379,7 +379,7 @@ int zs_cmd_serve(int argc, char **argv) {
         {"spec-tokens", ZS_OPT_INT, &spec_tokens, "drafts per sequence and step (default 0: chosen from the measured "
                                                    "stream and compute times; at most 16)"},
         {"spec-tree", ZS_OPT_STR, &spec_tree, "on | off: drafts may branch (several continuations verified in one pass; "
-                                               "the CPU forward only so far; default on)"},
+                                               "the CPU forward only so far; default off)"},
         {"max-body-bytes", ZS_OPT_I64, &max_body, "largest request body (default 8388608)"},
         {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | gemma | phi3 | mistral | plain (default auto)"},
         {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name, or the GGUF file's without .gguf)"},
@@ -442,12 +442,14 @@ int zs_cmd_serve(int argc, char **argv) {
     if (strcmp(spec_tree, "on") && strcmp(spec_tree, "off"))
         return zs_err(ZS_EINVAL, "--spec-tree must be on or off (got '%s')", spec_tree);
     so.sched.spec_tokens = spec_tokens;
-    /* default on: with --speculative ngram on copying prompts (stories260K, CPU) trees gave the
-     * same tokens per pass as chains at the same drafts per sequence when greedy (1.330 both at 8,
-     * 1.340 against 1.333 at 16), more when sampling (T=1, 8 drafts: 1.079 against 1.066, 18%
-     * more drafts accepted), and the same within the noise of the cost measurement when chosen from
-     * costs; a tree costs the rows of a chain of as many drafts, so it is never the worse bet. On
-     * CUDA the scheduler falls back to chains until the CUDA attention has the tree mask. */
+    /* default off: measured with --speculative ngram on copying prompts (CPU; tokens per pass,
+     * trees against chains at 8 drafts per sequence), trees gained nothing measurable: SmolLM2-135M
+     * chat, greedy 2.118 both (the same bits), T=0.8 over 8 seeds 1.366 against 1.363 (4 of them
+     * alone: 1.292 against 1.366); stories260K greedy 1.330 both, T=1 1.079 against 1.066. Copied
+     * text mostly has one continuation, so the tree is a chain, and its side branches take rows
+     * from the main one. With drafts chosen from costs the CPU runs were compute-bound and drafted
+     * nothing either way. So chains stay the default; on is for text with several likely
+     * continuations (CPU forward only so far: on CUDA the scheduler keeps chains). */
     so.sched.spec_tree = !strcmp(spec_tree, "on");
     so.speculative = speculative;
     so.model_name = name;
