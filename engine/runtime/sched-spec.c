@@ -15,7 +15,16 @@
  *
  * Forced tokens of a constrained request (the prefix or suffix still to come) go in as drafts
  * that verification always accepts (jump-forward): many of them in one pass instead of one per
- * pass. They are not counted as drafted. Engine thread. */
+ * pass. They are not counted as drafted.
+ *
+ * Trees (zs_sched_opts.spec_tree): the proposer offers a tree (several continuations, each node
+ * with its share among its siblings); a node's gain is the product of a · share along its path,
+ * and nodes are kept the same way, best gain first, a parent before its children. Node j sits in
+ * KV slot p+1+j at position p+depth and sees only its path (zs_batch.tree). Verification walks
+ * from the decode row: a node's children are verified together (zs_sampler_verify_multi) and the
+ * accepted child's row verifies the next level. The accepted path's K/V entries are moved to
+ * p+1, p+2, .. by the next step (it always holds the sequence: a step that fails ends it); the
+ * rejected slots are written over later. Engine thread. */
 #include <math.h>
 #include <string.h>
 
