@@ -517,7 +517,47 @@ static void report(const char *label, const char *what, const run_out *p, const 
 
 static uint64_t greedy_moves; /* KV entries moved after trees in all greedy runs */
 
-/* Greedy with speculation, chains and trees, drafts chosen from the costs and fixed at 4 and 16,
+/* A proposer that makes every accepted tree path a side branch that must be moved: asked for a
+ * tree, it puts a decoy (the first draft of prompt lookup's chain, minus one) first at the root
+ * and the chain as the root's second child, so whenever the chain holds, the first child failed
+ * and the path sits one slot past its positions. */
+typedef struct {
+    zs_spec base;
+    zs_spec *inner;
+} decoy_spec;
+
+static int decoy_propose(zs_spec *p, zs_spec_req *reqs, int n) {
+    decoy_spec *d = (decoy_spec *)p;
+    for (int i = 0; i < n; i++) {
+        zs_spec_req *q = &reqs[i];
+        if (!q->parent || q->k < 2) {
+            ZS_CHECK(zs_spec_propose(d->inner, q, 1));
+            continue;
+        }
+        int32_t chain[ZS_SPEC_MAX_TOKENS];
+        zs_spec_req c = {q->key, q->tokens, q->n, q->k - 1, chain, 0, NULL, NULL};
+        ZS_CHECK(zs_spec_propose(d->inner, &c, 1));
+        q->n_draft = c.n_draft ? c.n_draft + 1 : 0;
+        for (int j = 0; j < c.n_draft; j++) {
+            q->draft[j + 1] = chain[j];
+            q->parent[j + 1] = j == 0 ? -1 : j;
+            q->share[j + 1] = j == 0 ? 0.5f : 1.0f;
+        }
+        if (c.n_draft) {
+            q->draft[0] = chain[0] > 0 ? chain[0] - 1 : chain[0] + 1;
+            q->parent[0] = -1;
+            q->share[0] = 0.5f;
+        }
+    }
+    return 0;
+}
+
+static void decoy_free(zs_spec *p) { (void)p; }
+
+static const zs_spec_ops decoy_ops = {"decoy", decoy_propose, NULL, decoy_free};
+
+/* Greedy with speculation, chains and trees, drafts chosen from the costs and fixed at 4 and 16, then
+ * trees whose accepted paths are always side branches (decoy_spec),
  * against plain decoding: the same tokens, logprob bits and finish for every request. */
 static void test_greedy(const eng_cfg *c, const char *label, int with_lora, int with_con, int nreq) {
     static run_out plain, runs[6];
@@ -557,6 +597,17 @@ static void test_greedy(const eng_cfg *c, const char *label, int with_lora, int 
         if (cfg[k].tree) CHECK(a->spec_trees > 0, "%s, %s: drafts branched", label, cfg[k].what);
     }
     for (int k = 0; k < 6; k++) greedy_moves += runs[k].st.spec_kv_moves;
+    /* every accepted path off the first branch and moved: still plain decoding's bits */
+    decoy_spec dc = {{&decoy_ops}, ng};
+    memset(&runs[0], 0, sizeof runs[0]);
+    run_mix(c, nvme, 0, &dc.base, 8, 1, &runs[0], with_lora, with_con, nreq);
+    int f, same = compare(&plain, &runs[0], nreq, &f);
+    CHECK(same == nreq, "%s: greedy with decoy-first trees = plain decoding, %d/%d (first differing: %d)", label, same,
+          nreq, f);
+    report(label, "decoy-first trees", &plain, &runs[0]);
+    CHECK(runs[0].st.spec_side_accepted > 0 && runs[0].st.spec_kv_moves > 0,
+          "%s, decoy-first trees: side branches held (%llu) and were moved (%llu entries)", label,
+          (unsigned long long)runs[0].st.spec_side_accepted, (unsigned long long)runs[0].st.spec_kv_moves);
     zs_spec_free(ng);
     if (c->nvme) tu_rmdir(nvme);
 }
