@@ -151,6 +151,14 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     head(&b, "zeroserve_spec_forced_tokens_total", "counter",
          "Tokens a constraint forces, fed several per pass as drafts that always hold (jump-forward).");
     outf(&b, "zeroserve_spec_forced_tokens_total %llu\n", (unsigned long long)st.spec_forced);
+    head(&b, "zeroserve_spec_trees_total", "counter", "Speculative decoding: verifications whose drafts branched (--spec-tree).");
+    outf(&b, "zeroserve_spec_trees_total %llu\n", (unsigned long long)st.spec_trees);
+    head(&b, "zeroserve_spec_side_accepted_tokens_total", "counter",
+         "Speculative decoding: accepted drafts of a tree that were not their parent's first (likeliest) child.");
+    outf(&b, "zeroserve_spec_side_accepted_tokens_total %llu\n", (unsigned long long)st.spec_side_accepted);
+    head(&b, "zeroserve_spec_kv_moves_total", "counter",
+         "Speculative decoding: K/V entries of accepted tree paths moved to their positions.");
+    outf(&b, "zeroserve_spec_kv_moves_total %llu\n", (unsigned long long)st.spec_kv_moves);
     {
         double bounds[ZS_SPEC_MAX_TOKENS + 1];
         uint64_t cum[ZS_SPEC_MAX_TOKENS + 1], n = 0;

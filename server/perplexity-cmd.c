@@ -99,7 +99,7 @@ static int run_window(zs_engine *e, ppl_run *p, const int32_t *ids, int w, int32
             sq[i] = seq;
             li[i] = k >= p->first && k <= p->last ? nl++ : -1;
         }
-        zs_batch b = {m, tok, pos, sq, li, nl, NULL, NULL};
+        zs_batch b = {m, tok, pos, sq, li, nl, NULL, NULL, NULL};
         if ((rc = zs_engine_forward(e, &b, logits)) < 0) break;
         for (int i = 0; i < m; i++) {
             if (li[i] < 0) continue;

@@ -8,6 +8,8 @@
 #     (jq checks the keys and types of the fixed schema); json_object answers are objects (or cut by
 #     max_tokens); streaming joins into a valid value; 8 concurrent constrained requests; the 400s
 #     (an unsupported keyword named with its pointer, an unknown type, a bad name, ...).
+#  1b. the same model with --speculative ngram --spec-tree on: greedy answers (copying prompts, a
+#     schema) and logprobs = plain decoding's, the tree counters in /metrics; a bad value refused.
 #  2. SmolLM2-135M-Instruct (chatml; fetched by server/fetch-smollm2.sh or $ZS_SMOLLM2, the part is
 #     skipped when it cannot be had): json_object and a schema with strings, numbers, an array,
 #     anyOf with null and $ref, at temperature 0 with n=2.
@@ -121,7 +123,35 @@ zs_expect_400 /v1/chat/completions "{\"messages\":$MSG,\"response_format\":{\"ty
 r=$(zs_post /v1/chat/completions "{\"messages\":$MSG,\"max_tokens\":5,\"response_format\":{\"type\":\"text\"}}")
 echo "$r" | jq -e '.choices[0].message.content | type == "string"' >/dev/null && ok "response_format text: accepted" || nok "text: $r"
 run_client structured "$ZS_URL" stories260K --small
+# greedy answers of plain decoding, for the speculative server below (copying prompts, a schema)
+SPEC_REQS=('{"prompt":"Tom had a red ball. Tom had a big red ball. Sue had a blue ball. Tom had a","max_tokens":60,"temperature":0,"logprobs":2}'
+    '{"prompt":"The cat sat on the mat. The dog sat on the log. The cat sat on the log. The dog sat","max_tokens":60,"temperature":0,"logprobs":2}'
+    "{\"prompt\":\"Give JSON.\",\"max_tokens\":200,\"temperature\":0,\"response_format\":$(rf small "$SMALL")}")
+SPEC_PLAIN=()
+for q in "${SPEC_REQS[@]}"; do SPEC_PLAIN+=("$(zs_post /v1/completions "$q" | jq -c '[.choices[0].text, .choices[0].logprobs]')"); done
 zs_stop_server
+
+# ------------------------------------------------------------------ 1b. speculation with draft trees
+# --speculative ngram --spec-tree on: the same greedy tokens and logprobs as plain decoding, the
+# tree counters in /metrics; a bad --spec-tree value is refused naming the flag
+if "$BIN" serve --model "$MODEL" --device cpu --spec-tree maybe >"$T/bad.log" 2>&1; then nok "--spec-tree maybe is refused"
+else grep -q -- "--spec-tree must be on or off" "$T/bad.log" && ok "--spec-tree maybe is refused naming the flag" || nok "--spec-tree maybe" "$(head -c 200 "$T/bad.log")"; fi
+if zs_start_server "$T/srv-spec.log" --model "$MODEL" --device cpu --speculative ngram --spec-tree on --spec-tokens 8; then
+    same=0
+    for i in "${!SPEC_REQS[@]}"; do
+        a=$(zs_post /v1/completions "${SPEC_REQS[$i]}" | jq -c '[.choices[0].text, .choices[0].logprobs]')
+        [ "$a" = "${SPEC_PLAIN[$i]}" ] && same=$((same + 1)) || echo "# differs: $a vs ${SPEC_PLAIN[$i]}" | head -c 600
+    done
+    check "draft trees: greedy answers and logprobs = plain decoding ($same of ${#SPEC_REQS[@]})" '[ $same = ${#SPEC_REQS[@]} ]'
+    met=$(curl -s "$ZS_URL/metrics")
+    tr=$(echo "$met" | awk '/^zeroserve_spec_trees_total/ {print $2}')
+    mv=$(echo "$met" | awk '/^zeroserve_spec_kv_moves_total/ {print $2}')
+    sd=$(echo "$met" | awk '/^zeroserve_spec_side_accepted_tokens_total/ {print $2}')
+    check "/metrics: trees $tr, side drafts accepted $sd, KV moves $mv" '[ -n "$tr" ] && [ -n "$mv" ] && [ -n "$sd" ] && [ "$tr" -gt 0 ]'
+    zs_stop_server
+else
+    nok "the speculative server starts"
+fi
 
 # ------------------------------------------------------------------ 2. SmolLM2
 if ! zs_smollm2 --try; then

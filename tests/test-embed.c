@@ -76,7 +76,7 @@ static int run_seq(zs_engine *e, const int32_t *ids, float *logits, int vocab, p
     if ((rc = zs_kv_seq_open(kv, &seq)) < 0) return rc;
     int32_t pos[NP], sq[NP], li[NP];
     for (int i = 0; i < NP; i++) { pos[i] = i; sq[i] = seq; li[i] = i; }
-    zs_batch b = {NP, ids, pos, sq, li, NP, NULL, NULL};
+    zs_batch b = {NP, ids, pos, sq, li, NP, NULL, NULL, NULL};
     rc = zs_kv_seq_reserve(kv, seq, NP + NDEC);
     if (rc == 0) rc = zs_engine_forward(e, &b, logits);
     zs_gather_stats s0, s1;
@@ -87,7 +87,7 @@ static int run_seq(zs_engine *e, const int32_t *ids, float *logits, int vocab, p
             zs_world_stats(w, &s0);
         }
         int32_t p = NP + t, l0 = 0;
-        zs_batch d = {1, &ids[NP + t], &p, &seq, &l0, 1, NULL, NULL};
+        zs_batch d = {1, &ids[NP + t], &p, &seq, &l0, 1, NULL, NULL, NULL};
         rc = zs_engine_forward(e, &d, logits + (size_t)(NP + t) * vocab);
     }
     zs_world_stats(w, &s1);

@@ -247,7 +247,7 @@ static float *forward3(const char *dir, int *vocab) {
     if (zs_kv_init(c->n_layers, c->n_kv_heads * c->head_dim, 16, 1, c->max_seq, &kv) == 0 &&
         zs_forward_new(m, 8, &f) == 0 && zs_kv_seq_open(kv, &seq) == 0 && zs_kv_seq_reserve(kv, seq, 3) == 0) {
         for (int i = 0; i < 3; i++) sq[i] = seq;
-        zs_batch b = {3, tok, pos, sq, li, 1, NULL, NULL};
+        zs_batch b = {3, tok, pos, sq, li, 1, NULL, NULL, NULL};
         zs_weight_source src = zs_model_resident_source(m);
         out = malloc((size_t)c->vocab_size * sizeof(float));
         if (zs_forward_run(f, &src, kv, &b, out) < 0) {

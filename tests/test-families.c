@@ -90,7 +90,7 @@ static int run_sequence(infer_rig *r, const int32_t *ids, int n, const int *cuts
             for (int w = 0; w < nw; w++)
                 if (want[w] == start + i) li[i] = nl++;
         }
-        zs_batch b = {cnt, ids + start, pos, sq, li, nl, NULL, NULL};
+        zs_batch b = {cnt, ids + start, pos, sq, li, nl, NULL, NULL, NULL};
         rc = zs_kv_seq_reserve(r->kv, seq, end);
         if (rc == 0) rc = zs_forward_run(r->f, &r->src, r->kv, &b, lg);
         for (int i = 0; rc == 0 && i < cnt; i++)

@@ -403,7 +403,7 @@ static int gen(zs_engine *e, const int32_t *prompt, int np, int n, int32_t *out,
     ZS_CHECK(zs_kv_seq_reserve(kv, seq, np));
     int32_t pos[64], sq[64], li[64];
     for (int i = 0; i < np; i++) pos[i] = i, sq[i] = seq, li[i] = i;
-    zs_batch b = {np, prompt, pos, sq, li, np, NULL, NULL};
+    zs_batch b = {np, prompt, pos, sq, li, np, NULL, NULL, NULL};
     int frc = zs_engine_forward(e, &b, logits0);
     zs_kv_seq_close(kv, seq);
     return frc < 0 ? frc : rc;

@@ -33,7 +33,7 @@ static int step(zs_forward *f, zs_weight_source *src, run_t *r, const int32_t *i
         li[i] = i;
     }
     int rc = zs_kv_seq_reserve(r->kv, r->seq, r->done + n);
-    zs_batch b = {n, ids + r->done, pos, sq, li, n, NULL, NULL};
+    zs_batch b = {n, ids + r->done, pos, sq, li, n, NULL, NULL, NULL};
     if (rc == 0) rc = zs_forward_run(f, src, r->kv, &b, lg + (size_t)r->done * V);
     r->done += n;
     return rc;
@@ -123,7 +123,7 @@ int main(void) {
         CHECK(zs_kv_seq_reserve(ring, s2, 100 + BIG) == 0, "reserve 164 in the ring");
         CHECK(!zs_kv_span_ok(ring, 100, 100 + BIG - 1) && zs_kv_span_ok(ring, 100, 100 + CHUNK - 1) &&
               zs_kv_span_ok(ring, 0, BIG - 1), "span check (0..63 reads nothing older: it fits)");
-        zs_batch big = {BIG, bt, bp, bs, bl, 0, NULL, NULL};
+        zs_batch big = {BIG, bt, bp, bs, bl, 0, NULL, NULL, NULL};
         zs_forward *fb = NULL;
         CHECK(zs_forward_new(m, BIG, &fb) == 0, "forward for 64");
         CHECK_ERR(zs_forward_run(fb, &src, ring, &big, NULL), "ring");

@@ -79,7 +79,7 @@ static int prefill(rig *r, seqspec *sq, int ns, int lora_array, float *out) {
             lo[n] = sq[s].lora;
         }
     }
-    zs_batch b = {n, tok, pos, seq, li, n, lora_array ? lo : NULL, NULL};
+    zs_batch b = {n, tok, pos, seq, li, n, lora_array ? lo : NULL, NULL, NULL};
     return zs_forward_run(r->f, &r->src, r->kv, &b, out);
 }
 
@@ -93,7 +93,7 @@ static int decode(rig *r, seqspec *sq, int ns, const int32_t *toks, int step, fl
         li[s] = s;
         lo[s] = sq[s].lora;
     }
-    zs_batch b = {ns, toks, pos, seq, li, ns, lo, NULL};
+    zs_batch b = {ns, toks, pos, seq, li, ns, lo, NULL, NULL};
     return zs_forward_run(r->f, &r->src, r->kv, &b, out);
 }
 

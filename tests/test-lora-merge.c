@@ -85,7 +85,7 @@ static double forward_diff(const char *dir, json_t *ref, float *out) {
     if (zs_kv_init(c->n_layers, c->n_kv_heads * c->head_dim, 64, 1, c->max_seq, &kv) == 0 &&
         zs_forward_new(m, 64, &f) == 0 && zs_kv_seq_open(kv, &seq) == 0 && zs_kv_seq_reserve(kv, seq, n) == 0) {
         for (int i = 0; i < n; i++) sq[i] = seq;
-        zs_batch b = {n, tok, ps, sq, li, np, NULL, NULL};
+        zs_batch b = {n, tok, ps, sq, li, np, NULL, NULL, NULL};
         zs_weight_source src = zs_model_resident_source(m);
         if (zs_forward_run(f, &src, kv, &b, out) == 0) {
             d = 0;

@@ -54,7 +54,7 @@ static int prefill_all(rig *r, const int32_t *ids, int n, float *out) {
     if ((rc = zs_kv_seq_open(r->kv, &seq)) < 0) return rc;
     int32_t pos[256], sq[256], li[256];
     for (int i = 0; i < n; i++) { pos[i] = i; sq[i] = seq; li[i] = i; }
-    zs_batch b = {n, ids, pos, sq, li, n, NULL, NULL};
+    zs_batch b = {n, ids, pos, sq, li, n, NULL, NULL, NULL};
     rc = zs_kv_seq_reserve(r->kv, seq, n);
     if (rc == 0) rc = zs_forward_run(r->f, &r->src, r->kv, &b, out);
     zs_kv_seq_close(r->kv, seq);
@@ -70,7 +70,7 @@ static int greedy(rig *r, const int32_t *prompt, int np, int n_new, int32_t *out
     int32_t pos[256], sq[256], li[256];
     for (int i = 0; i < np; i++) { pos[i] = i; sq[i] = seq; li[i] = -1; }
     li[np - 1] = 0;
-    zs_batch b = {np, prompt, pos, sq, li, 1, NULL, NULL};
+    zs_batch b = {np, prompt, pos, sq, li, 1, NULL, NULL, NULL};
     rc = zs_kv_seq_reserve(r->kv, seq, np);
     if (rc == 0) rc = zs_forward_run(r->f, &r->src, r->kv, &b, lg);
     if (rc == 0 && last_prompt_logits) memcpy(last_prompt_logits, lg, (size_t)r->vocab * 4);
@@ -79,7 +79,7 @@ static int greedy(rig *r, const int32_t *prompt, int np, int n_new, int32_t *out
         int32_t tok = argmax(lg, r->vocab), p = np + t, s = seq, l0 = 0;
         out_ids[t] = tok;
         if (t + 1 == n_new) break;
-        zs_batch d = {1, &tok, &p, &s, &l0, 1, NULL, NULL};
+        zs_batch d = {1, &tok, &p, &s, &l0, 1, NULL, NULL, NULL};
         rc = zs_kv_seq_reserve(r->kv, seq, p + 1);
         if (rc == 0) rc = zs_forward_run(r->f, &r->src, r->kv, &d, lg);
     }
@@ -166,7 +166,7 @@ static void check_model(const char *name) {
         int32_t tk[256], pos[256], sq[256], li[256];
         for (int i = 0; i < 3; i++) { tk[i] = ids[i]; pos[i] = i; sq[i] = s1; li[i] = -1; }
         for (int i = 0; i < n; i++) { tk[3 + i] = ids[i]; pos[3 + i] = i; sq[3 + i] = s0; li[3 + i] = i; }
-        zs_batch b = {n + 3, tk, pos, sq, li, n, NULL, NULL};
+        zs_batch b = {n + 3, tk, pos, sq, li, n, NULL, NULL, NULL};
         rc = zs_forward_run(r.f, &r.src, r.kv, &b, both);
         CHECK(rc == 0, "%s: mixed batch: %s", name, zs_errmsg());
         CHECK(memcmp(both, solo, (size_t)n * r.vocab * 4) == 0,

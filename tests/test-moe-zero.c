@@ -95,7 +95,7 @@ static int run_world(zs_engine *e, int ranks, float **out) {
                 sq[r][i] = seq[r];
                 li[r][i] = i == n - 1 ? 0 : -1;
             }
-            bs[r] = (zs_batch){n, tok[r] + p0, pos[r], sq[r], li[r], 1, NULL, NULL};
+            bs[r] = (zs_batch){n, tok[r] + p0, pos[r], sq[r], li[r], 1, NULL, NULL, NULL};
             lg[r] = out[r] + (size_t)step * (size_t)V;
         }
         rc = zs_world_step(w, bs, lg);
@@ -128,7 +128,7 @@ static int reference(const char *dir, float **ref, int *vocab) {
                 sq[i] = seq;
                 li[i] = i == n - 1 ? 0 : -1;
             }
-            zs_batch b = {n, tok + p0, pos, sq, li, 1, NULL, NULL};
+            zs_batch b = {n, tok + p0, pos, sq, li, 1, NULL, NULL, NULL};
             rc = zs_engine_forward(e, &b, ref[s] + (size_t)step * (size_t)*vocab);
         }
         zs_kv_seq_close(kv, seq);
@@ -347,7 +347,7 @@ static void check_bound(void) {
         zs_kv_seq_open(kv, &seq);
         zs_kv_seq_reserve(kv, seq, 64);
         int32_t t = 5, p = 0, q = seq, li = 0;
-        zs_batch b = {1, &t, &p, &q, &li, 1, NULL, NULL};
+        zs_batch b = {1, &t, &p, &q, &li, 1, NULL, NULL, NULL};
         zs_engine_forward(e, &b, lg); /* warm: the first pass */
         zs_gather_stats a, z;
         zs_world_stats(zs_engine_world(e), &a);

@@ -204,7 +204,7 @@ static int call(rig *r, zs_weight_source *src, int n, const int32_t *ids, const 
         int rc = zs_kv_seq_reserve(r->kv, seq[i], pos[i] + 1);
         if (rc < 0) return rc;
     }
-    zs_batch b = {n, ids, pos, seq, li, n, lora, NULL};
+    zs_batch b = {n, ids, pos, seq, li, n, lora, NULL, NULL};
     return zs_forward_run(r->f, src, r->kv, &b, out);
 }
 

@@ -268,7 +268,7 @@ static int prefill(zs_engine *e, float *lg) {
         sq[i] = seq;
         li[i] = i;
     }
-    zs_batch b = {NP, tok, pos, sq, li, NP, NULL, NULL};
+    zs_batch b = {NP, tok, pos, sq, li, NP, NULL, NULL, NULL};
     rc = zs_kv_seq_reserve(kv, seq, NP);
     if (rc == 0) rc = zs_engine_forward(e, &b, lg);
     zs_kv_seq_close(kv, seq);

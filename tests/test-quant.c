@@ -325,7 +325,7 @@ static int greedy(zs_engine *e, const int32_t *prompt, int np, int n_new, int32_
     int32_t pos[256], sq[256], li[256];
     for (int i = 0; i < np; i++) { pos[i] = i; sq[i] = seq; li[i] = i; }
     float *lg = malloc((size_t)(np + n_new) * vocab * 4);
-    zs_batch b = {np, prompt, pos, sq, li, np, NULL, NULL};
+    zs_batch b = {np, prompt, pos, sq, li, np, NULL, NULL, NULL};
     rc = zs_kv_seq_reserve(kv, seq, np + n_new);
     if (rc == 0) rc = zs_engine_forward(e, &b, lg);
     for (int t = 0; rc == 0 && t < n_new; t++) {
@@ -333,7 +333,7 @@ static int greedy(zs_engine *e, const int32_t *prompt, int np, int n_new, int32_
         int32_t tok = argmax(last, vocab), p = np + t, l0 = 0;
         ids[t] = tok;
         if (t + 1 == n_new) break;
-        zs_batch d = {1, &tok, &p, &seq, &l0, 1, NULL, NULL};
+        zs_batch d = {1, &tok, &p, &seq, &l0, 1, NULL, NULL, NULL};
         rc = zs_engine_forward(e, &d, lg + (size_t)(np + t) * vocab);
     }
     if (all && rc == 0) memcpy(all, lg, (size_t)(np + n_new - 1) * vocab * 4);
@@ -557,7 +557,7 @@ static uint64_t decode_gathered(zs_engine *e, int vocab) {
     float *lg = malloc((size_t)vocab * 4);
     zs_gather_stats s0, s1;
     int32_t tok = 3, p = 0, l0 = 0;
-    zs_batch d = {1, &tok, &p, &seq, &l0, 1, NULL, NULL};
+    zs_batch d = {1, &tok, &p, &seq, &l0, 1, NULL, NULL, NULL};
     int rc = zs_engine_forward(e, &d, lg);
     zs_world_run(w, spec_off, w);
     zs_world_stats(w, &s0);
@@ -693,7 +693,7 @@ int main(int argc, char **argv) {
                     zs_kvcache *kv = zs_engine_kv(x);
                     CHECK(zs_kv_seq_open(kv, &seq) == 0 && zs_kv_seq_reserve(kv, seq, 4) == 0, "kv");
                     int32_t sq[4] = {seq, seq, seq, seq}, li[4] = {0, 1, 2, 3};
-                    zs_batch b = {4, ids, pos, sq, li, 4, NULL, NULL};
+                    zs_batch b = {4, ids, pos, sq, li, 4, NULL, NULL, NULL};
                     CHECK(zs_engine_forward(x, &b, lg + (size_t)k * 4 * 512) == 0, "forward: %s", zs_errmsg());
                     zs_kv_seq_close(kv, seq);
                     got[k] = argmax(lg + (size_t)k * 4 * 512 + 3 * 512, 512);

@@ -49,21 +49,57 @@ static void test_ngram(void) {
     CHECK(zs_spec_ngram_new(0, 4, &(zs_spec *){NULL}) == ZS_ERANGE, "min 0 refused");
     if (!p) return;
     int32_t a[] = {1, 5, 6, 7, 8, 9, 2, 5, 6, 7}, d[8];
-    zs_spec_req q = {1, a, 10, 3, d, 0};
+    zs_spec_req q = {1, a, 10, 3, d, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 3 && d[0] == 8 && d[1] == 9 && d[2] == 2,
           "5 6 7 seen before: 8 9 2 proposed (%d: %d %d %d)", q.n_draft, d[0], d[1], d[2]);
     int32_t b[] = {1, 4, 5, 9, 4, 5, 8, 3, 4, 5};
-    q = (zs_spec_req){2, b, 10, 5, d, 0};
+    q = (zs_spec_req){2, b, 10, 5, d, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 4 && d[0] == 8 && d[1] == 3 && d[2] == 4 && d[3] == 5,
           "the most recent occurrence of 4 5: 8 3 4 5, up to the end (%d: %d %d %d %d)", q.n_draft, d[0], d[1], d[2],
           d[3]);
     int32_t c[] = {1, 2, 3, 4, 5, 6};
-    q = (zs_spec_req){3, c, 6, 4, d, 0};
+    q = (zs_spec_req){3, c, 6, 4, d, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 0, "no repeated n-gram: nothing proposed");
     int32_t e2[] = {7, 7};
-    q = (zs_spec_req){4, e2, 2, 4, d, 0};
+    q = (zs_spec_req){4, e2, 2, 4, d, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 0, "too short for a 2-gram: nothing");
     CHECK(!strcmp(zs_spec_name(p), "ngram"), "name");
+    /* trees: 5 6 7 was followed by 8 1 .. and (more recently) by 3 2 ..: both branches, the
+     * recent one first, each with half the weight; a level deeper costs more than a sibling */
+    int32_t t1[] = {9, 5, 6, 7, 8, 1, 5, 6, 7, 3, 2, 5, 6, 7}, par[8];
+    float sh[8];
+    q = (zs_spec_req){5, t1, 14, 4, d, 0, par, sh};
+    CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 4 && d[0] == 3 && d[1] == 8 && d[2] == 2 && d[3] == 1 &&
+              par[0] == -1 && par[1] == -1 && par[2] == 0 && par[3] == 1 && sh[0] == 0.5f && sh[1] == 0.5f &&
+              sh[2] == 1.0f && sh[3] == 1.0f,
+          "tree: two continuations of 5 6 7 (%d: %d %d %d %d, parents %d %d %d %d, shares %g %g %g %g)", q.n_draft, d[0],
+          d[1], d[2], d[3], par[0], par[1], par[2], par[3], (double)sh[0], (double)sh[1], (double)sh[2], (double)sh[3]);
+    /* the 3-token suffix 4 5 6 (weight 2) was followed by 9 3, the 2-token 5 6 (weight 1) by 2 */
+    int32_t t2[] = {4, 5, 6, 9, 3, 5, 6, 2, 4, 5, 6};
+    q = (zs_spec_req){6, t2, 11, 3, d, 0, par, sh};
+    CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 3 && d[0] == 9 && d[1] == 3 && d[2] == 2 && par[0] == -1 &&
+              par[1] == 0 && par[2] == -1 && fabsf(sh[0] - 2.0f / 3) < 1e-6f && sh[1] == 1.0f &&
+              fabsf(sh[2] - 1.0f / 3) < 1e-6f,
+          "tree: the longer match weighs more (%d: %d %d %d, parents %d %d %d, shares %g %g %g)", q.n_draft, d[0], d[1],
+          d[2], par[0], par[1], par[2], (double)sh[0], (double)sh[1], (double)sh[2]);
+    /* one continuation: the chain, shares 1 */
+    q = (zs_spec_req){7, a, 10, 3, d, 0, par, sh};
+    CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 3 && d[0] == 8 && d[1] == 9 && d[2] == 2 && par[0] == -1 &&
+              par[1] == 0 && par[2] == 1 && sh[0] == 1.0f && sh[2] == 1.0f,
+          "tree: a single continuation is the chain");
+    q = (zs_spec_req){8, c, 6, 4, d, 0, par, sh};
+    CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 0, "tree: nothing without a repeated n-gram");
+    zs_spec_free(p);
+    /* 64-token n-grams: a match that long weighs 2^63 (no integer shift); the text repeats with
+     * period 70, so the tree is the one continuation, a chain */
+    CHECK(zs_spec_ngram_new(1, 64, &p) == 0, "ngram 1..64");
+    if (!p) return;
+    int32_t lng[200];
+    for (int i = 0; i < 200; i++) lng[i] = 3 + i % 70;
+    q = (zs_spec_req){9, lng, 200, 8, d, 0, par, sh};
+    int chain = zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 8;
+    for (int j = 0; chain && j < 8; j++) chain = d[j] == 3 + (200 + j) % 70 && par[j] == j - 1 && sh[j] == 1.0f;
+    CHECK(chain, "tree with 64-token n-grams: the continuation of the period (%d drafts)", q.n_draft);
     zs_spec_free(p);
 }
 
@@ -171,6 +207,92 @@ static void test_verify(void) {
     zs_sampler_free(s2);
 }
 
+/* Several drafts at one node (a tree's children): the token still follows the target; one draft
+ * is zs_sampler_verify draw for draw; greedy picks the argmax's draft. */
+static void test_verify_multi(void) {
+    enum { V = 40, N = 200000 };
+    float lg[V];
+    uint64_t z = 7;
+    for (int i = 0; i < V; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        lg[i] = (float)((double)(z >> 40) / (1 << 24) * 5.0 - 2.5);
+    }
+    int ord[V]; /* ids by logit, descending */
+    for (int i = 0; i < V; i++) ord[i] = i;
+    for (int i = 0; i < V; i++)
+        for (int j = i + 1; j < V; j++)
+            if (lg[ord[j]] > lg[ord[i]]) { int t = ord[i]; ord[i] = ord[j]; ord[j] = t; }
+    struct { float t, top_p; int top_k; int n, d[4]; const char *what; } cases[] = {
+        {1.0f, 1.0f, 0, 3, {ord[0], ord[1], ord[2]}, "temperature 1, the three likeliest"},
+        {0.8f, 1.0f, 0, 4, {ord[30], ord[1], ord[30], ord[5]}, "temperature 0.8, an unlikely one, repeated"},
+        {1.2f, 0.9f, 6, 3, {ord[20], ord[3], ord[0]}, "top_k 6, top_p 0.9, one outside them"},
+        {1.0f, 1.0f, 2, 2, {ord[1], ord[0]}, "top_k 2, the drafts hold all the mass"},
+    };
+    static long ca[V], cb[V];
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        zs_sampler_params sp;
+        zs_sampler_params_default(&sp);
+        sp.temperature = cases[c].t;
+        sp.top_p = cases[c].top_p;
+        sp.top_k = cases[c].top_k;
+        zs_sampler *s1 = NULL, *s2 = NULL;
+        sp.seed = 3;
+        CHECK(zs_sampler_new(&sp, V, &s1) == 0, "sampler");
+        sp.seed = 4;
+        CHECK(zs_sampler_new(&sp, V, &s2) == 0, "sampler");
+        if (!s1 || !s2) return;
+        memset(ca, 0, sizeof ca);
+        memset(cb, 0, sizeof cb);
+        long acc[4] = {0};
+        int bad = 0;
+        for (int i = 0; i < N; i++) {
+            int t = 0, w = -2;
+            bad |= zs_sampler_verify_multi(s1, lg, cases[c].d, cases[c].n, &t, &w, NULL) != 0;
+            bad |= w >= 0 ? cases[c].d[w] != t : w != -1;
+            for (int k = 0; k < (w >= 0 ? w : cases[c].n); k++) bad |= cases[c].d[k] == t; /* none before it */
+            ca[t]++;
+            if (w >= 0) acc[w]++;
+            bad |= zs_sampler_sample(s2, lg, &t, NULL) != 0;
+            cb[t]++;
+        }
+        double x;
+        int df;
+        CHECK(!bad, "%s: the calls worked and which names the accepted draft", cases[c].what);
+        CHECK(same_dist(ca, cb, V, N, N, &x, &df), "%s: tokens after several drafts follow the target (chi-square "
+              "%.1f, %d df, critical %.1f)", cases[c].what, x, df, chi2_crit(df));
+        fprintf(stderr, "verify several: %s: accepted %.3f %.3f %.3f %.3f, chi-square %.1f on %d df\n", cases[c].what,
+                (double)acc[0] / N, (double)acc[1] / N, (double)acc[2] / N, (double)acc[3] / N, x, df);
+        if (c == 1) CHECK(acc[2] == 0, "a repeated draft never holds in its second place");
+        zs_sampler_free(s1);
+        zs_sampler_free(s2);
+    }
+    /* one draft = zs_sampler_verify, draw for draw */
+    zs_sampler_params sp;
+    zs_sampler_params_default(&sp);
+    sp.temperature = 0.9f;
+    sp.top_k = 12;
+    zs_sampler *s1 = NULL, *s2 = NULL;
+    CHECK(zs_sampler_new(&sp, V, &s1) == 0 && zs_sampler_new(&sp, V, &s2) == 0, "samplers");
+    int same = 1;
+    for (int i = 0; i < 5000 && s1 && s2; i++) {
+        int d = ord[i % 15], t1, t2, a, w;
+        float l1, l2;
+        same &= zs_sampler_verify(s1, lg, d, &t1, &a, &l1) == 0 && zs_sampler_verify_multi(s2, lg, &d, 1, &t2, &w, &l2) == 0 &&
+                t1 == t2 && a == (w == 0) && !memcmp(&l1, &l2, 4);
+    }
+    CHECK(same, "one draft: zs_sampler_verify_multi = zs_sampler_verify, draw for draw");
+    zs_sampler_free(s1);
+    zs_sampler_free(s2);
+    /* greedy: the argmax, its draft's index */
+    sp.temperature = 0.0f;
+    CHECK(zs_sampler_new(&sp, V, &s1) == 0, "greedy sampler");
+    int d3[3] = {ord[2], ord[0], ord[1]}, t, w;
+    CHECK(s1 && zs_sampler_verify_multi(s1, lg, d3, 3, &t, &w, NULL) == 0 && t == ord[0] && w == 1,
+          "greedy: the argmax's draft holds (%d, %d)", t, w);
+    CHECK(s1 && zs_sampler_verify_multi(s1, lg, d3, 0, &t, &w, NULL) == ZS_ERANGE, "no drafts is refused");
+    zs_sampler_free(s1);
+}
+
 /* ---------- requests through the scheduler ---------- */
 
 #define MAXT 64
@@ -264,6 +386,10 @@ static int make_req(const mix_ctx *m, int i, int32_t *p, zs_req_params *rp) {
     if (kind == 0) { /* a passage, then its start again: the model may copy it */
         int len = 20 + i % 17;
         for (int t = 0; t < len; t++) p[n++] = 5 + (t * 31 + i * 7) % (m->vocab - 10);
+        if (i % 12 == 6) { /* its first tokens once more with another continuation: two branches */
+            for (int t = 0; t < 4; t++) p[n++] = p[1 + t];
+            for (int t = 0; t < 10; t++) p[n++] = 5 + (t * 17 + i * 3 + 1) % (m->vocab - 10);
+        }
         for (int t = 0; t < 8; t++) p[n++] = p[1 + t];
     } else if (kind == 1) { /* random tokens */
         int len = 10 + i % 40;
@@ -331,7 +457,7 @@ static zs_spec *open_draft(const draft_cfg *dc, zs_engine *target, const char *t
     return rc == 0 ? p : NULL;
 }
 
-static void run_mix_ex(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, run_out *o,
+static void run_mix_ex(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, int tree, run_out *o,
                        int with_lora, int with_con, int nreq, const draft_cfg *dc, int simple) {
     zs_engine *e = open_engine(c, nvme);
     if (!e) return;
@@ -377,7 +503,7 @@ static void run_mix_ex(const eng_cfg *c, const char *nvme, int no_drafts, zs_spe
         con = (zs_req_constraint){g, mk, pre, np, suf, ns, NULL};
         if (mk) m.con = &con;
     }
-    zs_sched_opts so = {16, 64, 512, 0, spec, k, no_drafts};
+    zs_sched_opts so = {16, 64, 512, 0, spec, k, no_drafts, tree};
     zs_sched *s = NULL;
     if (zs_sched_new(e, &so, &s) < 0) {
         CHECK(0, "sched: %s", zs_errmsg());
@@ -419,9 +545,9 @@ out:
     zs_engine_free(e);
 }
 
-static void run_mix(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, run_out *o,
+static void run_mix(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, int tree, run_out *o,
                     int with_lora, int with_con, int nreq) {
-    run_mix_ex(c, nvme, no_drafts, spec, k, o, with_lora, with_con, nreq, NULL, 0);
+    run_mix_ex(c, nvme, no_drafts, spec, k, tree, o, with_lora, with_con, nreq, NULL, 0);
 }
 
 static int compare(const run_out *a, const run_out *b, int nreq, int *first) {
@@ -436,45 +562,110 @@ static int compare(const run_out *a, const run_out *b, int nreq, int *first) {
     return same;
 }
 
+static void report(const char *label, const char *what, const run_out *p, const run_out *a) {
+    fprintf(stderr, "%s, %s: %llu passes (plain %llu), %llu drafted, %llu accepted, %llu forced, %llu trees, %llu "
+                    "accepted off the first branch, %llu KV moves, %.2f tokens per pass (plain %.2f)\n",
+            label, what, (unsigned long long)a->st.passes, (unsigned long long)p->st.passes,
+            (unsigned long long)a->st.spec_drafted, (unsigned long long)a->st.spec_accepted,
+            (unsigned long long)a->st.spec_forced, (unsigned long long)a->st.spec_trees,
+            (unsigned long long)a->st.spec_side_accepted, (unsigned long long)a->st.spec_kv_moves,
+            (double)a->st.pass_tokens / (double)(a->st.passes ? a->st.passes : 1),
+            (double)p->st.pass_tokens / (double)(p->st.passes ? p->st.passes : 1));
+}
+
+static uint64_t greedy_moves; /* KV entries moved after trees in all greedy runs */
+
+/* A proposer that makes every accepted tree path a side branch that must be moved: asked for a
+ * tree, it puts a decoy (the first draft of prompt lookup's chain, minus one) first at the root
+ * and the chain as the root's second child, so whenever the chain holds, the first child failed
+ * and the path sits one slot past its positions. */
+typedef struct {
+    zs_spec base;
+    zs_spec *inner;
+} decoy_spec;
+
+static int decoy_propose(zs_spec *p, zs_spec_req *reqs, int n) {
+    decoy_spec *d = (decoy_spec *)p;
+    for (int i = 0; i < n; i++) {
+        zs_spec_req *q = &reqs[i];
+        if (!q->parent || q->k < 2) {
+            ZS_CHECK(zs_spec_propose(d->inner, q, 1));
+            continue;
+        }
+        int32_t chain[ZS_SPEC_MAX_TOKENS];
+        zs_spec_req c = {q->key, q->tokens, q->n, q->k - 1, chain, 0, NULL, NULL};
+        ZS_CHECK(zs_spec_propose(d->inner, &c, 1));
+        q->n_draft = c.n_draft ? c.n_draft + 1 : 0;
+        for (int j = 0; j < c.n_draft; j++) {
+            q->draft[j + 1] = chain[j];
+            q->parent[j + 1] = j == 0 ? -1 : j;
+            q->share[j + 1] = j == 0 ? 0.5f : 1.0f;
+        }
+        if (c.n_draft) {
+            q->draft[0] = chain[0] > 0 ? chain[0] - 1 : chain[0] + 1;
+            q->parent[0] = -1;
+            q->share[0] = 0.5f;
+        }
+    }
+    return 0;
+}
+
+static void decoy_free(zs_spec *p) { (void)p; }
+
+static const zs_spec_ops decoy_ops = {"decoy", decoy_propose, NULL, decoy_free};
+
+/* Greedy with speculation, chains and trees, drafts chosen from the costs and fixed at 4 and 16, then
+ * trees whose accepted paths are always side branches (decoy_spec),
+ * against plain decoding: the same tokens, logprob bits and finish for every request. */
 static void test_greedy(const eng_cfg *c, const char *label, int with_lora, int with_con, int nreq) {
-    static run_out plain, spec_auto, spec4, spec16;
+    static run_out plain, runs[6];
+    static const struct { int k, tree; const char *what; } cfg[6] = {
+        {0, 0, "chains from costs"}, {4, 0, "4-token chains"}, {16, 0, "16-token chains"},
+        {0, 1, "trees from costs"},  {4, 1, "4-node trees"},   {16, 1, "16-node trees"}};
     char nvme[4096] = "";
     if (c->nvme) tu_tmpdir(nvme, sizeof nvme, "spec-nvme");
     zs_spec *ng = NULL;
     CHECK(zs_spec_ngram_new(ZS_SPEC_NGRAM_MIN, ZS_SPEC_NGRAM_MAX, &ng) == 0, "ngram");
     memset(&plain, 0, sizeof plain);
-    memset(&spec_auto, 0, sizeof spec_auto);
-    memset(&spec4, 0, sizeof spec4);
-    memset(&spec16, 0, sizeof spec16);
-    run_mix(c, nvme, 1, NULL, 0, &plain, with_lora, with_con, nreq);
-    run_mix(c, nvme, 0, ng, 0, &spec_auto, with_lora, with_con, nreq);
-    run_mix(c, nvme, 0, ng, 4, &spec4, with_lora, with_con, nreq);
-    run_mix(c, nvme, 0, ng, 16, &spec16, with_lora, with_con, nreq);
-    int f1, f2, f3;
-    int s1 = compare(&plain, &spec_auto, nreq, &f1), s2 = compare(&plain, &spec4, nreq, &f2),
-        s3 = compare(&plain, &spec16, nreq, &f3);
-    CHECK(s1 == nreq, "%s: greedy with speculation (drafts chosen from costs) = plain decoding, %d/%d (first "
-          "differing: %d)", label, s1, nreq, f1);
-    CHECK(s2 == nreq, "%s: with 4 drafts = plain, %d/%d (first differing: %d)", label, s2, nreq, f2);
-    CHECK(s3 == nreq, "%s: with 16 drafts = plain, %d/%d (first differing: %d)", label, s3, nreq, f3);
-    const zs_sched_stats *a = &spec4.st, *p = &plain.st;
-    fprintf(stderr, "%s: plain %llu passes; 4 drafts: %llu passes, %llu drafted, %llu accepted, %llu forced, "
-                    "%.2f tokens per pass (plain %.2f); auto: %llu passes, %llu drafted, %llu accepted\n",
-            label, (unsigned long long)p->passes, (unsigned long long)a->passes, (unsigned long long)a->spec_drafted,
-            (unsigned long long)a->spec_accepted, (unsigned long long)a->spec_forced,
-            (double)a->pass_tokens / (double)(a->passes ? a->passes : 1),
-            (double)p->pass_tokens / (double)(p->passes ? p->passes : 1), (unsigned long long)spec_auto.st.passes,
-            (unsigned long long)spec_auto.st.spec_drafted, (unsigned long long)spec_auto.st.spec_accepted);
+    run_mix(c, nvme, 1, NULL, 0, 0, &plain, with_lora, with_con, nreq);
+    const zs_sched_stats *p = &plain.st;
     CHECK(p->spec_drafted == 0 && p->spec_forced == 0, "%s: plain decoding drafts nothing", label);
-    CHECK(a->spec_accepted > 0 && a->spec_accepted <= a->spec_drafted, "%s: drafts were accepted (%llu of %llu)", label,
-          (unsigned long long)a->spec_accepted, (unsigned long long)a->spec_drafted);
-    CHECK(a->passes < p->passes, "%s: fewer passes with speculation (%llu < %llu)", label,
-          (unsigned long long)a->passes, (unsigned long long)p->passes);
-    CHECK(a->generated_tokens == p->generated_tokens, "%s: the same tokens generated", label);
-    uint64_t hist = 0;
-    for (int i = 0; i <= ZS_SPEC_MAX_TOKENS; i++) hist += a->spec_accept_hist[i];
-    CHECK(hist > 0, "%s: the acceptance histogram counts verifications", label);
-    if (with_con) CHECK(a->spec_forced > 0, "%s: forced tokens went in as drafts (jump-forward)", label);
+    for (int k = 0; k < 6; k++) {
+        memset(&runs[k], 0, sizeof runs[k]);
+        run_mix(c, nvme, 0, ng, cfg[k].k, cfg[k].tree, &runs[k], with_lora, with_con, nreq);
+        int f, same = compare(&plain, &runs[k], nreq, &f);
+        CHECK(same == nreq, "%s: greedy with %s = plain decoding, %d/%d (first differing: %d)", label, cfg[k].what, same,
+              nreq, f);
+        report(label, cfg[k].what, &plain, &runs[k]);
+        const zs_sched_stats *a = &runs[k].st;
+        CHECK(a->generated_tokens == p->generated_tokens, "%s, %s: the same tokens generated", label, cfg[k].what);
+        CHECK(a->spec_accepted <= a->spec_drafted, "%s, %s: accepted <= drafted", label, cfg[k].what);
+        CHECK(cfg[k].tree || (a->spec_trees == 0 && a->spec_side_accepted == 0 && a->spec_kv_moves == 0),
+              "%s, %s: chains never branch nor move", label, cfg[k].what);
+        if (cfg[k].k != 4) continue;
+        /* the fixed 4: speculation must have happened */
+        CHECK(a->spec_accepted > 0, "%s, %s: drafts were accepted (%llu of %llu)", label, cfg[k].what,
+              (unsigned long long)a->spec_accepted, (unsigned long long)a->spec_drafted);
+        CHECK(a->passes < p->passes, "%s, %s: fewer passes with speculation (%llu < %llu)", label, cfg[k].what,
+              (unsigned long long)a->passes, (unsigned long long)p->passes);
+        uint64_t hist = 0;
+        for (int i = 0; i <= ZS_SPEC_MAX_TOKENS; i++) hist += a->spec_accept_hist[i];
+        CHECK(hist > 0, "%s, %s: the acceptance histogram counts verifications", label, cfg[k].what);
+        if (with_con) CHECK(a->spec_forced > 0, "%s, %s: forced tokens went in as drafts (jump-forward)", label, cfg[k].what);
+        if (cfg[k].tree) CHECK(a->spec_trees > 0, "%s, %s: drafts branched", label, cfg[k].what);
+    }
+    for (int k = 0; k < 6; k++) greedy_moves += runs[k].st.spec_kv_moves;
+    /* every accepted path off the first branch and moved: still plain decoding's bits */
+    decoy_spec dc = {{&decoy_ops}, ng};
+    memset(&runs[0], 0, sizeof runs[0]);
+    run_mix(c, nvme, 0, &dc.base, 8, 1, &runs[0], with_lora, with_con, nreq);
+    int f, same = compare(&plain, &runs[0], nreq, &f);
+    CHECK(same == nreq, "%s: greedy with decoy-first trees = plain decoding, %d/%d (first differing: %d)", label, same,
+          nreq, f);
+    report(label, "decoy-first trees", &plain, &runs[0]);
+    CHECK(runs[0].st.spec_side_accepted > 0 && runs[0].st.spec_kv_moves > 0,
+          "%s, decoy-first trees: side branches held (%llu) and were moved (%llu entries)", label,
+          (unsigned long long)runs[0].st.spec_side_accepted, (unsigned long long)runs[0].st.spec_kv_moves);
     zs_spec_free(ng);
     if (c->nvme) tu_rmdir(nvme);
 }
@@ -482,7 +673,7 @@ static void test_greedy(const eng_cfg *c, const char *label, int with_lora, int 
 /* ---------- sampled outputs keep the target's distribution ---------- */
 
 /* With prompt lookup, or (dc) a draft model. */
-static void test_sampled(const draft_cfg *dc, const char *label) {
+static void test_sampled(const draft_cfg *dc, const char *label, const char *text, int tree) {
     enum { NS = 3000 };
     eng_cfg c = {1, 0, NULL};
     zs_spec *ng = NULL;
@@ -495,7 +686,7 @@ static void test_sampled(const draft_cfg *dc, const char *label) {
         if (!e) return;
         char tdir[4096];
         zs_spec *dp = mode && dc ? open_draft(dc, e, model_path(&c, tdir, sizeof tdir), 16) : NULL;
-        zs_sched_opts so = {16, 64, 4096, 0, mode ? (dp ? dp : ng) : NULL, mode ? 4 : 0, !mode};
+        zs_sched_opts so = {16, 64, 4096, 0, mode ? (dp ? dp : ng) : NULL, mode ? (tree ? 8 : 4) : 0, !mode, tree};
         zs_sched *s = NULL;
         if (zs_sched_new(e, &so, &s) < 0) {
             zs_spec_free(dp);
@@ -503,8 +694,6 @@ static void test_sampled(const draft_cfg *dc, const char *label) {
             CHECK(0, "sched: %s", zs_errmsg());
             return;
         }
-        /* a text that repeats itself: prompt lookup proposes its continuation */
-        static const char *text = "Lily and Tom went to the park. Lily and Tom went to the park. Lily and";
         int32_t p[64], *ids = NULL;
         size_t np = 0;
         p[0] = 1;
@@ -522,7 +711,7 @@ static void test_sampled(const draft_cfg *dc, const char *label) {
                 memset(&rp, 0, sizeof rp);
                 rp.prompt = p;
                 rp.n_prompt = (int)np + 1;
-                rp.max_tokens = 4;
+                rp.max_tokens = tree ? 8 : 4; /* trees: room for a few nodes at once */
                 zs_sampler_params_default(&rp.sampling);
                 rp.sampling.temperature = 1.0f;
                 rp.sampling.seed = 7000 + (uint64_t)(w0 + j) * 2 + (uint64_t)mode;
@@ -544,8 +733,15 @@ static void test_sampled(const draft_cfg *dc, const char *label) {
     CHECK(st[1].spec_drafted > 0 && st[1].spec_accepted > 0 && st[1].spec_accepted < st[1].spec_drafted,
           "%s: drafts were proposed, some accepted and some not (%llu of %llu)", label,
           (unsigned long long)st[1].spec_accepted, (unsigned long long)st[1].spec_drafted);
-    fprintf(stderr, "%s: %llu of %llu drafts accepted\n", label, (unsigned long long)st[1].spec_accepted,
-            (unsigned long long)st[1].spec_drafted);
+    fprintf(stderr, "%s: %llu drafted, %llu accepted, %llu trees, %llu accepted off the first branch, %llu KV moves\n",
+            label, (unsigned long long)st[1].spec_drafted, (unsigned long long)st[1].spec_accepted,
+            (unsigned long long)st[1].spec_trees, (unsigned long long)st[1].spec_side_accepted,
+            (unsigned long long)st[1].spec_kv_moves);
+    if (tree)
+        CHECK(st[1].spec_trees > 0 && st[1].spec_side_accepted > 0 && st[1].spec_kv_moves > 0,
+              "%s: drafts branched (%llu trees), branches other than the first held (%llu drafts), accepted paths "
+              "were moved (%llu entries)", label, (unsigned long long)st[1].spec_trees,
+              (unsigned long long)st[1].spec_side_accepted, (unsigned long long)st[1].spec_kv_moves);
     for (int t = 0; t < 3; t++) {
         double x;
         int df;
@@ -571,10 +767,10 @@ static void test_draft_greedy(const eng_cfg *c, const draft_cfg *dc, const char 
     static run_out plain, r;
     static const int ks[3] = {0, 4, 16};
     memset(&plain, 0, sizeof plain);
-    run_mix_ex(c, NULL, 1, NULL, 0, &plain, with_lora, with_con, nreq, NULL, simple);
+    run_mix_ex(c, NULL, 1, NULL, 0, 0, &plain, with_lora, with_con, nreq, NULL, simple);
     for (int j = 0; j < 3; j++) {
         memset(&r, 0, sizeof r);
-        run_mix_ex(c, NULL, 0, NULL, ks[j], &r, with_lora, with_con, nreq, dc, simple);
+        run_mix_ex(c, NULL, 0, NULL, ks[j], 0, &r, with_lora, with_con, nreq, dc, simple);
         int first, same = compare(&plain, &r, nreq, &first);
         const zs_sched_stats *a = &r.st;
         CHECK(same == nreq, "%s, %s drafts: greedy with the draft model = plain decoding, %d/%d (first differing: %d)",
@@ -635,7 +831,7 @@ static void test_draft_calls(void) {
 
     int32_t d1[ZS_SPEC_MAX_TOKENS], d2[ZS_SPEC_MAX_TOKENS], d3[ZS_SPEC_MAX_TOKENS];
     zs_spec_req q[3];
-    q[0] = (zs_spec_req){11, t, nt, 8, d1, 0};
+    q[0] = (zs_spec_req){11, t, nt, 8, d1, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, q, 1) == 0 && q[0].n_draft == 8 && !memcmp(d1, ref, 8 * sizeof *d1),
           "the drafts are the greedy continuation (%d drafts)", q[0].n_draft);
     /* four drafts accepted, then a token the draft did not propose: rolled back to it */
@@ -645,38 +841,38 @@ static void test_draft_calls(void) {
     u[nt + 4] = d1[4] == 300 ? 301 : 300;
     zs_spec_draft_stats st0, st1;
     zs_spec_draft_stats_get(p, &st0);
-    q[0] = (zs_spec_req){11, u, nt + 5, 6, d2, 0};
+    q[0] = (zs_spec_req){11, u, nt + 5, 6, d2, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, q, 1) == 0 && q[0].n_draft == 6, "after a rejection: %d drafts", q[0].n_draft);
     zs_spec_draft_stats_get(p, &st1);
     CHECK(st1.rolled == st0.rolled + 3, "the 3 stale draft positions rolled back (%llu)",
           (unsigned long long)(st1.rolled - st0.rolled));
     CHECK(st1.fed - st0.fed == 1 + 5, "only the new token fed (the accepted drafts are in the KV), then 5 drafts (%llu)",
           (unsigned long long)(st1.fed - st0.fed));
-    q[0] = (zs_spec_req){12, u, nt + 5, 6, d3, 0};
+    q[0] = (zs_spec_req){12, u, nt + 5, 6, d3, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, q, 1) == 0 && q[0].n_draft == 6 && !memcmp(d2, d3, 6 * sizeof *d2),
           "a rolled-back sequence drafts what a fresh one does");
     /* two sequences in one call, one with a long prompt (catch-up in chunks of 16); key 12's
      * slot is reused, key 11's taken back (least recently used) for key 13 */
     for (int i = 0; i < 200; i++) t[i] = 5 + (i * 37) % 500;
-    q[0] = (zs_spec_req){12, u, nt + 6, 4, d2, 0};
+    q[0] = (zs_spec_req){12, u, nt + 6, 4, d2, 0, NULL, NULL};
     u[nt + 5] = d3[0];
-    q[1] = (zs_spec_req){13, t, 200, 5, d1, 0};
+    q[1] = (zs_spec_req){13, t, 200, 5, d1, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, q, 2) == 0 && q[0].n_draft == 4 && q[1].n_draft == 5, "two sequences: %d and %d drafts",
           q[0].n_draft, q[1].n_draft);
     CHECK(!memcmp(d2, d3 + 1, 3 * sizeof *d2), "the accepted draft fed: the drafts go on where they were");
-    q[2] = (zs_spec_req){14, t, 200, 5, d3, 0};
+    q[2] = (zs_spec_req){14, t, 200, 5, d3, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, &q[2], 1) == 0 && q[2].n_draft == 5 && !memcmp(d1, d3, 5 * sizeof *d1),
           "a third sequence takes the least recently used slot; batched drafts = drafts alone");
     /* more sequences in one call than the draft keeps: the rest get none, no error */
-    q[0] = (zs_spec_req){21, t, 50, 3, d1, 0};
-    q[1] = (zs_spec_req){22, t, 60, 3, d2, 0};
-    q[2] = (zs_spec_req){23, t, 70, 3, d3, 0};
+    q[0] = (zs_spec_req){21, t, 50, 3, d1, 0, NULL, NULL};
+    q[1] = (zs_spec_req){22, t, 60, 3, d2, 0, NULL, NULL};
+    q[2] = (zs_spec_req){23, t, 70, 3, d3, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, q, 3) == 0 && q[0].n_draft == 3 && q[1].n_draft == 3 && q[2].n_draft == 0,
           "2 slots: drafts for 2 of 3 sequences (%d %d %d)", q[0].n_draft, q[1].n_draft, q[2].n_draft);
     /* the context (256): drafts stop at its end; a sequence past it gets none */
     for (int i = 200; i < 300; i++) t[i] = 5 + (i * 41) % 500;
-    q[0] = (zs_spec_req){21, t, 254, 8, d1, 0};
-    q[1] = (zs_spec_req){22, t, 260, 8, d2, 0};
+    q[0] = (zs_spec_req){21, t, 254, 8, d1, 0, NULL, NULL};
+    q[1] = (zs_spec_req){22, t, 260, 8, d2, 0, NULL, NULL};
     CHECK(zs_spec_propose(p, q, 2) == 0 && q[0].n_draft == 3 && q[1].n_draft == 0,
           "context 256: 3 drafts after 254 tokens, none after 260 (%d, %d)", q[0].n_draft, q[1].n_draft);
     zs_spec_draft_stats_get(p, &st0);
@@ -705,17 +901,17 @@ static void test_draft_window(const char *dir) {
     if (p) {
         int32_t t[200], d1[8] = {0}, d2[8] = {0};
         for (int i = 0; i < 200; i++) t[i] = (i * 53 + i * i % 7) % 250;
-        zs_spec_req q = {1, t, 150, 6, d1, 0};
+        zs_spec_req q = {1, t, 150, 6, d1, 0, NULL, NULL};
         CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 6, "window: 6 drafts");
         /* back to 40 tokens: the ring (window 16, 16 tokens a call) no longer holds them */
         zs_spec_draft_stats st0, st1;
         zs_spec_draft_stats_get(p, &st0);
-        q = (zs_spec_req){1, t, 41, 6, d1, 0};
+        q = (zs_spec_req){1, t, 41, 6, d1, 0, NULL, NULL};
         CHECK(zs_spec_propose(p, &q, 1) == 0 && q.n_draft == 6, "window, rolled back far: 6 drafts");
         zs_spec_draft_stats_get(p, &st1);
         CHECK(st1.rolled - st0.rolled == 155, "the whole sequence started over (%llu positions rolled back)",
               (unsigned long long)(st1.rolled - st0.rolled));
-        zs_spec_req q2 = {2, t, 41, 6, d2, 0};
+        zs_spec_req q2 = {2, t, 41, 6, d2, 0, NULL, NULL};
         CHECK(zs_spec_propose(p, &q2, 1) == 0 && q2.n_draft == 6 && !memcmp(d1, d2, 6 * sizeof *d1),
               "window: the same drafts as a fresh sequence");
         /* a short rollback the ring still holds: no restart */
@@ -724,8 +920,8 @@ static void test_draft_window(const char *dir) {
         memcpy(u + 41, d2, 2 * sizeof *u);
         u[43] = d2[2] == 7 ? 8 : 7;
         zs_spec_draft_stats_get(p, &st0);
-        q2 = (zs_spec_req){2, u, 44, 6, d2, 0};
-        zs_spec_req q3 = {3, u, 44, 6, d1, 0};
+        q2 = (zs_spec_req){2, u, 44, 6, d2, 0, NULL, NULL};
+        zs_spec_req q3 = {3, u, 44, 6, d1, 0, NULL, NULL};
         CHECK(zs_spec_propose(p, &q2, 1) == 0 && zs_spec_propose(p, &q3, 1) == 0 && q2.n_draft == 6 &&
                   q3.n_draft == 6 && !memcmp(d1, d2, 6 * sizeof *d1), "window, a short rollback: the drafts of a fresh sequence");
         zs_spec_draft_stats_get(p, &st1);
@@ -819,7 +1015,7 @@ static void test_draft_padded(const char *dir) {
         int32_t t[40], u[40], d1[4], d2[4];
         for (int i = 0; i < 40; i++) t[i] = u[i] = (i * 31) % 500;
         u[20] = 550; /* a row of the target's model, past the tokenizer and the draft */
-        zs_spec_req q[2] = {{1, t, 40, 4, d1, 0}, {2, u, 40, 4, d2, 0}};
+        zs_spec_req q[2] = {{1, t, 40, 4, d1, 0, NULL, NULL}, {2, u, 40, 4, d2, 0, NULL, NULL}};
         CHECK(zs_spec_propose(p, q, 2) == 0 && q[0].n_draft == 4 && q[1].n_draft == 0,
               "an id past the draft's rows: no drafts for that sequence, the other has its own (%d, %d)", q[0].n_draft,
               q[1].n_draft);
@@ -833,7 +1029,7 @@ static void test_draft(void) {
     eng_cfg one = {1, 0, NULL}, two = {2, 0, NULL};
     draft_cfg same = {NULL, ZS_DTYPE_COUNT, 0}, q8 = {NULL, ZS_Q8_0, 0}, bf16 = {NULL, ZS_BF16, 0};
     test_draft_calls();
-    test_sampled(&q8, "sampled, a q8_0 draft model");
+    test_sampled(&q8, "sampled, a q8_0 draft model", "Lily and Tom went to the park. Lily and Tom went to the park. Lily and", 0);
     /* the same weights and dtype: every greedy draft holds */
     test_draft_greedy(&one, &same, "draft = target (f32), no EOS or stops", 0, 0, 120, 1, 1.0, 1.0);
     test_draft_greedy(&one, &same, "draft = target (f32), mixed", 1, 1, N_REQ, 0, 0.5, 1.0);
@@ -887,6 +1083,7 @@ static int make_moe(const char *dir) {
 int main(void) {
     test_ngram();
     test_verify();
+    test_verify_multi();
     eng_cfg one = {1, 0, NULL}, two = {2, 0, NULL}, two_nvme = {2, 1, NULL};
     test_greedy(&one, "stories260K, 1 rank", 1, 1, N_REQ);
     test_greedy(&two, "stories260K, 2 ranks", 0, 0, 120);
@@ -900,7 +1097,13 @@ int main(void) {
         CHECK(0, "moe model: %s", zs_errmsg());
     }
     tu_rmdir(moe);
-    test_sampled(NULL, "sampled");
+    CHECK(greedy_moves > 0, "greedy: accepted tree paths were moved (%llu entries) and the outputs stayed plain decoding's",
+          (unsigned long long)greedy_moves);
+    /* a text that repeats itself: prompt lookup proposes its continuation */
+    test_sampled(NULL, "sampled, chains", "Lily and Tom went to the park. Lily and Tom went to the park. Lily and", 0);
+    /* its continuations differ: trees */
+    test_sampled(NULL, "sampled, trees", "Lily and Tom went to the park. Lily and Sue went to the shop. Lily and Tom went home. "
+                 "Lily and Sue went", 1);
     test_draft();
     return tu_finish("test-spec");
 }

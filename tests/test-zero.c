@@ -47,7 +47,7 @@ static int logits_all(zs_engine *e, const int32_t *ids, int n, float *out) {
     if ((rc = zs_kv_seq_open(kv, &seq)) < 0) return rc;
     int32_t pos[256], sq[256], li[256];
     for (int i = 0; i < n; i++) { pos[i] = i; sq[i] = seq; li[i] = i; }
-    zs_batch b = {n, ids, pos, sq, li, n, NULL, NULL};
+    zs_batch b = {n, ids, pos, sq, li, n, NULL, NULL, NULL};
     rc = zs_kv_seq_reserve(kv, seq, n);
     if (rc == 0) rc = zs_engine_forward(e, &b, out);
     zs_kv_seq_close(kv, seq);

@@ -201,8 +201,11 @@ static int attention(zs_forward *f, zs_kvcache *kv, int layer, const zs_batch *b
         used += 2 * n;
         f->views[s] = (zs_att_seq){kp, vp};
     }
-    return zs_op_attention(f->att, f->q, b->n, b->seq, b->pos, f->views, c->n_heads, c->n_kv_heads, c->head_dim,
-                           c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, zs_kv_dtype(kv), ZS_ATT_AUTO, &ap);
+    const int32_t *par = b->tree ? b->tree->parent : NULL;
+    zs_att_tree tree = {b->tree ? b->tree->slot : NULL, par};
+    return zs_op_attention_tree(f->att, f->q, b->n, b->seq, b->pos, f->views, c->n_heads, c->n_kv_heads, c->head_dim,
+                                c->n_kv_heads * c->head_dim, ZS_KV_BLOCK, zs_kv_dtype(kv), ZS_ATT_AUTO, &ap,
+                                par ? &tree : NULL);
 }
 
 /* Groups the rows of b by adapter and sizes the scratch (before anything is acquired). */
@@ -386,6 +389,11 @@ static int layer_forward(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, i
     int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
 #define WD(r) L->slot[r].dtype /* per matrix: a quantized model keeps rows not a multiple of 32 in f16 */
 
+    /* a verified tree's accepted entries to their positions, before this layer's writes */
+    for (int i = 0; b->tree && i < b->tree->n_moves; i++) {
+        const zs_kv_move *mv = &b->tree->moves[i];
+        zs_kv_copy(kv, l, mv->seq, mv->from, mv->to);
+    }
     norm(c, f->xn, f->x, WF(L, ZS_R_ATTN_NORM_W, data, res), WF(L, ZS_R_ATTN_NORM_B, data, res), n);
     zs_op_matmul(f->q, f->xn, n, d, W(L, ZS_R_WQ, data, res), WD(ZS_R_WQ), qd, WF(L, ZS_R_BQ, data, res));
     zs_op_matmul(f->k, f->xn, n, d, W(L, ZS_R_WK, data, res), WD(ZS_R_WK), kvd, WF(L, ZS_R_BK, data, res));
@@ -415,6 +423,7 @@ static int layer_forward(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, i
             }
     }
     int kind = zs_rope_layer_local(c, l), per_tok = zs_rope_pos_dependent(c, l);
+    const int32_t *slot = b->tree ? b->tree->slot : NULL;
     size_t half = (size_t)(c->head_dim / 2);
     for (int i = 0; i < n; i++) {
         float *q = f->q + (size_t)i * qd, *k = f->k + (size_t)i * kvd;
@@ -424,8 +433,8 @@ static int layer_forward(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, i
             zs_op_rope_freq(q, c->n_heads, c->head_dim, b->pos[i], fr, af);
             zs_op_rope_freq(k, c->n_kv_heads, c->head_dim, b->pos[i], fr, af);
         }
-        /* into the cache in its element type (16-bit: rounded to nearest even) */
-        zs_kv_write(kv, l, b->seq[i], b->pos[i], k, f->v + (size_t)i * kvd);
+        /* into the cache in its element type (16-bit: rounded to nearest even), at its slot */
+        zs_kv_write(kv, l, b->seq[i], slot ? slot[i] : b->pos[i], k, f->v + (size_t)i * kvd);
     }
     int rc = attention(f, kv, l, b);
     if (rc < 0) return rc;
@@ -468,16 +477,21 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
     const zs_model_config *c = zs_model_config_get(m);
     if (b->n <= 0 || b->n > f->max_tokens)
         return zs_err(ZS_EINVAL, "forward: batch of %d tokens (limit %d)", b->n, f->max_tokens);
+    ZS_CHECK(zs_batch_check(b, kv, c->max_seq));
     for (int i = 0; i < b->n; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)
             return zs_err(ZS_ERANGE, "token id %d is out of range [0, %d)", b->tokens[i], c->vocab_size);
-        if (b->pos[i] < 0 || b->pos[i] >= zs_kv_seq_len(kv, b->seq[i]) || b->pos[i] >= c->max_seq)
-            return zs_err(ZS_ERANGE, "position %d is outside the reserved context", b->pos[i]);
-        /* a windowed cache's ring must hold every position the sequence's tokens here read */
+        /* a windowed cache's ring must hold every position the sequence's tokens here read and
+         * write (a tree: from its root's position to its last slot) */
         if ((i == 0 || b->seq[i - 1] != b->seq[i]) && zs_kv_ring(kv)) {
-            int j = i;
-            while (j + 1 < b->n && b->seq[j + 1] == b->seq[i]) j++;
-            if (!zs_kv_span_ok(kv, b->pos[i], b->pos[j]))
+            const int32_t *slot = b->tree ? b->tree->slot : NULL;
+            int j = i, p0 = b->pos[i], p1 = slot ? slot[i] : b->pos[i];
+            while (j + 1 < b->n && b->seq[j + 1] == b->seq[i]) {
+                j++;
+                p0 = ZS_MIN(p0, b->pos[j]);
+                p1 = ZS_MAX(p1, slot ? slot[j] : b->pos[j]);
+            }
+            if (!zs_kv_span_ok(kv, p0, p1))
                 return zs_err(ZS_EINVAL, "forward: %d tokens of one sequence in one call are more than the "
                               "windowed KV cache's ring holds", j - i + 1);
         }

@@ -385,6 +385,13 @@ void zs_kv_write(zs_kvcache *kv, int layer, int seq, int pos, const float *k, co
     kv_store(kv_at(kv, layer, seq, pos, 1), kv->dtype, v, kv->kv_dim);
 }
 
+void zs_kv_copy(zs_kvcache *kv, int layer, int seq, int from, int to) {
+    if (!kv->pool[layer] || from == to) return;
+    size_t n = (size_t)kv->kv_dim * kv->esize;
+    memcpy(kv_at(kv, layer, seq, to, 0), kv_at(kv, layer, seq, from, 0), n);
+    memcpy(kv_at(kv, layer, seq, to, 1), kv_at(kv, layer, seq, from, 1), n);
+}
+
 zs_dtype zs_kv_dtype(const zs_kvcache *kv) { return kv->dtype; }
 
 const int *zs_kv_seq_blocks(const zs_kvcache *kv, int seq) { return kv->seqs[seq].blocks; }

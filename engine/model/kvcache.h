@@ -67,6 +67,15 @@ void *zs_kv_v(zs_kvcache *kv, int layer, int seq, int pos);
  * (nearest even; f32: copied). No-op without host pools. */
 void zs_kv_write(zs_kvcache *kv, int layer, int seq, int pos, const float *k, const float *v);
 
+/* A copy of one position's K and V to another position of the same sequence: speculative
+ * decoding moves the entries of an accepted tree path to consecutive positions (zs_batch.moves). */
+typedef struct {
+    int32_t seq, from, to;
+} zs_kv_move;
+/* Copies K and V of (layer, seq, from) to (layer, seq, to) as stored (bit for bit). Both must be
+ * < the sequence's length; from == to does nothing. No-op without host pools. */
+void zs_kv_copy(zs_kvcache *kv, int layer, int seq, int from, int to);
+
 /* The block ids of a sequence's positions [0, len) in order (ceil(len / ZS_KV_BLOCK) of them). */
 const int *zs_kv_seq_blocks(const zs_kvcache *kv, int seq);
 int zs_kv_max_seqs(const zs_kvcache *kv);

@@ -207,8 +207,31 @@ size_t zs_model_expert_bytes(const zs_model *m);
 /* A batch: n tokens; token i belongs to kv sequence seq[i] at position pos[i]. Tokens of one
  * sequence are consecutive with increasing positions; the cache must already have room
  * (zs_kv_seq_reserve) for them. logits_idx[i] >= 0 asks for the logits row of token i at that
- * row of the output (rows 0..n_logits-1). */
+ * row of the output (rows 0..n_logits-1).
+ *
+ * Token trees (speculative decoding, sched-spec.c; zs_batch.tree): with slot and parent set, a sequence's tokens
+ * may form a tree under a causal root: token i's K and V go to position slot[i] of its sequence
+ * (instead of pos[i]), and parent[i] is -1 (causal: slot[i] = pos[i], it sees positions
+ * 0..pos[i]) or the row of its parent, an earlier row of the same sequence with pos[parent] =
+ * pos[i] - 1 (the position is the depth: RoPE and position embeddings use pos) and a lower slot;
+ * it then sees the positions before its root's slot and the slots of its path (root .. itself),
+ * never another branch's (kernels/cpu/attention.h, zs_att_tree). Rows of a tree are in node order
+ * (a parent before its children, slots rising), e.g. slots p, p+1, .. in row order. Each tree
+ * row's logits and K/V are the bits the same token gets decoded alone on its path with that path
+ * at positions slot[root]..pos[i] (the CPU forward; see docs/gpu.md for CUDA). slot and parent
+ * NULL: every token causal, written at pos[i] (the pass is then the plain one, bit for bit).
+ *
+ * tree->moves (n_moves of them, or NULL): K/V entries copied within their sequences, in order, in every
+ * layer before the pass reads or writes the cache: a verified tree's accepted path, moved from
+ * its slots to the consecutive positions later tokens read (zs_kv_move; the rows of a later tree
+ * may then reuse the slots). Positions must be inside the reserved room. */
 typedef struct zs_lora zs_lora; /* lora.h */
+typedef struct {
+    const int32_t *slot;     /* per token, or NULL (with parent): every token causal at its pos */
+    const int32_t *parent;   /* per token: -1, or its parent's row */
+    const zs_kv_move *moves; /* n_moves copies before the pass, or NULL */
+    int n_moves;
+} zs_batch_tree;
 typedef struct {
     int n;
     const int32_t *tokens;
@@ -226,7 +249,13 @@ typedef struct {
      * was, bit for bit; each row's bits do not depend on the other rows or on logits_idx. The CUDA
      * forward refuses it (ZS_EUNSUPPORTED). */
     float *hidden;
+    const zs_batch_tree *tree; /* token trees and KV moves (above), or NULL: neither */
 } zs_batch;
+
+/* The checks every forward pass makes first (batch.c): positions and slots inside the reserved
+ * context and below max_seq, the tree rules above, moves inside their sequences' room. 0, or
+ * ZS_ERANGE / ZS_EINVAL with a message. Thread-safe (reads only). */
+int  zs_batch_check(const zs_batch *b, const zs_kvcache *kv, int max_seq);
 
 typedef struct zs_forward zs_forward;   /* scratch of one forward executor */
 

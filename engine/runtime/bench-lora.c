@@ -50,7 +50,7 @@ int zs_bench_decode_batch(zs_engine *e, int S, int np, int nd, zs_lora *const *a
             li[i] = i == np - 1 ? 0 : -1;
             lr[i] = ad ? ad[s % n_ad] : NULL;
         }
-        zs_batch b = {np, tok, pos, sq, li, 1, ad ? lr : NULL, NULL};
+        zs_batch b = {np, tok, pos, sq, li, 1, ad ? lr : NULL, NULL, NULL};
         rc = zs_engine_forward(e, &b, logits);
     }
     double t0 = now_s();
@@ -62,7 +62,7 @@ int zs_bench_decode_batch(zs_engine *e, int S, int np, int nd, zs_lora *const *a
             li[s] = s;
             lr[s] = ad ? ad[s % n_ad] : NULL;
         }
-        zs_batch b = {S, tok, pos, sq, li, S, ad ? lr : NULL, NULL};
+        zs_batch b = {S, tok, pos, sq, li, S, ad ? lr : NULL, NULL, NULL};
         rc = zs_engine_forward(e, &b, logits);
     }
     double dt = now_s() - t0;

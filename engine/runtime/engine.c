@@ -283,7 +283,7 @@ static int run_tokens(zs_engine *e, int seq, const int32_t *ids, int n, int pos0
         }
         int last = s + m == n;
         if (last) li[m - 1] = 0;
-        zs_batch b = {m, ids + s, pos, sq, li, last ? 1 : 0, NULL, NULL};
+        zs_batch b = {m, ids + s, pos, sq, li, last ? 1 : 0, NULL, NULL, NULL};
         rc = zs_engine_forward(e, &b, logits);
     }
     free(pos);

@@ -314,18 +314,25 @@ static int kept_candidates(zs_sampler *s, const float *logits, float max, double
     return m;
 }
 
-/* The candidate that the inverse-CDF walk of u in [0, 1) lands on, skipping `skip` (-1: none). */
-static int draw(const zs_sampler *s, int m, double u, int skip, int argmax) {
+/* 1 when id is one of skip[0..n) */
+static inline int skipped(int id, const int *skip, int n) {
+    for (int i = 0; i < n; i++)
+        if (skip[i] == id) return 1;
+    return 0;
+}
+
+/* The candidate that the inverse-CDF walk of u in [0, 1) lands on, skipping the ids skip[0..n_skip). */
+static int draw(const zs_sampler *s, int m, double u, const int *skip, int n_skip, int argmax) {
     const zs_cand *c = s->cand;
     const double *w = s->w;
     double total = 0.0;
     for (int j = 0; j < m; j++)
-        if (c[j].id != skip) total += w[j];
+        if (!skipped(c[j].id, skip, n_skip)) total += w[j];
     const double r = u * total;
     double cum = 0.0;
     int last_pos = -1;
     for (int j = 0; j < m; j++) {
-        if (w[j] <= 0.0 || c[j].id == skip) continue;
+        if (w[j] <= 0.0 || skipped(c[j].id, skip, n_skip)) continue;
         cum += w[j];
         last_pos = j;
         if (r < cum) return c[j].id;
@@ -361,7 +368,7 @@ int zs_sampler_sample(zs_sampler *s, const float *logits, int *token, float *log
     double lse = NAN; /* log(sum exp(l - max)) when a pass below yields it for free */
     if (!greedy(s)) {
         int m = kept_candidates(s, logits, max, &lse);
-        tok = draw(s, m, u, -1, argmax);
+        tok = draw(s, m, u, NULL, 0, argmax);
     }
     set_logprob(s, logits, max, lse, tok, logprob);
     *token = tok;
@@ -369,12 +376,26 @@ int zs_sampler_sample(zs_sampler *s, const float *logits, int *token, float *log
 }
 
 int zs_sampler_verify(zs_sampler *s, const float *logits, int draft, int *token, int *accepted, float *logprob) {
-    ZS_CHECK(check_call(s, logits, token, "zs_sampler_verify"));
     if (!accepted) return zs_err(ZS_EINVAL, "zs_sampler_verify: accepted is NULL");
-    if (draft < 0 || draft >= s->n) return zs_err(ZS_ERANGE, "draft token %d is out of the vocabulary", draft);
+    int which = -1;
+    ZS_CHECK(zs_sampler_verify_multi(s, logits, &draft, 1, token, &which, logprob));
+    *accepted = which == 0;
+    return 0;
+}
+
+int zs_sampler_verify_multi(zs_sampler *s, const float *logits, const int *drafts, int n, int *token, int *which,
+                            float *logprob) {
+    ZS_CHECK(check_call(s, logits, token, "zs_sampler_verify"));
+    if (!which) return zs_err(ZS_EINVAL, "zs_sampler_verify: which is NULL");
+    if (n < 1 || n > ZS_SAMPLER_MAX_DRAFTS || !drafts)
+        return zs_err(ZS_ERANGE, "zs_sampler_verify: %d drafts (1 to %d)", n, ZS_SAMPLER_MAX_DRAFTS);
+    for (int i = 0; i < n; i++)
+        if (drafts[i] < 0 || drafts[i] >= s->n) return zs_err(ZS_ERANGE, "draft token %d is out of the vocabulary", drafts[i]);
+    *which = -1;
     if (greedy(s)) { /* the argmax with plain decoding's one draw: its bits and its generator */
         ZS_CHECK(zs_sampler_sample(s, logits, token, logprob));
-        *accepted = *token == draft;
+        for (int i = 0; i < n && *which < 0; i++)
+            if (drafts[i] == *token) *which = i;
         return 0;
     }
     float max = 0.0f;
@@ -384,20 +405,44 @@ int zs_sampler_verify(zs_sampler *s, const float *logits, int draft, int *token,
         return zs_err(ZS_EINVAL, "logits[%d] is not finite (%g)", bad, (double)logits[bad]);
     double lse = NAN;
     int m = kept_candidates(s, logits, max, &lse);
-    double total = 0.0, pd = 0.0;
+    double total = 0.0, pd[ZS_SAMPLER_MAX_DRAFTS] = {0}, rest = 0.0;
     for (int j = 0; j < m; j++) {
         total += s->w[j];
-        if (s->cand[j].id == draft) pd = s->w[j];
+        int hit = 0;
+        for (int i = 0; i < n; i++)
+            if (s->cand[j].id == drafts[i]) {
+                hit = 1;
+                for (int k = 0; k < i; k++) hit &= drafts[k] != drafts[i]; /* a repeated draft: its first place */
+                if (hit) pd[i] = s->w[j];
+                break;
+            }
+        if (!hit) rest += s->w[j];
     }
-    /* q is a point mass on the draft: accept with probability p(draft); else draw from p with the
-     * draft taken out (max(0, p - q) renormalised) */
-    int tok;
-    if (rng_uniform(s->rng) < pd / total) {
-        tok = draft;
-        *accepted = 1;
-    } else {
-        tok = pd < total ? draw(s, m, rng_uniform(s->rng), draft, argmax) : draft;
-        *accepted = tok == draft;
+    for (int i = 1; i < n; i++) /* a repeated draft has no mass left when its second turn comes */
+        for (int k = 0; k < i; k++)
+            if (drafts[k] == drafts[i]) pd[i] = 0.0;
+    /* each q is a point mass on its draft: accept draft i with probability p_i(draft i), p_i being p
+     * with drafts 0..i-1 taken out, renormalised; when all fail, draw from p without any of them */
+    int tok = -1;
+    double left = total;
+    for (int i = 0; i < n && tok < 0; i++) {
+        if (rng_uniform(s->rng) < pd[i] / left) {
+            tok = drafts[i];
+            *which = i;
+        }
+        left -= pd[i];
+    }
+    if (tok < 0) {
+        if (rest > 0.0) {
+            tok = draw(s, m, rng_uniform(s->rng), drafts, n, argmax);
+        } else { /* rounding: the drafts held all the mass; the last one with some takes it */
+            for (int i = n - 1; i >= 0 && tok < 0; i--)
+                if (pd[i] > 0.0) {
+                    tok = drafts[i];
+                    *which = i;
+                }
+            if (tok < 0) tok = draw(s, m, rng_uniform(s->rng), NULL, 0, argmax);
+        }
     }
     set_logprob(s, logits, max, lse, tok, logprob);
     *token = tok;

@@ -61,6 +61,20 @@ int zs_sampler_sample(zs_sampler *s, const float *logits, int *token, float *log
 int zs_sampler_verify(zs_sampler *s, const float *logits, int draft, int *token, int *accepted,
                       float *logprob);
 
+/* The same rule for several deterministic drafts at one place (the children of a node of a draft
+ * tree, in order): recursive rejection sampling (SpecInfer, Miao et al. 2023; Chen et al. 2023's
+ * multi-draft rule) with point masses. Draft i is accepted with probability p_i(draft i), where
+ * p_0 = p and p_{i+1} is p_i with draft i taken out, renormalised; when every draft fails the
+ * token is drawn from p without any of them. Then P(token = x) = p(x) for every x, exactly as one
+ * draw of zs_sampler_sample: the drafts only decide which draws are made. *which: the index of
+ * the accepted draft, or -1 (*token is then none of them). A repeated draft never holds twice
+ * (its second turn has no mass). One draw per draft tried, one more when all fail; n = 1 is
+ * zs_sampler_verify, draw for draw. Greedy: zs_sampler_sample's argmax and one draw, *which the
+ * first draft equal to it. 1 <= n <= ZS_SAMPLER_MAX_DRAFTS. */
+#define ZS_SAMPLER_MAX_DRAFTS 16
+int zs_sampler_verify_multi(zs_sampler *s, const float *logits, const int *drafts, int n, int *token, int *which,
+                            float *logprob);
+
 /* The k most likely tokens with their log-softmax values, descending, ties by lower id.
  * 0 <= k <= min(20, vocab_size); ids and logprobs hold k entries (may be NULL when k == 0). */
 int zs_sampler_top_logprobs(const float *logits, int vocab_size, int k, int *ids,

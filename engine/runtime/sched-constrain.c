@@ -134,27 +134,29 @@ int zs_sched_con_forced(const zs_request *r, int32_t *out, int k) {
     return ZS_MAX(n, 0);
 }
 
-/* Samples tok from logits, or with a draft (>= 0) verifies it (zs_sampler_verify). */
-static int pick(zs_request *r, const float *logits, int32_t draft, int *tok, int *accepted, float *lp) {
+/* Samples tok from logits, or with drafts verifies them (zs_sampler_verify_multi). */
+static int pick(zs_request *r, const float *logits, const int32_t *drafts, int nd, int *tok, int *which, float *lp) {
     float *want = r->top_logprobs >= 0 ? lp : NULL;
-    *accepted = 0;
-    if (draft < 0) return zs_sampler_sample(r->smp, logits, tok, want);
-    return zs_sampler_verify(r->smp, logits, draft, tok, accepted, want);
+    *which = -1;
+    if (nd == 0) return zs_sampler_sample(r->smp, logits, tok, want);
+    return zs_sampler_verify_multi(r->smp, logits, drafts, nd, tok, which, want);
 }
 
-/* A constrained request's next token: forced, or sampled under the grammar's mask (a draft is
- * verified under it). *accepted: the token is draft. *used: the logits it was sampled from (the
- * masked ones in the value phase). *end: the request ends after this token. 0 or an error. */
-int zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int32_t draft, int *tok,
-                        int *accepted, float *lp, const float **used, int *end) {
+/* A constrained request's next token: forced, or sampled under the grammar's mask (drafts are
+ * verified under it). *which: the token is drafts[*which] (-1: none of them). *used: the logits it
+ * was sampled from (the masked ones in the value phase). *end: the request ends after this token.
+ * 0 or an error. */
+int zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, const int32_t *drafts, int nd, int *tok,
+                        int *which, float *lp, const float **used, int *end) {
     *end = 0;
     *used = logits;
-    *accepted = 0;
+    *which = -1;
     if (r->phase == PH_PREFIX || r->phase == PH_SUFFIX) {
         const int32_t *ids = r->phase == PH_PREFIX ? r->con.prefix : r->con.suffix;
         int n = r->phase == PH_PREFIX ? r->con.n_prefix : r->con.n_suffix;
         *tok = ids[r->forced_i++];
-        *accepted = *tok == draft;
+        for (int i = 0; i < nd && *which < 0; i++)
+            if (drafts[i] == *tok) *which = i;
         if (r->top_logprobs >= 0) *lp = logprob_of(logits, s->vocab, *tok);
         if (r->forced_i >= n) {
             if (r->phase == PH_SUFFIX) *end = 1;
@@ -165,7 +167,7 @@ int zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int32_t
         return 0;
     }
     if (r->phase == PH_TRIGGER) {
-        int rc = pick(r, logits, draft, tok, accepted, lp);
+        int rc = pick(r, logits, drafts, nd, tok, which, lp);
         if (rc < 0) return rc;
         tail_push(s, r, *tok);
         if (strstr(r->tail, r->con.trigger)) enter(r);
@@ -176,7 +178,7 @@ int zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int32_t
     if (allowed == 0) allowed = mask(s->vocab, r, logits);
     if (allowed <= 0) return zs_err(ZS_EINVAL, "response_format: the grammar allows no token here (nesting too deep)");
     *used = r->masked;
-    int rc = pick(r, r->masked, draft, tok, accepted, lp);
+    int rc = pick(r, r->masked, drafts, nd, tok, which, lp);
     if (rc < 0) return rc;
     pthread_mutex_lock(&s->mu);
     s->st.constrained_tokens++;

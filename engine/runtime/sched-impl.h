@@ -3,8 +3,8 @@
  * finish, free, counters), sched-sample.c, sched-constrain.c, sched-embed.c, sched-prefix.c,
  * sched-idle.c and sched-spec.c. Not a public header. The rooms form a DAG: sched.c calls them;
  * sched-submit calls sched-constrain, sched-embed, sched-prefix and sched-req; sched-sample calls
- * sched-constrain and sched-req; sched-embed calls sched-req; sched-spec calls sched-constrain;
- * the rest call no other room (none calls sched.c).
+ * sched-constrain and sched-req; sched-embed calls sched-req; sched-spec calls sched-constrain and
+ * sched-sample; the rest call no other room (none calls sched.c).
  * Thread-safety: fields marked "mu" are guarded by zs_sched.mu; the rest belong to the engine
  * thread once the request is submitted (set before that by zs_sched_submit). */
 #ifndef ZS_SCHED_IMPL_H
@@ -59,7 +59,12 @@ struct zs_request {
     int n_gen;                            /* tokens generated */
     int32_t last_tok;                     /* the token the next decode row feeds */
     int32_t draft[ZS_SPEC_MAX_TOKENS];    /* this step's drafts after last_tok (sched-spec.c) */
+    int8_t dpar[ZS_SPEC_MAX_TOKENS];      /* each draft's parent: -1 last_tok, else an earlier draft (a chain: j - 1) */
+    int tree;                             /* the drafts branch (dpar is not a chain) */
     int n_draft;                          /* how many are in the step */
+    zs_kv_move moves[ZS_SPEC_MAX_TOKENS]; /* the last verified tree's accepted K/V entries to their positions
+                                             (applied by the next step, which always holds the sequence) */
+    int n_moves;                          /* how many */
     int n_forced;                         /* of those, the leading ones forced by the constraint */
     double acc_hits, acc_trials;          /* drafts accepted and tried, decayed: its acceptance rate */
     double t_submit;                      /* zs_now() at submit (time to first token) */
@@ -76,6 +81,9 @@ typedef struct {
     const zs_lora **lora;                 /* the adapter of each token row (zs_batch.lora) */
     float *hidden;                        /* final-normed rows [max_batch, dim] (zs_batch.hidden) */
     float *logits;                        /* logits rows [logit_rows, vocab] */
+    int32_t *slot, *parent;               /* token trees: each row's KV slot and parent row [max_batch] */
+    zs_kv_move *moves;                    /* the step's KV moves [per_rank * ZS_SPEC_MAX_TOKENS] */
+    zs_batch_tree tree;                   /* the step's zs_batch.tree (slot NULL: moves only) */
     int logit_rows;                       /* decode tokens and drafts of a step at most */
     zs_request **running;                 /* the running requests, in admission order [per_rank] */
     int n_running;                        /* how many */
@@ -114,11 +122,14 @@ struct zs_sched {
     zs_sched_stats st;                    /* mu: the counters (queued/running/gather filled on read) */
     zs_spec *spec;                        /* the draft proposer, or NULL (borrowed) */
     int spec_tokens;                      /* zs_sched_opts.spec_tokens */
+    int spec_tree;                        /* zs_sched_opts.spec_tree (with a proposer) */
     int spec_on;                          /* drafts may be put in steps (a proposer, or constraints) */
     double cost_io, cost_tok;             /* sched-spec.c: a pass's stream time, compute per token (s) */
     double spec_logged_k;                 /* the last drafts-per-sequence figure logged */
     zs_spec_req *spec_reqs;               /* scratch [max_seqs] */
     int32_t *spec_buf;                    /* scratch [max_seqs * ZS_SPEC_MAX_TOKENS] */
+    int32_t *spec_par;                    /* trees: the proposals' parents, idem */
+    float *spec_share;                    /* trees: the proposals' shares, idem */
     int32_t top_ids[20];                  /* sampling scratch: top logprobs of a token */
     float top_lps[20];                    /* idem */
 };
@@ -134,17 +145,18 @@ void zs_sreq_finish(zs_sched *s, zs_request *r, int reason, const char *text, si
 void zs_sreq_count_token(zs_sched *s, zs_request *r);  /* a generated token: latency, counters */
 void zs_sreq_stats_init(zs_sched_stats *st);           /* the latency histograms' bounds */
 
-/* sched-sample.c: one logits row of a request: its token (verifying draft when >= 0), text, stop
- * strings, end. Returns 1 when r goes on and its token is draft (the next row is valid), 0 when
- * it goes on otherwise, -1 when r has ended (it is freed). */
-int  zs_sched_sample(zs_sched *s, zs_request *r, const float *logits, int32_t draft);
+/* sched-sample.c: one logits row of a request: its token (verifying drafts[0..n) when n > 0, the
+ * children of the row's node in a draft tree: zs_sampler_verify_multi), text, stop strings, end.
+ * Returns 1 when r goes on and its token is drafts[*which] (that draft's row is valid), 0 when it
+ * goes on otherwise, -1 when r has ended (it is freed). which may be NULL when n is 0. */
+int  zs_sched_sample(zs_sched *s, zs_request *r, const float *logits, const int32_t *drafts, int n, int *which);
 
 /* sched-constrain.c: constrained decoding (the grammar's masks, forced tokens, the trigger). */
 int  zs_sched_con_check(zs_sched *s, const zs_req_params *p);                /* at submit */
 int  zs_sched_con_init(zs_sched *s, zs_request *r, const zs_req_constraint *c);
 void zs_sched_con_masks(int vocab, zs_request *const *rows, const float *logits, int n_rows);
-int  zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, int32_t draft, int *tok,
-                         int *accepted, float *lp, const float **used, int *end);
+int  zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, const int32_t *drafts, int n, int *tok,
+                         int *which, float *lp, const float **used, int *end);
 /* The tokens the constraint forces next, up to k (the prefix or suffix still to come): drafts that
  * verification always accepts (jump-forward). */
 int  zs_sched_con_forced(const zs_request *r, int32_t *out, int k);
@@ -164,9 +176,11 @@ int  zs_sched_spec_init(zs_sched *s, const zs_sched_opts *o);
 /* Chooses this step's drafts of the running decode requests of every rank, given the tokens each
  * rank's batch has without them (base[i]); each rank's drafts fit in room[i]. */
 void zs_sched_spec_plan(zs_sched *s, const int *base, const int *room);
-/* A request's rows were verified: drafted of its drafts were in the step, accepted of them held
- * (r NULL when it ended meanwhile). */
-void zs_sched_spec_verified(zs_sched *s, zs_request *r, int drafted, int forced, int accepted);
+/* The logits rows of r's decode token and drafts (rows[0] the decode token's, rows[1 + j] draft
+ * j's; stride vocab) back to r: the tree walked from the root, each node's children verified
+ * together (zs_sched_sample), the counters, and for a path that is not in consecutive slots the
+ * moves the next step applies. r may end (and be freed) in it. */
+void zs_sched_spec_verify(zs_sched *s, zs_request *r, const float *rows);
 /* A step ran: its tokens (the largest rank's), seconds, and the gather's stall in it; gen the
  * tokens it generated. */
 void zs_sched_spec_step(zs_sched *s, int tokens, double seconds, double stall_s, int gen);

@@ -5,9 +5,10 @@
  * (unless ignore_eos; end ids are a chat template's end-of-turn tokens, so that a model whose
  * generation_config lists only <eos> still stops at the end of its turn), a stop string, the
  * grammar done, or max_tokens. At a normal end the held-back text is flushed through the stop
- * strings and handed to on_done. A row that verifies a draft token takes the speculative rule
- * (zs_sampler_verify): the draft is accepted or the token is drawn so that its distribution is
- * the target's; greedy, the argmax as plain decoding picks it. Engine thread. */
+ * strings and handed to on_done. A row that verifies draft tokens (the children of its node in
+ * the step's draft tree; one for a chain) takes the speculative rule (zs_sampler_verify_multi):
+ * one of them is accepted or the token is drawn so that its distribution is the target's;
+ * greedy, the argmax as plain decoding picks it. Engine thread. */
 #include <string.h>
 
 #include "common.h"
@@ -33,21 +34,22 @@ static void end(zs_sched *s, zs_request *r, int reason) {
 
 static void fail(zs_sched *s, zs_request *r, int rc) { zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, rc, zs_errmsg()); }
 
-int zs_sched_sample(zs_sched *s, zs_request *r, const float *logits, int32_t draft) {
+int zs_sched_sample(zs_sched *s, zs_request *r, const float *logits, const int32_t *drafts, int nd, int *which) {
     zs_tokenizer *tk = zs_engine_tokenizer(s->e);
-    int tok, accepted = 0;
+    int tok, w = -1;
     float lp = 0;
     int con_end = 0, constrained = r->has_con && r->phase != PH_TRIGGER;
     int rc;
+    if (which) *which = -1;
     if (r->has_con) {
-        rc = zs_sched_con_sample(s, r, logits, draft, &tok, &accepted, &lp, &logits, &con_end);
+        rc = zs_sched_con_sample(s, r, logits, drafts, nd, &tok, &w, &lp, &logits, &con_end);
         /* an EOS the grammar allowed: the value is complete, the EOS is not output */
         if (rc == 0 && con_end && constrained && r->phase == PH_VALUE && zs_tokenizer_is_eos(tk, tok)) {
             end(s, r, ZS_DONE_STOP);
             return -1;
         }
-    } else if (draft >= 0) {
-        rc = zs_sampler_verify(r->smp, logits, draft, &tok, &accepted, r->top_logprobs >= 0 ? &lp : NULL);
+    } else if (nd > 0) {
+        rc = zs_sampler_verify_multi(r->smp, logits, drafts, nd, &tok, &w, r->top_logprobs >= 0 ? &lp : NULL);
     } else {
         rc = zs_sampler_sample(r->smp, logits, &tok, r->top_logprobs >= 0 ? &lp : NULL);
     }
@@ -94,5 +96,6 @@ int zs_sched_sample(zs_sched *s, zs_request *r, const float *logits, int32_t dra
         return -1;
     }
     r->last_tok = tok;
-    return accepted ? 1 : 0;
+    if (which) *which = w;
+    return w >= 0 ? 1 : 0;
 }

@@ -105,21 +105,30 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
     if (s->spec_on) zs_sched_spec_plan(s, base, room);
     for (int i = 0; i < s->nranks; i++) {
         zs_sched_rank *b = &s->rb[i];
-        int n = 0, nl = 0, any_lora = 0, any_embed = 0;
-        /* decode tokens first, so running sequences always advance; each with its drafts */
+        int n = 0, nl = 0, any_lora = 0, any_embed = 0, any_tree = 0, nm = 0;
+        /* decode tokens first, so running sequences always advance; each with its drafts: a chain
+         * (positions p+1, p+2, ..) or a tree (node j in slot p+1+j at position p+1+its depth,
+         * attending to its path: zs_batch.tree); and the moves of the last tree's accepted path */
         for (int j = 0; j < b->n_running && n < s->max_batch; j++) {
             zs_request *r = b->running[j];
             if (r->n_done < r->n_prompt) continue;
-            int nd = s->spec_on ? r->n_draft : 0;
+            int nd = s->spec_on ? r->n_draft : 0, p = r->n_prompt + r->n_gen - 1, root = n, depth[ZS_SPEC_MAX_TOKENS];
             for (int d = 0; d <= nd; d++) {
+                int pa = d == 0 ? -1 : r->dpar[d - 1];
+                if (d > 0) depth[d - 1] = pa < 0 ? 1 : depth[pa] + 1;
                 b->tok[n] = d == 0 ? r->last_tok : r->draft[d - 1];
-                b->pos[n] = r->n_prompt + r->n_gen - 1 + d;
+                b->pos[n] = d == 0 ? p : p + depth[d - 1];
+                b->slot[n] = p + d;
+                b->parent[n] = d == 0 ? -1 : pa < 0 ? root : root + 1 + pa;
                 b->seq[n] = r->seq;
                 b->lidx[n] = nl;
                 b->lora[n] = r->lora;
                 b->row_req[nl++] = r;
                 n++;
             }
+            any_tree |= nd > 0 && r->tree;
+            for (int m = 0; m < r->n_moves; m++) b->moves[nm++] = r->moves[m];
+            r->n_moves = 0;
             any_lora |= r->lora != NULL;
         }
         /* then prompt chunks, oldest first, up to the token budget */
@@ -129,7 +138,8 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
             int c = ZS_MIN(r->n_prompt - r->n_done, s->max_batch - n);
             for (int k = 0; k < c; k++) {
                 b->tok[n + k] = r->prompt[r->n_done + k];
-                b->pos[n + k] = r->n_done + k;
+                b->pos[n + k] = b->slot[n + k] = r->n_done + k;
+                b->parent[n + k] = -1;
                 b->seq[n + k] = r->seq;
                 b->lidx[n + k] = -1;
                 b->lora[n + k] = r->lora;
@@ -142,8 +152,9 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
             }
             n += c;
         }
+        b->tree = (zs_batch_tree){any_tree ? b->slot : NULL, any_tree ? b->parent : NULL, b->moves, nm};
         bs[i] = (zs_batch){n, b->tok, b->pos, b->seq, b->lidx, nl, any_lora ? b->lora : NULL,
-                           any_embed ? b->hidden : NULL};
+                           any_embed ? b->hidden : NULL, any_tree || nm ? &b->tree : NULL};
         lg[i] = b->logits;
         total += n;
     }
@@ -233,19 +244,14 @@ static void step_done(zs_sched *s, int i, const zs_batch *bt) {
         pthread_mutex_unlock(&s->mu);
     }
     zs_sched_con_masks(s->vocab, b->row_req, b->logits, bt->n_logits);
-    /* each request's rows in order: its decode row, then one per draft while the drafts hold */
+    /* each request's rows: its decode row and its drafts' (verified down the chain or tree), or
+     * the last prompt row's */
     for (int l = 0; l < bt->n_logits;) {
         zs_request *r = b->row_req[l];
         int nd = 0;
         while (l + nd + 1 < bt->n_logits && b->row_req[l + nd + 1] == r) nd++;
-        int forced = r->n_forced, held = 0;
-        for (int d = 0; d <= nd; d++) {
-            int v = zs_sched_sample(s, r, b->logits + (size_t)(l + d) * s->vocab, d < nd ? r->draft[d] : -1);
-            if (v < 0) r = NULL; /* it ended (and is freed) */
-            if (v != 1) break;
-            held++;
-        }
-        if (nd > 0) zs_sched_spec_verified(s, r, nd, forced, held);
+        if (nd == 0) r->n_draft = 0; /* a prompt's last row, or a decode row without drafts */
+        zs_sched_spec_verify(s, r, b->logits + (size_t)l * s->vocab);
         l += nd + 1;
     }
     /* embedding requests whose last token was in this step end with their vector */
@@ -332,6 +338,8 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
         snprintf(msg, sizeof msg, "%s", zs_errmsg());
         free(s->spec_reqs);
         free(s->spec_buf);
+        free(s->spec_par);
+        free(s->spec_share);
         free(s);
         return zs_err(ZS_ERANGE, "%s", msg);
     }
@@ -357,7 +365,10 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
         b->running = calloc((size_t)s->per_rank, sizeof(zs_request *));
         b->lora = calloc((size_t)s->max_batch, sizeof(const zs_lora *));
         b->hidden = malloc((size_t)s->max_batch * (size_t)s->dim * sizeof(float));
-        ok = b->tok && b->row_req && b->logits && b->running && b->lora && b->hidden;
+        b->slot = malloc((size_t)s->max_batch * 2 * sizeof(int32_t));
+        b->moves = malloc((size_t)s->per_rank * ZS_SPEC_MAX_TOKENS * sizeof *b->moves);
+        ok = b->tok && b->row_req && b->logits && b->running && b->lora && b->hidden && b->slot && b->moves;
+        if (ok) b->parent = b->slot + s->max_batch;
         if (ok) {
             b->pos = b->tok + s->max_batch;
             b->seq = b->pos + s->max_batch;
@@ -463,10 +474,14 @@ void zs_sched_free(zs_sched *s) {
         free(s->rb[i].running);
         free(s->rb[i].lora);
         free(s->rb[i].hidden);
+        free(s->rb[i].slot);
+        free(s->rb[i].moves);
     }
     free(s->rb);
     free(s->spec_reqs);
     free(s->spec_buf);
+    free(s->spec_par);
+    free(s->spec_share);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->cv_idle);

@@ -32,6 +32,9 @@ typedef struct {
     int spec_tokens;       /* drafts per sequence and step: 0 chosen from measured costs, N at most N */
     int no_drafts;         /* 1: one token per sequence and step, also for a constraint's forced
                               tokens (plain decoding: what the tests compare speculation with) */
+    int spec_tree;         /* 1: drafts may form trees (several continuations verified in one pass;
+                              the proposer is asked for its best tree of up to 16 nodes and the
+                              plan keeps the nodes worth their rows); 0: chains */
 } zs_sched_opts;
 
 /* Constrained decoding (structured outputs, tool calls; sched-constrain.c): a trigger text, then
@@ -102,6 +105,9 @@ typedef struct {
      * tokens fed as drafts (jump-forward), verifications by accepted drafts, drafts per sequence
      * chosen for the last step, and tokens generated per step that generated any (EWMA) */
     uint64_t spec_drafted, spec_accepted, spec_forced;
+    uint64_t spec_trees;             /* verifications whose drafts branched (spec_tree) */
+    uint64_t spec_side_accepted;     /* accepted drafts that were not their parent's first child */
+    uint64_t spec_kv_moves;          /* accepted drafts' K/V entries moved to their positions after a tree */
     uint64_t spec_accept_hist[ZS_SPEC_MAX_TOKENS + 1];
     double spec_k;
     double tokens_per_pass;

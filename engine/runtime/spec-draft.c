@@ -158,7 +158,7 @@ static int argmax(const float *l, int vocab) {
 }
 
 static int run(draft *d, int n, int nl) {
-    zs_batch b = {n, d->tok, d->pos, d->seq, d->lidx, nl, NULL, NULL};
+    zs_batch b = {n, d->tok, d->pos, d->seq, d->lidx, nl, NULL, NULL, NULL};
     d->st.passes++;
     d->st.fed += (uint64_t)n;
     return zs_engine_forward(d->e, &b, d->logits);

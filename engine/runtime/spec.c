@@ -4,7 +4,13 @@
 #include <stddef.h>
 
 int zs_spec_propose(zs_spec *p, zs_spec_req *reqs, int n) {
-    for (int i = 0; i < n; i++) reqs[i].n_draft = 0;
+    for (int i = 0; i < n; i++) {
+        reqs[i].n_draft = 0;
+        for (int j = 0; reqs[i].parent && j < reqs[i].k; j++) { /* a chain unless the proposer says otherwise */
+            reqs[i].parent[j] = j - 1;
+            if (reqs[i].share) reqs[i].share[j] = 1.0f;
+        }
+    }
     return p && n > 0 ? p->ops->propose(p, reqs, n) : 0;
 }
 

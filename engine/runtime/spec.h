@@ -15,14 +15,25 @@
 
 #define ZS_SPEC_MAX_TOKENS 16   /* drafts per sequence and step at most */
 
-/* One sequence's request for drafts. */
+/* One sequence's request for drafts: a chain (draft j follows draft j - 1; the first follows the
+ * last of tokens), or, when the caller gives parent, a tree: several continuations at once, which
+ * the scheduler verifies in one pass (sched-spec.c, model.h zs_batch.tree). */
 typedef struct {
     uintptr_t key;          /* the sequence, stable while it runs (the draft model's KV slot) */
     const int32_t *tokens;  /* its prompt and generated tokens so far, in order */
     int n;                  /* how many (>= 1) */
-    int k;                  /* drafts wanted (1..ZS_SPEC_MAX_TOKENS) */
+    int k;                  /* drafts wanted (1..ZS_SPEC_MAX_TOKENS): a chain's tokens, a tree's nodes */
     int32_t *draft;         /* out: the drafts, up to k */
     int n_draft;            /* out: how many (0: none to offer) */
+    /* NULL: a chain. Else room for k entries, and out: draft j's parent, -1 (the last of tokens)
+     * or an earlier draft's index (< j): a tree in node order, best first, so that every leading
+     * part of it is a tree too. zs_spec_propose fills a chain (j - 1) before the proposer runs:
+     * a proposer that knows only chains leaves it. */
+    int32_t *parent;
+    /* with parent, out: draft j's share, the proposer's estimate of the chance that the next
+     * token is draft j, given its parent and that it is one of draft j's siblings (siblings sum to
+     * at most 1; 1 for a draft without siblings). zs_spec_propose fills 1s before the proposer runs. */
+    float *share;
 } zs_spec_req;
 
 typedef struct zs_spec zs_spec;
@@ -46,7 +57,9 @@ void zs_spec_free(zs_spec *p);   /* NULL is fine */
 #define ZS_SPEC_NGRAM_MAX 4
 
 /* Prompt lookup: the longest suffix of the tokens (max_ngram down to min_ngram long) that occurred
- * before, most recent occurrence first; the tokens that followed it are the drafts. */
+ * before, most recent occurrence first; the tokens that followed it are the drafts. Asked for a
+ * tree (zs_spec_req.parent), it offers the continuations of several earlier occurrences at once
+ * (spec-ngram.c). */
 int  zs_spec_ngram_new(int min_ngram, int max_ngram, zs_spec **out);
 
 /* A draft model (spec-draft.c): a second, small engine with resident weights on one CPU rank and

@@ -67,8 +67,13 @@ static void run_rank(rank_t *r) {
     int rc = 0;
     if (r->batch && r->batch->n > 0) {
         zs_weight_source src = zs_gather_source(r->g);
-        rc = r->cfwd ? zs_forward_cuda_run(r->cfwd, &src, r->kv, r->batch, r->logits)
-                     : zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
+        const zs_batch_tree *t = r->batch->tree;
+        /* token trees and KV moves: the CPU forward only so far (the CUDA one would ignore them) */
+        if (r->cfwd && t && (t->slot || t->n_moves))
+            rc = zs_err(ZS_EUNSUPPORTED, "CUDA forward: token trees (zs_batch.tree) run on the CPU device only so far");
+        else
+            rc = r->cfwd ? zs_forward_cuda_run(r->cfwd, &src, r->kv, r->batch, r->logits)
+                         : zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
         if (rc < 0) snprintf(r->err, sizeof r->err, "%s", zs_errmsg());
     }
     zs_gather_pass_end(r->g);
@@ -128,7 +133,7 @@ int zs_world_follow(zs_world *w) {
 }
 
 static int local_step(zs_world *w, const zs_batch *batches, float **logits) {
-    static const zs_batch empty = {0, NULL, NULL, NULL, NULL, 0, NULL, NULL};
+    static const zs_batch empty = {0, NULL, NULL, NULL, NULL, 0, NULL, NULL, NULL};
     for (int i = 0; i < w->n; i++) {
         w->ranks[i].batch = batches ? &batches[i] : &empty;
         w->ranks[i].logits = logits ? logits[i] : NULL;

@@ -101,19 +101,27 @@ static void KERN_NAME(pv)(float *o, const float *p, const KV_T *v, size_t vs, in
 
 /* One task: rows r = ti * group + g (tile token ti, head kh * group + g); s: nrows * lds floats,
  * s[r * lds + j - base] the score of key j (base: the first position of the first block any row
- * of the tile sees), lds >= the tile's largest position + 1 - base. */
+ * of the tile sees), lds >= the tile's largest key position + 1 - base. A row's keys are the run
+ * c0..ce-1 (att_row_keys) and, for a tree token, the visible part of its path: after the scores,
+ * the path's scores are moved down to follow the run's (in place, in order: each moves to a
+ * lower or the same index), so the softmax and the weighted sum see the one list of keys in
+ * order, as they see c0..pos of a causal token. */
 static void KERN_NAME(task)(const att_task *t, float *s, size_t lds) {
     int hd = t->hd, B = t->block, group = t->group, nrows = t->nt * group, W = t->window, base = t->base;
     size_t ks = (size_t)t->kv_stride, koff = (size_t)t->kh * hd;
     const zs_att_seq *sq = t->sq;
-    int maxp = 0;
-    for (int ti = 0; ti < t->nt; ti++) maxp = t->pos[t->tok[ti]] > maxp ? t->pos[t->tok[ti]] : maxp;
-    /* scores: block by block, every row against the block's keys (rows past their own position,
-     * or with a window past this block, compute a few scores they never use); with a window, a
+    int maxk = 0;
+    for (int ti = 0; ti < t->nt; ti++) {
+        int c0, ce, ke;
+        att_row_keys(t, t->tok[ti], &c0, &ce, &ke);
+        maxk = ke > maxk ? ke : maxk;
+    }
+    /* scores: block by block, every row against the block's keys (rows past their own keys, or
+     * with a window past this block, compute a few scores they never use); with a window, a
      * block no row of the tile sees is not read */
-    for (int b0 = base; b0 <= maxp; b0 += B) {
+    for (int b0 = base; b0 <= maxk; b0 += B) {
         if (W > 0 && !att_block_seen(t, b0, B)) continue;
-        int nk = maxp + 1 - b0 < B ? maxp + 1 - b0 : B;
+        int nk = maxk + 1 - b0 < B ? maxk + 1 - b0 : B;
         const KV_T *kb = (const KV_T *)sq->k[b0 / B] + koff;
         for (int r = 0; r < nrows; r += 2) {
             int nr = nrows - r < 2 ? nrows - r : 2;
@@ -125,32 +133,48 @@ static void KERN_NAME(task)(const att_task *t, float *s, size_t lds) {
             KERN_NAME(qk)(s + (size_t)r * lds + (b0 - base), lds, qr, nr, kb, ks, nk, hd, t->scale);
         }
     }
-    /* each row's visible keys lo..pos: soft-capped (ops.c, the same function for every build),
-     * then the softmax */
+    /* each row's visible keys (the run, then a tree token's path moved down after it):
+     * soft-capped (ops.c, the same function for every build), then the softmax */
     for (int r = 0; r < nrows; r++) {
-        int ti = r / group, h = t->kh * group + r % group, tok = t->tok[ti], p = t->pos[tok];
-        int lo = att_first_key(p, W);
-        float *sr = s + (size_t)r * lds + (lo - base);
-        if (t->softcap > 0.0f) zs_op_softcap(sr, (size_t)(p + 1 - lo), t->softcap);
-        zs_op_softmax(sr, p + 1 - lo);
+        int ti = r / group, h = t->kh * group + r % group, tok = t->tok[ti], c0, ce, ke;
+        att_row_keys(t, tok, &c0, &ce, &ke);
+        float *sr = s + (size_t)r * lds + (c0 - base);
+        int n = ce - c0;
+        if (t->tr && t->tr->depth[tok] > 0) {
+            int k0, m = att_path(t, tok, t->path, &k0);
+            for (int k = 0; k < m; k++) sr[n + k] = s[(size_t)r * lds + (t->tr->slot[t->path[k0 + k]] - base)];
+            n += m;
+        }
+        if (t->softcap > 0.0f) zs_op_softcap(sr, (size_t)n, t->softcap);
+        zs_op_softmax(sr, n);
         float *o = t->out + (size_t)tok * t->qd + (size_t)h * hd;
         for (int e = 0; e < hd; e++) o[e] = 0.0f;
     }
-    /* weighted sum of values: block by block, each row over its own keys lo..pos */
-    for (int b0 = base; b0 <= maxp; b0 += B) {
+    /* weighted sum of values: block by block, each row over its run c0..ce-1 */
+    for (int b0 = base; b0 < maxk + 1; b0 += B) {
         if (W > 0 && !att_block_seen(t, b0, B)) continue;
         const KV_T *vb = (const KV_T *)sq->v[b0 / B] + koff;
         for (int r = 0; r < nrows; r++) {
-            int ti = r / group, h = t->kh * group + r % group, tok = t->tok[ti], p = t->pos[tok];
-            if (p < b0) continue;
-            int j0 = b0, lo = att_first_key(p, W);
-            if (lo > j0) {
-                if (lo >= b0 + B) continue;
-                j0 = lo;
-            }
-            int nk = p + 1 - j0 < b0 + B - j0 ? p + 1 - j0 : b0 + B - j0;
-            KERN_NAME(pv)(t->out + (size_t)tok * t->qd + (size_t)h * hd, s + (size_t)r * lds + (j0 - base),
-                          vb + (size_t)(j0 - b0) * ks, ks, nk, hd);
+            int ti = r / group, h = t->kh * group + r % group, tok = t->tok[ti], c0, ce, ke;
+            att_row_keys(t, tok, &c0, &ce, &ke);
+            if (ce <= b0 || c0 >= b0 + B || c0 >= ce) continue;
+            int j0 = c0 > b0 ? c0 : b0, j1 = ce < b0 + B ? ce : b0 + B;
+            KERN_NAME(pv)(t->out + (size_t)tok * t->qd + (size_t)h * hd, s + (size_t)r * lds + (j0 - c0) + (c0 - base),
+                          vb + (size_t)(j0 - b0) * ks, ks, j1 - j0, hd);
+        }
+    }
+    /* then a tree token's path, in order (its weights follow the run's in the row) */
+    if (!t->tr) return;
+    for (int r = 0; r < nrows; r++) {
+        int ti = r / group, h = t->kh * group + r % group, tok = t->tok[ti], c0, ce, ke;
+        if (t->tr->depth[tok] == 0) continue;
+        att_row_keys(t, tok, &c0, &ce, &ke);
+        int k0, m = att_path(t, tok, t->path, &k0);
+        const float *pr = s + (size_t)r * lds + (c0 - base) + (ce - c0);
+        for (int k = 0; k < m; k++) {
+            int j = t->tr->slot[t->path[k0 + k]];
+            const KV_T *vj = (const KV_T *)sq->v[j / B] + koff + (size_t)(j % B) * ks;
+            KERN_NAME(pv)(t->out + (size_t)tok * t->qd + (size_t)h * hd, pr + k, vj, ks, 1, hd);
         }
     }
 }

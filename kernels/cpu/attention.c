@@ -41,20 +41,56 @@ typedef struct {
     float softcap; /* > 0: scores soft-capped */
     int window;    /* > 0: a sliding window */
     int base;      /* the first position of the first block the tile sees (0 without a window) */
+    const struct att_tree_rows *tr; /* a token tree (zs_att_tree), or NULL: every token causal */
+    int *path;     /* scratch for a tree token's path (its depth + 1 entries at most) */
 } att_task;
+
+/* A tree's rows resolved once per call: per token, the end (exclusive) of the run of positions
+ * before its path (pos + 1 for a causal token, its root's slot for a tree token), the last key it
+ * reads (its slot), and its depth below its root (0: causal). */
+typedef struct att_tree_rows {
+    const int *slot, *parent;
+    int *cend, *kend, *depth;
+} att_tree_rows;
 
 /* the first key a query at position p sees (window 0: key 0) */
 static inline int att_first_key(int p, int window) {
     return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
 }
 
-/* 1 when some row of the task sees a key of the block [b0, b0 + B) */
+/* Token tok's keys: the run [*c0, *ce) of positions (c0 the first in the window; the run is empty
+ * when the window starts at or past its end), then, for a tree token, the visible part of its
+ * path; *ke: the last key position it reads (the scores cover c0..ke). */
+static inline void att_row_keys(const att_task *t, int tok, int *c0, int *ce, int *ke) {
+    int p = t->pos[tok], lo = att_first_key(p, t->window);
+    int e = t->tr ? t->tr->cend[tok] : p + 1;
+    *ce = e;
+    *c0 = lo < e ? lo : e;
+    *ke = t->tr ? t->tr->kend[tok] : p;
+}
+
+/* 1 when some row of the task sees a key of the block [b0, b0 + B) (a tree row: any key between
+ * its first and its slot, a superset of what it reads) */
 static inline int att_block_seen(const att_task *t, int b0, int B) {
     for (int i = 0; i < t->nt; i++) {
-        int p = t->pos[t->tok[i]];
-        if (p >= b0 && att_first_key(p, t->window) < b0 + B) return 1;
+        int c0, ce, ke;
+        att_row_keys(t, t->tok[i], &c0, &ce, &ke);
+        if (ke >= b0 && c0 < b0 + B) return 1;
     }
     return 0;
+}
+
+/* A tree token's path, root first, into path[0..depth]; returns how many of it the window
+ * leaves visible, a suffix: path[n - k .. n) (every one without a window). */
+static inline int att_path(const att_task *t, int tok, int *path, int *first) {
+    const att_tree_rows *tr = t->tr;
+    int d = tr->depth[tok], lo = att_first_key(t->pos[tok], t->window), k0 = 0;
+    for (int i = d, a = tok; i >= 0; i--, a = tr->parent[a]) {
+        path[i] = a;
+        if (t->pos[a] < lo && k0 == 0) k0 = i + 1;
+    }
+    *first = k0;
+    return d + 1 - k0;
 }
 
 /* one bf16 widened: its 16 bits are the high half of the f32 (exact) */
@@ -195,6 +231,7 @@ typedef struct {
     size_t qd;
     float scale, softcap;
     int window;
+    const att_tree_rows *tr;
     atomic_int failed;
 } att_job;
 
@@ -203,17 +240,21 @@ static void att_run_task(void *arg, int task) {
     /* the last tiles (the longest rows of a prefill chunk) first, for balance */
     const att_tile *tl = &j->tiles[j->ntiles - 1 - task / j->nkv];
     att_task t = {j->out, j->q, j->ord + tl->start, j->pos, &j->seqs[tl->seq], tl->nt, task % j->nkv, j->group,
-                  j->hd, j->kv_stride, j->block, j->qd, j->scale, j->softcap, j->window, 0};
-    int maxp = 0, minlo = 0x7fffffff;
+                  j->hd, j->kv_stride, j->block, j->qd, j->scale, j->softcap, j->window, 0, j->tr, NULL};
+    int maxk = 0, minlo = 0x7fffffff, maxd = 0;
     for (int i = 0; i < t.nt; i++) {
-        int p = j->pos[t.tok[i]];
-        maxp = ZS_MAX(maxp, p);
-        minlo = ZS_MIN(minlo, att_first_key(p, t.window));
+        int c0, ce, ke;
+        att_row_keys(&t, t.tok[i], &c0, &ce, &ke);
+        maxk = ZS_MAX(maxk, ke);
+        minlo = ZS_MIN(minlo, c0);
+        if (t.tr) maxd = ZS_MAX(maxd, t.tr->depth[t.tok[i]]);
     }
     if (t.window > 0) t.base = minlo / t.block * t.block;
-    size_t lds = ((size_t)(maxp + 1 - t.base) + 7) & ~(size_t)7;
-    float *s = scratch_get(lds * (size_t)t.nt * (size_t)j->group);
+    size_t lds = ((size_t)(maxk + 1 - t.base) + 7) & ~(size_t)7, ns = lds * (size_t)t.nt * (size_t)j->group;
+    /* the scores, then (a tree) room for one path */
+    float *s = scratch_get(ns + (t.tr ? (size_t)maxd + 1 : 0));
     if (!s) { atomic_store(&j->failed, 1); return; }
+    if (t.tr) t.path = (int *)(void *)(s + ns);
     j->fn(&t, s, lds);
 }
 
@@ -235,9 +276,42 @@ static int have_f16c(void) {
     return v;
 }
 
+/* Checks a tree (zs_att_tree's rules) and resolves its rows into tr (arrays of 3 * T ints). */
+static int tree_rows(const zs_att_tree *tree, int T, const int *seq, const int *pos, att_tree_rows *tr, int *mem) {
+    tr->slot = tree->slot;
+    tr->parent = tree->parent;
+    tr->cend = mem;
+    tr->kend = mem + T;
+    tr->depth = mem + 2 * T;
+    for (int i = 0; i < T; i++) {
+        int a = tree->parent[i], sl = tree->slot[i];
+        if (a < 0) {
+            if (a != -1 || sl != pos[i])
+                return zs_err(ZS_EINVAL, "attention: token %d is causal (parent %d) but sits in slot %d at position %d",
+                              i, a, sl, pos[i]);
+            tr->cend[i] = pos[i] + 1;
+            tr->depth[i] = 0;
+        } else {
+            if (a >= i || seq[a] != seq[i] || pos[a] != pos[i] - 1 || tree->slot[a] >= sl)
+                return zs_err(ZS_EINVAL, "attention: token %d (sequence %d, position %d, slot %d) cannot have token %d "
+                              "as its parent", i, seq[i], pos[i], sl, a);
+            tr->cend[i] = tr->cend[a] - (tr->depth[a] == 0); /* the root's slot */
+            tr->depth[i] = tr->depth[a] + 1;
+        }
+        tr->kend[i] = sl;
+    }
+    return 0;
+}
+
 int zs_op_attention(float *out, const float *q, int T, const int *seq, const int *pos, const zs_att_seq *seqs,
                     int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path,
                     const zs_att_params *ap) {
+    return zs_op_attention_tree(out, q, T, seq, pos, seqs, nh, nkv, hd, kv_stride, block, kv_dtype, path, ap, NULL);
+}
+
+int zs_op_attention_tree(float *out, const float *q, int T, const int *seq, const int *pos, const zs_att_seq *seqs,
+                         int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path,
+                         const zs_att_params *ap, const zs_att_tree *tree) {
     if (T <= 0) return 0;
     if (nh <= 0 || nkv <= 0 || nh % nkv || hd <= 0 || kv_stride < nkv * hd || block <= 0)
         return zs_err(ZS_EINVAL, "attention: bad shape (heads %d, kv heads %d, head dim %d, stride %d, block %d)",
@@ -262,11 +336,20 @@ int zs_op_attention(float *out, const float *q, int T, const int *seq, const int
                      : kv_dtype == ZS_BF16 ? (avx2 ? zs_att_avx2_bf16_task : zs_att_generic_bf16_task)
                                           : (avx2 ? zs_att_avx2_task : zs_att_generic_task);
     int group = nh / nkv;
-    int *ord = malloc((size_t)T * sizeof(int));
+    int *ord = malloc((size_t)T * (tree ? 4 : 1) * sizeof(int));
     att_tile *tiles = malloc((size_t)T * sizeof(att_tile));
     if (!ord || !tiles) {
         free(ord); free(tiles);
         return zs_err(ZS_ENOMEM, "attention: out of memory for %d tokens", T);
+    }
+    att_tree_rows tr;
+    if (tree) {
+        int rc = tree->slot && tree->parent ? tree_rows(tree, T, seq, pos, &tr, ord + T)
+                                            : zs_err(ZS_EINVAL, "attention: a tree without slots or parents");
+        if (rc < 0) {
+            free(ord); free(tiles);
+            return rc;
+        }
     }
     /* tokens grouped by sequence, in batch order within one (stable insertion sort: a batch is
      * already grouped, so this is one pass) */
@@ -290,7 +373,7 @@ int zs_op_attention(float *out, const float *q, int T, const int *seq, const int
         qt = ZS_MAX(1, qt / 2);
     }
     att_job j = {out, q, ord, seq, pos, seqs, tiles, ntiles, nkv, group, hd, kv_stride, block, fn,
-                 (size_t)nh * hd, scale, softcap, window, 0};
+                 (size_t)nh * hd, scale, softcap, window, tree ? &tr : NULL, 0};
     zs_pool_run(att_run_task, &j, ntiles * nkv);
     free(ord);
     free(tiles);

@@ -44,6 +44,27 @@ typedef struct {
     int window;
 } zs_att_params;
 
+/* A token tree (speculative decoding: several continuations of a sequence verified in one call),
+ * or NULL: every token causal. Per query token i of the call:
+ *   slot[i]   the cache position that holds its key and value (written before the call); pos[i]
+ *             stays its position in the text (RoPE's, the window's: for a tree, depth-based);
+ *   parent[i] -1: token i is causal, it attends to its sequence's positions 0..pos[i], and slot[i]
+ *             must be pos[i] (a chain's token, a prompt's, a tree's root); else the index (< i) of
+ *             its parent in the call: a token of the same sequence with pos[parent] = pos[i] - 1
+ *             and slot[parent] < slot[i]. Token i then attends to the positions before its root's
+ *             slot, then to the slots of its root, ..., its parent and itself, in that order: the
+ *             keys of its own path, never those of another branch (a sibling, a cousin). With a
+ *             window, a key of the path counts by its token's pos.
+ * The fixed order below runs over that list of keys as it runs over 0..pos for a causal token,
+ * so a tree token gets the bits that the same token gets as a causal token at pos[i] over a cache
+ * that holds its path at positions slot[root]..pos[i] (the accepted path alone, compacted).
+ * Causal tokens of a sequence see every position up to theirs, tree slots included: a sequence's
+ * tokens in one call are either causal (a chunk, a chain) or one tree under a causal root. */
+typedef struct {
+    const int *slot;
+    const int *parent;
+} zs_att_tree;
+
 /* out[T, nh*hd] (written) from q[T, nh*hd]: token i belongs to seqs[seq[i]] and sits at position
  * pos[i]; it attends to that sequence's positions 0..pos[i], which must all be in the cache.
  * Query head h uses kv head h / (nh / nkv). kv_dtype: the cache's elements, ZS_F32, ZS_F16 or
@@ -54,5 +75,11 @@ typedef struct {
 int zs_op_attention(float *out, const float *q, int T, const int *seq, const int *pos, const zs_att_seq *seqs,
                     int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path,
                     const zs_att_params *ap);
+/* The same with a token tree (NULL: zs_op_attention exactly). ZS_EINVAL when a parent breaks the
+ * rules above (an index not before the token, another sequence, a position or slot out of
+ * order, a causal token whose slot is not its pos). */
+int zs_op_attention_tree(float *out, const float *q, int T, const int *seq, const int *pos, const zs_att_seq *seqs,
+                         int nh, int nkv, int hd, int kv_stride, int block, int kv_dtype, int path,
+                         const zs_att_params *ap, const zs_att_tree *tree);
 
 #endif

@@ -154,7 +154,7 @@ static int step(bctx *b, int ntok) {
         }
         b->len[s] += ntok;
     }
-    zs_batch bt = {T, tok, pos, sq, li, b->B, NULL, NULL};
+    zs_batch bt = {T, tok, pos, sq, li, b->B, NULL, NULL, NULL};
     int rc = zs_engine_forward(b->e, &bt, b->logits);
     free(tok);
     return rc;

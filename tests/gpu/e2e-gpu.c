@@ -74,7 +74,7 @@ static int first_logits(zs_engine *e, const ref_case *r, float *out) {
     if ((rc = zs_kv_seq_open(kv, &seq)) < 0) return rc;
     int32_t pos[4], sq[4], li[4];
     for (int i = 0; i < 4; i++) { pos[i] = i; sq[i] = seq; li[i] = i; }
-    zs_batch b = {4, r->all, pos, sq, li, 4, NULL, NULL};
+    zs_batch b = {4, r->all, pos, sq, li, 4, NULL, NULL, NULL};
     rc = zs_kv_seq_reserve(kv, seq, 4);
     if (rc == 0) rc = zs_engine_forward(e, &b, out);
     zs_kv_seq_close(kv, seq);
@@ -251,7 +251,7 @@ static int fam_step(zs_engine *e[2], int seqs[2][2], int n, const int32_t *ids, 
             if (zs_kv_seq_len(kv, sqv[k][i]) < pos[i] + 1) rc = zs_kv_seq_reserve(kv, sqv[k][i], pos[i] + 1);
         }
         lg[k] = malloc((size_t)n * vocab * 4);
-        zs_batch b = {n, ids, pos, sqv[k], li, n, NULL, NULL};
+        zs_batch b = {n, ids, pos, sqv[k], li, n, NULL, NULL, NULL};
         if (rc == 0) rc = zs_engine_forward(e[k], &b, lg[k]);
     }
     if (rc == 0) fam_err(lg[1], lg[0], (size_t)n * vocab, md, mb);
