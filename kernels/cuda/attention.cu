@@ -28,6 +28,13 @@
 // the lowest first key of its rows (nothing before it is loaded, nor its block-table entry) and
 // masks each row to its own window (a template flag: the kernel without a window is unchanged).
 //
+// Token trees (zs_cuda_attention_tree; speculative decoding): the simple kernel's key loop runs over
+// positions j0..pos[t] as before, and key j is read at cache position j below the token's tree base
+// and at its path's slot from there (path[poff[t] + j - base[t]]): the same keys in the same order
+// as the token decoded alone over its path, so the same bits. The tiled kernel has no tree mask (it
+// shares a sequence's keys between the rows of a tile): with a tree every token takes simple.
+// kv_copy applies the tree's KV moves.
+//
 // Which kernel runs (zs_cuda_attention): ZS_CUDA_ATTN=simple -> simple for every token,
 // ZS_CUDA_ATTN=tiled -> tiled for every token, otherwise (auto) tiled for the tokens that share
 // their sequence with a neighbouring batch token (prefill, chunks) and simple for the others
