@@ -178,7 +178,7 @@ static int cpu_tree(const trig *r, float *out, const zs_att_params *ap) {
 static int gpu_run(const trig *r, const char *pool, int impl, int tree, const zs_cuda_att_params *ap, float *out) {
     int T = r->T;
     int32_t base[2 * NODES + 5], poff[2 * NODES + 5], path[2 * NODES * 5 + 5];
-    int np = zs_cuda_att_tree_plan(r->pos, r->slot, r->par, T, base, poff, path);
+    int np = zs_cuda_att_tree_plan(r->seq, r->pos, r->slot, r->par, T, base, poff, path);
     if (np < 0) return -1;
     void *dp = up_raw(pool, r->pool_bytes), *dq = up_raw(r->q, (size_t)T * r->nh * r->hd * 4);
     void *dtb = up_raw(r->tables, (size_t)r->nblk * 4), *dtab = up_raw(r->tab, (size_t)T * 4);
@@ -238,26 +238,34 @@ static void check_tree_kernel(int nh, int nkv, int hd, zs_dtype dt, const zs_cud
     float *ref = malloc(n * 4), *out = malloc(n * 4), *alt = malloc(n * 4), *one = malloc(qd * 4);
     zs_att_params cap = {ap ? ap->scale : 0, ap ? ap->softcap : 0, ap ? ap->window : 0};
     CHECK(cpu_tree(&r, ref, ap ? &cap : NULL) == 0, "%s: the CPU op: %s", dn, zs_errmsg());
-    /* against the CPU op, each impl (the tolerance of test-backend-ops' f32 attention output) */
+    /* against the CPU op, each impl (the tolerance of test-backend-ops' f32 attention output); the
+     * trees' rows take the simple kernel in every mode (the bits of simple's), the causal chunk of
+     * the third sequence the mode's kernel (the bits of the tree-less call's) */
     static const int impls[3] = {ZS_CUDA_ATTN_SIMPLE, ZS_CUDA_ATTN_TILED, ZS_CUDA_ATTN_AUTO};
+    float *plain = malloc(n * 4);
     for (int k = 0; k < 3; k++) {
+        const char *in = zs_cuda_attention_mode_name(impls[k]);
         int rc = gpu_run(&r, r.pool, impls[k], 1, ap, k ? alt : out);
-        CHECK(rc == 0, "%s (%s): launch: %s", dn, zs_cuda_attention_mode_name(impls[k]), zs_cuda_take_error());
+        CHECK(rc == 0, "%s (%s): launch: %s", dn, in, zs_cuda_take_error());
         double e = nerr(k ? alt : out, ref, n);
-        CHECK(e <= 2e-5 + 1e-5, "%s (%s): against the CPU op: error %.3g", dn, zs_cuda_attention_mode_name(impls[k]), e);
-        if (k) CHECK(!rows_differ(alt, out, n), "%s (%s): the simple kernel's bits", dn, zs_cuda_attention_mode_name(impls[k]));
+        CHECK(e <= 2e-5 + 1e-5, "%s (%s): against the CPU op: error %.3g", dn, in, e);
+        rc = gpu_run(&r, r.pool, impls[k], 0, ap, plain);
+        int bad = rc != 0;
+        for (int i = 0; i < r.T; i++)
+            bad += r.seq[i] == 2 ? rows_differ((k ? alt : out) + (size_t)i * qd, plain + (size_t)i * qd, qd)
+                                 : rows_differ(alt + (size_t)i * qd, out + (size_t)i * qd, qd) && k;
+        CHECK(bad == 0, "%s (%s): tree rows = the simple kernel's, causal rows = the tree-less call's (%d differ)", dn,
+              in, bad);
     }
-    /* each tree row = its path decoded alone, bit for bit; the causal chunk = the tree-less call's rows */
+    free(plain);
+    /* each tree row = its path decoded alone, bit for bit */
     int bad = 0;
     for (int i = 0; i < r.T; i++)
         if (r.seq[i] != 2) bad += gpu_path_ref(&r, i, ap, one) != 0 || rows_differ(one, out + (size_t)i * qd, qd);
     CHECK(bad == 0, "%s: %d of %d tree rows differ from their path decoded alone", dn, bad, 2 * NODES);
-    CHECK(gpu_run(&r, r.pool, ZS_CUDA_ATTN_SIMPLE, 0, ap, alt) == 0, "%s: without the tree", dn);
-    bad = 0;
-    for (int i = 0; i < r.T; i++)
-        if (r.seq[i] == 2) bad += rows_differ(alt + (size_t)i * qd, out + (size_t)i * qd, qd);
-    CHECK(bad == 0, "%s: the causal rows are the tree-less call's (%d differ)", dn, bad);
-    /* the mask: each node of A's tree poisoned in turn changes exactly its subtree's rows */
+    /* the mask: each node of A's tree poisoned in turn changes exactly its subtree's rows (auto, the
+     * forward pass's mode: the causal chunk's rows in the tiled kernel) */
+    CHECK(gpu_run(&r, r.pool, ZS_CUDA_ATTN_AUTO, 1, ap, out) == 0, "%s: auto", dn);
     int wrong = 0;
     size_t es = zs_dtype_size(dt);
     char *pp = malloc(r.pool_bytes);

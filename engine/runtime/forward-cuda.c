@@ -29,7 +29,7 @@
  * A failure of the gather's device hooks (gather-cuda.h) fails the step like a failed acquire.
  * Token trees (zs_batch.tree, model.h): K and V go to each token's slot, the attention takes the
  * tree mask (zs_cuda_attention_tree: a node sees the positions before its root and its own path, in
- * the order of positions; every token then takes the simple kernel), and the KV moves are copied
+ * the order of positions; the tree's sequences then take the simple kernel), and the KV moves are copied
  * on the device in every layer before its writes (zs_cuda_kv_copy, zs_kv_copy's bits).
  *
  * Embeddings of an inference model (embed_lookup, model.h): the lookup tables stay in host
@@ -421,7 +421,7 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     /* a token tree (zs_batch.tree): K/V at the slots, the tree mask in the attention */
     const int32_t *slot = b->tree && b->tree->parent ? b->tree->slot : NULL;
     int nmv = b->tree ? b->tree->n_moves : 0, npath = -1;
-    if (slot && (npath = zs_cuda_att_tree_plan(b->pos, slot, b->tree->parent, T, NULL, NULL, NULL)) < 0)
+    if (slot && (npath = zs_cuda_att_tree_plan(b->seq, b->pos, slot, b->tree->parent, T, NULL, NULL, NULL)) < 0)
         return zs_err(ZS_EINVAL, "CUDA forward: %s", zs_cuda_take_error());
     int ntab = 0;
     for (int i = 0; i < T; i++) {
@@ -453,7 +453,7 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     ZS_CHECK(grow_inputs(f, need));
     layout_inputs(f->in_h, T, b->n_logits, ntab, tr, pr, f->freq_row, nmv, npath, &h);
     layout_inputs(f->in_d, T, b->n_logits, ntab, tr, pr, f->freq_row, nmv, npath, &dv);
-    if (slot) zs_cuda_att_tree_plan(b->pos, slot, b->tree->parent, T, h.tbase, h.tpoff, h.tpath);
+    if (slot) zs_cuda_att_tree_plan(b->seq, b->pos, slot, b->tree->parent, T, h.tbase, h.tpoff, h.tpath);
     for (int i = 0; i < nmv; i++) { /* zs_kv_copy's positions as element offsets of the K rows */
         const zs_kv_move *mv = &b->tree->moves[i];
         const int *bl = zs_kv_seq_blocks(kv, mv->seq);

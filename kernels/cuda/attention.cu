@@ -32,7 +32,8 @@
 // positions j0..pos[t] as before, and key j is read at cache position j below the token's tree base
 // and at its path's slot from there (path[poff[t] + j - base[t]]): the same keys in the same order
 // as the token decoded alone over its path, so the same bits. The tiled kernel has no tree mask (it
-// shares a sequence's keys between the rows of a tile): with a tree every token takes simple.
+// shares a sequence's keys between the rows of a tile): every token of a sequence with tree rows
+// takes simple, in every mode; the other sequences' tokens go as without a tree.
 // kv_copy applies the tree's KV moves.
 //
 // Which kernel runs (zs_cuda_attention): ZS_CUDA_ATTN=simple -> simple for every token,
@@ -100,6 +101,10 @@ extern "C" int zs_cuda_kv_copy(void *pool, int kvdt, const int64_t *from, const 
 
 // Token t shares its block table (its sequence) with a neighbouring token of the batch: the
 // tokens of the tiled kernel in auto mode; the others are the simple kernel's.
+// Token t is of a sequence with tree rows in the call (zs_cuda_att_tree_plan: base >= 0): the
+// simple kernel's, whatever the mode; rows of other sequences go as before.
+static __device__ __forceinline__ bool att_tree_row(const int32_t *tbase, int t) { return tbase && tbase[t] >= 0; }
+
 static __device__ __forceinline__ bool att_in_run(const int32_t *tab, int t, int T) {
     int b = tab[t];
     return (t > 0 && tab[t - 1] == b) || (t + 1 < T && tab[t + 1] == b);
@@ -124,12 +129,15 @@ attn_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int k
     __shared__ float s_m[ATT_WARPS][GT], s_l[ATT_WARPS][GT];
     // the token in x (up to 2^31 - 1 blocks), (kv head, subgroup) in y
     int t = blockIdx.x, kh = blockIdx.y / nsub, sub = blockIdx.y % nsub;
-    if (only_single && att_in_run(tab, t, T)) return; // the tiled kernel's token (block-uniform)
+    // only_single 1 (auto): the tiled kernel's tokens are left to it; 2: the tree's tokens only
+    // (block-uniform)
+    if (only_single == 1 && att_in_run(tab, t, T) && !att_tree_row(tbase, t)) return;
+    if (only_single == 2 && !att_tree_row(tbase, t)) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int kvd = nkv * hd, p = pos[t];
     const int32_t *bt = tables + tab[t];
     // a token tree: keys from tb on are the slots of the token's path (tp[0] its root's); else none
-    const int tb = tbase ? tbase[t] : INT_MAX;
+    const int tb = att_tree_row(tbase, t) ? tbase[t] : INT_MAX;
     const int32_t *tp = tbase ? tpath + tpoff[t] : NULL;
     float qr[GT][R], acc[GT][R], m[GT], l[GT];
 #pragma unroll
@@ -255,7 +263,7 @@ template <int D, bool WIN>
 __global__ static void __launch_bounds__(TL_WARPS * 32)
 attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int kdt, const int32_t *tables,
                   const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale,
-                  float cap, int window, int group, int gq, int nsub, int bq, int only_runs) {
+                  float cap, int window, int group, int gq, int nsub, int bq, int only_runs, const int32_t *tbase) {
     constexpr int C = D / 32; // output columns per lane
     ZS_EXTERN_SHARED(float4, tl_smem4); // float4: 16-byte alignment for the Q reads
     float *sQ = (float *)tl_smem4;       // [TL_R][D] query rows, scaled; each warp owns its 8 rows
@@ -274,7 +282,7 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
 #pragma unroll
     for (int i = 0; i < TL_ROWS; i++) {
         int r = warp * TL_ROWS + i, tq = r / gq, hg = sub * gq + r % gq, t = t0 + tq;
-        bool ok = tq < bq && t < t1 && hg < group && (!only_runs || att_in_run(tab, t, T));
+        bool ok = tq < bq && t < t1 && hg < group && (!only_runs || att_in_run(tab, t, T)) && !att_tree_row(tbase, t);
         rt[i] = ok ? t : -1;
         rp[i] = ok ? pos[t] : -1;
         m[i] = -INFINITY;
@@ -293,7 +301,7 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
         // key of the segment's rows
         int kvlen = 0, kvlo = INT_MAX;
         for (int t = s0; t < s1; t++)
-            if (!only_runs || att_in_run(tab, t, T)) {
+            if ((!only_runs || att_in_run(tab, t, T)) && !att_tree_row(tbase, t)) {
                 kvlen = max(kvlen, pos[t] + 1);
                 if (WIN) kvlo = min(kvlo, max(0, pos[t] - window + 1));
             }
@@ -415,7 +423,7 @@ static int tiled_launch_w(dim3 grid, cudaStream_t s, void *out, int odt, const f
     if (smem > 48 * 1024) {
         // above the default 48 KiB: opt in (per device, so on every call; cheap)
         void (*kfn)(void *, int, const float *, int, const void *, int, const int32_t *, const int32_t *,
-                    const int32_t *, int, int, int, int, float, float, int, int, int, int, int, int) =
+                    const int32_t *, int, int, int, int, float, float, int, int, int, int, int, int, const int32_t *) =
             attn_tiled_kernel<D, WIN>;
         cudaError_t e = cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) {
@@ -425,7 +433,8 @@ static int tiled_launch_w(dim3 grid, cudaStream_t s, void *out, int odt, const f
         }
     }
     ZS_LAUNCH((attn_tiled_kernel<D, WIN>), grid, TL_WARPS * 32, smem, s, out, odt, q, ldq, pool, kdt, tables, tab,
-              pos, T, nh, nkv, hd, a.scale, a.cap, a.window, group, gq, nsub, bq, only_runs);
+              pos, T, nh, nkv, hd, a.scale, a.cap, a.window, group, gq, nsub, bq, only_runs,
+              a.tree ? a.tree->base : NULL);
     return zs_launch_ok();
 }
 
@@ -499,12 +508,17 @@ static int attn_run(int impl, void *out, int odt, const float *q, int ldq, const
                               "head_dim 1..256)", n_heads, n_kv_heads, hd);
     if (!kv_dt_ok(kvdt)) return zs_cuda_refuse("attention: KV cache element type %d (f32, f16 or bf16)", kvdt);
     cudaStream_t s = (cudaStream_t)stream;
-    // a tree: the simple kernel for every token (the tiled one shares a sequence's keys between
-    // its rows, which a tree's branches do not); a tree row then gets the decode kernel's bits
-    if (impl == ZS_CUDA_ATTN_SIMPLE || a.tree)
+    if (impl == ZS_CUDA_ATTN_SIMPLE)
         return attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 0, s);
-    if (impl == ZS_CUDA_ATTN_TILED)
-        return attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 0, s);
+    // a tree: its sequences' tokens take the simple kernel whatever the mode (the tiled one shares
+    // a sequence's keys between its rows, a tree's branches do not), so a tree row gets the decode
+    // kernel's bits; the tiled kernel skips them
+    if (impl == ZS_CUDA_ATTN_TILED) {
+        int rc = a.tree ? attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 2, s)
+                        : 0;
+        if (rc == 0) rc = attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 0, s);
+        return rc;
+    }
     // auto: each token is exactly one kernel's (att_in_run decides the same way in both)
     int rc = attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 1, s);
     if (rc == 0 && T > 1)
@@ -539,13 +553,18 @@ extern "C" int zs_cuda_attention_tree(int impl, void *out, int odt, const float 
 }
 
 // The host plan of a tree (kernels.h): walks each tree token's parents once.
-extern "C" int zs_cuda_att_tree_plan(const int32_t *pos, const int32_t *slot, const int32_t *parent, int T,
-                                     int32_t *base, int32_t *poff, int32_t *path) {
+extern "C" int zs_cuda_att_tree_plan(const int32_t *seq, const int32_t *pos, const int32_t *slot,
+                                     const int32_t *parent, int T, int32_t *base, int32_t *poff, int32_t *path) {
     int n = 0;
     for (int t = 0; t < T; t++) {
         if (!parent || parent[t] < 0) { // causal: every key at its own position
             if (base) {
-                base[t] = pos[t] + 1;
+                // the sequence's run in the call: does it hold a tree row? (-1: no, any kernel)
+                int a = t, b = t, tree = 0;
+                while (a > 0 && seq[a - 1] == seq[t]) a--;
+                while (b + 1 < T && seq[b + 1] == seq[t]) b++;
+                for (int i = a; parent && i <= b; i++) tree |= parent[i] >= 0;
+                base[t] = tree ? pos[t] + 1 : -1;
                 poff[t] = 0;
             }
             continue;
