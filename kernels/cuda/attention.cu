@@ -556,31 +556,31 @@ extern "C" int zs_cuda_attention_tree(int impl, void *out, int odt, const float 
 extern "C" int zs_cuda_att_tree_plan(const int32_t *seq, const int32_t *pos, const int32_t *slot,
                                      const int32_t *parent, int T, int32_t *base, int32_t *poff, int32_t *path) {
     int n = 0;
-    for (int t = 0; t < T; t++) {
-        if (!parent || parent[t] < 0) { // causal: every key at its own position
-            if (base) {
-                // the sequence's run in the call: does it hold a tree row? (-1: no, any kernel)
-                int a = t, b = t, tree = 0;
-                while (a > 0 && seq[a - 1] == seq[t]) a--;
-                while (b + 1 < T && seq[b + 1] == seq[t]) b++;
-                for (int i = a; parent && i <= b; i++) tree |= parent[i] >= 0;
-                base[t] = tree ? pos[t] + 1 : -1;
-                poff[t] = 0;
+    for (int a = 0, b = 0; a < T; a = b) {
+        // a sequence's run a..b-1: does it hold a tree row? (no: base -1, any kernel)
+        int tree = 0;
+        for (b = a; b < T && seq[b] == seq[a]; b++) tree |= parent && parent[b] >= 0;
+        for (int t = a; t < b; t++) {
+            if (!parent || parent[t] < 0) { // causal: every key at its own position
+                if (base) {
+                    base[t] = tree ? pos[t] + 1 : -1;
+                    poff[t] = 0;
+                }
+                continue;
             }
-            continue;
+            int r = t, depth = 0;
+            while (parent[r] >= 0) {
+                if (parent[r] >= r) return zs_cuda_refuse("attention tree: row %d has parent %d", r, parent[r]);
+                r = parent[r];
+                depth++;
+            }
+            if (base) {
+                base[t] = pos[r];
+                poff[t] = n;
+                for (int x = t, i = depth; i >= 0; i--, x = parent[x]) path[n + i] = slot[x]; // root first
+            }
+            n += depth + 1;
         }
-        int r = t, depth = 0;
-        while (parent[r] >= 0) {
-            if (parent[r] >= r) return zs_cuda_refuse("attention tree: row %d has parent %d", r, parent[r]);
-            r = parent[r];
-            depth++;
-        }
-        if (base) {
-            base[t] = pos[r];
-            poff[t] = n;
-            for (int a = t, i = depth; i >= 0; i--, a = parent[a]) path[n + i] = slot[a]; // root first
-        }
-        n += depth + 1;
     }
     return n;
 }
