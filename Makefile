@@ -163,7 +163,7 @@ EMU_CXXFLAGS = -std=c++17 -O2 -g -ffp-contract=off -ftls-model=initial-exec -Wal
 EMU_KFLAGS = $(EMU_CXXFLAGS) -x c++ -DZS_EMU=1 -include tests/gpu/emu/cuda-emu.h -I. $(patsubst %,-I%,$(ENGINE_DIRS)) -Ikernels
 EMU_KOBJ  := $(patsubst kernels/cuda/%.cu,$(EMU_DIR)/kernels/%.o,$(CU_SRC))
 EMU_KOBJ_ASAN := $(patsubst kernels/cuda/%.cu,$(EMU_DIR)/asan/kernels/%.o,$(CU_SRC))
-EMU_TEST_NAMES := test-cuda test-backend-ops test-embed test-train-cuda
+EMU_TEST_NAMES := test-cuda test-backend-ops test-embed test-train-cuda test-cuda-tree
 EMU_PROGS := $(patsubst %,$(EMU_DIR)/tests/%,$(EMU_TEST_NAMES) e2e-gpu) \
              $(patsubst %,$(EMU_DIR)/asan/tests/%,$(EMU_TEST_NAMES) e2e-gpu)
 EMU_LIBS  = -L$(EMU_DIR) -lzs-emu -Wl,-rpath,$(abspath $(EMU_DIR)) $(BASE_LDLIBS) -ldl -lstdc++

@@ -16,7 +16,7 @@ rc=$?
 tail -3 "$T/make-kit.log"
 check "make-kit builds the kit" '[ $rc = 0 ]'
 [ $rc = 0 ] || { cat "$T/make-kit.log"; zs_done; }
-for p in zeroserve test-cuda test-backend-ops test-embed test-train-cuda e2e-gpu bench-gpu; do
+for p in zeroserve test-cuda test-backend-ops test-embed test-train-cuda test-cuda-tree e2e-gpu bench-gpu; do
     check "the kit has bin/$p" '[ -x "$T/kit/bin/$p" ]'
 done
 check "the kit has the fixtures" '[ -f "$T/kit/shared/models/stories260K/model.safetensors" ] && [ -f "$T/kit/shared/models/gpt2-bytes/reference.json" ]'

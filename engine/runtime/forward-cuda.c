@@ -27,6 +27,10 @@
  * Gemma 3), post-attention / post-MLP norms (Gemma), the embedding scale, GeGLU (act 1 in a
  * gated MLP), the final logit soft-cap.
  * A failure of the gather's device hooks (gather-cuda.h) fails the step like a failed acquire.
+ * Token trees (zs_batch.tree, model.h): K and V go to each token's slot, the attention takes the
+ * tree mask (zs_cuda_attention_tree: a node sees the positions before its root and its own path, in
+ * the order of positions; the tree's sequences then take the simple kernel), and the KV moves are copied
+ * on the device in every layer before its writes (zs_cuda_kv_copy, zs_kv_copy's bits).
  *
  * Embeddings of an inference model (embed_lookup, model.h): the lookup tables stay in host
  * memory (never uploaded whole); each run copies the T rows of its tokens (and positions) into
@@ -232,6 +236,8 @@ static inline const void *W(const zs_bucket_layout *L, int role, const void *dat
 typedef struct {
     int32_t *tokens, *pos, *tab, *sel, *tables;
     int64_t *off;
+    int64_t *mv_from, *mv_to; /* zs_batch.tree's KV moves: element offsets of the K rows */
+    int32_t *tbase, *tpoff, *tpath; /* a token tree's plan (zs_cuda_att_tree), else NULL */
     int32_t *iota;           /* 0..T-1: the row indices of the staged embedding rows */
     char *tok_rows, *pos_rows; /* embed_lookup: the T rows of the token / position table */
     float *freq_tok;         /* position-dependent RoPE: the T rows of frequencies, else NULL */
@@ -239,14 +245,17 @@ typedef struct {
 
 /* Lays out the step inputs in buffer base (host or device) and returns the bytes used; with
  * tok_row > 0 also T staged rows of tok_row (and of pos_row) bytes, with freq_row > 0 T rows of
- * RoPE frequencies, 256-byte aligned. */
+ * RoPE frequencies, with nmv > 0 the moves' offsets, with npath >= 0 a tree's plan of a path of
+ * npath slots (npath < 0: no tree), 256-byte aligned. */
 static size_t layout_inputs(char *base, int T, int nl, int ntab, size_t tok_row, size_t pos_row, size_t freq_row,
-                            step_in *s) {
-    size_t sz[10] = {(size_t)T * 8, (size_t)T * 4, (size_t)T * 4, (size_t)T * 4, (size_t)(nl > 0 ? nl : 1) * 4,
+                            int nmv, int npath, step_in *s) {
+    size_t tr = npath >= 0 ? (size_t)T * 4 : 0;
+    size_t sz[15] = {(size_t)T * 8, (size_t)T * 4, (size_t)T * 4, (size_t)T * 4, (size_t)(nl > 0 ? nl : 1) * 4,
                      (size_t)(ntab > 0 ? ntab : 1) * 4, tok_row ? (size_t)T * 4 : 0, (size_t)T * tok_row,
-                     (size_t)T * pos_row, (size_t)T * freq_row};
-    size_t at[10], o = 0;
-    for (int i = 0; i < 10; i++) {
+                     (size_t)T * pos_row, (size_t)T * freq_row, (size_t)nmv * 8, (size_t)nmv * 8, tr, tr,
+                     npath >= 0 ? (size_t)ZS_MAX(npath, 1) * 4 : 0};
+    size_t at[15], o = 0;
+    for (int i = 0; i < 15; i++) {
         if (i >= 7) o = ZS_ALIGN_UP(o, (size_t)256);
         at[i] = o;
         o += sz[i];
@@ -262,6 +271,11 @@ static size_t layout_inputs(char *base, int T, int nl, int ntab, size_t tok_row,
         s->tok_rows = sz[7] ? base + at[7] : NULL;
         s->pos_rows = sz[8] ? base + at[8] : NULL;
         s->freq_tok = sz[9] ? (float *)(base + at[9]) : NULL;
+        s->mv_from = sz[10] ? (int64_t *)(base + at[10]) : NULL;
+        s->mv_to = sz[11] ? (int64_t *)(base + at[11]) : NULL;
+        s->tbase = tr ? (int32_t *)(base + at[12]) : NULL;
+        s->tpoff = tr ? (int32_t *)(base + at[13]) : NULL;
+        s->tpath = tr ? (int32_t *)(base + at[14]) : NULL;
     }
     return ZS_ALIGN_UP(o, (size_t)256);
 }
@@ -334,7 +348,8 @@ static int linear(zs_forward_cuda *f, float *y, const void *x, zs_dtype adt, int
     return 0;
 }
 
-static int layer_forward(zs_forward_cuda *f, int l, int T, const step_in *in, const void *data, const void *res) {
+static int layer_forward(zs_forward_cuda *f, int l, int T, int nmv, const step_in *in, const void *data,
+                         const void *res) {
     const zs_model_config *c = zs_model_config_get(f->m);
     const zs_bucket_layout *L = zs_model_layout(f->m, zs_bucket_layer(l));
     void *s = f->dev->q[ZS_Q_COMPUTE];
@@ -359,11 +374,16 @@ static int layer_forward(zs_forward_cuda *f, int l, int T, const step_in *in, co
         DCHK(zs_cuda_rope_freq(f->q, T, qd, c->n_heads, c->head_dim, in->pos, fr, per_tok, af, s), "rope kernel");
         DCHK(zs_cuda_rope_freq(f->k, T, kvd, c->n_kv_heads, c->head_dim, in->pos, fr, per_tok, af, s), "rope kernel");
     }
+    /* a verified tree's accepted entries to their positions before this layer's writes (forward.c) */
+    if (nmv > 0)
+        DCHK(zs_cuda_kv_copy(f->kv[l], f->kv_dtype, in->mv_from, in->mv_to, nmv, kvd, s), "kv copy kernel");
     DCHK(zs_cuda_kv_store_dt(f->kv[l], f->kv_dtype, f->k, kvd, f->v, kvd, in->off, T, kvd, s), "kv store kernel");
     /* Gemma's scale and soft-cap, the window of a sliding layer (scale 0: 1/sqrtf(head_dim)) */
     zs_cuda_att_params ap = {zs_config_att_scale(c), c->attn_softcap, zs_config_layer_window(c, l)};
-    DCHK(zs_cuda_attention_ex(zs_cuda_attention_mode(), f->att, wd, f->q, qd, f->kv[l], f->kv_dtype, in->tables,
-                              in->tab, in->pos, T, c->n_heads, c->n_kv_heads, c->head_dim, &ap, s),
+    zs_cuda_att_tree tree = {in->tbase, in->tpoff, in->tpath};
+    DCHK(zs_cuda_attention_tree(zs_cuda_attention_mode(), f->att, wd, f->q, qd, f->kv[l], f->kv_dtype, in->tables,
+                                in->tab, in->pos, T, c->n_heads, c->n_kv_heads, c->head_dim, &ap,
+                                in->tbase ? &tree : NULL, s),
          "attention kernel");
     ZS_CHECK(linear(f, f->y, f->att, wd, T, qd, MAT(ZS_R_WO), d, WF(L, ZS_R_BO, data, res), s));
     if (c->post_norms) ZS_CHECK(norm(f, f->y, ZS_F32, f->y, WF(L, ZS_R_POST_ATTN_NORM, data, res), NULL, NULL, T, s));
@@ -397,16 +417,31 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     for (int i = 0; b->lora && i < T; i++)
         if (b->lora[i]) return zs_err(ZS_EUNSUPPORTED, "LoRA adapters are not supported on the CUDA device yet");
     if (b->hidden) return zs_err(ZS_EUNSUPPORTED, "embeddings run on the CPU device for now (zs_batch.hidden)");
+    ZS_CHECK(zs_batch_check(b, kv, c->max_seq));
+    /* a token tree (zs_batch.tree): K/V at the slots, the tree mask in the attention */
+    const int32_t *slot = b->tree && b->tree->parent ? b->tree->slot : NULL;
+    int nmv = b->tree ? b->tree->n_moves : 0, npath = -1;
+    if (slot && (npath = zs_cuda_att_tree_plan(b->seq, b->pos, slot, b->tree->parent, T, NULL, NULL, NULL)) < 0)
+        return zs_err(ZS_EINVAL, "CUDA forward: %s", zs_cuda_take_error());
     int ntab = 0;
     for (int i = 0; i < T; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size)
             return zs_err(ZS_ERANGE, "token id %d is out of range [0, %d)", b->tokens[i], c->vocab_size);
-        if (b->pos[i] < 0 || b->pos[i] >= zs_kv_seq_len(kv, b->seq[i]) || b->pos[i] >= c->max_seq)
-            return zs_err(ZS_ERANGE, "position %d is outside the reserved context", b->pos[i]);
         if (b->logits_idx[i] >= b->n_logits)
             return zs_err(ZS_EINVAL, "forward: logits row %d of %d", b->logits_idx[i], b->n_logits);
-        if (i == 0 || b->seq[i] != b->seq[i - 1])
+        if (i == 0 || b->seq[i] != b->seq[i - 1]) {
             ntab += (zs_kv_seq_len(kv, b->seq[i]) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+            /* a windowed cache's ring must hold every position read and written (forward.c) */
+            int j = i, p0 = b->pos[i], p1 = slot ? slot[i] : b->pos[i];
+            while (zs_kv_ring(kv) && j + 1 < T && b->seq[j + 1] == b->seq[i]) {
+                j++;
+                p0 = ZS_MIN(p0, b->pos[j]);
+                p1 = ZS_MAX(p1, slot ? slot[j] : b->pos[j]);
+            }
+            if (zs_kv_ring(kv) && !zs_kv_span_ok(kv, p0, p1))
+                return zs_err(ZS_EINVAL, "forward: %d tokens of one sequence in one call are more than the "
+                              "windowed KV cache's ring holds", j - i + 1);
+        }
     }
     ZS_CHECK(zs_dev_set_current(f->dev));
     /* a run that failed part-way may have left work queued that reads the step inputs */
@@ -414,10 +449,17 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     if (se != cudaSuccess) return zs_err(ZS_EDEVICE, "CUDA device %d: %s", f->dev->id, cudaGetErrorString(se));
     step_in h, dv;
     size_t tr = f->lookup ? f->tok_row : 0, pr = f->lookup ? f->pos_row : 0;
-    size_t need = layout_inputs(NULL, T, b->n_logits, ntab, tr, pr, f->freq_row, &h);
+    size_t need = layout_inputs(NULL, T, b->n_logits, ntab, tr, pr, f->freq_row, nmv, npath, &h);
     ZS_CHECK(grow_inputs(f, need));
-    layout_inputs(f->in_h, T, b->n_logits, ntab, tr, pr, f->freq_row, &h);
-    layout_inputs(f->in_d, T, b->n_logits, ntab, tr, pr, f->freq_row, &dv);
+    layout_inputs(f->in_h, T, b->n_logits, ntab, tr, pr, f->freq_row, nmv, npath, &h);
+    layout_inputs(f->in_d, T, b->n_logits, ntab, tr, pr, f->freq_row, nmv, npath, &dv);
+    if (slot) zs_cuda_att_tree_plan(b->seq, b->pos, slot, b->tree->parent, T, h.tbase, h.tpoff, h.tpath);
+    for (int i = 0; i < nmv; i++) { /* zs_kv_copy's positions as element offsets of the K rows */
+        const zs_kv_move *mv = &b->tree->moves[i];
+        const int *bl = zs_kv_seq_blocks(kv, mv->seq);
+        h.mv_from[i] = (((int64_t)bl[mv->from / ZS_KV_BLOCK] * 2) * ZS_KV_BLOCK + mv->from % ZS_KV_BLOCK) * (int64_t)f->kvd;
+        h.mv_to[i] = (((int64_t)bl[mv->to / ZS_KV_BLOCK] * 2) * ZS_KV_BLOCK + mv->to % ZS_KV_BLOCK) * (int64_t)f->kvd;
+    }
     memset(h.sel, 0, (size_t)(b->n_logits > 0 ? b->n_logits : 1) * 4);
     /* block tables: one copy per run of consecutive tokens of a sequence */
     int nt = 0, cur = 0;
@@ -429,11 +471,11 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
             cur = nt;
             for (int j = 0; j < nblk; j++) h.tables[nt++] = bl[j];
         }
-        int p = b->pos[i];
+        int p = slot ? slot[i] : b->pos[i]; /* where its K and V go */
         int blk = h.tables[cur + p / ZS_KV_BLOCK];
         h.off[i] = (((int64_t)blk * 2) * ZS_KV_BLOCK + p % ZS_KV_BLOCK) * (int64_t)f->kvd;
         h.tokens[i] = b->tokens[i];
-        h.pos[i] = p;
+        h.pos[i] = b->pos[i];
         h.tab[i] = cur;
         if (b->logits_idx[i] >= 0) h.sel[b->logits_idx[i]] = i;
     }
@@ -494,7 +536,7 @@ int zs_forward_cuda_run(zs_forward_cuda *f, zs_weight_source *src, zs_kvcache *k
     for (int l = 0; l < c->n_layers; l++) {
         int lb = zs_bucket_layer(l);
         if ((rc = acquire(src, lb, &data)) < 0) return rc;
-        rc = layer_forward(f, l, T, &dv, data, f->res[lb]);
+        rc = layer_forward(f, l, T, nmv, &dv, data, f->res[lb]);
         rrc = release(src, lb);
         if (rc < 0) return rc;
         if (rrc < 0) return rrc;

@@ -28,6 +28,14 @@
 // the lowest first key of its rows (nothing before it is loaded, nor its block-table entry) and
 // masks each row to its own window (a template flag: the kernel without a window is unchanged).
 //
+// Token trees (zs_cuda_attention_tree; speculative decoding): the simple kernel's key loop runs over
+// positions j0..pos[t] as before, and key j is read at cache position j below the token's tree base
+// and at its path's slot from there (path[poff[t] + j - base[t]]): the same keys in the same order
+// as the token decoded alone over its path, so the same bits. The tiled kernel has no tree mask (it
+// shares a sequence's keys between the rows of a tile): every token of a sequence with tree rows
+// takes simple, in every mode; the other sequences' tokens go as without a tree.
+// kv_copy applies the tree's KV moves.
+//
 // Which kernel runs (zs_cuda_attention): ZS_CUDA_ATTN=simple -> simple for every token,
 // ZS_CUDA_ATTN=tiled -> tiled for every token, otherwise (auto) tiled for the tokens that share
 // their sequence with a neighbouring batch token (prefill, chunks) and simple for the others
@@ -69,8 +77,34 @@ extern "C" int zs_cuda_kv_store(float *pool, const float *k, int ldk, const floa
     return zs_cuda_kv_store_dt(pool, ZS_DT_F32, k, ldk, v, ldv, off, T, kvd, stream);
 }
 
+// The KV moves of a verified tree (zs_kv_copy's, in order: a later move may read an earlier one's
+// destination): one block, a barrier between moves. Bits as stored (2- or 4-byte elements).
+__global__ static void kv_copy_kernel(void *pool, int esz, const int64_t *from, const int64_t *to, int n, int kvd) {
+    for (int m = 0; m < n; m++) {
+        size_t f = (size_t)from[m], d = (size_t)to[m];
+        for (int i = threadIdx.x; i < 2 * kvd; i += blockDim.x) {
+            size_t o = i < kvd ? (size_t)i : (size_t)ZS_KV_BLK * kvd + (size_t)(i - kvd); // K row, then V row
+            if (esz == 4) ((uint32_t *)pool)[d + o] = ((const uint32_t *)pool)[f + o];
+            else ((uint16_t *)pool)[d + o] = ((const uint16_t *)pool)[f + o];
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" int zs_cuda_kv_copy(void *pool, int kvdt, const int64_t *from, const int64_t *to, int n, int kvd,
+                               void *stream) {
+    if (!kv_dt_ok(kvdt)) return zs_cuda_refuse("kv copy: cache element type %d (f32, f16 or bf16)", kvdt);
+    if (n <= 0) return 0;
+    ZS_LAUNCH(kv_copy_kernel, 1, 256, 0, (cudaStream_t)stream, pool, kvdt == ZS_DT_F32 ? 4 : 2, from, to, n, kvd);
+    return zs_launch_ok();
+}
+
 // Token t shares its block table (its sequence) with a neighbouring token of the batch: the
 // tokens of the tiled kernel in auto mode; the others are the simple kernel's.
+// Token t is of a sequence with tree rows in the call (zs_cuda_att_tree_plan: base >= 0): the
+// simple kernel's, whatever the mode; rows of other sequences go as before.
+static __device__ __forceinline__ bool att_tree_row(const int32_t *tbase, int t) { return tbase && tbase[t] >= 0; }
+
 static __device__ __forceinline__ bool att_in_run(const int32_t *tab, int t, int T) {
     int b = tab[t];
     return (t > 0 && tab[t - 1] == b) || (t + 1 < T && tab[t + 1] == b);
@@ -80,6 +114,7 @@ static __device__ __forceinline__ bool att_in_run(const int32_t *tab, int t, int
 struct att_args {
     float scale, cap;
     int window;
+    const zs_cuda_att_tree *tree; // a token tree (simple kernel only), or NULL
 };
 
 // ---- simple ----
@@ -88,15 +123,22 @@ template <int R, int GT>
 __global__ static void __launch_bounds__(ATT_WARPS * 32)
 attn_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int kdt, const int32_t *tables,
             const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale, float cap,
-            int window, int group, int nsub, int only_single) {
+            int window, int group, int nsub, int only_single, const int32_t *tbase, const int32_t *tpoff,
+            const int32_t *tpath) {
     __shared__ float s_acc[ATT_WARPS][GT][R * 32];
     __shared__ float s_m[ATT_WARPS][GT], s_l[ATT_WARPS][GT];
     // the token in x (up to 2^31 - 1 blocks), (kv head, subgroup) in y
     int t = blockIdx.x, kh = blockIdx.y / nsub, sub = blockIdx.y % nsub;
-    if (only_single && att_in_run(tab, t, T)) return; // the tiled kernel's token (block-uniform)
+    // only_single 1 (auto): the tiled kernel's tokens are left to it; 2: the tree's tokens only
+    // (block-uniform)
+    if (only_single == 1 && att_in_run(tab, t, T) && !att_tree_row(tbase, t)) return;
+    if (only_single == 2 && !att_tree_row(tbase, t)) return;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int kvd = nkv * hd, p = pos[t];
     const int32_t *bt = tables + tab[t];
+    // a token tree: keys from tb on are the slots of the token's path (tp[0] its root's); else none
+    const int tb = att_tree_row(tbase, t) ? tbase[t] : INT_MAX;
+    const int32_t *tp = tbase ? tpath + tpoff[t] : NULL;
     float qr[GT][R], acc[GT][R], m[GT], l[GT];
 #pragma unroll
     for (int g = 0; g < GT; g++) {
@@ -114,7 +156,9 @@ attn_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int k
     // the first key: 0, or the window's (warps with no key keep l = 0 and drop out of the merge)
     const int j0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
     for (int j = j0 + warp; j <= p; j += ATT_WARPS) {
-        size_t kb = ((size_t)bt[j / ZS_KV_BLK] * 2 * ZS_KV_BLK + (j % ZS_KV_BLK)) * kvd + (size_t)kh * hd;
+        // key j in the order of positions; a tree token's path keys live at their slots
+        const int js = j < tb ? j : tp[j - tb];
+        size_t kb = ((size_t)bt[js / ZS_KV_BLK] * 2 * ZS_KV_BLK + (js % ZS_KV_BLK)) * kvd + (size_t)kh * hd;
         size_t vb = kb + (size_t)ZS_KV_BLK * kvd;
         float kr[R], vr[R];
 #pragma unroll
@@ -168,8 +212,10 @@ template <int R, int GT>
 static void attn_launch(dim3 grid, cudaStream_t s, void *out, int odt, const float *q, int ldq,
                         const void *pool, int kdt, const int32_t *tables, const int32_t *tab, const int32_t *pos,
                         int T, int nh, int nkv, int hd, const att_args &a, int group, int nsub, int only_single) {
+    const zs_cuda_att_tree *tr = a.tree;
     ZS_LAUNCH((attn_kernel<R, GT>), grid, ATT_WARPS * 32, 0, s, out, odt, q, ldq, pool, kdt, tables, tab, pos, T,
-              nh, nkv, hd, a.scale, a.cap, a.window, group, nsub, only_single);
+              nh, nkv, hd, a.scale, a.cap, a.window, group, nsub, only_single, tr ? tr->base : NULL,
+              tr ? tr->poff : NULL, tr ? tr->path : NULL);
 }
 
 template <int GT>
@@ -217,7 +263,7 @@ template <int D, bool WIN>
 __global__ static void __launch_bounds__(TL_WARPS * 32)
 attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool, int kdt, const int32_t *tables,
                   const int32_t *tab, const int32_t *pos, int T, int nh, int nkv, int hd, float scale,
-                  float cap, int window, int group, int gq, int nsub, int bq, int only_runs) {
+                  float cap, int window, int group, int gq, int nsub, int bq, int only_runs, const int32_t *tbase) {
     constexpr int C = D / 32; // output columns per lane
     ZS_EXTERN_SHARED(float4, tl_smem4); // float4: 16-byte alignment for the Q reads
     float *sQ = (float *)tl_smem4;       // [TL_R][D] query rows, scaled; each warp owns its 8 rows
@@ -236,7 +282,7 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
 #pragma unroll
     for (int i = 0; i < TL_ROWS; i++) {
         int r = warp * TL_ROWS + i, tq = r / gq, hg = sub * gq + r % gq, t = t0 + tq;
-        bool ok = tq < bq && t < t1 && hg < group && (!only_runs || att_in_run(tab, t, T));
+        bool ok = tq < bq && t < t1 && hg < group && (!only_runs || att_in_run(tab, t, T)) && !att_tree_row(tbase, t);
         rt[i] = ok ? t : -1;
         rp[i] = ok ? pos[t] : -1;
         m[i] = -INFINITY;
@@ -255,7 +301,7 @@ attn_tiled_kernel(void *out, int odt, const float *q, int ldq, const void *pool,
         // key of the segment's rows
         int kvlen = 0, kvlo = INT_MAX;
         for (int t = s0; t < s1; t++)
-            if (!only_runs || att_in_run(tab, t, T)) {
+            if ((!only_runs || att_in_run(tab, t, T)) && !att_tree_row(tbase, t)) {
                 kvlen = max(kvlen, pos[t] + 1);
                 if (WIN) kvlo = min(kvlo, max(0, pos[t] - window + 1));
             }
@@ -377,7 +423,7 @@ static int tiled_launch_w(dim3 grid, cudaStream_t s, void *out, int odt, const f
     if (smem > 48 * 1024) {
         // above the default 48 KiB: opt in (per device, so on every call; cheap)
         void (*kfn)(void *, int, const float *, int, const void *, int, const int32_t *, const int32_t *,
-                    const int32_t *, int, int, int, int, float, float, int, int, int, int, int, int) =
+                    const int32_t *, int, int, int, int, float, float, int, int, int, int, int, int, const int32_t *) =
             attn_tiled_kernel<D, WIN>;
         cudaError_t e = cudaFuncSetAttribute((const void *)kfn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) {
@@ -387,7 +433,8 @@ static int tiled_launch_w(dim3 grid, cudaStream_t s, void *out, int odt, const f
         }
     }
     ZS_LAUNCH((attn_tiled_kernel<D, WIN>), grid, TL_WARPS * 32, smem, s, out, odt, q, ldq, pool, kdt, tables, tab,
-              pos, T, nh, nkv, hd, a.scale, a.cap, a.window, group, gq, nsub, bq, only_runs);
+              pos, T, nh, nkv, hd, a.scale, a.cap, a.window, group, gq, nsub, bq, only_runs,
+              a.tree ? a.tree->base : NULL);
     return zs_launch_ok();
 }
 
@@ -447,6 +494,7 @@ static att_args att_resolve(const zs_cuda_att_params *ap, int hd) {
     a.scale = ap && ap->scale != 0.0f ? ap->scale : 1.0f / sqrtf((float)hd);
     a.cap = ap && ap->softcap > 0.0f ? ap->softcap : 0.0f;
     a.window = ap && ap->window > 0 && ap->window < (1 << 30) ? ap->window : 0;
+    a.tree = NULL;
     return a;
 }
 
@@ -462,8 +510,15 @@ static int attn_run(int impl, void *out, int odt, const float *q, int ldq, const
     cudaStream_t s = (cudaStream_t)stream;
     if (impl == ZS_CUDA_ATTN_SIMPLE)
         return attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 0, s);
-    if (impl == ZS_CUDA_ATTN_TILED)
-        return attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 0, s);
+    // a tree: its sequences' tokens take the simple kernel whatever the mode (the tiled one shares
+    // a sequence's keys between its rows, a tree's branches do not), so a tree row gets the decode
+    // kernel's bits; the tiled kernel skips them
+    if (impl == ZS_CUDA_ATTN_TILED) {
+        int rc = a.tree ? attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 2, s)
+                        : 0;
+        if (rc == 0) rc = attn_tiled(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 0, s);
+        return rc;
+    }
     // auto: each token is exactly one kernel's (att_in_run decides the same way in both)
     int rc = attn_simple(out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, 1, s);
     if (rc == 0 && T > 1)
@@ -474,7 +529,7 @@ static int attn_run(int impl, void *out, int odt, const float *q, int ldq, const
 extern "C" int zs_cuda_attention_dt(int impl, void *out, int odt, const float *q, int ldq, const void *pool,
                                     int kvdt, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
                                     int n_heads, int n_kv_heads, int hd, float scale, void *stream) {
-    att_args a = {scale, 0.0f, 0};
+    att_args a = {scale, 0.0f, 0, NULL};
     return attn_run(impl, out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, stream);
 }
 
@@ -484,6 +539,50 @@ extern "C" int zs_cuda_attention_ex(int impl, void *out, int odt, const float *q
                                     void *stream) {
     att_args a = att_resolve(ap, hd);
     return attn_run(impl, out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, stream);
+}
+
+extern "C" int zs_cuda_attention_tree(int impl, void *out, int odt, const float *q, int ldq, const void *pool,
+                                      int kvdt, const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
+                                      int n_heads, int n_kv_heads, int hd, const zs_cuda_att_params *ap,
+                                      const zs_cuda_att_tree *tree, void *stream) {
+    att_args a = att_resolve(ap, hd);
+    if (tree && (!tree->base || !tree->poff || !tree->path))
+        return zs_cuda_refuse("attention: a token tree needs base, poff and path");
+    a.tree = tree;
+    return attn_run(impl, out, odt, q, ldq, pool, kvdt, tables, tab, pos, T, n_heads, n_kv_heads, hd, a, stream);
+}
+
+// The host plan of a tree (kernels.h): walks each tree token's parents once.
+extern "C" int zs_cuda_att_tree_plan(const int32_t *seq, const int32_t *pos, const int32_t *slot,
+                                     const int32_t *parent, int T, int32_t *base, int32_t *poff, int32_t *path) {
+    int n = 0;
+    for (int a = 0, b = 0; a < T; a = b) {
+        // a sequence's run a..b-1: does it hold a tree row? (no: base -1, any kernel)
+        int tree = 0;
+        for (b = a; b < T && seq[b] == seq[a]; b++) tree |= parent && parent[b] >= 0;
+        for (int t = a; t < b; t++) {
+            if (!parent || parent[t] < 0) { // causal: every key at its own position
+                if (base) {
+                    base[t] = tree ? pos[t] + 1 : -1;
+                    poff[t] = 0;
+                }
+                continue;
+            }
+            int r = t, depth = 0;
+            while (parent[r] >= 0) {
+                if (parent[r] >= r) return zs_cuda_refuse("attention tree: row %d has parent %d", r, parent[r]);
+                r = parent[r];
+                depth++;
+            }
+            if (base) {
+                base[t] = pos[r];
+                poff[t] = n;
+                for (int x = t, i = depth; i >= 0; i--, x = parent[x]) path[n + i] = slot[x]; // root first
+            }
+            n += depth + 1;
+        }
+    }
+    return n;
 }
 
 extern "C" int zs_cuda_attention_impl(int impl, void *out, int odt, const float *q, int ldq, const float *pool,

@@ -9,7 +9,7 @@
  * One file per family: convert.cu (casts), embed.cu, norm.cu (RMSNorm with Gemma's weight offset,
  * LayerNorm), rope.cu (default, given and per-token frequencies, attention factor), act.cu (GELU,
  * SwiGLU, GeGLU, soft-capping, scaling, add, bias, softmax, argmax), attention.cu (paged KV store
- * and causal attention with GQA, a score scale, soft-capping and a sliding window),
+ * and causal attention with GQA, a score scale, soft-capping, a sliding window and token trees),
  * matmul-quant.cu (products over ggml block weights, ZS_Q8_0 .. ZS_Q6_K),
  * backward.cu (the backward of all of these for training), launch.cu (the per-thread launch
  * error). */
@@ -148,6 +148,30 @@ int zs_cuda_attention_dt(int impl, void *out, int odt, const float *q, int ldq, 
 int zs_cuda_attention_ex(int impl, void *out, int odt, const float *q, int ldq, const void *pool, int kvdt,
                          const int32_t *tables, const int32_t *tab, const int32_t *pos, int T,
                          int n_heads, int n_kv_heads, int hd, const zs_cuda_att_params *ap, void *stream);
+/* Token trees (speculative decoding; the CPU's zs_att_tree, kernels/cpu/attention.h, whose mask
+ * this is): per query token t, device arrays: keys at positions j < base[t] are read at cache
+ * position j; keys base[t] <= j <= pos[t] at cache position path[poff[t] + j - base[t]], the slots
+ * of its path (root, ..., itself). A causal token of a sequence with tree rows in the call has
+ * base[t] = pos[t] + 1, one of another sequence -1. The window counts positions (j), not slots.
+ * zs_cuda_attention_tree is zs_cuda_attention_ex with a tree (NULL: the same exactly); with one,
+ * the tokens with base >= 0 take the simple kernel whatever impl (the tiled kernel shares a
+ * sequence's keys between its rows, a tree's branches do not), so a tree row gets the bits the
+ * simple kernel gives the same token decoded alone over its path; the others go as impl says.
+ * zs_cuda_att_tree_plan fills base, poff, path on the host from the batch's seq and zs_batch.tree's
+ * slot and parent (parent NULL or -1: causal; a sequence's tokens consecutive) and returns path's
+ * length; base NULL: only the length. -1 with the reason when a parent is not an earlier row. */
+typedef struct {
+    const int32_t *base, *poff, *path;
+} zs_cuda_att_tree;
+int zs_cuda_attention_tree(int impl, void *out, int odt, const float *q, int ldq, const void *pool, int kvdt,
+                           const int32_t *tables, const int32_t *tab, const int32_t *pos, int T, int n_heads,
+                           int n_kv_heads, int hd, const zs_cuda_att_params *ap, const zs_cuda_att_tree *tree,
+                           void *stream);
+int zs_cuda_att_tree_plan(const int32_t *seq, const int32_t *pos, const int32_t *slot, const int32_t *parent, int T,
+                          int32_t *base, int32_t *poff, int32_t *path);
+/* The KV moves of zs_batch.tree on one layer's pool (zs_kv_copy): n moves in order, the K and V
+ * rows at element offset from[i] (the K row's, as kv_store's off) copied bit for bit to to[i]. */
+int zs_cuda_kv_copy(void *pool, int kvdt, const int64_t *from, const int64_t *to, int n, int kvd, void *stream);
 int zs_cuda_attention_mode(void);
 const char *zs_cuda_attention_mode_name(int mode); /* "auto", "simple", "tiled" */
 

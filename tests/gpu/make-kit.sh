@@ -2,7 +2,8 @@
 # tests/gpu/make-kit.sh — `make gpu-kit`: prepares, on this machine, everything tests/gpu/run.sh
 # needs on a bare GPU machine that has CUDA's driver and libraries but none of the Debian
 # packages the build uses and no network. Writes the git-ignored folder gpu-kit/:
-#   gpu-kit/bin/      zeroserve, test-cuda, test-backend-ops, test-embed, test-train-cuda, e2e-gpu, bench-gpu, built here with
+#   gpu-kit/bin/      zeroserve, test-cuda, test-backend-ops, test-embed, test-train-cuda, test-cuda-tree, e2e-gpu,
+#                     bench-gpu, built here with
 #                     nvcc (sm_80 and sm_90); cuBLAS and NCCL are loaded at run time, wherever the
 #                     machine keeps them (engine/runtime/cublas-cuda.c, engine/comm/comm-nccl.c)
 #   gpu-kit/lib/      the shared libraries those programs link that a bare machine may lack
@@ -20,7 +21,7 @@ BUILD=${BUILD:-build}
 SHARED=${ZS_SHARED:-../shared}
 KIT=${KIT:-gpu-kit}
 MAX=${KIT_MAX_MIB:-48}
-PROGS="zeroserve $BUILD/tests/test-cuda $BUILD/tests/test-backend-ops $BUILD/tests/test-embed $BUILD/tests/test-train-cuda $BUILD/tests/gpu/e2e-gpu $BUILD/tests/gpu/bench-gpu"
+PROGS="zeroserve $BUILD/tests/test-cuda $BUILD/tests/test-backend-ops $BUILD/tests/test-embed $BUILD/tests/test-train-cuda $BUILD/tests/test-cuda-tree $BUILD/tests/gpu/e2e-gpu $BUILD/tests/gpu/bench-gpu"
 
 command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] ||
     { echo "make-kit: nvcc not found: the kit is built where the CUDA toolkit is" >&2; exit 1; }

@@ -12,6 +12,9 @@
 #   test-backend-ops   every CUDA kernel against the CPU op
 #   test-embed  embedding rows looked up on the host (inference layout) against the old layout,
 #             on the device too
+#   tree-gpu  test-cuda-tree: token trees (speculative decoding) on the device: the tree attention
+#             against the CPU op, the KV moves, a tree pass against each path decoded alone (it
+#             prints how many rows differ in some bit: docs/gpu.md "what holds")
 #   e2e-gpu   the fixtures' reference outputs on the device: f32/bf16 x ranks 1/2 x offload
 #             none/cpu/nvme; a random model of every llama-family architecture (Llama with RoPE
 #             scaling, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3) against the CPU engine
@@ -112,12 +115,13 @@ else
     rm -f zeroserve
     if ! run_step build 300 make BUILD="$BUILD" CUDA=1 zeroserve "$BUILD/tests/test-cuda" \
             "$BUILD/tests/test-backend-ops" "$BUILD/tests/test-embed" "$BUILD/tests/test-train-cuda" \
+            "$BUILD/tests/test-cuda-tree" \
             "$BUILD/tests/gpu/e2e-gpu" "$BUILD/tests/gpu/bench-gpu"; then
         tail -n 40 "$LOG"
         finish failed "no gpu-kit/ and the build failed (see gpu-run.log; make the kit with: make gpu-kit)" 1
     fi
     B=$BUILD/tests
-    mkdir -p "$BUILD/kitview" && for p in test-cuda test-backend-ops test-embed test-train-cuda; do ln -sf "$PWD/$BUILD/tests/$p" "$BUILD/kitview/$p"; done
+    mkdir -p "$BUILD/kitview" && for p in test-cuda test-backend-ops test-embed test-train-cuda test-cuda-tree; do ln -sf "$PWD/$BUILD/tests/$p" "$BUILD/kitview/$p"; done
     for p in e2e-gpu bench-gpu; do ln -sf "$PWD/$BUILD/tests/gpu/$p" "$BUILD/kitview/$p"; done
     B=$BUILD/kitview
 fi
@@ -190,6 +194,13 @@ export ZS_LOG=${ZS_LOG:-warn}
 run_step test-backend-ops 150 "$B/test-backend-ops"
 run_step test-embed 60 env TMPDIR="$WORK" "$B/test-embed"
 run_step e2e-gpu 180 env TMPDIR="$WORK" "$B/e2e-gpu" "$OUT/e2e.json"
+if [ -x "$B/test-cuda-tree" ]; then
+    run_step tree-gpu 40 env TMPDIR="$WORK" "$B/test-cuda-tree"
+    grep -E 'vs plain decoding' "$LOG" | tail -n 8
+else
+    say "tree-gpu: $B/test-cuda-tree is not in the kit (tests/gpu/make-kit.sh PROGS)"
+    add_step tree-gpu 1 0 "test-cuda-tree is not in the kit"
+fi
 if [ -x "$B/test-train-cuda" ]; then
     run_step train-gpu 90 env TMPDIR="$WORK" "$B/test-train-cuda"
 else
