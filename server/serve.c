@@ -429,7 +429,7 @@ int zs_cmd_serve(int argc, char **argv) {
         {"spec-tokens", ZS_OPT_INT, &spec_tokens, "drafts per sequence and step (default 0: chosen from the measured "
                                                    "stream and compute times; at most 16)"},
         {"spec-tree", ZS_OPT_STR, &spec_tree, "on | off: drafts may branch (several continuations verified in one pass; "
-                                               "the CPU forward only so far; default off)"},
+                                               "default off)"},
         {"max-body-bytes", ZS_OPT_I64, &max_body, "largest request body (default 8388608)"},
         {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | gemma | phi3 | mistral | plain (default auto)"},
         {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name, or the GGUF file's without .gguf)"},
@@ -495,7 +495,7 @@ int zs_cmd_serve(int argc, char **argv) {
      * bits), T=0.8 over 8 seeds 1.366 against 1.363; stories260K greedy 1.330 both, T=1 1.079
      * against 1.066. Copied text mostly has one continuation, so a tree is a chain, and its side
      * branches take rows from the main one. On is for text with several likely continuations
-     * (the CPU forward only so far: on CUDA the scheduler keeps chains). */
+     * (the draft model proposes chains only). */
     so.sched.spec_tree = !strcmp(spec_tree, "on");
     so.speculative = speculative;
     so.draft_model = draft_model;

@@ -123,6 +123,8 @@ struct zs_sched {
     zs_spec *spec;                        /* the draft proposer, or NULL (borrowed) */
     int spec_tokens;                      /* zs_sched_opts.spec_tokens */
     int spec_tree;                        /* zs_sched_opts.spec_tree (with a proposer) */
+    int chains_as_trees;                  /* CUDA: drafts always go as zs_batch.tree rows (the simple
+                                             attention kernel, plain decoding's; docs/gpu.md) */
     int spec_on;                          /* drafts may be put in steps (a proposer, or constraints) */
     double cost_io, cost_tok;             /* sched-spec.c: a pass's stream time, compute per token (s) */
     double spec_logged_k;                 /* the last drafts-per-sequence figure logged */

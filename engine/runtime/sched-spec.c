@@ -45,11 +45,9 @@ int zs_sched_spec_init(zs_sched *s, const zs_sched_opts *o) {
     /* constrained requests' forced tokens are drafts even without a proposer */
     s->spec_on = !(o && o->no_drafts);
     s->spec_tree = s->spec && o && o->spec_tree;
-    /* the tree mask is in the CPU attention only so far (world.c refuses tree batches on CUDA) */
-    if (s->spec_tree && zs_engine_device(s->e) == ZS_DEVICE_CUDA) {
-        zs_log_info("speculation: token trees need the CPU forward so far; drafts go in as chains");
-        s->spec_tree = 0;
-    }
+    /* a chain in causal rows of a chunk takes CUDA's tiled attention, whose sums run in another
+     * order than a lone decode token's; as a tree it takes the simple kernel, as decoding does */
+    s->chains_as_trees = zs_engine_device(s->e) == ZS_DEVICE_CUDA;
     size_t n = (size_t)s->max_seqs * ZS_SPEC_MAX_TOKENS;
     s->spec_reqs = calloc((size_t)s->max_seqs, sizeof *s->spec_reqs);
     s->spec_buf = malloc(n * sizeof *s->spec_buf);

@@ -126,7 +126,7 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
                 b->row_req[nl++] = r;
                 n++;
             }
-            any_tree |= nd > 0 && r->tree;
+            any_tree |= nd > 0 && (r->tree || s->chains_as_trees);
             for (int m = 0; m < r->n_moves; m++) b->moves[nm++] = r->moves[m];
             r->n_moves = 0;
             any_lora |= r->lora != NULL;

@@ -67,13 +67,8 @@ static void run_rank(rank_t *r) {
     int rc = 0;
     if (r->batch && r->batch->n > 0) {
         zs_weight_source src = zs_gather_source(r->g);
-        const zs_batch_tree *t = r->batch->tree;
-        /* token trees and KV moves: the CPU forward only so far (the CUDA one would ignore them) */
-        if (r->cfwd && t && (t->slot || t->n_moves))
-            rc = zs_err(ZS_EUNSUPPORTED, "CUDA forward: token trees (zs_batch.tree) run on the CPU device only so far");
-        else
-            rc = r->cfwd ? zs_forward_cuda_run(r->cfwd, &src, r->kv, r->batch, r->logits)
-                         : zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
+        rc = r->cfwd ? zs_forward_cuda_run(r->cfwd, &src, r->kv, r->batch, r->logits)
+                     : zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
         if (rc < 0) snprintf(r->err, sizeof r->err, "%s", zs_errmsg());
     }
     zs_gather_pass_end(r->g);
