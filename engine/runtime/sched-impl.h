@@ -127,6 +127,7 @@ struct zs_sched {
                                              attention kernel, plain decoding's; docs/gpu.md) */
     int spec_on;                          /* drafts may be put in steps (a proposer, or constraints) */
     double cost_io, cost_tok;             /* sched-spec.c: a pass's stream time, compute per token (s) */
+    double cost_prop;                     /* sched-spec.c: the proposer's time per draft asked for (s) */
     double spec_logged_k;                 /* the last drafts-per-sequence figure logged */
     zs_spec_req *spec_reqs;               /* scratch [max_seqs] */
     int32_t *spec_buf;                    /* scratch [max_seqs * ZS_SPEC_MAX_TOKENS] */

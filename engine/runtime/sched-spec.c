@@ -5,7 +5,9 @@
  * The budget follows the measured cost. Every step's time is split into compute and the gather's
  * stall (time the compute waited for streamed weights); from them the scheduler keeps the pass's
  * stream time (cost_io) and the compute per token (cost_tok), and predicts a pass of n tokens to
- * take max(cost_io, n * cost_tok): while the pass waits for the stream, more tokens are free. Each
+ * take max(cost_io, n * cost_tok), plus the proposer's time per draft (cost_prop: a draft model's
+ * steps run before the pass, on this thread): while the pass waits for the stream, more tokens are
+ * free. Each
  * sequence has an acceptance rate a (its drafts accepted over tried, decayed); its j-th draft
  * yields a token with probability a^j. Drafts are added one at a time, the most likely first,
  * while the expected tokens per second of the step grow and the rank's batch has room. So
@@ -96,7 +98,8 @@ static void choose(const zs_sched *s, zs_request **reqs, int n, int base, int ro
             }
         }
         if (best < 0) break;
-        double t2 = pass_time(s, base + used + 1);
+        /* the proposer runs before the pass on this thread: its time is the step's too */
+        double t2 = pass_time(s, base + used + 1) + s->cost_prop * (used + 1);
         if ((tokens + gain) / t2 <= tokens / t) break; /* the pass would not yield more per second */
         k[best]++;
         used++;
@@ -288,10 +291,15 @@ void zs_sched_spec_plan(zs_sched *s, const int *base, const int *room) {
             left -= want;
         }
     }
+    double t0 = zs_now();
     if (nreq > 0 && zs_spec_propose(s->spec, s->spec_reqs, nreq) < 0) {
         zs_log_warn("speculation: the %s proposer failed (%s); this step runs without drafts", zs_spec_name(s->spec),
                     zs_errmsg());
         return;
+    }
+    if (nreq > 0 && ksum > 0) {
+        double per = (zs_now() - t0) / ksum;
+        s->cost_prop = s->cost_prop > 0 ? (1 - COST_EWMA) * s->cost_prop + COST_EWMA * per : per;
     }
     for (int q = 0; q < nreq; q++) {
         zs_request *r = (zs_request *)s->spec_reqs[q].key;
