@@ -2,9 +2,20 @@
  * (engine/text/jsonschema.c):
  *  - every document of tests/ref/jsonschema/corpus.json (~20 schemas, valid documents and
  *    near-misses, labelled by Python's jsonschema: tests/ref/make_jsonschema_ref.py) fed byte by
- *    byte gets the label's verdict (valid iff every byte is accepted and the value is done);
+ *    byte gets the label's verdict (valid iff every byte is accepted and the value is done;
+ *    documents jsonschema accepts in a spelling the matcher refuses on purpose — whitespace
+ *    outside strings, keys out of the schema's order — are labelled so and must be refused);
  *  - unsupported keywords fail with a message naming the keyword and its JSON pointer;
- *  - a rejected feed leaves the state unchanged; whitespace runs are bounded;
+ *  - a rejected feed leaves the state unchanged; whitespace outside strings is refused at every
+ *    gap, inside strings taken; keys follow "properties", optional ones may be left out, required
+ *    ones not; any-object takes keys in any order;
+ *  - forced bytes (zs_jschema_forced): hand-made cases (required keys, a const, enums once one
+ *    value is left, maxItems, json_object's '{', the cap, done), and along every accepted corpus
+ *    document at every place: the forced bytes are the only byte that may follow, one after the
+ *    other (feeding all 256), the document continues with them, and where none is forced there
+ *    is a choice or nothing (done);
+ *  - zs_jschema_mask_spell spells those runs in stories260K's and GPT-2's tokens, longest first
+ *    (every other token checked), lowest id among equal ones, k bounding the count;
  *  - the mask equals per-token feeding (every token of stories260K, a sample of GPT-2's) along
  *    corpus documents, EOS exactly when done;
  *  - random masked generation (GPT-2 tokenizer and stories260K, several seeds per schema) gives
@@ -45,7 +56,7 @@ static zs_jschema *compile_json(const json_t *schema) {
 static void test_corpus(json_t *corpus) {
     json_t *schemas = json_object_get(corpus, "schemas");
     CHECK(json_array_size(schemas) >= 20, "corpus has %zu schemas", json_array_size(schemas));
-    size_t i, n_docs = 0, n_valid = 0;
+    size_t i, n_docs = 0, n_valid = 0, n_ws = 0, n_order = 0;
     json_t *e;
     json_array_foreach(schemas, i, e) {
         const char *name = json_string_value(json_object_get(e, "name"));
@@ -55,10 +66,13 @@ static void test_corpus(json_t *corpus) {
         json_t *d;
         json_array_foreach(json_object_get(e, "docs"), j, d) {
             const char *doc = json_string_value(json_object_get(d, "doc"));
-            int want = json_is_true(json_object_get(d, "valid"));
+            const char *refused = json_string_value(json_object_get(d, "refused"));
+            int want = json_is_true(json_object_get(d, "valid")) && !refused;
             int got = accepts(g, doc, strlen(doc));
-            CHECK(got == want, "schema %s: document %s: matcher says %s, jsonschema says %s", name, doc,
-                  got ? "valid" : "invalid", want ? "valid" : "invalid");
+            CHECK(got == want, "schema %s: document %s: matcher says %s, jsonschema says %s%s%s", name, doc,
+                  got ? "valid" : "invalid", json_is_true(json_object_get(d, "valid")) ? "valid" : "invalid",
+                  refused ? ", refused for its " : "", refused ? refused : "");
+            if (refused) n_ws += !strcmp(refused, "whitespace"), n_order += !strcmp(refused, "key order");
             /* whole-document feed agrees with byte-by-byte feed */
             zs_jschema_state st;
             zs_jschema_state_init(g, &st);
@@ -70,7 +84,10 @@ static void test_corpus(json_t *corpus) {
         zs_jschema_free(g);
     }
     CHECK(n_docs >= 400 && n_valid >= 50 && n_docs - n_valid >= 200, "corpus: %zu docs, %zu valid", n_docs, n_valid);
-    fprintf(stderr, "corpus: %zu documents (%zu valid) agree with jsonschema\n", n_docs, n_valid);
+    CHECK(n_ws >= 50 && n_order >= 10, "corpus: %zu documents with whitespace outside strings, %zu with keys out of "
+          "order (valid JSON Schema, refused spellings)", n_ws, n_order);
+    fprintf(stderr, "corpus: %zu documents (%zu valid; %zu more refused for whitespace, %zu for key order) agree with "
+            "jsonschema\n", n_docs, n_valid, n_ws, n_order);
 }
 
 static void expect_refused(const char *schema, const char *kw, const char *ptr) {
@@ -139,9 +156,24 @@ static void test_matcher_rules(void) {
     CHECK(!zs_jschema_done(g, &st), "open object is not done");
     CHECK(zs_jschema_feed(g, &st, "}", 1) && zs_jschema_done(g, &st), "close");
     CHECK(!zs_jschema_feed(g, &st, " ", 1) && !zs_jschema_feed(g, &st, "}", 1), "nothing after the root");
-    CHECK(accepts(g, "{\n   \"a\":1}", 11), "ws run of 4 bytes");
-    CHECK(!accepts(g, "{\n    \"a\":1}", 12), "ws run of 5 bytes is over the bound");
-    CHECK(accepts(g, "{\"a\" : 1 , \"b\" :\t\"x\"\n}", 22), "ws around tokens");
+    /* no whitespace outside strings: every gap of a compact document refuses each of the four */
+    const char *compact = "{\"a\":-12,\"b\":\"x y\"}";
+    CHECK(accepts_s(g, compact), "compact");
+    int refused = 0, tried = 0;
+    for (size_t i = 0; i <= strlen(compact); i++) {
+        if (i >= 14 && i <= 17) continue; /* inside the string "x y": whitespace is content */
+        for (const char *w = " \t\n\r"; *w; w++) {
+            char doc[64];
+            snprintf(doc, sizeof doc, "%.*s%c%s", (int)i, compact, *w, compact + i);
+            refused += !accepts_s(g, doc);
+            tried++;
+        }
+    }
+    CHECK(refused == tried, "whitespace outside strings refused at every gap (%d of %d)", refused, tried);
+    CHECK(accepts_s(g, "{\"a\":1,\"b\":\" \\n\\t x \"}"), "whitespace inside strings");
+    /* keys in the order of "properties"; optional ones may be left out */
+    CHECK(accepts_s(g, "{\"b\":\"x\"}") && accepts_s(g, "{}") && !accepts_s(g, "{\"b\":\"x\",\"a\":1}"),
+          "key order, optional keys left out");
     CHECK(!accepts(g, "{\"a\":1.0}", 9) && !accepts(g, "{\"a\":1e3}", 9) && !accepts(g, "{\"a\":01}", 8),
           "integer forms");
     CHECK(accepts_s(g, "{\"a\":-0}") && accepts_s(g, "{\"a\":-123456789012345678}") &&
@@ -152,13 +184,145 @@ static void test_matcher_rules(void) {
     CHECK(accepts_s(g, "{\"b\":\"\\u00e9\\n\xf0\x9f\x98\x80\"}"), "escapes and UTF-8");
     zs_jschema_free(g);
 
+    /* a required key cannot be skipped; an optional one can */
+    CHECK(zs_jschema_compile("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":"
+                             "\"integer\"},\"c\":{\"type\":\"integer\"}},\"required\":[\"b\"],"
+                             "\"additionalProperties\":false}", &g) == 0, "%s", zs_errmsg());
+    if (!g) return;
+    CHECK(accepts_s(g, "{\"b\":2}") && accepts_s(g, "{\"a\":1,\"b\":2,\"c\":3}") && accepts_s(g, "{\"b\":2,\"c\":3}"),
+          "optional a and c around required b");
+    CHECK(!accepts_s(g, "{\"a\":1,\"c\":3}") && !accepts_s(g, "{\"c\":3}") && !accepts_s(g, "{\"a\":1}") &&
+              !accepts_s(g, "{\"b\":2,\"a\":1}") && !accepts_s(g, "{\"b\":2,\"b\":2}"),
+          "required b not skipped, no key twice or backwards");
+    zs_jschema_free(g);
+
     CHECK(zs_jschema_any_object(&g) == 0, "any object");
     if (!g) return;
     CHECK(accepts_s(g, "{}") && accepts_s(g, "{\"x\":[1,{\"y\":null},\"s\",true,-2.5e+3],\"x\":{}}"),
           "json_object accepts objects");
     CHECK(!accepts(g, "[]", 2) && !accepts(g, "\"s\"", 3) && !accepts(g, "{\"a\":}", 6) && !accepts(g, "{", 1),
           "json_object refuses non-objects and broken JSON");
+    CHECK(accepts_s(g, "{\"b\":1,\"a\":2}") && !accepts_s(g, "{\"a\": 1}") && !accepts_s(g, " {}") &&
+              !accepts_s(g, "{\"a\":[1, 2]}"), "json_object: keys in any order, no whitespace outside strings");
     zs_jschema_free(g);
+}
+
+/* ---------------------------------------------------------------- forced bytes */
+
+/* How many bytes may follow st (feeding each of the 256: the definition zs_jschema_forced meets);
+ * *only: the last of them. */
+static int next_bytes(const zs_jschema *g, const zs_jschema_state *st, int *only) {
+    static zs_jschema_state s2;
+    int n = 0;
+    for (int c = 0; c < 256; c++) {
+        char b = (char)c;
+        zs_jschema_state_copy(&s2, st);
+        if (zs_jschema_feed(g, &s2, &b, 1)) n++, *only = c;
+    }
+    return n;
+}
+
+static void expect_forced(const zs_jschema *g, const char *fed, size_t cap, const char *want, int want_done) {
+    zs_jschema_state st;
+    zs_jschema_state_init(g, &st);
+    CHECK(zs_jschema_feed(g, &st, fed, strlen(fed)), "forced: %s is accepted", fed);
+    zs_jschema_state before = st;
+    char out[256];
+    int done = -1;
+    size_t n = zs_jschema_forced(g, &st, out, cap, &done);
+    CHECK(n == strlen(want) && !memcmp(out, want, n) && done == want_done,
+          "forced after [%s]: [%.*s] done %d, want [%s] done %d", fed, (int)n, out, done, want, want_done);
+    CHECK(!memcmp(&before, &st, sizeof st), "forced: the state is unchanged");
+}
+
+#define PERSON OBJ("\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"}") /* no required */
+#define REQ(props, req) "{\"type\":\"object\",\"properties\":{" props "},\"required\":[" req "],\"additionalProperties\":false}"
+
+static void test_forced_cases(void) {
+    zs_jschema *g = NULL;
+    CHECK(zs_jschema_compile(REQ("\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"}", "\"name\",\"age\""),
+                             &g) == 0, "%s", zs_errmsg());
+    if (!g) return;
+    expect_forced(g, "", 256, "{\"name\":\"", 0);                 /* the first key is required */
+    expect_forced(g, "", 3, "{\"n", 0);                           /* cap */
+    expect_forced(g, "{\"name\":\"Al", 256, "", 0);              /* string content is free */
+    expect_forced(g, "{\"name\":\"Al\"", 256, ",\"age\":", 0);   /* the next key is required */
+    expect_forced(g, "{\"name\":\"Al\",\"age\":3", 256, "", 0);  /* a digit or '}' */
+    expect_forced(g, "{\"name\":\"Al\",\"age\":3}", 256, "", 1); /* done */
+    CHECK(zs_jschema_forced(NULL, NULL, NULL, 0, NULL) == 0, "NULL arguments");
+    zs_jschema_free(g);
+    CHECK(zs_jschema_compile(PERSON, &g) == 0, "%s", zs_errmsg());
+    if (!g) return;
+    expect_forced(g, "", 256, "{", 0);                            /* '"' or '}': both optional */
+    expect_forced(g, "{\"", 256, "", 0);                          /* "name" or "age" */
+    expect_forced(g, "{\"n", 256, "ame\":\"", 0);
+    expect_forced(g, "{\"name\":\"x\",", 256, "\"age\":", 0);     /* only age is left */
+    zs_jschema_free(g);
+    CHECK(zs_jschema_compile(REQ("\"kind\":{\"const\":\"event\"},\"color\":{\"enum\":[\"red\",\"green\",\"blue\"]},"
+                                 "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"mon\",\"tue\"]},\"maxItems\":1},"
+                                 "\"ok\":{\"type\":\"boolean\"},\"v\":{\"enum\":[\"rose\",\"red\",12,1]}",
+                                 "\"kind\",\"color\",\"tags\",\"ok\",\"v\""), &g) == 0, "%s", zs_errmsg());
+    if (!g) return;
+    expect_forced(g, "", 256, "{\"kind\":\"event\",\"color\":\"", 0); /* a const, the enum's quote */
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"g", 256, "reen\",\"tags\":[", 0);
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[", 256, "", 0); /* '"' or ']' */
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[\"t", 256, "ue\"],\"ok\":", 0); /* maxItems */
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":f", 256, "alse,\"v\":", 0);
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":\"r", 256, "", 0); /* o, e */
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":\"re", 256, "d\"}", 1);
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":1", 256, "", 0); /* 12, 1} */
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":12", 256, "}", 1);
+    zs_jschema_free(g);
+    CHECK(zs_jschema_any_object(&g) == 0, "any object");
+    if (!g) return;
+    expect_forced(g, "", 256, "{", 0);
+    expect_forced(g, "{\"a\"", 256, ":", 0);
+    expect_forced(g, "{\"a\":1", 256, "", 0);
+    zs_jschema_free(g);
+}
+
+/* Along every document the matcher accepts, at every prefix: the forced bytes are the only byte
+ * that may follow, one after the other (checked by feeding all 256), the document continues
+ * with them, and where nothing is forced there is a choice (or nothing: done). */
+static void test_forced_corpus(json_t *corpus) {
+    json_t *schemas = json_object_get(corpus, "schemas");
+    size_t i, n_pos = 0, n_forced = 0, n_bytes = 0;
+    json_t *e;
+    json_array_foreach(schemas, i, e) {
+        zs_jschema *g = compile_json(json_object_get(e, "schema"));
+        if (!g) continue;
+        size_t j;
+        json_t *d;
+        json_array_foreach(json_object_get(e, "docs"), j, d) {
+            if (!json_is_true(json_object_get(d, "valid")) || json_object_get(d, "refused")) continue;
+            const char *doc = json_string_value(json_object_get(d, "doc"));
+            size_t len = strlen(doc);
+            zs_jschema_state st;
+            zs_jschema_state_init(g, &st);
+            char out[256];
+            size_t prev = 0;
+            int bad = 0;
+            for (size_t k = 0; k <= len && !bad; k++) {
+                int done = -1, only = -1;
+                size_t n = zs_jschema_forced(g, &st, out, sizeof out, &done);
+                int nb = next_bytes(g, &st, &only);
+                if (n > 0) bad |= nb != 1 || only != (unsigned char)out[0] || k + n > len || memcmp(doc + k, out, n);
+                else bad |= nb == 1;
+                bad |= k > 0 && prev > 0 && n != prev - 1; /* a run goes on byte by byte */
+                bad |= done != (k + n == len);
+                CHECK(!bad, "forced along %s at %zu: [%.*s] done %d, %d bytes may follow", doc, k, (int)n, out, done, nb);
+                n_pos++;
+                n_forced += n > 0;
+                n_bytes += n;
+                prev = n;
+                if (k < len) zs_jschema_feed(g, &st, doc + k, 1);
+            }
+        }
+        zs_jschema_free(g);
+    }
+    CHECK(n_forced * 4 > n_pos, "forced bytes at %zu of %zu places", n_forced, n_pos);
+    fprintf(stderr, "forced: %zu of %zu places along the corpus force bytes (%.1f on average there)\n", n_forced, n_pos,
+            (double)n_bytes / (double)(n_forced ? n_forced : 1));
 }
 
 /* ---------------------------------------------------------------- masks */
@@ -362,6 +526,87 @@ static void test_masks(json_t *corpus, tokcase *tcs, int n_tc) {
     json_decref(committed);
 }
 
+/* zs_jschema_mask_spell: the tokens spell the bytes; at each place the longest token that fits
+ * (every other token checked), the lowest id among equal ones; k bounds the count. */
+static int spell_ok(const zs_jschema_masks *m, const tokcase *tc, const char *bytes, size_t n) {
+    int32_t ids[300];
+    size_t used = 0;
+    int k = zs_jschema_mask_spell(m, bytes, n, ids, 300, &used);
+    size_t at = 0;
+    for (int t = 0; t < k; t++) {
+        size_t len;
+        const char *b = zs_tokenizer_token_bytes(tc->tok, ids[t], &len);
+        if (!b || !len || at + len > n || memcmp(bytes + at, b, len) || zs_tokenizer_is_special(tc->tok, ids[t])) {
+            CHECK(0, "%s: spelling [%.*s]: token %d does not spell its place", tc->name, (int)n, bytes, ids[t]);
+            return 0;
+        }
+        for (int id = 0; id < tc->n_vocab; id++) {
+            size_t l2;
+            const char *b2 = zs_tokenizer_token_bytes(tc->tok, id, &l2);
+            if (!b2 || !l2 || zs_tokenizer_is_special(tc->tok, id) || at + l2 > n || memcmp(bytes + at, b2, l2)) continue;
+            if (l2 > len || (l2 == len && id < ids[t])) {
+                CHECK(0, "%s: spelling [%.*s] at %zu: token %d (%zu bytes) chosen, %d (%zu bytes) fits better", tc->name,
+                      (int)n, bytes, at, ids[t], len, id, l2);
+                return 0;
+            }
+        }
+        at += len;
+    }
+    CHECK(at == used && used == n, "%s: spelling [%.*s]: %zu of %zu bytes spelled (%d tokens)", tc->name, (int)n, bytes,
+          used, n, k);
+    return at == used && used == n;
+}
+
+static void test_spell(json_t *corpus, tokcase *tcs, int n_tc) {
+    for (int t = 0; t < n_tc; t++) {
+        zs_jschema *g = NULL;
+        zs_jschema_masks *m = NULL;
+        CHECK(zs_jschema_any_object(&g) == 0 && zs_jschema_mask_new(g, tcs[t].tok, &m) == 0, "masks: %s", zs_errmsg());
+        if (!m) {
+            zs_jschema_free(g);
+            continue;
+        }
+        int n_ok = 0, n_tried = 0, n_tok = 0;
+        /* the forced runs along the first document of every schema */
+        size_t i;
+        json_t *e;
+        json_array_foreach(json_object_get(corpus, "schemas"), i, e) {
+            zs_jschema *gs = compile_json(json_object_get(e, "schema"));
+            if (!gs) continue;
+            const char *doc = json_string_value(json_object_get(json_array_get(json_object_get(e, "docs"), 0), "doc"));
+            zs_jschema_state st;
+            zs_jschema_state_init(gs, &st);
+            for (size_t k = 0; doc[k]; k++) {
+                char out[256];
+                size_t n = zs_jschema_forced(gs, &st, out, sizeof out, NULL);
+                if (n > 0) { /* every place in a run: its rest */
+                    n_ok += spell_ok(m, &tcs[t], out, n);
+                    n_tried++;
+                    int32_t ids[64];
+                    n_tok += zs_jschema_mask_spell(m, out, n, ids, 64, NULL);
+                }
+                zs_jschema_feed(gs, &st, doc + k, 1);
+            }
+            zs_jschema_free(gs);
+        }
+        const char *fixed = "{\"name\":\"\",\"arguments\":{\"city\":\"";
+        n_ok += spell_ok(m, &tcs[t], fixed, strlen(fixed));
+        n_tried++;
+        int32_t ids[4];
+        size_t used = 99;
+        int k = zs_jschema_mask_spell(m, fixed, strlen(fixed), ids, 2, &used);
+        size_t l0 = 0, l1 = 0;
+        if (k == 2) zs_tokenizer_token_bytes(tcs[t].tok, ids[0], &l0), zs_tokenizer_token_bytes(tcs[t].tok, ids[1], &l1);
+        CHECK(k == 2 && used == l0 + l1 && used < strlen(fixed), "%s: k bounds the tokens (%d, %zu bytes)", tcs[t].name,
+              k, used);
+        CHECK(zs_jschema_mask_spell(m, "", 0, ids, 4, &used) == 0 && used == 0, "nothing to spell");
+        CHECK(n_ok == n_tried && n_tried >= 20, "%s: %d of %d forced runs spelled", tcs[t].name, n_ok, n_tried);
+        fprintf(stderr, "%s: %d forced runs spelled in %d tokens\n", tcs[t].name, n_tried, n_tok);
+        zs_jschema_mask_free(m);
+        zs_jschema_free(g);
+    }
+}
+
 int main(void) {
     char path[512];
     json_error_t je;
@@ -371,6 +616,8 @@ int main(void) {
     test_corpus(corpus);
     test_refused();
     test_matcher_rules();
+    test_forced_cases();
+    test_forced_corpus(corpus);
 
     tokcase tcs[2] = {{"gpt2", NULL, 0}, {"stories260K", NULL, 0}};
     const char *dirs[2] = {"gpt2-tokenizer", "stories260K"};
@@ -386,6 +633,7 @@ int main(void) {
         }
     }
     test_masks(corpus, tcs, n_tc);
+    test_spell(corpus, tcs, n_tc);
     for (int i = 0; i < n_tc; i++) zs_tokenizer_free(tcs[i].tok);
     json_decref(corpus);
     return tu_finish("test-jsonschema");

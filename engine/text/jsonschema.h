@@ -12,13 +12,17 @@
  * Anything else -> ZS_EINVAL naming the keyword and its JSON pointer, e.g.
  * "'pattern' at /properties/name is not supported". The root must be an object schema.
  *
- * Matching rules: keys may come in any order, each at most once, every required key before '}';
- * keys and enum values are compared byte for byte with their compact JSON serialization (an
- * escaped spelling such as "\u0061" for "a" is rejected); integer means no '.'/exponent;
- * between tokens a run of at most ZS_JSCHEMA_MAX_WS whitespace bytes (space, \n, \r, \t) is
- * allowed, also before the root value, none after it; numbers have at most the
- * ZS_JSCHEMA_MAX_*_DIGITS digits per part (so neither spaces nor digits can loop forever and
- * every number parses as int64/finite double); nesting depth is capped at ZS_JSCHEMA_MAX_DEPTH. Strings must be valid UTF-8 without raw control characters.
+ * Matching rules: an object's keys come in the order of its schema's "properties", as OpenAI's
+ * structured outputs write them (each at most once; optional ones may be left out, required ones
+ * may not); keys and enum values are compared byte for byte with their compact
+ * JSON serialization (an escaped spelling such as "\u0061" for "a" is rejected); integer means
+ * no '.'/exponent; no whitespace at all outside strings (none before the root value, between
+ * tokens or after it: the compact form, which wastes no token on layout and leaves the most bytes
+ * forced, see zs_jschema_forced); numbers have at most the ZS_JSCHEMA_MAX_*_DIGITS digits per
+ * part (so digits cannot loop forever and every number parses as int64/finite double); nesting
+ * depth is capped at ZS_JSCHEMA_MAX_DEPTH. Strings must be valid UTF-8 without raw control
+ * characters. "Any JSON object" (zs_jschema_any_object) takes keys in any order, duplicates
+ * included, as JSON does.
  *
  * Ownership: zs_jschema_compile / zs_jschema_any_object return a grammar freed with
  * zs_jschema_free; zs_jschema_mask_new returns mask tables freed with zs_jschema_mask_free,
@@ -40,7 +44,6 @@
 
 #include "tokenizer.h"
 
-#define ZS_JSCHEMA_MAX_WS 4       /* longest whitespace run between two tokens */
 #define ZS_JSCHEMA_MAX_DEPTH 32   /* frames per stack (root + nested values + key) */
 #define ZS_JSCHEMA_MAX_ALTS 16    /* live anyOf alternatives */
 #define ZS_JSCHEMA_MAX_FRAMES 128 /* frames over all alternatives */
@@ -53,7 +56,7 @@ typedef struct zs_jschema zs_jschema;
 typedef struct {
     uint16_t node;  /* grammar node */
     uint8_t phase;  /* where inside that node */
-    uint8_t ws;     /* whitespace bytes in the current run */
+    uint8_t spare;  /* always 0 (frames are compared byte for byte) */
     uint32_t a;     /* phase data (count, key/enum position, UTF-8 state, property) */
     uint64_t b;     /* phase data (keys seen, candidate range) */
 } zs_jschema_frame;
@@ -81,6 +84,13 @@ void zs_jschema_state_copy(zs_jschema_state *dst, const zs_jschema_state *src);
 int zs_jschema_feed(const zs_jschema *g, zs_jschema_state *st, const char *bytes, size_t n);
 /* 1 when the bytes fed so far form a complete value (nothing more may follow). */
 int zs_jschema_done(const zs_jschema *g, const zs_jschema_state *st);
+/* The bytes the grammar forces from st (jump-forward decoding): while exactly one byte can come
+ * next and the value is not complete, that byte, fed; at most cap of them into out (not
+ * NUL-terminated). E.g. after '{' of an object whose first property is required, the key,
+ * its quotes and ':'; the rest of an enum value once one is left; "}" and "]" nothing else can
+ * close. Returns how many; *done (may be NULL): the value is complete after them. st unchanged.
+ * 0 for a NULL argument. */
+size_t zs_jschema_forced(const zs_jschema *g, const zs_jschema_state *st, char *out, size_t cap, int *done);
 
 /* Token masks. zs_jschema_mask_new builds a byte trie of every token's bytes
  * (zs_tokenizer_token_bytes; special tokens other than EOS and empty tokens are never allowed).
@@ -95,5 +105,11 @@ size_t zs_jschema_mask_words(const zs_jschema_masks *m);
  * Returns the number of allowed tokens (0: a dead end, which a supported schema never reaches
  * except at the depth cap). */
 int zs_jschema_mask(const zs_jschema_masks *m, const zs_jschema_state *st, uint32_t *allowed_bits);
+/* Spells bytes[0..n) in tokens the masks may allow (no special or empty token): at each place
+ * the longest token that is a prefix of what is left (the lowest id among tokens of the same
+ * bytes). Up to k ids into ids; returns how many, *used the bytes they cover (less than n when k
+ * ran out or no token starts with the next byte). For zs_jschema_forced's bytes this is one
+ * spelling among possibly several; the scheduler verifies it against the model's choice. */
+int zs_jschema_mask_spell(const zs_jschema_masks *m, const char *bytes, size_t n, int32_t *ids, int k, size_t *used);
 
 #endif

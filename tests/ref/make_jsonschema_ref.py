@@ -13,9 +13,12 @@ validates every document with jsonschema and stores the verdict in it.
 
 Re-run: /tmp/tv/bin/pip install jsonschema==4.26.0
         /tmp/tv/bin/python tests/ref/make_jsonschema_ref.py [--validate-generated]
-Documents are written as exact byte strings (the C test feeds them byte by byte); none uses a
-spelling the matcher deliberately refuses (escaped key spellings, 1.0 for integers, whitespace
-runs over 4 bytes, duplicate keys: see jsonschema.h)."""
+Documents are written as exact byte strings (the C test feeds them byte by byte). Two spellings
+that jsonschema accepts are refused by the matcher on purpose (jsonschema.h): whitespace outside
+strings and an object's keys out of the schema's "properties" order; such documents carry
+"refused": "whitespace" / "key order" beside "valid": true, and the C test expects the matcher to
+refuse them. None uses the other spellings it refuses (escaped key spellings, 1.0 for integers,
+duplicate keys)."""
 import copy
 import json
 import os
@@ -114,6 +117,53 @@ def dump(d, spaced=False):
     return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
+def has_ws(text):
+    """Whitespace outside strings."""
+    in_str = esc = False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in " \t\r\n":
+            return True
+    return False
+
+
+def resolve(schema, root):
+    while "$ref" in schema:
+        ref = schema["$ref"]
+        if ref == "#":
+            schema = root
+        else:
+            _, defs, name = ref.split("/", 2)
+            schema = root[defs][name]
+    return schema
+
+
+def in_order(doc, schema, root):
+    """Every object's keys in its schema's "properties" order (for anyOf: some alternative that
+    validates the value has it)."""
+    schema = resolve(schema, root)
+    if "anyOf" in schema:
+        alts = [a for a in schema["anyOf"] if Draft202012Validator(root).evolve(schema=a).is_valid(doc)]
+        return any(in_order(doc, a, root) for a in alts) if alts else True
+    if isinstance(doc, dict) and "properties" in schema:
+        order = list(schema["properties"])
+        pos = [order.index(k) for k in doc if k in order]
+        if pos != sorted(pos):
+            return False
+        return all(in_order(v, schema["properties"][k], root) for k, v in doc.items() if k in order)
+    if isinstance(doc, list) and isinstance(schema.get("items"), dict):
+        return all(in_order(v, schema["items"], root) for v in doc)
+    return True
+
+
 def corpus():
     out = []
     for name, (schema, valids) in SCHEMAS.items():
@@ -125,30 +175,35 @@ def corpus():
             if text in seen:
                 return
             seen.add(text)
-            docs.append({"doc": text, "valid": v.is_valid(json.loads(text))})
+            d = {"doc": text, "valid": v.is_valid(json.loads(text))}
+            if d["valid"] and has_ws(text):
+                d["refused"] = "whitespace"
+            elif d["valid"] and not in_order(json.loads(text), schema, schema):
+                d["refused"] = "key order"
+            docs.append(d)
 
         for d in valids:
             add(dump(d))
             add(dump(d, True))
+            if isinstance(d, dict) and len(d) > 1:  # the same keys reversed
+                add(dump(dict(reversed(list(d.items())))))
         for d in valids:
             for m in mutations(d, schema):
                 add(dump(m))
-        # textual near-misses: truncation, trailing garbage, bad whitespace/tokens
+        # textual near-misses: truncation, trailing garbage, whitespace outside strings
         t = dump(valids[0])
-        for bad in [t[:-1], t + "}", t + "x", "[" + t + "]", t.replace(":", ": ", 1), " " + t,
-                    t.replace("{", "{     ", 1)]:
+        for bad in [t[:-1], t + "}", t + "x", "[" + t + "]", t.replace(":", ": ", 1), " " + t, t + "\n",
+                    t.replace("{", "{\n  ", 1), t.replace(",", "\t,", 1)]:
             try:
                 json.loads(bad)
             except ValueError:
                 docs.append({"doc": bad, "valid": False})
                 continue
-            if bad.startswith("{     ") or bad != bad.strip():  # over-long / leading ws: matcher rule, not schema
-                continue
             add(bad)
-        # keep ~25 per schema: all valid ones and a spread of invalid ones
+        # keep all valid ones (refused spellings included) and a spread of at least 12 invalid ones
         val = [d for d in docs if d["valid"]]
         inv = [d for d in docs if not d["valid"]]
-        step = max(1, len(inv) // max(1, 25 - len(val)))
+        step = max(1, len(inv) // max(12, 25 - len(val)))
         out.append({"name": name, "schema": schema, "docs": val + inv[::step]})
     return out
 
@@ -170,7 +225,8 @@ def main():
     json.dump({"validator": "jsonschema 4.26.0 (Draft 2020-12)", "schemas": c}, open(p, "w", encoding="utf-8"),
               ensure_ascii=False, indent=1)
     print(p, len(c), "schemas", sum(len(s["docs"]) for s in c), "docs",
-          sum(d["valid"] for s in c for d in s["docs"]), "valid")
+          sum(d["valid"] for s in c for d in s["docs"]), "valid, of those refused by the matcher:",
+          sum("refused" in d for s in c for d in s["docs"]))
 
 
 if __name__ == "__main__":
