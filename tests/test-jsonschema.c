@@ -15,7 +15,9 @@
  *    other (feeding all 256), the document continues with them, and where none is forced there
  *    is a choice or nothing (done);
  *  - zs_jschema_mask_spell spells those runs in stories260K's and GPT-2's tokens, longest first
- *    (every other token checked), lowest id among equal ones, k bounding the count;
+ *    (every other token checked), among equal ones a piece before a byte-fallback token
+ *    (zs_tokenizer_is_byte_fallback: stories260K's 256 "<0xXX>", none of GPT-2's), then the
+ *    lowest id; k bounds the count;
  *  - the mask equals per-token feeding (every token of stories260K, a sample of GPT-2's) along
  *    corpus documents, EOS exactly when done;
  *  - random masked generation (GPT-2 tokenizer and stories260K, several seeds per schema) gives
@@ -527,7 +529,8 @@ static void test_masks(json_t *corpus, tokcase *tcs, int n_tc) {
 }
 
 /* zs_jschema_mask_spell: the tokens spell the bytes; at each place the longest token that fits
- * (every other token checked), the lowest id among equal ones; k bounds the count. */
+ * (every other token checked), among equal ones a piece before a byte-fallback token, then the
+ * lowest id; k bounds the count. */
 static int spell_ok(const zs_jschema_masks *m, const tokcase *tc, const char *bytes, size_t n) {
     int32_t ids[300];
     size_t used = 0;
@@ -544,7 +547,8 @@ static int spell_ok(const zs_jschema_masks *m, const tokcase *tc, const char *by
             size_t l2;
             const char *b2 = zs_tokenizer_token_bytes(tc->tok, id, &l2);
             if (!b2 || !l2 || zs_tokenizer_is_special(tc->tok, id) || at + l2 > n || memcmp(bytes + at, b2, l2)) continue;
-            if (l2 > len || (l2 == len && id < ids[t])) {
+            int bf = zs_tokenizer_is_byte_fallback(tc->tok, id), bf0 = zs_tokenizer_is_byte_fallback(tc->tok, ids[t]);
+            if (l2 > len || (l2 == len && (bf < bf0 || (bf == bf0 && id < ids[t])))) {
                 CHECK(0, "%s: spelling [%.*s] at %zu: token %d (%zu bytes) chosen, %d (%zu bytes) fits better", tc->name,
                       (int)n, bytes, at, ids[t], len, id, l2);
                 return 0;
@@ -589,6 +593,21 @@ static void test_spell(json_t *corpus, tokcase *tcs, int n_tc) {
             }
             zs_jschema_free(gs);
         }
+        /* stories260K's 256 "<0xXX>" tokens are byte fallback (one has a piece of its own: "n") */
+        int n_bf = 0, id_n = -1, id_n_bf = -1;
+        for (int id = 0; id < tcs[t].n_vocab; id++) {
+            size_t l;
+            const char *b = zs_tokenizer_token_bytes(tcs[t].tok, id, &l);
+            int bf = zs_tokenizer_is_byte_fallback(tcs[t].tok, id);
+            n_bf += bf;
+            if (b && l == 1 && b[0] == 'n' && !zs_tokenizer_is_special(tcs[t].tok, id)) *(bf ? &id_n_bf : &id_n) = id;
+        }
+        int32_t one = -1;
+        int want_bf = strcmp(tcs[t].name, "gpt2") ? 256 : 0;
+        CHECK(n_bf == want_bf && zs_jschema_mask_spell(m, "n", 1, &one, 1, NULL) == 1 && one == id_n &&
+                  (want_bf == 0 || id_n_bf >= 0),
+              "%s: %d byte-fallback tokens (want %d); \"n\" spelled %d, its piece %d (byte token %d)", tcs[t].name,
+              n_bf, want_bf, one, id_n, id_n_bf);
         const char *fixed = "{\"name\":\"\",\"arguments\":{\"city\":\"";
         n_ok += spell_ok(m, &tcs[t], fixed, strlen(fixed));
         n_tried++;

@@ -1216,8 +1216,10 @@ static int trie_build(trie *t, const zs_tokenizer *tok, const uint8_t *keep, int
         if (end[id] >= 0) t->n[end[id]].ntok++;
     int32_t pos = 0;
     for (int32_t i = 0; i < t->nn; i++) t->n[i].tok0 = pos, pos += t->n[i].ntok, t->n[i].ntok = 0;
-    for (int id = 0; id < n_vocab; id++)
-        if (end[id] >= 0) t->ids[t->n[end[id]].tok0 + t->n[end[id]].ntok++] = id;
+    for (int pass = 0; pass < 2; pass++) /* at each node: pieces first, then byte-fallback tokens */
+        for (int id = 0; id < n_vocab; id++)
+            if (end[id] >= 0 && zs_tokenizer_is_byte_fallback(tok, id) == pass)
+                t->ids[t->n[end[id]].tok0 + t->n[end[id]].ntok++] = id;
     free(end);
     return 0;
 }
@@ -1358,7 +1360,7 @@ int zs_jschema_mask_spell(const zs_jschema_masks *m, const char *bytes, size_t n
                 c = ch;
             }
             if (best < 0) break;
-            ids[count++] = t->ids[t->n[best].tok0]; /* ids ending at a node are in increasing order */
+            ids[count++] = t->ids[t->n[best].tok0]; /* the node's first: a piece, lowest id first */
             at += best_len;
         }
     }

@@ -106,8 +106,8 @@ size_t zs_jschema_mask_words(const zs_jschema_masks *m);
  * except at the depth cap). */
 int zs_jschema_mask(const zs_jschema_masks *m, const zs_jschema_state *st, uint32_t *allowed_bits);
 /* Spells bytes[0..n) in tokens the masks may allow (no special or empty token): at each place
- * the longest token that is a prefix of what is left (the lowest id among tokens of the same
- * bytes). Up to k ids into ids; returns how many, *used the bytes they cover (less than n when k
+ * the longest token that is a prefix of what is left; among tokens of the same bytes a piece
+ * before a byte-fallback token (zs_tokenizer_is_byte_fallback), then the lowest id. Up to k ids into ids; returns how many, *used the bytes they cover (less than n when k
  * ran out or no token starts with the next byte). For zs_jschema_forced's bytes this is one
  * spelling among possibly several; the scheduler verifies it against the model's choice. */
 int zs_jschema_mask_spell(const zs_jschema_masks *m, const char *bytes, size_t n, int32_t *ids, int k, size_t *used);
