@@ -149,8 +149,12 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     head(&b, "zeroserve_spec_accepted_tokens_total", "counter", "Speculative decoding: draft tokens accepted.");
     outf(&b, "zeroserve_spec_accepted_tokens_total %llu\n", (unsigned long long)st.spec_accepted);
     head(&b, "zeroserve_spec_forced_tokens_total", "counter",
-         "Tokens a constraint forces, fed several per pass as drafts that always hold (jump-forward).");
+         "Tokens a constraint forces (prefix, suffix, the grammar's forced bytes), fed several per pass as drafts "
+         "(jump-forward), that held.");
     outf(&b, "zeroserve_spec_forced_tokens_total %llu\n", (unsigned long long)st.spec_forced);
+    head(&b, "zeroserve_spec_forced_draft_tokens_total", "counter",
+         "Forced tokens put into steps as drafts; those that did not hold were spelled otherwise by the model.");
+    outf(&b, "zeroserve_spec_forced_draft_tokens_total %llu\n", (unsigned long long)st.spec_forced_drafted);
     {
         double bounds[ZS_SPEC_MAX_TOKENS + 1];
         uint64_t cum[ZS_SPEC_MAX_TOKENS + 1], n = 0;

@@ -13,9 +13,10 @@
  * the pass is waiting for NVMe. zs_sched_opts.spec_tokens = N fixes N per sequence instead. What
  * was chosen is logged when it changes and shown in /metrics (spec_k).
  *
- * Forced tokens of a constrained request (the prefix or suffix still to come) go in as drafts
- * that verification always accepts (jump-forward): many of them in one pass instead of one per
- * pass. They are not counted as drafted. Engine thread. */
+ * Forced tokens of a constrained request (the prefix or suffix still to come, the bytes the
+ * grammar forces in the value: sched-constrain.c) go in first as drafts (jump-forward): many of
+ * them in one pass instead of one per pass. They are not counted as drafted: spec_forced_drafted
+ * counts them, spec_forced those that held. Engine thread. */
 #include <math.h>
 #include <string.h>
 
@@ -154,6 +155,7 @@ void zs_sched_spec_verified(zs_sched *s, zs_request *r, int drafted, int forced,
     s->st.spec_drafted += (uint64_t)spec;
     s->st.spec_accepted += (uint64_t)acc;
     s->st.spec_forced += (uint64_t)ZS_MIN(accepted, forced);
+    s->st.spec_forced_drafted += (uint64_t)forced;
     if (spec > 0) s->st.spec_accept_hist[ZS_MIN(acc, ZS_SPEC_MAX_TOKENS)]++;
     pthread_mutex_unlock(&s->mu);
 }

@@ -99,9 +99,10 @@ typedef struct {
     double itl_sum;
     zs_gather_stats gather;          /* bytes per tier, stall, depth, live bytes */
     /* speculative decoding (sched-spec.c): draft tokens put into steps and accepted, forced
-     * tokens fed as drafts (jump-forward), verifications by accepted drafts, drafts per sequence
-     * chosen for the last step, and tokens generated per step that generated any (EWMA) */
-    uint64_t spec_drafted, spec_accepted, spec_forced;
+     * tokens fed as drafts that held and all of them (jump-forward), verifications by accepted
+     * drafts, drafts per sequence chosen for the last step, and tokens generated per step that
+     * generated any (EWMA) */
+    uint64_t spec_drafted, spec_accepted, spec_forced, spec_forced_drafted;
     uint64_t spec_accept_hist[ZS_SPEC_MAX_TOKENS + 1];
     double spec_k;
     double tokens_per_pass;
