@@ -198,7 +198,7 @@ static void test_verify(void) {
 
 /* ---------- requests through the scheduler ---------- */
 
-#define MAXT 64
+#define MAXT 256
 typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -588,6 +588,90 @@ static void test_sampled(void) {
     zs_spec_free(ng);
 }
 
+/* Greedy, a schema with long keys and no proposer: jump-forward alone (the forced bytes as drafts)
+ * gives plain decoding's tokens and logprob bits with fewer passes per generated token. One
+ * request at a time, so that passes count that request's steps only. */
+static void test_long_keys(void) {
+    enum { NR = 12, NT = 230 };
+    eng_cfg c = {1, 0, NULL};
+    static req_t q[2][NR];
+    zs_sched_stats st[2];
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"customer_full_name\":{\"enum\":[\"Lily\",\"Tom\"]},"
+                         "\"shipping_address_postcode\":{\"enum\":[12345,67890]},\"requires_signature_on_delivery\":"
+                         "{\"type\":\"boolean\"},\"preferred_delivery_window\":{\"enum\":[\"morning_before_noon\","
+                         "\"afternoon_after_lunch\"]}},\"required\":[\"customer_full_name\",\"shipping_address_postcode\","
+                         "\"requires_signature_on_delivery\",\"preferred_delivery_window\"],\"additionalProperties\":false}";
+    static const char *texts[] = {"Once upon a time", "Tom had a red ball", "The sun was hot", "Lily"};
+    for (int mode = 0; mode < 2; mode++) {
+        zs_engine *e = open_engine(&c, NULL);
+        if (!e) return;
+        zs_jschema *g = NULL;
+        zs_jschema_masks *mk = NULL;
+        CHECK(zs_jschema_compile(schema, &g) == 0 && zs_jschema_mask_new(g, zs_engine_tokenizer(e), &mk) == 0,
+              "grammar: %s", zs_errmsg());
+        zs_req_constraint con = {g, mk, NULL, 0, NULL, 0, NULL};
+        zs_sched_opts so = {16, 64, 4096, 0, NULL, 0, !mode};
+        zs_sched *s = NULL;
+        if (!mk || zs_sched_new(e, &so, &s) < 0) {
+            CHECK(0, "sched: %s", zs_errmsg());
+            zs_jschema_mask_free(mk);
+            zs_jschema_free(g);
+            zs_engine_free(e);
+            return;
+        }
+        for (int i = 0; i < NR; i++) {
+            int32_t p[64], *ids = NULL;
+            size_t np = 0;
+            p[0] = 1;
+            const char *t = texts[i % 4];
+            if (zs_tokenizer_encode(zs_engine_tokenizer(e), t, strlen(t), 0, &ids, &np) < 0) np = 0;
+            np = ZS_MIN(np, 60);
+            memcpy(p + 1, ids, np * sizeof *p);
+            free(ids);
+            req_t *r = &q[mode][i];
+            memset(r, 0, sizeof *r);
+            pthread_mutex_init(&r->mu, NULL);
+            pthread_cond_init(&r->cv, NULL);
+            zs_req_params rp;
+            memset(&rp, 0, sizeof rp);
+            rp.prompt = p;
+            rp.n_prompt = (int)np + 1;
+            rp.max_tokens = NT;
+            zs_sampler_params_default(&rp.sampling);
+            rp.sampling.temperature = 0.0f;
+            rp.top_logprobs = i % 2 ? 0 : 2;
+            rp.constraint = &con;
+            zs_req_sink sink = {on_token, on_done, r, NULL};
+            if (zs_sched_submit(s, &rp, &sink, NULL) < 0) r->done = 1;
+            req_wait(r);
+        }
+        zs_sched_stats_get(s, &st[mode]);
+        zs_sched_free(s);
+        zs_jschema_mask_free(mk);
+        zs_jschema_free(g);
+        zs_engine_free(e);
+    }
+    int same = 0, stop = 0;
+    for (int i = 0; i < NR; i++) stop += q[0][i].finish == ZS_DONE_STOP;
+    for (int i = 0; i < NR; i++)
+        same += q[0][i].n_tok == q[1][i].n_tok && q[0][i].finish == q[1][i].finish &&
+                !memcmp(q[0][i].toks, q[1][i].toks, (size_t)q[0][i].n_tok * sizeof(int32_t)) &&
+                !memcmp(q[0][i].lp, q[1][i].lp, (size_t)q[0][i].n_tok * sizeof(uint32_t));
+    double ppt0 = (double)st[0].passes / (double)(st[0].generated_tokens ? st[0].generated_tokens : 1),
+           ppt1 = (double)st[1].passes / (double)(st[1].generated_tokens ? st[1].generated_tokens : 1);
+    CHECK(same == NR && stop == NR, "long keys: greedy with jump-forward = plain decoding (tokens, logprob bits, "
+          "finish), %d/%d, %d complete", same, NR, stop);
+    CHECK(st[0].spec_forced_drafted == 0 && st[1].spec_forced > 0 && st[1].spec_drafted == 0,
+          "long keys: jump-forward's drafts alone (%llu forced held, %llu drafted by a proposer)",
+          (unsigned long long)st[1].spec_forced, (unsigned long long)st[1].spec_drafted);
+    CHECK(st[0].generated_tokens == st[1].generated_tokens && ppt1 < 0.6 * ppt0,
+          "long keys: passes per generated token %.3f with jump-forward, %.3f without", ppt1, ppt0);
+    fprintf(stderr, "long keys: %llu tokens; passes per token %.3f with jump-forward (%llu passes, %llu of %llu forced "
+            "drafts held), %.3f without (%llu passes)\n", (unsigned long long)st[1].generated_tokens, ppt1,
+            (unsigned long long)st[1].passes, (unsigned long long)st[1].spec_forced,
+            (unsigned long long)st[1].spec_forced_drafted, ppt0, (unsigned long long)st[0].passes);
+}
+
 /* Constrained and sampled: jump-forward's drafts (the grammar's forced bytes, spelled in tokens
  * the model may spell otherwise) keep plain sampling's distribution at every place. */
 static void test_sampled_constrained(void) {
@@ -721,5 +805,6 @@ int main(void) {
     tu_rmdir(moe);
     test_sampled();
     test_sampled_constrained();
+    test_long_keys();
     return tu_finish("test-spec");
 }
