@@ -4,13 +4,18 @@
  *    near-misses, labelled by Python's jsonschema: tests/ref/make_jsonschema_ref.py) fed byte by
  *    byte gets the label's verdict (valid iff every byte is accepted and the value is done;
  *    documents jsonschema accepts in a spelling the matcher refuses on purpose — whitespace
- *    outside strings, keys out of the schema's order — are labelled so and must be refused);
+ *    outside strings beyond the bound (jsonschema.h), keys out of the schema's order — are
+ *    labelled so and must be refused; spaced and pretty-printed ones within it are taken);
  *  - unsupported keywords fail with a message naming the keyword and its JSON pointer;
- *  - a rejected feed leaves the state unchanged; whitespace outside strings is refused at every
- *    gap, inside strings taken; keys follow "properties", optional ones may be left out, required
- *    ones not; any-object takes keys in any order;
- *  - forced bytes (zs_jschema_forced): hand-made cases (required keys, a const, enums once one
- *    value is left, maxItems, json_object's '{', the cap, done), and along every accepted corpus
+ *  - a rejected feed leaves the state unchanged; at every gap of a compact document each
+ *    whitespace spelling gets the bound's verdict (one space, a newline and up to 20 spaces/tabs
+ *    taken; two spaces, "\n\n", " \n", \r, a lone tab, 21 indent bytes refused), anywhere else
+ *    outside strings (before/after the value, inside a key or number) refused, inside strings
+ *    taken; keys follow "properties", optional ones may be left out, required ones not;
+ *    any-object takes keys in any order;
+ *  - forced bytes (zs_jschema_forced): hand-made cases (required keys after '"' or the
+ *    whitespace decision but not after '{', a const, enums once one value is left, maxItems,
+ *    json_object's '{', '}' after whitespace, the cap, done), and along every accepted corpus
  *    document at every place: the forced bytes are the only byte that may follow, one after the
  *    other (feeding all 256), the document continues with them, and where none is forced there
  *    is a choice or nothing (done);
@@ -19,7 +24,7 @@
  *    (zs_tokenizer_is_byte_fallback: stories260K's 256 "<0xXX>", none of GPT-2's), then the
  *    lowest id; k bounds the count;
  *  - the mask equals per-token feeding (every token of stories260K, a sample of GPT-2's) along
- *    corpus documents, EOS exactly when done;
+ *    corpus documents (a compact one and one with whitespace per schema), EOS exactly when done;
  *  - random masked generation (GPT-2 tokenizer and stories260K, several seeds per schema) gives
  *    text that jansson parses and the matcher accepts; the documents of seed 1 equal
  *    tests/ref/jsonschema/generated.json, which jsonschema labelled valid offline
@@ -58,7 +63,7 @@ static zs_jschema *compile_json(const json_t *schema) {
 static void test_corpus(json_t *corpus) {
     json_t *schemas = json_object_get(corpus, "schemas");
     CHECK(json_array_size(schemas) >= 20, "corpus has %zu schemas", json_array_size(schemas));
-    size_t i, n_docs = 0, n_valid = 0, n_ws = 0, n_order = 0;
+    size_t i, n_docs = 0, n_valid = 0, n_ws = 0, n_order = 0, n_spaced = 0;
     json_t *e;
     json_array_foreach(schemas, i, e) {
         const char *name = json_string_value(json_object_get(e, "name"));
@@ -75,6 +80,7 @@ static void test_corpus(json_t *corpus) {
                   got ? "valid" : "invalid", json_is_true(json_object_get(d, "valid")) ? "valid" : "invalid",
                   refused ? ", refused for its " : "", refused ? refused : "");
             if (refused) n_ws += !strcmp(refused, "whitespace"), n_order += !strcmp(refused, "key order");
+            n_spaced += want && json_is_true(json_object_get(d, "ws"));
             /* whole-document feed agrees with byte-by-byte feed */
             zs_jschema_state st;
             zs_jschema_state_init(g, &st);
@@ -86,10 +92,11 @@ static void test_corpus(json_t *corpus) {
         zs_jschema_free(g);
     }
     CHECK(n_docs >= 400 && n_valid >= 50 && n_docs - n_valid >= 200, "corpus: %zu docs, %zu valid", n_docs, n_valid);
-    CHECK(n_ws >= 50 && n_order >= 10, "corpus: %zu documents with whitespace outside strings, %zu with keys out of "
-          "order (valid JSON Schema, refused spellings)", n_ws, n_order);
-    fprintf(stderr, "corpus: %zu documents (%zu valid; %zu more refused for whitespace, %zu for key order) agree with "
-            "jsonschema\n", n_docs, n_valid, n_ws, n_order);
+    CHECK(n_ws >= 100 && n_order >= 10 && n_spaced >= 100,
+          "corpus: %zu documents with whitespace beyond the bound, %zu with keys out of order (valid JSON Schema, "
+          "refused spellings), %zu taken with whitespace within it", n_ws, n_order, n_spaced);
+    fprintf(stderr, "corpus: %zu documents (%zu valid, %zu of them with whitespace outside strings; %zu more refused "
+            "for whitespace, %zu for key order) agree with jsonschema\n", n_docs, n_valid, n_spaced, n_ws, n_order);
 }
 
 static void expect_refused(const char *schema, const char *kw, const char *ptr) {
@@ -158,20 +165,36 @@ static void test_matcher_rules(void) {
     CHECK(!zs_jschema_done(g, &st), "open object is not done");
     CHECK(zs_jschema_feed(g, &st, "}", 1) && zs_jschema_done(g, &st), "close");
     CHECK(!zs_jschema_feed(g, &st, " ", 1) && !zs_jschema_feed(g, &st, "}", 1), "nothing after the root");
-    /* no whitespace outside strings: every gap of a compact document refuses each of the four */
+    /* bounded whitespace: at each gap between two tokens (after '{', a key, ':', a value, ',')
+     * the spellings of the bound are taken, the others refused; before or after the value and
+     * inside a key or number all are refused */
     const char *compact = "{\"a\":-12,\"b\":\"x y\"}";
+    static const int gap[] = {1, 4, 5, 8, 9, 12, 13, 18};
+    static const struct { const char *w; int ok; } sp[] = {
+        {" ", 1}, {"\n", 1}, {"\n  ", 1}, {"\n\t \t", 1}, {"\n                    ", 1}, /* 20 spaces */
+        {"\n\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t", 1},                               /* 20 tabs */
+        {"  ", 0}, {"\t", 0}, {"\r", 0}, {"\r\n", 0}, {"\n\n", 0}, {" \n", 0}, {"\n \n", 0}, {"\t ", 0},
+        {"\n                     ", 0}, /* 21 spaces */
+    };
     CHECK(accepts_s(g, compact), "compact");
-    int refused = 0, tried = 0;
+    int right = 0, tried = 0;
     for (size_t i = 0; i <= strlen(compact); i++) {
         if (i >= 14 && i <= 17) continue; /* inside the string "x y": whitespace is content */
-        for (const char *w = " \t\n\r"; *w; w++) {
-            char doc[64];
-            snprintf(doc, sizeof doc, "%.*s%c%s", (int)i, compact, *w, compact + i);
-            refused += !accepts_s(g, doc);
+        int is_gap = 0;
+        for (size_t k = 0; k < sizeof gap / sizeof gap[0]; k++) is_gap |= gap[k] == (int)i;
+        for (size_t k = 0; k < sizeof sp / sizeof sp[0]; k++) {
+            char doc[96];
+            snprintf(doc, sizeof doc, "%.*s%s%s", (int)i, compact, sp[k].w, compact + i);
+            int got = accepts_s(g, doc), want = is_gap && sp[k].ok;
+            CHECK(got == want, "whitespace [%s] at %zu: %d, want %d", sp[k].w, i, got, want);
+            right += got == want;
             tried++;
         }
     }
-    CHECK(refused == tried, "whitespace outside strings refused at every gap (%d of %d)", refused, tried);
+    CHECK(right == tried, "whitespace at every place of a compact document (%d of %d right)", right, tried);
+    CHECK(accepts_s(g, "{\n  \"a\": -12,\n  \"b\": \"x y\"\n}") && accepts_s(g, "{ \"a\" : 1 , \"b\" : \"\" }") &&
+              !accepts_s(g, "{\"a\":1,\"b\":\"\"}\n") && !accepts_s(g, "{\"a\":\n\n1}"),
+          "pretty-printed and spaced taken, a trailing newline and a blank line refused");
     CHECK(accepts_s(g, "{\"a\":1,\"b\":\" \\n\\t x \"}"), "whitespace inside strings");
     /* keys in the order of "properties"; optional ones may be left out */
     CHECK(accepts_s(g, "{\"b\":\"x\"}") && accepts_s(g, "{}") && !accepts_s(g, "{\"b\":\"x\",\"a\":1}"),
@@ -204,8 +227,10 @@ static void test_matcher_rules(void) {
           "json_object accepts objects");
     CHECK(!accepts(g, "[]", 2) && !accepts(g, "\"s\"", 3) && !accepts(g, "{\"a\":}", 6) && !accepts(g, "{", 1),
           "json_object refuses non-objects and broken JSON");
-    CHECK(accepts_s(g, "{\"b\":1,\"a\":2}") && !accepts_s(g, "{\"a\": 1}") && !accepts_s(g, " {}") &&
-              !accepts_s(g, "{\"a\":[1, 2]}"), "json_object: keys in any order, no whitespace outside strings");
+    CHECK(accepts_s(g, "{\"b\":1,\"a\":2}") && accepts_s(g, "{\"a\": 1}") && accepts_s(g, "{\n  \"a\": [1, 2]\n}") &&
+              accepts_s(g, "{ }") && !accepts_s(g, "[ ]") && !accepts_s(g, " {}") && !accepts_s(g, "{}\n") &&
+              !accepts_s(g, "{\"a\":  1}") && !accepts_s(g, "{\"a\":[1,\n\n2]}"),
+          "json_object: keys in any order, bounded whitespace");
     zs_jschema_free(g);
 }
 
@@ -245,40 +270,58 @@ static void test_forced_cases(void) {
     CHECK(zs_jschema_compile(REQ("\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\"}", "\"name\",\"age\""),
                              &g) == 0, "%s", zs_errmsg());
     if (!g) return;
-    expect_forced(g, "", 256, "{\"name\":\"", 0);                 /* the first key is required */
-    expect_forced(g, "", 3, "{\"n", 0);                           /* cap */
-    expect_forced(g, "{\"name\":\"Al", 256, "", 0);              /* string content is free */
-    expect_forced(g, "{\"name\":\"Al\"", 256, ",\"age\":", 0);   /* the next key is required */
-    expect_forced(g, "{\"name\":\"Al\",\"age\":3", 256, "", 0);  /* a digit or '}' */
-    expect_forced(g, "{\"name\":\"Al\",\"age\":3}", 256, "", 1); /* done */
+    /* '{' is forced (no whitespace before the value); after it whitespace may come, so nothing,
+     * but once '"' or the whitespace is there the required key is */
+    expect_forced(g, "", 256, "{", 0);
+    expect_forced(g, "{", 256, "", 0);                              /* ' ', '\n' or '"' */
+    expect_forced(g, "{\"", 256, "name\"", 0);                      /* then ':' or whitespace */
+    expect_forced(g, "{\"", 3, "nam", 0);                           /* cap */
+    expect_forced(g, "{ ", 256, "\"name\"", 0);                     /* one space: no more whitespace */
+    expect_forced(g, "{\n  ", 256, "", 0);                          /* more indent or '"' */
+    expect_forced(g, "{\"name\"", 256, "", 0);                      /* ':' or whitespace */
+    expect_forced(g, "{\"name\" ", 256, ":", 0);
+    expect_forced(g, "{\"name\": ", 256, "\"", 0);                  /* the string's quote */
+    expect_forced(g, "{\"name\":\"Al", 256, "", 0);                /* string content is free */
+    expect_forced(g, "{\"name\":\"Al\"", 256, "", 0);              /* ',' or whitespace */
+    expect_forced(g, "{\"name\":\"Al\",\"", 256, "age\"", 0);      /* the next key is required */
+    expect_forced(g, "{\"name\":\"Al\",\n\t", 256, "", 0);
+    expect_forced(g, "{\"name\":\"Al\",\"age\":3", 256, "", 0);    /* a digit, '}' or whitespace */
+    expect_forced(g, "{\"name\":\"Al\",\"age\":3 ", 256, "}", 1);  /* '}' after the space */
+    expect_forced(g, "{\"name\":\"Al\",\"age\":3\n", 256, "", 0);  /* indent or '}' */
+    expect_forced(g, "{\"name\":\"Al\",\"age\":3}", 256, "", 1);   /* done */
     CHECK(zs_jschema_forced(NULL, NULL, NULL, 0, NULL) == 0, "NULL arguments");
     zs_jschema_free(g);
     CHECK(zs_jschema_compile(PERSON, &g) == 0, "%s", zs_errmsg());
     if (!g) return;
-    expect_forced(g, "", 256, "{", 0);                            /* '"' or '}': both optional */
-    expect_forced(g, "{\"", 256, "", 0);                          /* "name" or "age" */
-    expect_forced(g, "{\"n", 256, "ame\":\"", 0);
-    expect_forced(g, "{\"name\":\"x\",", 256, "\"age\":", 0);     /* only age is left */
+    expect_forced(g, "", 256, "{", 0);                              /* '"', '}' or whitespace: both optional */
+    expect_forced(g, "{\"", 256, "", 0);                            /* "name" or "age" */
+    expect_forced(g, "{\"n", 256, "ame\"", 0);
+    expect_forced(g, "{\"name\":\"x\",", 256, "", 0);              /* '"' or whitespace */
+    expect_forced(g, "{\"name\":\"x\",\"", 256, "age\"", 0);       /* only age is left */
     zs_jschema_free(g);
     CHECK(zs_jschema_compile(REQ("\"kind\":{\"const\":\"event\"},\"color\":{\"enum\":[\"red\",\"green\",\"blue\"]},"
                                  "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"mon\",\"tue\"]},\"maxItems\":1},"
                                  "\"ok\":{\"type\":\"boolean\"},\"v\":{\"enum\":[\"rose\",\"red\",12,1]}",
                                  "\"kind\",\"color\",\"tags\",\"ok\",\"v\""), &g) == 0, "%s", zs_errmsg());
     if (!g) return;
-    expect_forced(g, "", 256, "{\"kind\":\"event\",\"color\":\"", 0); /* a const, the enum's quote */
-    expect_forced(g, "{\"kind\":\"event\",\"color\":\"g", 256, "reen\",\"tags\":[", 0);
-    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[", 256, "", 0); /* '"' or ']' */
-    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[\"t", 256, "ue\"],\"ok\":", 0); /* maxItems */
-    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":f", 256, "alse,\"v\":", 0);
+    expect_forced(g, "{\"", 256, "kind\"", 0);
+    expect_forced(g, "{\"kind\": ", 256, "\"event\"", 0);           /* a const */
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"g", 256, "reen\"", 0);
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[", 256, "", 0); /* '"', ']' or whitespace */
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[\"t", 256, "ue\"", 0);
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[\"tue\" ", 256, "]", 0); /* maxItems */
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":f", 256, "alse", 0);
     expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":\"r", 256, "", 0); /* o, e */
-    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":\"re", 256, "d\"}", 1);
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":\"re", 256, "d\"", 0);
     expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":1", 256, "", 0); /* 12, 1} */
-    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":12", 256, "}", 1);
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":12", 256, "", 0);
+    expect_forced(g, "{\"kind\":\"event\",\"color\":\"red\",\"tags\":[],\"ok\":true,\"v\":12 ", 256, "}", 1);
     zs_jschema_free(g);
     CHECK(zs_jschema_any_object(&g) == 0, "any object");
     if (!g) return;
     expect_forced(g, "", 256, "{", 0);
-    expect_forced(g, "{\"a\"", 256, ":", 0);
+    expect_forced(g, "{\"a\"", 256, "", 0);                         /* ':' or whitespace */
+    expect_forced(g, "{\"a\" ", 256, ":", 0);
     expect_forced(g, "{\"a\":1", 256, "", 0);
     zs_jschema_free(g);
 }
@@ -469,9 +512,20 @@ static void test_masks(json_t *corpus, tokcase *tcs, int n_tc) {
             CHECK(zs_jschema_mask_words(m) == (size_t)(tcs[t].n_vocab + 31) / 32, "mask words");
             /* exhaustive (stories260K) / sampled (GPT-2) agreement along the first valid document */
             json_t *d0 = json_array_get(json_object_get(e, "docs"), 0);
-            if (i % 3 == 0 || tcs[t].n_vocab < 1000)
+            if (i % 3 == 0 || tcs[t].n_vocab < 1000) {
                 check_mask_along(g, m, &tcs[t], json_string_value(json_object_get(d0, "doc")),
                                  tcs[t].n_vocab < 1000 ? 1 : 97);
+                size_t k;
+                json_t *dw;
+                json_array_foreach(json_object_get(e, "docs"), k, dw) { /* the first taken one with whitespace */
+                    if (!json_is_true(json_object_get(dw, "ws")) || !json_is_true(json_object_get(dw, "valid")) ||
+                        json_object_get(dw, "refused"))
+                        continue;
+                    check_mask_along(g, m, &tcs[t], json_string_value(json_object_get(dw, "doc")),
+                                     tcs[t].n_vocab < 1000 ? 1 : 97);
+                    break;
+                }
+            }
             for (uint64_t seed = 1; seed <= 3; seed++) {
                 char *text = generate(g, m, &tcs[t], seed, &mask_s, &n_masks);
                 n_runs++;

@@ -269,9 +269,10 @@ static void test_constraint(void) {
         CHECK(accepts(c.schema_json, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"P\",\"x\":1}}") == 0,
               "additionalProperties false added");
         CHECK(accepts(c.schema_json, "{\"name\":\"ping\",\"arguments\":{}}") == 0, "other name");
-        CHECK(accepts(c.schema_json, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}") == 0 &&
+        CHECK(accepts(c.schema_json, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}") == 1 &&
+                  accepts(c.schema_json, "{\"name\":  \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}") == 0 &&
                   accepts(c.schema_json, "{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}") == 0,
-              "the call is compact, its keys in the schema's order (jsonschema.h)");
+              "the call's whitespace bounded, its keys in the schema's order (jsonschema.h)");
         zs_toolcall_constraint_free(&c);
     }
     /* several tools: name enum and arguments anyOf; llama3 writes "parameters" */

@@ -760,10 +760,42 @@ static int key_may_follow(const gnode *n, uint64_t seen, int p) {
     return p > last && !(n->required & below(p) & ~below(last + 1));
 }
 
+/* Whitespace in a gap between two tokens of a value, as llama.cpp's JSON grammar bounds it:
+ * nothing, one space, or one newline and up to ZS_JSCHEMA_MAX_INDENT spaces/tabs. The frame's
+ * ws: 0 = none yet, 1 = after the one space, 2 + k = after the newline and k indent bytes.
+ * Returns 1 when c is whitespace (taken into t->ws, or refused: *ok = 0), 0 when it is not (the
+ * gap ends, t->ws back to 0). */
+static int gap_ws(frame *t, int c, int *ok) {
+    *ok = 1;
+    if (c == ' ' && t->ws == 0) t->ws = 1;
+    else if (c == '\n' && t->ws == 0) t->ws = 2;
+    else if ((c == ' ' || c == '\t') && t->ws >= 2 && t->ws < 2 + ZS_JSCHEMA_MAX_INDENT) t->ws++;
+    else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') *ok = 0; /* a second run, \r, a lone tab */
+    else {
+        t->ws = 0;
+        return 0;
+    }
+    return 1;
+}
+
 static void step(const zs_jschema *g, frame *f, int d, int c, zs_jschema_state *out) {
     frame *t = &f[d - 1];
     const gnode *n = &g->nodes[t->node];
     frame nf = {0};
+    switch (t->phase) { /* the gaps inside a value (none before the root value or after it) */
+    case O_START: case O_COLON: case O_VALUE: case O_AFTER: case O_NEXT:
+    case AO_START: case AO_COLON: case AO_VALUE: case AO_AFTER: case AO_NEXT:
+    case AA_START: case AA_AFTER: case AA_NEXT:
+    case A_START: case A_AFTER: case A_NEXT: {
+        int ok;
+        if (gap_ws(t, c, &ok)) {
+            if (ok) emit(out, f, d);
+            return;
+        }
+        break;
+    }
+    default: break;
+    }
     switch (t->phase) {
     case P_ROOT:
         t->phase = P_DONE;

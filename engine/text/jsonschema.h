@@ -16,11 +16,15 @@
  * structured outputs write them (each at most once; optional ones may be left out, required ones
  * may not); keys and enum values are compared byte for byte with their compact
  * JSON serialization (an escaped spelling such as "\u0061" for "a" is rejected); integer means
- * no '.'/exponent; no whitespace at all outside strings (none before the root value, between
- * tokens or after it: the compact form, which wastes no token on layout and leaves the most bytes
- * forced, see zs_jschema_forced); numbers have at most the ZS_JSCHEMA_MAX_*_DIGITS digits per
- * part (so digits cannot loop forever and every number parses as int64/finite double); nesting
- * depth is capped at ZS_JSCHEMA_MAX_DEPTH. Strings must be valid UTF-8 without raw control
+ * no '.'/exponent; whitespace outside strings is bounded as in llama.cpp's JSON grammar: in each
+ * gap between two tokens of the value (after '{', '[', ',', ':', a key, a value) either nothing,
+ * one space, or one newline followed by at most ZS_JSCHEMA_MAX_INDENT spaces/tabs; none before
+ * the root value or after it, no '\r', no second run (so "\n\n" or "  :" cannot be written and a
+ * model cannot spend its tokens on layout, while the compact form and a pretty-printed one both
+ * stay on the table: a model that writes JSON pretty-printed is not pushed off its
+ * distribution); numbers have at most the ZS_JSCHEMA_MAX_*_DIGITS digits per part (so neither
+ * whitespace nor digits can loop forever and every number parses as int64/finite double);
+ * nesting depth is capped at ZS_JSCHEMA_MAX_DEPTH. Strings must be valid UTF-8 without raw control
  * characters. "Any JSON object" (zs_jschema_any_object) takes keys in any order, duplicates
  * included, as JSON does.
  *
@@ -44,6 +48,9 @@
 
 #include "tokenizer.h"
 
+/* Indent bytes after a newline: 20 as llama.cpp's json.gbnf, room for 10 levels of 2-space or 5
+ * of 4-space pretty-printing, and at most 21 bytes (a few tokens) of layout per gap. */
+#define ZS_JSCHEMA_MAX_INDENT 20
 #define ZS_JSCHEMA_MAX_DEPTH 32   /* frames per stack (root + nested values + key) */
 #define ZS_JSCHEMA_MAX_ALTS 16    /* live anyOf alternatives */
 #define ZS_JSCHEMA_MAX_FRAMES 128 /* frames over all alternatives */
@@ -56,7 +63,7 @@ typedef struct zs_jschema zs_jschema;
 typedef struct {
     uint16_t node;  /* grammar node */
     uint8_t phase;  /* where inside that node */
-    uint8_t spare;  /* always 0 (frames are compared byte for byte) */
+    uint8_t ws;     /* whitespace in the current gap: 0 none, 1 a space, 2 + k a newline and k indent bytes */
     uint32_t a;     /* phase data (count, key/enum position, UTF-8 state, property) */
     uint64_t b;     /* phase data (keys seen, candidate range) */
 } zs_jschema_frame;
@@ -86,9 +93,10 @@ int zs_jschema_feed(const zs_jschema *g, zs_jschema_state *st, const char *bytes
 int zs_jschema_done(const zs_jschema *g, const zs_jschema_state *st);
 /* The bytes the grammar forces from st (jump-forward decoding): while exactly one byte can come
  * next and the value is not complete, that byte, fed; at most cap of them into out (not
- * NUL-terminated). E.g. after '{' of an object whose first property is required, the key,
- * its quotes and ':'; the rest of an enum value once one is left; "}" and "]" nothing else can
- * close. Returns how many; *done (may be NULL): the value is complete after them. st unchanged.
+ * NUL-terminated). E.g. the root's '{'; after '{' nothing (whitespace may come), but after
+ * '{"' or '{ ' of an object whose first property is required, the rest of the key and its quote
+ * (then ':' or whitespace: a choice again); the rest of an enum value once one is left; '}' or ']'
+ * after whitespace once nothing else can close. Returns how many; *done (may be NULL): the value is complete after them. st unchanged.
  * 0 for a NULL argument. */
 size_t zs_jschema_forced(const zs_jschema *g, const zs_jschema_state *st, char *out, size_t cap, int *done);
 
@@ -107,7 +115,8 @@ size_t zs_jschema_mask_words(const zs_jschema_masks *m);
 int zs_jschema_mask(const zs_jschema_masks *m, const zs_jschema_state *st, uint32_t *allowed_bits);
 /* Spells bytes[0..n) in tokens the masks may allow (no special or empty token): at each place
  * the longest token that is a prefix of what is left; among tokens of the same bytes a piece
- * before a byte-fallback token (zs_tokenizer_is_byte_fallback), then the lowest id. Up to k ids into ids; returns how many, *used the bytes they cover (less than n when k
+ * before a byte-fallback token (zs_tokenizer_is_byte_fallback), then the lowest id. Up to k ids
+ * into ids; returns how many, *used the bytes they cover (less than n when k
  * ran out or no token starts with the next byte). For zs_jschema_forced's bytes this is one
  * spelling among possibly several; the scheduler verifies it against the model's choice. */
 int zs_jschema_mask_spell(const zs_jschema_masks *m, const char *bytes, size_t n, int32_t *ids, int k, size_t *used);

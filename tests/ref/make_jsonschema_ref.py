@@ -15,9 +15,11 @@ Re-run: /tmp/tv/bin/pip install jsonschema==4.26.0
         /tmp/tv/bin/python tests/ref/make_jsonschema_ref.py [--validate-generated]
 Documents are written as exact byte strings (the C test feeds them byte by byte). Two spellings
 that jsonschema accepts are refused by the matcher on purpose (jsonschema.h): whitespace outside
-strings and an object's keys out of the schema's "properties" order; such documents carry
-"refused": "whitespace" / "key order" beside "valid": true, and the C test expects the matcher to
-refuse them. None uses the other spellings it refuses (escaped key spellings, 1.0 for integers,
+strings beyond llama.cpp's bound (in a gap between two tokens nothing, one space, or a newline and
+at most 20 spaces/tabs; none before or after the value) and an object's keys out of the schema's
+"properties" order; such documents carry "refused": "whitespace" / "key order" beside
+"valid": true, and the C test expects the matcher to refuse them. Documents with whitespace outside
+strings (taken or refused) carry "ws": true. None uses the other spellings it refuses (escaped key spellings, 1.0 for integers,
 duplicate keys)."""
 import copy
 import json
@@ -117,10 +119,14 @@ def dump(d, spaced=False):
     return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
-def has_ws(text):
-    """Whitespace outside strings."""
-    in_str = esc = False
-    for ch in text:
+MAX_INDENT = 20  # jsonschema.h's ZS_JSCHEMA_MAX_INDENT
+
+
+def ws_runs(text):
+    """The whitespace runs outside strings: (start, run) for each, start the offset of its first byte."""
+    runs, in_str, esc, i = [], False, False, 0
+    while i < len(text):
+        ch = text[i]
         if in_str:
             if esc:
                 esc = False
@@ -131,8 +137,26 @@ def has_ws(text):
         elif ch == '"':
             in_str = True
         elif ch in " \t\r\n":
-            return True
-    return False
+            j = i
+            while j < len(text) and text[j] in " \t\r\n":
+                j += 1
+            runs.append((i, text[i:j]))
+            i = j
+            continue
+        i += 1
+    return runs
+
+
+def bounded_ws(text):
+    """Every whitespace run outside strings is one the matcher takes: inside the value (none before
+    or after it), and either one space or a newline followed by at most MAX_INDENT spaces/tabs."""
+    body = text.strip(" \t\r\n")
+    for start, run in ws_runs(text):
+        if start == 0 or start + len(run) == len(text):
+            return False
+        if run != " " and not (run[0] == "\n" and len(run) <= 1 + MAX_INDENT and not run[1:].strip(" \t")):
+            return False
+    return bool(body)
 
 
 def resolve(schema, root):
@@ -176,7 +200,9 @@ def corpus():
                 return
             seen.add(text)
             d = {"doc": text, "valid": v.is_valid(json.loads(text))}
-            if d["valid"] and has_ws(text):
+            if ws_runs(text):
+                d["ws"] = True
+            if d["valid"] and not bounded_ws(text):
                 d["refused"] = "whitespace"
             elif d["valid"] and not in_order(json.loads(text), schema, schema):
                 d["refused"] = "key order"
@@ -185,15 +211,24 @@ def corpus():
         for d in valids:
             add(dump(d))
             add(dump(d, True))
+            add(json.dumps(d, ensure_ascii=False, indent=2))  # pretty-printed: taken while indents stay <= 20
+            add(json.dumps(d, ensure_ascii=False, indent=4))
+            add(json.dumps(d, ensure_ascii=False, indent="\t"))
             if isinstance(d, dict) and len(d) > 1:  # the same keys reversed
                 add(dump(dict(reversed(list(d.items())))))
         for d in valids:
             for m in mutations(d, schema):
                 add(dump(m))
-        # textual near-misses: truncation, trailing garbage, whitespace outside strings
+        # textual near-misses: truncation, trailing garbage; whitespace outside strings the matcher
+        # takes (one space, a newline and up to 20 spaces/tabs) and refuses (before or after the
+        # value, runs of spaces, a second newline, \r, a lone tab, 21 indent bytes)
         t = dump(valids[0])
         for bad in [t[:-1], t + "}", t + "x", "[" + t + "]", t.replace(":", ": ", 1), " " + t, t + "\n",
-                    t.replace("{", "{\n  ", 1), t.replace(",", "\t,", 1)]:
+                    t.replace("{", "{\n  ", 1), t.replace(",", "\t,", 1), t.replace(":", "  :", 1),
+                    t.replace(":", " \n:", 1), t.replace("{", "{\n\n", 1), t.replace("{", "{\r\n", 1),
+                    t.replace("{", "{\n" + " " * MAX_INDENT, 1), t.replace("{", "{\n" + " " * (MAX_INDENT + 1), 1),
+                    t.replace("{", "{\n" + "\t" * MAX_INDENT, 1), t.replace(":", ":\n \t ", 1),
+                    t[:-1] + "\n}", t[:-1] + "\n\n}"]:
             try:
                 json.loads(bad)
             except ValueError:
@@ -216,6 +251,7 @@ def main():
         schemas = {n: s for n, (s, _) in SCHEMAS.items()}
         for e in g["docs"]:
             e["valid"] = Draft202012Validator(schemas[e["schema"]]).is_valid(json.loads(e["doc"]))
+            assert bounded_ws(e["doc"]), "whitespace beyond the bound: " + repr(e["doc"])
         g["validator"] = "jsonschema 4.26.0 (Draft 2020-12)"
         json.dump(g, open(p, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
         print(p, sum(e["valid"] for e in g["docs"]), "of", len(g["docs"]), "valid")
