@@ -87,9 +87,12 @@ def check(cond, what):
     return cond
 
 
+MAX_INDENT = 8  # jsonschema.h's ZS_JSCHEMA_MAX_INDENT
+
+
 def ws_bounded(text):
     """Whitespace outside strings as the grammar bounds it (jsonschema.h): none before or after the
-    value, each run between tokens one space or a newline and at most 20 spaces/tabs."""
+    value, each run between tokens one space or a newline and at most MAX_INDENT spaces/tabs."""
     in_str = esc = False
     i = 0
     while i < len(text):
@@ -103,7 +106,7 @@ def ws_bounded(text):
             while j < len(text) and text[j] in " \t\r\n":
                 j += 1
             run = text[i:j]
-            if i == 0 or j == len(text) or not (run == " " or (run[0] == "\n" and len(run) <= 21 and not run[1:].strip(" \t"))):
+            if i == 0 or j == len(text) or not (run == " " or (run[0] == "\n" and len(run) <= 1 + MAX_INDENT and not run[1:].strip(" \t"))):
                 return False
             i = j
             continue

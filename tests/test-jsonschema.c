@@ -8,8 +8,9 @@
  *    labelled so and must be refused; spaced and pretty-printed ones within it are taken);
  *  - unsupported keywords fail with a message naming the keyword and its JSON pointer;
  *  - a rejected feed leaves the state unchanged; at every gap of a compact document each
- *    whitespace spelling gets the bound's verdict (one space, a newline and up to 20 spaces/tabs
- *    taken; two spaces, "\n\n", " \n", \r, a lone tab, 21 indent bytes refused), anywhere else
+ *    whitespace spelling gets the bound's verdict (one space, a newline and up to
+ *    ZS_JSCHEMA_MAX_INDENT spaces/tabs taken; two spaces, "\n\n", " \n", \r, a lone tab, one
+ *    indent byte more refused), anywhere else
  *    outside strings (before/after the value, inside a key or number) refused, inside strings
  *    taken; keys follow "properties", optional ones may be left out, required ones not;
  *    any-object takes keys in any order;
@@ -170,11 +171,12 @@ static void test_matcher_rules(void) {
      * inside a key or number all are refused */
     const char *compact = "{\"a\":-12,\"b\":\"x y\"}";
     static const int gap[] = {1, 4, 5, 8, 9, 12, 13, 18};
-    static const struct { const char *w; int ok; } sp[] = {
-        {" ", 1}, {"\n", 1}, {"\n  ", 1}, {"\n\t \t", 1}, {"\n                    ", 1}, /* 20 spaces */
-        {"\n\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t", 1},                               /* 20 tabs */
-        {"  ", 0}, {"\t", 0}, {"\r", 0}, {"\r\n", 0}, {"\n\n", 0}, {" \n", 0}, {"\n \n", 0}, {"\t ", 0},
-        {"\n                     ", 0}, /* 21 spaces */
+    enum { MI = ZS_JSCHEMA_MAX_INDENT };
+    char max_sp[MI + 2] = "\n", max_tab[MI + 2] = "\n", over[MI + 3] = "\n"; /* the bound's indents, one more */
+    memset(max_sp + 1, ' ', MI), memset(max_tab + 1, '\t', MI), memset(over + 1, ' ', MI + 1);
+    const struct { const char *w; int ok; } sp[] = {
+        {" ", 1}, {"\n", 1}, {"\n  ", 1}, {"\n\t \t", 1}, {max_sp, 1}, {max_tab, 1},
+        {"  ", 0}, {"\t", 0}, {"\r", 0}, {"\r\n", 0}, {"\n\n", 0}, {" \n", 0}, {"\n \n", 0}, {"\t ", 0}, {over, 0},
     };
     CHECK(accepts_s(g, compact), "compact");
     int right = 0, tried = 0;

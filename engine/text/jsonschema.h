@@ -18,7 +18,7 @@
  * JSON serialization (an escaped spelling such as "\u0061" for "a" is rejected); integer means
  * no '.'/exponent; whitespace outside strings is bounded as in llama.cpp's JSON grammar: in each
  * gap between two tokens of the value (after '{', '[', ',', ':', a key, a value) either nothing,
- * one space, or one newline followed by at most ZS_JSCHEMA_MAX_INDENT spaces/tabs; none before
+ * one space, or one newline followed by at most ZS_JSCHEMA_MAX_INDENT spaces/tabs (llama.cpp: 20); none before
  * the root value or after it, no '\r', no second run (so "\n\n" or "  :" cannot be written and a
  * model cannot spend its tokens on layout, while the compact form and a pretty-printed one both
  * stay on the table: a model that writes JSON pretty-printed is not pushed off its
@@ -48,9 +48,11 @@
 
 #include "tokenizer.h"
 
-/* Indent bytes after a newline: 20 as llama.cpp's json.gbnf, room for 10 levels of 2-space or 5
- * of 4-space pretty-printing, and at most 21 bytes (a few tokens) of layout per gap. */
-#define ZS_JSCHEMA_MAX_INDENT 20
+/* Indent bytes after a newline. llama.cpp's json.gbnf allows 20; 8 is enough for 4 levels of
+ * 2-space or 2 of 4-space pretty-printing (deeper keys still come, indented less) and caps a gap at
+ * 9 bytes: a tokenizer without space runs spends a token per byte, and a tiny model tends to take
+ * the whole bound (stories260K, max_tokens 60: at 20 its answer was cut, at 8 it ends). */
+#define ZS_JSCHEMA_MAX_INDENT 8
 #define ZS_JSCHEMA_MAX_DEPTH 32   /* frames per stack (root + nested values + key) */
 #define ZS_JSCHEMA_MAX_ALTS 16    /* live anyOf alternatives */
 #define ZS_JSCHEMA_MAX_FRAMES 128 /* frames over all alternatives */

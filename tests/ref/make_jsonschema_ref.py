@@ -15,12 +15,12 @@ Re-run: /tmp/tv/bin/pip install jsonschema==4.26.0
         /tmp/tv/bin/python tests/ref/make_jsonschema_ref.py [--validate-generated]
 Documents are written as exact byte strings (the C test feeds them byte by byte). Two spellings
 that jsonschema accepts are refused by the matcher on purpose (jsonschema.h): whitespace outside
-strings beyond llama.cpp's bound (in a gap between two tokens nothing, one space, or a newline and
-at most 20 spaces/tabs; none before or after the value) and an object's keys out of the schema's
-"properties" order; such documents carry "refused": "whitespace" / "key order" beside
-"valid": true, and the C test expects the matcher to refuse them. Documents with whitespace outside
-strings (taken or refused) carry "ws": true. None uses the other spellings it refuses (escaped key spellings, 1.0 for integers,
-duplicate keys)."""
+strings beyond the llama.cpp-style bound (in a gap between two tokens nothing, one space, or a
+newline and at most MAX_INDENT = 8 spaces/tabs; none before or after the value) and an object's
+keys out of the schema's "properties" order; such documents carry "refused": "whitespace" /
+"key order" beside "valid": true, and the C test expects the matcher to refuse them. Documents
+with whitespace outside strings (taken or refused) carry "ws": true. None uses the other spellings
+it refuses (escaped key spellings, 1.0 for integers, duplicate keys)."""
 import copy
 import json
 import os
@@ -119,7 +119,7 @@ def dump(d, spaced=False):
     return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
-MAX_INDENT = 20  # jsonschema.h's ZS_JSCHEMA_MAX_INDENT
+MAX_INDENT = 8  # jsonschema.h's ZS_JSCHEMA_MAX_INDENT
 
 
 def ws_runs(text):
@@ -211,7 +211,7 @@ def corpus():
         for d in valids:
             add(dump(d))
             add(dump(d, True))
-            add(json.dumps(d, ensure_ascii=False, indent=2))  # pretty-printed: taken while indents stay <= 20
+            add(json.dumps(d, ensure_ascii=False, indent=2))  # pretty-printed: taken while indents stay <= MAX_INDENT
             add(json.dumps(d, ensure_ascii=False, indent=4))
             add(json.dumps(d, ensure_ascii=False, indent="\t"))
             if isinstance(d, dict) and len(d) > 1:  # the same keys reversed
@@ -220,8 +220,8 @@ def corpus():
             for m in mutations(d, schema):
                 add(dump(m))
         # textual near-misses: truncation, trailing garbage; whitespace outside strings the matcher
-        # takes (one space, a newline and up to 20 spaces/tabs) and refuses (before or after the
-        # value, runs of spaces, a second newline, \r, a lone tab, 21 indent bytes)
+        # takes (one space, a newline and up to MAX_INDENT spaces/tabs) and refuses (before or after
+        # the value, runs of spaces, a second newline, \r, a lone tab, MAX_INDENT + 1 indent bytes)
         t = dump(valids[0])
         for bad in [t[:-1], t + "}", t + "x", "[" + t + "]", t.replace(":", ": ", 1), " " + t, t + "\n",
                     t.replace("{", "{\n  ", 1), t.replace(",", "\t,", 1), t.replace(":", "  :", 1),
