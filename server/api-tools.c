@@ -93,7 +93,8 @@ int zs_api_grammar_get(const zs_tokenizer *tok, const char *schema_json, zs_api_
         json_error_t je;
         json_t *s = json_loads(schema_json, JSON_REJECT_DUPLICATES, &je);
         if (!s) return zs_err(ZS_EINVAL, "json schema: not valid JSON (line %d: %s)", je.line, je.text);
-        key = json_dumps(s, JSON_SORT_KEYS | JSON_COMPACT);
+        /* keys in the request's order: the grammar writes an object's keys in its schema's order */
+        key = json_dumps(s, JSON_COMPACT);
         json_decref(s);
     } else {
         key = strdup("");
@@ -327,7 +328,7 @@ int zs_api_response_format(json_t *root, const zs_api_model *m, zs_api_cons **ou
     char *text = NULL;
     if (schema && !json_is_null(schema)) {
         if (!json_is_object(schema)) return zs_api_bad_type(e, "response_format.json_schema.schema", "an object", schema);
-        text = json_dumps(schema, JSON_SORT_KEYS | JSON_COMPACT);
+        text = json_dumps(schema, JSON_COMPACT); /* in order: properties are generated in it */
         if (!text) return zs_api_fail(e, 500, NULL, NULL, "out of memory");
     }
     int rc = cons_make(m, text, NULL, NULL, NULL, out);

@@ -6,8 +6,8 @@
  * jsonschema.h, toolcall.h and api-error.h.
  *
  * Grammar cache: compiled grammars with their token masks (zs_jschema_mask_new over a model's
- * tokenizer), keyed by (tokenizer, the schema's canonical JSON text: json_dumps with
- * JSON_SORT_KEYS | JSON_COMPACT), at most ZS_API_GRAMMAR_CACHE entries not in use, evicted least
+ * tokenizer), keyed by (tokenizer, the schema's compact JSON text, keys in the request's order:
+ * the order of properties is the order the value writes them), at most ZS_API_GRAMMAR_CACHE entries not in use, evicted least
  * recently used first. An entry is reference counted: a request holds its entry from parsing
  * until the scheduler's last on_done, so an evicted entry in use is freed at its last release.
  * Thread-safe (one mutex; a compile runs outside it while other requests for the same key wait

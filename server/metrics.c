@@ -149,7 +149,8 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     head(&b, "zeroserve_spec_accepted_tokens_total", "counter", "Speculative decoding: draft tokens accepted.");
     outf(&b, "zeroserve_spec_accepted_tokens_total %llu\n", (unsigned long long)st.spec_accepted);
     head(&b, "zeroserve_spec_forced_tokens_total", "counter",
-         "Tokens a constraint forces, fed several per pass as drafts that always hold (jump-forward).");
+         "Tokens a constraint forces (prefix, suffix, the grammar's forced bytes), fed several per pass as drafts "
+         "(jump-forward), that held.");
     outf(&b, "zeroserve_spec_forced_tokens_total %llu\n", (unsigned long long)st.spec_forced);
     head(&b, "zeroserve_spec_trees_total", "counter", "Speculative decoding: verifications whose drafts branched (--spec-tree).");
     outf(&b, "zeroserve_spec_trees_total %llu\n", (unsigned long long)st.spec_trees);
@@ -159,6 +160,9 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     head(&b, "zeroserve_spec_kv_moves_total", "counter",
          "Speculative decoding: K/V entries of accepted tree paths moved to their positions.");
     outf(&b, "zeroserve_spec_kv_moves_total %llu\n", (unsigned long long)st.spec_kv_moves);
+    head(&b, "zeroserve_spec_forced_draft_tokens_total", "counter",
+         "Forced tokens put into steps as drafts; those that did not hold were spelled otherwise by the model.");
+    outf(&b, "zeroserve_spec_forced_draft_tokens_total %llu\n", (unsigned long long)st.spec_forced_drafted);
     {
         double bounds[ZS_SPEC_MAX_TOKENS + 1];
         uint64_t cum[ZS_SPEC_MAX_TOKENS + 1], n = 0;

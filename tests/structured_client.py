@@ -6,7 +6,9 @@ tests/e2e-structured.sh and tests/e2e-tools.sh (run only when `import openai, js
       response_format json_schema (the fixed schemas below; --small: only the bounded one, for
       stories260K) and json_object through client.chat.completions.create at temperature 0 and 1
       with several seeds and n=2, streamed too, and completions (extra_body); every output parses
-      and validates with jsonschema; an unsupported schema is a BadRequestError naming the keyword.
+      and validates with jsonschema, its whitespace outside strings within the grammar's bound
+      (jsonschema.h; a tool call's arguments too); an unsupported schema is a BadRequestError
+      naming the keyword.
   structured_client.py tools URL MODEL
       tools with tool_choice required / named / none / auto, the follow-up with the tool's result
       in a role "tool" message, and streaming (the client's ChatCompletionChunk /
@@ -85,12 +87,41 @@ def check(cond, what):
     return cond
 
 
+MAX_INDENT = 8  # jsonschema.h's ZS_JSCHEMA_MAX_INDENT
+
+
+def ws_bounded(text):
+    """Whitespace outside strings as the grammar bounds it (jsonschema.h): none before or after the
+    value, each run between tokens one space or a newline and at most MAX_INDENT spaces/tabs."""
+    in_str = esc = False
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if in_str:
+            esc, in_str = (False, True) if esc else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_str = True
+        elif ch in " \t\r\n":
+            j = i
+            while j < len(text) and text[j] in " \t\r\n":
+                j += 1
+            run = text[i:j]
+            if i == 0 or j == len(text) or not (run == " " or (run[0] == "\n" and len(run) <= 1 + MAX_INDENT and not run[1:].strip(" \t"))):
+                return False
+            i = j
+            continue
+        i += 1
+    return True
+
+
 def valid(text, schema):
     try:
         jsonschema.validate(json.loads(text), schema)
-        return True, ""
     except Exception as e:  # noqa: BLE001 - the reason is printed
         return False, f"{type(e).__name__}: {str(e)[:200]} in {text[:200]!r}"
+    if not ws_bounded(text):
+        return False, f"whitespace beyond the grammar's bound in {text[:200]!r}"
+    return True, ""
 
 
 cut = [0, 0]  # sampled answers cut by max_tokens, sampled answers

@@ -262,13 +262,17 @@ static void test_constraint(void) {
         CHECK(!strcmp(c.prefix, "<tool_call>\n") && !strcmp(c.suffix, "\n</tool_call>") &&
                   !strcmp(c.trigger, "<tool_call>"), "hermes opener/closer [%s] [%s] [%s]", c.prefix, c.suffix,
               c.trigger);
-        CHECK(accepts(c.schema_json, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}") == 1,
+        CHECK(accepts(c.schema_json, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\",\"days\":3}}") == 1,
               "valid call accepted by %s", c.schema_json);
-        CHECK(accepts(c.schema_json, "{\"name\": \"get_weather\", \"arguments\": {\"days\": 3}}") == 0,
+        CHECK(accepts(c.schema_json, "{\"name\":\"get_weather\",\"arguments\":{\"days\":3}}") == 0,
               "required city");
-        CHECK(accepts(c.schema_json, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"P\", \"x\": 1}}") == 0,
+        CHECK(accepts(c.schema_json, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"P\",\"x\":1}}") == 0,
               "additionalProperties false added");
-        CHECK(accepts(c.schema_json, "{\"name\": \"ping\", \"arguments\": {}}") == 0, "other name");
+        CHECK(accepts(c.schema_json, "{\"name\":\"ping\",\"arguments\":{}}") == 0, "other name");
+        CHECK(accepts(c.schema_json, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}") == 1 &&
+                  accepts(c.schema_json, "{\"name\":  \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}") == 0 &&
+                  accepts(c.schema_json, "{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}") == 0,
+              "the call's whitespace bounded, its keys in the schema's order (jsonschema.h)");
         zs_toolcall_constraint_free(&c);
     }
     /* several tools: name enum and arguments anyOf; llama3 writes "parameters" */
@@ -276,10 +280,10 @@ static void test_constraint(void) {
     CHECK(rc == 0, "llama3, two tools: %s", zs_errmsg());
     if (rc == 0) {
         CHECK(!*c.prefix && !*c.suffix && !strcmp(c.trigger, "{"), "llama3 has no opener");
-        CHECK(accepts(c.schema_json, "{\"name\": \"ping\", \"parameters\": {}}") == 1, "ping: %s", c.schema_json);
+        CHECK(accepts(c.schema_json, "{\"name\":\"ping\",\"parameters\":{}}") == 1, "ping: %s", c.schema_json);
         CHECK(accepts(c.schema_json, "{\"name\":\"get_weather\",\"parameters\":{\"city\":\"x\"}}") == 1, "weather");
-        CHECK(accepts(c.schema_json, "{\"name\": \"ping\", \"arguments\": {}}") == 0, "llama3 key");
-        CHECK(accepts(c.schema_json, "{\"name\": \"pong\", \"parameters\": {}}") == 0, "unknown name");
+        CHECK(accepts(c.schema_json, "{\"name\":\"ping\",\"arguments\":{}}") == 0, "llama3 key");
+        CHECK(accepts(c.schema_json, "{\"name\":\"pong\",\"parameters\":{}}") == 0, "unknown name");
         zs_toolcall_constraint_free(&c);
     }
     rc = zs_toolcall_constraint_make(ZS_TOOLFMT_MISTRAL, k_tools, 2, "ping", &c);
@@ -287,8 +291,8 @@ static void test_constraint(void) {
     if (rc == 0) {
         CHECK(!strcmp(c.prefix, "[TOOL_CALLS][") && !strcmp(c.suffix, "]") && !strcmp(c.trigger, "[TOOL_CALLS]"),
               "mistral opener");
-        CHECK(accepts(c.schema_json, "{\"name\": \"ping\", \"arguments\": {}}") == 1, "ping");
-        CHECK(accepts(c.schema_json, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\"}}") == 0,
+        CHECK(accepts(c.schema_json, "{\"name\":\"ping\",\"arguments\":{}}") == 1, "ping");
+        CHECK(accepts(c.schema_json, "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"x\"}}") == 0,
               "only the named tool");
         zs_toolcall_constraint_free(&c);
     }
@@ -347,7 +351,7 @@ static void test_constraint(void) {
         int reach = 0;
         for (int i = 0; i < 20; i++) {
             char call[128];
-            snprintf(call, sizeof call, "{\"name\": \"t%d\", \"arguments\": {\"p%d\": 7}}", i, i);
+            snprintf(call, sizeof call, "{\"name\":\"t%d\",\"arguments\":{\"p%d\":7}}", i, i);
             reach += accepts(c.schema_json, call) == 1;
         }
         CHECK(reach == 20, "20 tools: %d reachable", reach);

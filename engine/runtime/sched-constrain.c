@@ -5,20 +5,37 @@
  * masks, then the forced suffix tokens; the request then ends with ZS_DONE_STOP (the grammar
  * being done ends it, whether or not there is a suffix). Without a trigger the prefix starts at
  * the first token. With a trigger, the prefix (if any) is forced right after the trigger text.
- * Forced tokens are taken whatever the logits say; their logprob is reported from the logits as
- * usual. Masked tokens have their logits set far below every real one before the sampler runs
+ * The prefix and suffix tokens are taken whatever the logits say; their logprob is reported from
+ * the logits as usual. Masked tokens have their logits set far below every real one before the sampler runs
  * (temperature, top_k, top_p and min_p then apply to the allowed tokens only), and logprobs are
  * those of the masked distribution. Everything in zs_req_constraint is borrowed and must stay
  * valid until on_done has returned. Stop strings and max_tokens still end a request early (the
  * output is then incomplete, finish "stop"/"length" as OpenAI reports it).
  * The masks of a step's constrained rows are computed in parallel on the CPU pool before the
- * rows are sampled (zs_sched_con_masks). Engine thread, except the checks at submit. */
+ * rows are sampled (zs_sched_con_masks).
+ *
+ * Jump-forward (zs_sched_con_forced, which sched-spec.c puts into the step as drafts): the rest
+ * of the prefix; in the value, the bytes the grammar forces (zs_jschema_forced: one byte alone
+ * may come next, again and again — a required key with its quotes and ':', the rest of the only
+ * enum value left, a '}' nothing else can take) spelled in tokens, longest first
+ * (zs_jschema_mask_spell); when they complete the value, the suffix. The prefix and suffix drafts
+ * always hold. A value draft is verified like any draft, under the mask (zs_sampler_verify on
+ * the masked logits), and this is what "forced" means here: where the mask allows that token
+ * alone, the masked distribution is a point mass, so it holds whatever the logits say (one draw,
+ * as plain sampling's); where the forced bytes can be spelled otherwise ('"name' or '"' then
+ * 'name'), the model's own spelling is kept (greedy: the argmax under the mask) and the rest of
+ * the drafts is dropped. Outputs are thus those of plain decoding — bit for bit greedy, in
+ * distribution sampled — and a spelling the model would not have chosen is never imposed: it
+ * would change the tokens, and every token after them, and put the model on text its tokenizer
+ * never makes. Engine thread, except the checks at submit. */
 #include <math.h>
 #include <string.h>
 
 #include "common.h"
 #include "pool.h"
 #include "sched-impl.h"
+
+#define FORCED_BYTES 256 /* forced bytes looked at per step (more than ZS_SPEC_MAX_TOKENS tokens spell) */
 
 int zs_sched_con_check(zs_sched *s, const zs_req_params *p) {
     const zs_req_constraint *c = p->constraint;
@@ -125,13 +142,30 @@ void zs_sched_con_masks(int vocab, zs_request *const *rows, const float *logits,
     } /* a single one is computed where it is sampled */
 }
 
+/* Copies up to k of the n ids into out; how many. */
+static int take(const int32_t *ids, int n, int32_t *out, int k) {
+    n = ZS_MAX(ZS_MIN(n, k), 0);
+    if (n > 0) memcpy(out, ids, (size_t)n * sizeof *out);
+    return n;
+}
+
 int zs_sched_con_forced(const zs_request *r, int32_t *out, int k) {
-    if (!r->has_con || (r->phase != PH_PREFIX && r->phase != PH_SUFFIX)) return 0;
-    const int32_t *ids = r->phase == PH_PREFIX ? r->con.prefix : r->con.suffix;
-    int n = (r->phase == PH_PREFIX ? r->con.n_prefix : r->con.n_suffix) - r->forced_i;
-    n = ZS_MIN(n, k);
-    memcpy(out, ids + r->forced_i, (size_t)ZS_MAX(n, 0) * sizeof *out);
-    return ZS_MAX(n, 0);
+    if (!r->has_con || r->phase == PH_TRIGGER || k <= 0) return 0;
+    int n = 0, phase = r->phase, fi = r->forced_i;
+    if (phase == PH_PREFIX) {
+        n = take(r->con.prefix + fi, r->con.n_prefix - fi, out, k);
+        if (fi + n < r->con.n_prefix) return n;
+        phase = PH_VALUE; /* r->gst is still the state before the value */
+    }
+    if (phase == PH_VALUE) {
+        char bytes[FORCED_BYTES];
+        int done = 0;
+        size_t used = 0, nb = zs_jschema_forced(r->con.grammar, r->gst, bytes, sizeof bytes, &done);
+        n += zs_jschema_mask_spell(r->con.masks, bytes, nb, out + n, k - n, &used);
+        if (used < nb || !done) return n;
+        fi = 0; /* the forced bytes complete the value: the suffix follows */
+    }
+    return n + take(r->con.suffix + fi, r->con.n_suffix - fi, out + n, k - n);
 }
 
 /* Samples tok from logits, or with drafts verifies them (zs_sampler_verify_multi). */

@@ -160,8 +160,11 @@ int  zs_sched_con_init(zs_sched *s, zs_request *r, const zs_req_constraint *c);
 void zs_sched_con_masks(int vocab, zs_request *const *rows, const float *logits, int n_rows);
 int  zs_sched_con_sample(zs_sched *s, zs_request *r, const float *logits, const int32_t *drafts, int n, int *tok,
                          int *which, float *lp, const float **used, int *end);
-/* The tokens the constraint forces next, up to k (the prefix or suffix still to come): drafts that
- * verification always accepts (jump-forward). */
+/* The tokens the constraint forces next, up to k, as drafts (jump-forward): the prefix still to
+ * come, the value's forced bytes spelled in tokens, and, when those complete the value, the
+ * suffix. The prefix and suffix always hold; a value token is verified under the grammar's mask
+ * (it holds whatever the logits say where the mask allows it alone; else the model's spelling
+ * of the forced bytes wins). */
 int  zs_sched_con_forced(const zs_request *r, int32_t *out, int k);
 
 /* sched-embed.c: embedding requests' pooling. */

@@ -15,9 +15,10 @@
  * the pass is waiting for NVMe. zs_sched_opts.spec_tokens = N fixes N per sequence instead. What
  * was chosen is logged when it changes and shown in /metrics (spec_k).
  *
- * Forced tokens of a constrained request (the prefix or suffix still to come) go in as drafts
- * that verification always accepts (jump-forward): many of them in one pass instead of one per
- * pass. They are not counted as drafted.
+ * Forced tokens of a constrained request (the prefix or suffix still to come, the bytes the
+ * grammar forces in the value: sched-constrain.c) go in first as drafts (jump-forward): many of
+ * them in one pass instead of one per pass. They are not counted as drafted: spec_forced_drafted
+ * counts them, spec_forced those that held.
  *
  * Trees (zs_sched_opts.spec_tree): the proposer offers a tree (several continuations, each node
  * with its share among its siblings); a node's gain is the product of a · share along its path,
@@ -328,6 +329,7 @@ static void verified(zs_sched *s, zs_request *r, int drafted, int forced, int ac
     s->st.spec_drafted += (uint64_t)spec;
     s->st.spec_accepted += (uint64_t)acc;
     s->st.spec_forced += (uint64_t)ZS_MIN(accepted, forced);
+    s->st.spec_forced_drafted += (uint64_t)forced;
     if (spec > 0) s->st.spec_accept_hist[ZS_MIN(acc, ZS_SPEC_MAX_TOKENS)]++;
     s->st.spec_trees += (uint64_t)(tree != 0);
     s->st.spec_side_accepted += (uint64_t)side;

@@ -102,9 +102,10 @@ typedef struct {
     double itl_sum;
     zs_gather_stats gather;          /* bytes per tier, stall, depth, live bytes */
     /* speculative decoding (sched-spec.c): draft tokens put into steps and accepted, forced
-     * tokens fed as drafts (jump-forward), verifications by accepted drafts, drafts per sequence
-     * chosen for the last step, and tokens generated per step that generated any (EWMA) */
-    uint64_t spec_drafted, spec_accepted, spec_forced;
+     * tokens fed as drafts that held and all of them (jump-forward), verifications by accepted
+     * drafts, drafts per sequence chosen for the last step, and tokens generated per step that
+     * generated any (EWMA) */
+    uint64_t spec_drafted, spec_accepted, spec_forced, spec_forced_drafted;
     uint64_t spec_trees;             /* verifications whose drafts branched (spec_tree) */
     uint64_t spec_side_accepted;     /* accepted drafts that were not their parent's first child */
     uint64_t spec_kv_moves;          /* accepted drafts' K/V entries moved to their positions after a tree */

@@ -1,6 +1,7 @@
 /* jsonschema.c — compiles the strict-structured-outputs subset of JSON Schema into grammar nodes,
- * runs the byte-level pushdown matcher over them, and computes token masks by walking a byte
- * trie of the vocabulary with the matcher (see jsonschema.h for the subset and the rules). */
+ * runs the byte-level pushdown matcher over them (and finds the bytes it forces next), computes
+ * token masks by walking a byte trie of the vocabulary with the matcher, and spells forced bytes
+ * in that trie's tokens (see jsonschema.h for the subset and the rules). */
 #include "jsonschema.h"
 
 #include <jansson.h>
@@ -30,7 +31,7 @@ typedef struct {
     /* K_OBJECT */
     int n_props;
     uint32_t *prop_node; /* [n_props], schema order */
-    uint64_t required, all;
+    uint64_t required;   /* bits of the required properties */
     strset keys;
     /* K_ARRAY */
     uint32_t items, min_items, max_items;
@@ -399,7 +400,6 @@ static int compile_object(comp *c, json_t *s, const char *ptr, uint32_t *out) {
         n->prop_node = calloc(np ? np : 1, sizeof *n->prop_node);
         if (!n->prop_node) return zs_err(ZS_ENOMEM, "json schema: out of memory");
         n->n_props = (int)np;
-        n->all = np == 64 ? ~0ull : ((1ull << np) - 1);
     }
     const char *k;
     json_t *v;
@@ -747,27 +747,55 @@ static int enum_complete(const strset *ss, uint32_t lo, uint32_t pos) {
 
 static void begin(const zs_jschema *g, frame *f, int d, uint32_t node, int c, zs_jschema_state *out, int rd);
 
+/* Bits 0..p-1. */
+static uint64_t below(int p) { return p >= 64 ? ~0ull : (1ull << p) - 1; }
+
+/* The highest property seen (keys: bits of their property numbers), -1 for none. */
+static int last_prop(uint64_t seen) { return seen ? 63 - __builtin_clzll(seen) : -1; }
+
+/* Property p may be the next key after the keys seen: it comes later in the schema's order
+ * and no required property lies between. */
+static int key_may_follow(const gnode *n, uint64_t seen, int p) {
+    int last = last_prop(seen);
+    return p > last && !(n->required & below(p) & ~below(last + 1));
+}
+
+/* Whitespace in a gap between two tokens of a value, as llama.cpp's JSON grammar bounds it:
+ * nothing, one space, or one newline and up to ZS_JSCHEMA_MAX_INDENT spaces/tabs. The frame's
+ * ws: 0 = none yet, 1 = after the one space, 2 + k = after the newline and k indent bytes.
+ * Returns 1 when c is whitespace (taken into t->ws, or refused: *ok = 0), 0 when it is not (the
+ * gap ends, t->ws back to 0). */
+static int gap_ws(frame *t, int c, int *ok) {
+    *ok = 1;
+    if (c == ' ' && t->ws == 0) t->ws = 1;
+    else if (c == '\n' && t->ws == 0) t->ws = 2;
+    else if ((c == ' ' || c == '\t') && t->ws >= 2 && t->ws < 2 + ZS_JSCHEMA_MAX_INDENT) t->ws++;
+    else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') *ok = 0; /* a second run, \r, a lone tab */
+    else {
+        t->ws = 0;
+        return 0;
+    }
+    return 1;
+}
+
 static void step(const zs_jschema *g, frame *f, int d, int c, zs_jschema_state *out) {
     frame *t = &f[d - 1];
     const gnode *n = &g->nodes[t->node];
-    int ws = c == ' ' || c == '\n' || c == '\r' || c == '\t';
-    switch (t->phase) {
-    case P_ROOT:
+    frame nf = {0};
+    switch (t->phase) { /* the gaps inside a value (none before the root value or after it) */
     case O_START: case O_COLON: case O_VALUE: case O_AFTER: case O_NEXT:
     case AO_START: case AO_COLON: case AO_VALUE: case AO_AFTER: case AO_NEXT:
     case AA_START: case AA_AFTER: case AA_NEXT:
-    case A_START: case A_AFTER: case A_NEXT:
-        if (ws) {
-            if (t->ws >= ZS_JSCHEMA_MAX_WS) return;
-            t->ws++;
-            emit(out, f, d);
+    case A_START: case A_AFTER: case A_NEXT: {
+        int ok;
+        if (gap_ws(t, c, &ok)) {
+            if (ok) emit(out, f, d);
             return;
         }
-        t->ws = 0;
         break;
+    }
     default: break;
     }
-    frame nf = {0};
     switch (t->phase) {
     case P_ROOT:
         t->phase = P_DONE;
@@ -776,7 +804,7 @@ static void step(const zs_jschema *g, frame *f, int d, int c, zs_jschema_state *
     case P_DONE: return;
     case O_START:
     case O_NEXT:
-        if (c == '"' && (t->b & n->all) != n->all && d < MAXD) {
+        if (c == '"' && last_prop(t->b) + 1 < n->n_props && d < MAXD) {
             nf.node = t->node;
             nf.phase = O_KEY;
             nf.a = 1;
@@ -792,7 +820,7 @@ static void step(const zs_jschema *g, frame *f, int d, int c, zs_jschema_state *
         uint32_t lo = (uint32_t)t->b, hi = (uint32_t)(t->b >> 32), pos = t->a;
         if (!narrow(&n->keys, &lo, &hi, pos, (unsigned char)c)) return;
         int live = 0;
-        for (uint32_t k = lo; k < hi && !live; k++) live = !(o->b >> n->keys.idx[k] & 1);
+        for (uint32_t k = lo; k < hi && !live; k++) live = key_may_follow(n, o->b, n->keys.idx[k]);
         if (!live) return;
         pos++;
         if (enum_complete(&n->keys, lo, pos)) {
@@ -815,8 +843,8 @@ static void step(const zs_jschema *g, frame *f, int d, int c, zs_jschema_state *
         begin(g, f, d, n->prop_node[t->a], c, out, 0);
         return;
     case O_AFTER:
-        if (c == ',' && (t->b & n->all) != n->all) t->phase = O_NEXT, emit(out, f, d);
-        else if (c == '}' && !(n->required & ~t->b)) emit(out, f, d - 1);
+        if (c == ',' && last_prop(t->b) + 1 < n->n_props) t->phase = O_NEXT, emit(out, f, d);
+        else if (c == '}' && !(n->required & ~below(last_prop(t->b) + 1))) emit(out, f, d - 1);
         return;
     case AO_START:
     case AO_NEXT:
@@ -1096,6 +1124,39 @@ int zs_jschema_done(const zs_jschema *g, const zs_jschema_state *st) {
     return 0;
 }
 
+size_t zs_jschema_forced(const zs_jschema *g, const zs_jschema_state *st, char *out, size_t cap, int *done) {
+    if (done) *done = 0;
+    if (!g || !st || !out) return 0;
+    zs_jschema_state *a = malloc(3 * sizeof *a); /* the state, a trial, the one byte's successor */
+    if (!a) return 0;
+    zs_jschema_state *cur = &a[0], *trial = &a[1], *next = &a[2];
+    zs_jschema_state_copy(cur, st);
+    size_t n = 0;
+    int fin = zs_jschema_done(g, cur);
+    while (n < cap && !fin) {
+        int only = -1;
+        for (int c = 0; c < 256 && only != -2; c++) {
+            if (!feed1(g, cur, c, trial)) continue;
+            if (only >= 0) only = -2; /* a second byte: a choice */
+            else {
+                only = c;
+                zs_jschema_state *t = next;
+                next = trial;
+                trial = t;
+            }
+        }
+        if (only < 0) break;
+        out[n++] = (char)only;
+        zs_jschema_state *t = cur;
+        cur = next;
+        next = t;
+        fin = zs_jschema_done(g, cur);
+    }
+    if (done) *done = fin;
+    free(a);
+    return n;
+}
+
 /* ================================================================ token masks */
 
 typedef struct {
@@ -1187,8 +1248,10 @@ static int trie_build(trie *t, const zs_tokenizer *tok, const uint8_t *keep, int
         if (end[id] >= 0) t->n[end[id]].ntok++;
     int32_t pos = 0;
     for (int32_t i = 0; i < t->nn; i++) t->n[i].tok0 = pos, pos += t->n[i].ntok, t->n[i].ntok = 0;
-    for (int id = 0; id < n_vocab; id++)
-        if (end[id] >= 0) t->ids[t->n[end[id]].tok0 + t->n[end[id]].ntok++] = id;
+    for (int pass = 0; pass < 2; pass++) /* at each node: pieces first, then byte-fallback tokens */
+        for (int id = 0; id < n_vocab; id++)
+            if (end[id] >= 0 && zs_tokenizer_is_byte_fallback(tok, id) == pass)
+                t->ids[t->n[end[id]].tok0 + t->n[end[id]].ntok++] = id;
     free(end);
     return 0;
 }
@@ -1308,6 +1371,32 @@ static int walk_root(const zs_jschema_masks *m, const trie *t, zs_jschema_state 
         }
         if (t->n[c].child >= 0) count += walk(m, t, t->n[c].child, st, 1, bits);
     }
+    return count;
+}
+
+int zs_jschema_mask_spell(const zs_jschema_masks *m, const char *bytes, size_t n, int32_t *ids, int k, size_t *used) {
+    size_t at = 0;
+    int count = 0;
+    if (m && (bytes || !n) && (ids || k <= 0)) {
+        const trie *t = &m->all;
+        const unsigned char *b = (const unsigned char *)bytes;
+        while (at < n && count < k) {
+            int32_t best = -1, c = t->root_child[b[at]];
+            size_t len = 0, best_len = 0;
+            while (c >= 0) { /* down the trie along bytes[at..], the deepest node where a token ends */
+                len++;
+                if (t->n[c].ntok > 0) best = c, best_len = len;
+                if (at + len >= n) break;
+                int32_t ch = t->n[c].child;
+                while (ch >= 0 && t->n[ch].byte != b[at + len]) ch = t->n[ch].next;
+                c = ch;
+            }
+            if (best < 0) break;
+            ids[count++] = t->ids[t->n[best].tok0]; /* the node's first: a piece, lowest id first */
+            at += best_len;
+        }
+    }
+    if (used) *used = at;
     return count;
 }
 

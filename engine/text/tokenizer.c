@@ -1162,6 +1162,13 @@ const char *zs_tokenizer_token_bytes(const zs_tokenizer *t, int id, size_t *len)
     return t->dec_blob + t->dec_off[id];
 }
 
+int zs_tokenizer_is_byte_fallback(const zs_tokenizer *t, int id) {
+    size_t n = 0;
+    const char *b = zs_tokenizer_token_bytes(t, id, &n);
+    const char *p = b ? t->piece[id] : NULL;
+    return p && n == 1 && byte_token(p, strlen(p)) == (unsigned char)b[0];
+}
+
 int zs_tokenizer_token_id(const zs_tokenizer *t, const char *piece) {
     return piece ? any_lookup(t, piece, strlen(piece)) : -1;
 }

@@ -79,6 +79,9 @@ int zs_tokenizer_token_id(const zs_tokenizer *t, const char *piece);
  * decode. Sets *len (0 for an id without a piece or out of range, then returns NULL). The bytes
  * belong to the tokenizer, are not NUL-terminated and may be an incomplete UTF-8 sequence. */
 const char *zs_tokenizer_token_bytes(const zs_tokenizer *t, int id, size_t *len);
+/* 1 when id is a byte-fallback token: a "<0xXX>" piece that decodes to that one byte (SentencePiece
+ * vocabularies), which the encoder writes only for a byte no piece covers; else 0. */
+int zs_tokenizer_is_byte_fallback(const zs_tokenizer *t, int id);
 
 /* Encodes len bytes of UTF-8 text. add_special: apply the post-processor (e.g. prepend <s>).
  * Added/special tokens written literally in the text are matched as their ids.

@@ -13,9 +13,14 @@ validates every document with jsonschema and stores the verdict in it.
 
 Re-run: /tmp/tv/bin/pip install jsonschema==4.26.0
         /tmp/tv/bin/python tests/ref/make_jsonschema_ref.py [--validate-generated]
-Documents are written as exact byte strings (the C test feeds them byte by byte); none uses a
-spelling the matcher deliberately refuses (escaped key spellings, 1.0 for integers, whitespace
-runs over 4 bytes, duplicate keys: see jsonschema.h)."""
+Documents are written as exact byte strings (the C test feeds them byte by byte). Two spellings
+that jsonschema accepts are refused by the matcher on purpose (jsonschema.h): whitespace outside
+strings beyond the llama.cpp-style bound (in a gap between two tokens nothing, one space, or a
+newline and at most MAX_INDENT = 8 spaces/tabs; none before or after the value) and an object's
+keys out of the schema's "properties" order; such documents carry "refused": "whitespace" /
+"key order" beside "valid": true, and the C test expects the matcher to refuse them. Documents
+with whitespace outside strings (taken or refused) carry "ws": true. None uses the other spellings
+it refuses (escaped key spellings, 1.0 for integers, duplicate keys)."""
 import copy
 import json
 import os
@@ -114,6 +119,75 @@ def dump(d, spaced=False):
     return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
+MAX_INDENT = 8  # jsonschema.h's ZS_JSCHEMA_MAX_INDENT
+
+
+def ws_runs(text):
+    """The whitespace runs outside strings: (start, run) for each, start the offset of its first byte."""
+    runs, in_str, esc, i = [], False, False, 0
+    while i < len(text):
+        ch = text[i]
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in " \t\r\n":
+            j = i
+            while j < len(text) and text[j] in " \t\r\n":
+                j += 1
+            runs.append((i, text[i:j]))
+            i = j
+            continue
+        i += 1
+    return runs
+
+
+def bounded_ws(text):
+    """Every whitespace run outside strings is one the matcher takes: inside the value (none before
+    or after it), and either one space or a newline followed by at most MAX_INDENT spaces/tabs."""
+    body = text.strip(" \t\r\n")
+    for start, run in ws_runs(text):
+        if start == 0 or start + len(run) == len(text):
+            return False
+        if run != " " and not (run[0] == "\n" and len(run) <= 1 + MAX_INDENT and not run[1:].strip(" \t")):
+            return False
+    return bool(body)
+
+
+def resolve(schema, root):
+    while "$ref" in schema:
+        ref = schema["$ref"]
+        if ref == "#":
+            schema = root
+        else:
+            _, defs, name = ref.split("/", 2)
+            schema = root[defs][name]
+    return schema
+
+
+def in_order(doc, schema, root):
+    """Every object's keys in its schema's "properties" order (for anyOf: some alternative that
+    validates the value has it)."""
+    schema = resolve(schema, root)
+    if "anyOf" in schema:
+        alts = [a for a in schema["anyOf"] if Draft202012Validator(root).evolve(schema=a).is_valid(doc)]
+        return any(in_order(doc, a, root) for a in alts) if alts else True
+    if isinstance(doc, dict) and "properties" in schema:
+        order = list(schema["properties"])
+        pos = [order.index(k) for k in doc if k in order]
+        if pos != sorted(pos):
+            return False
+        return all(in_order(v, schema["properties"][k], root) for k, v in doc.items() if k in order)
+    if isinstance(doc, list) and isinstance(schema.get("items"), dict):
+        return all(in_order(v, schema["items"], root) for v in doc)
+    return True
+
+
 def corpus():
     out = []
     for name, (schema, valids) in SCHEMAS.items():
@@ -125,30 +199,46 @@ def corpus():
             if text in seen:
                 return
             seen.add(text)
-            docs.append({"doc": text, "valid": v.is_valid(json.loads(text))})
+            d = {"doc": text, "valid": v.is_valid(json.loads(text))}
+            if ws_runs(text):
+                d["ws"] = True
+            if d["valid"] and not bounded_ws(text):
+                d["refused"] = "whitespace"
+            elif d["valid"] and not in_order(json.loads(text), schema, schema):
+                d["refused"] = "key order"
+            docs.append(d)
 
         for d in valids:
             add(dump(d))
             add(dump(d, True))
+            add(json.dumps(d, ensure_ascii=False, indent=2))  # pretty-printed: taken while indents stay <= MAX_INDENT
+            add(json.dumps(d, ensure_ascii=False, indent=4))
+            add(json.dumps(d, ensure_ascii=False, indent="\t"))
+            if isinstance(d, dict) and len(d) > 1:  # the same keys reversed
+                add(dump(dict(reversed(list(d.items())))))
         for d in valids:
             for m in mutations(d, schema):
                 add(dump(m))
-        # textual near-misses: truncation, trailing garbage, bad whitespace/tokens
+        # textual near-misses: truncation, trailing garbage; whitespace outside strings the matcher
+        # takes (one space, a newline and up to MAX_INDENT spaces/tabs) and refuses (before or after
+        # the value, runs of spaces, a second newline, \r, a lone tab, MAX_INDENT + 1 indent bytes)
         t = dump(valids[0])
-        for bad in [t[:-1], t + "}", t + "x", "[" + t + "]", t.replace(":", ": ", 1), " " + t,
-                    t.replace("{", "{     ", 1)]:
+        for bad in [t[:-1], t + "}", t + "x", "[" + t + "]", t.replace(":", ": ", 1), " " + t, t + "\n",
+                    t.replace("{", "{\n  ", 1), t.replace(",", "\t,", 1), t.replace(":", "  :", 1),
+                    t.replace(":", " \n:", 1), t.replace("{", "{\n\n", 1), t.replace("{", "{\r\n", 1),
+                    t.replace("{", "{\n" + " " * MAX_INDENT, 1), t.replace("{", "{\n" + " " * (MAX_INDENT + 1), 1),
+                    t.replace("{", "{\n" + "\t" * MAX_INDENT, 1), t.replace(":", ":\n \t ", 1),
+                    t[:-1] + "\n}", t[:-1] + "\n\n}"]:
             try:
                 json.loads(bad)
             except ValueError:
                 docs.append({"doc": bad, "valid": False})
                 continue
-            if bad.startswith("{     ") or bad != bad.strip():  # over-long / leading ws: matcher rule, not schema
-                continue
             add(bad)
-        # keep ~25 per schema: all valid ones and a spread of invalid ones
+        # keep all valid ones (refused spellings included) and a spread of at least 12 invalid ones
         val = [d for d in docs if d["valid"]]
         inv = [d for d in docs if not d["valid"]]
-        step = max(1, len(inv) // max(1, 25 - len(val)))
+        step = max(1, len(inv) // max(12, 25 - len(val)))
         out.append({"name": name, "schema": schema, "docs": val + inv[::step]})
     return out
 
@@ -161,6 +251,7 @@ def main():
         schemas = {n: s for n, (s, _) in SCHEMAS.items()}
         for e in g["docs"]:
             e["valid"] = Draft202012Validator(schemas[e["schema"]]).is_valid(json.loads(e["doc"]))
+            assert bounded_ws(e["doc"]), "whitespace beyond the bound: " + repr(e["doc"])
         g["validator"] = "jsonschema 4.26.0 (Draft 2020-12)"
         json.dump(g, open(p, "w", encoding="utf-8"), ensure_ascii=False, indent=1)
         print(p, sum(e["valid"] for e in g["docs"]), "of", len(g["docs"]), "valid")
@@ -170,7 +261,8 @@ def main():
     json.dump({"validator": "jsonschema 4.26.0 (Draft 2020-12)", "schemas": c}, open(p, "w", encoding="utf-8"),
               ensure_ascii=False, indent=1)
     print(p, len(c), "schemas", sum(len(s["docs"]) for s in c), "docs",
-          sum(d["valid"] for s in c for d in s["docs"]), "valid")
+          sum(d["valid"] for s in c for d in s["docs"]), "valid, of those refused by the matcher:",
+          sum("refused" in d for s in c for d in s["docs"]))
 
 
 if __name__ == "__main__":
