@@ -429,7 +429,7 @@ int zs_cmd_serve(int argc, char **argv) {
         {"spec-tokens", ZS_OPT_INT, &spec_tokens, "drafts per sequence and step (default 0: chosen from the measured "
                                                    "stream and compute times; at most 16)"},
         {"spec-tree", ZS_OPT_STR, &spec_tree, "on | off: drafts may branch (several continuations verified in one pass; "
-                                               "default off)"},
+                                               "with --speculative ngram; default off)"},
         {"max-body-bytes", ZS_OPT_I64, &max_body, "largest request body (default 8388608)"},
         {"chat-template", ZS_OPT_STR, &tmpl_name, "auto | llama-2 | llama-3 | chatml | gemma | phi3 | mistral | plain (default auto)"},
         {"served-model-name", ZS_OPT_STR, &name, "model id in the API (default: the model directory's name, or the GGUF file's without .gguf)"},
@@ -502,6 +502,12 @@ int zs_cmd_serve(int argc, char **argv) {
     so.draft_weight_dtype = draft_dtype;
     const char *kind;
     ZS_CHECK(spec_kind(&so, &kind)); /* before anything starts */
+    /* both shape a proposer's drafts: without one they would be accepted and do nothing */
+    if (spec_tokens && !strcmp(kind, "none"))
+        return zs_err(ZS_EINVAL, "--spec-tokens %d needs --speculative ngram or --draft-model PATH", spec_tokens);
+    if (so.sched.spec_tree && strcmp(kind, "ngram"))
+        return zs_err(ZS_EINVAL, "--spec-tree on needs --speculative ngram (%s)",
+                      strcmp(kind, "none") ? "the draft model proposes chains only" : "no drafts without it");
     if (draft_dtype) {
         zs_model_opts mo;
         ZS_CHECK(zs_engine_flags_weight_dtype("--draft-weight-dtype", draft_dtype, &mo));

@@ -141,6 +141,12 @@ zs_stop_server
 # tree counters in /metrics; a bad --spec-tree value is refused naming the flag
 if "$BIN" serve --model "$MODEL" --device cpu --spec-tree maybe >"$T/bad.log" 2>&1; then nok "--spec-tree maybe is refused"
 else grep -q -- "--spec-tree must be on or off" "$T/bad.log" && ok "--spec-tree maybe is refused naming the flag" || nok "--spec-tree maybe" "$(head -c 200 "$T/bad.log")"; fi
+# flags that shape a proposer's drafts are refused without one (else accepted and doing nothing)
+for bad in "--spec-tree on|--spec-tree on needs --speculative ngram" "--spec-tokens 4|--spec-tokens 4 needs --speculative ngram"; do
+    # shellcheck disable=SC2086  # the flag and its value are two words
+    if "$BIN" serve --model "$MODEL" --device cpu ${bad%%|*} >"$T/bad.log" 2>&1; then nok "${bad%%|*} alone is refused"
+    else grep -q -- "${bad#*|}" "$T/bad.log" && ok "${bad%%|*} without a proposer is refused" || nok "${bad%%|*} alone" "$(head -c 200 "$T/bad.log")"; fi
+done
 if zs_start_server "$T/srv-spec.log" --model "$MODEL" --device cpu --speculative ngram --spec-tree on --spec-tokens 8; then
     same=0
     for i in "${!SPEC_REQS[@]}"; do
