@@ -179,6 +179,7 @@ void zs_sched_prefix_publish(zs_sched *s, int rank);                         /* 
 
 /* sched-spec.c: speculative decoding's plan and counters. */
 int  zs_sched_spec_init(zs_sched *s, const zs_sched_opts *o);
+void zs_sched_spec_free(zs_sched *s); /* its buffers (after a failed init too) */
 /* Chooses this step's drafts of the running decode requests of every rank, given the tokens each
  * rank's batch has without them (base[i]); each rank's drafts fit in room[i]. */
 void zs_sched_spec_plan(zs_sched *s, const int *base, const int *room);

@@ -60,6 +60,13 @@ int zs_sched_spec_init(zs_sched *s, const zs_sched_opts *o) {
     return 0;
 }
 
+void zs_sched_spec_free(zs_sched *s) {
+    free(s->spec_reqs);
+    free(s->spec_buf);
+    free(s->spec_par);
+    free(s->spec_share);
+}
+
 static double rate(const zs_request *r) { return (r->acc_hits + 1.0) / (r->acc_trials + 2.0); }
 
 /* Predicted seconds of a pass of n tokens (the largest rank's). */

@@ -333,15 +333,11 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
     for (int i = 0; i < s->nranks; i++) s->st.kv_total += zs_kv_total_blocks(zs_world_kv(s->w, i));
     if (s->max_batch < s->per_rank) s->per_rank = s->max_batch; /* one decode token each */
     s->prefix = !(o && o->no_prefix_cache);
-    if (zs_sched_spec_init(s, o) < 0) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", zs_errmsg());
-        free(s->spec_reqs);
-        free(s->spec_buf);
-        free(s->spec_par);
-        free(s->spec_share);
+    int src = zs_sched_spec_init(s, o);
+    if (src < 0) {
+        zs_sched_spec_free(s);
         free(s);
-        return zs_err(ZS_ERANGE, "%s", msg);
+        return src;
     }
     for (int i = 0; s->prefix && i < s->nranks; i++)
         if (zs_kv_prefix_enable(zs_world_kv(s->w, i)) < 0) {
@@ -478,10 +474,7 @@ void zs_sched_free(zs_sched *s) {
         free(s->rb[i].moves);
     }
     free(s->rb);
-    free(s->spec_reqs);
-    free(s->spec_buf);
-    free(s->spec_par);
-    free(s->spec_share);
+    zs_sched_spec_free(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->cv_idle);
