@@ -86,6 +86,9 @@ typedef struct {
     uint64_t expert_bytes;    /* full expert bytes gathered (misses and speculation) */
     uint64_t expert_block_bytes; /* what gathering every expert of each of those layers would have moved */
     size_t expert_cache_used, expert_cache_limit; /* full expert bytes held now / the bound */
+    long passes;              /* passes begun */
+    long passes_adopted;      /* passes that took over a speculated or declared pass of another length */
+    long passes_wasted;       /* declared or speculated passes consumed unused (a different pass came) */
 } zs_gather_stats;
 
 /* Shard sizes: every bucket's data part is split into nranks equal shards of this many bytes
@@ -142,12 +145,35 @@ zs_weight_source zs_gather_source(zs_gather *g);
 enum { ZS_PASS_INFER = 0, ZS_PASS_TRAIN = 1 };
 /* kind ZS_PASS_INFER: zs_model_pass_order (embeddings, layers, head (+ embeddings for a tied
  * head); an inference model with host lookup tables skips the first embeddings);
- * ZS_PASS_TRAIN: the same, then the layers in reverse (backward). */
+ * ZS_PASS_TRAIN: the same, then the layers in reverse (backward); ZS_PASS_BWD: the layers in
+ * reverse alone (a backward whose forward rode an inference pass). */
+enum { ZS_PASS_BWD = 2 };
 void zs_gather_pass_begin(zs_gather *g, int kind);
 void zs_gather_pass_end(zs_gather *g);
-/* Speculation (on at start): every coming pass is an inference pass, so the prefetcher runs into
- * the next one before it begins. Turn it off before training passes and on again after; every
- * rank must do so at the same step (turning it off takes part in one pass of gathers). */
+
+/* Passes over any part of the training order (slices of a training step, issue 31). The training
+ * order is the inference order followed by the layers in reverse, each MoE layer's bucket
+ * followed by its ZS_PASS_EXPERTS mark: zs_gather_order returns it (owned by g) and its length,
+ * and *n_infer, the length of its inference prefix. A range is items [first, first + count) of it
+ * (count >= 1); INFER is {0, n_infer}, TRAIN {0, n}, BWD {n_infer, n - n_infer}. A range never
+ * separates a layer's bucket from its mark. */
+typedef struct { int first, count; } zs_pass_range;
+int  zs_gather_order(const zs_gather *g, const int **order, int *n_infer);
+zs_pass_range zs_gather_kind_range(const zs_gather *g, int kind);
+/* Begins a pass over cur. next declares the pass that follows it, so the prefetcher may run into
+ * that one while this one is computed (NULL: speculation decides: the inference pass when on,
+ * nothing when off). Every rank must begin the same ranges with the same declarations.
+ * When the pass the prefetcher may already be in (declared, or speculated) is not cur:
+ *   - adopted when it starts where cur starts and cur is at least as long (a training pass after
+ *     a speculated inference pass: the forward's buckets already fetched are used);
+ *   - otherwise consumed whole first (its gathers complete on every rank) and counted as wasted.
+ * zs_gather_pass_begin(g, kind) is zs_gather_pass_begin_range(g, zs_gather_kind_range(g, kind), NULL). */
+void zs_gather_pass_begin_range(zs_gather *g, zs_pass_range cur, const zs_pass_range *next);
+/* Speculation (on at start): every coming pass not declared otherwise is an inference pass, so
+ * the prefetcher runs into the next one before it begins. Off: only declared passes are run into
+ * (a full fine-tune turns it off to write shards between passes). Every rank must switch it at the
+ * same step. Turning it off does not discard what was speculated: the next pass begun adopts it
+ * or consumes it (zs_gather_pass_begin_range). */
 void zs_gather_set_speculation(zs_gather *g, int on);
 
 /* The first failure of the current pass (a failure of this rank's own read preferred over one

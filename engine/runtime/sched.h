@@ -35,6 +35,12 @@ typedef struct {
     int spec_tree;         /* 1: drafts may form trees (several continuations verified in one pass;
                               the proposer is asked for its best tree of up to 16 nodes and the
                               plan keeps the nodes worth their rows); 0: chains */
+    /* Background work (fine-tuning slices, sched-train.c): its share of the engine's time while
+     * serving has work too, 0..1 (0: it runs only when no request is queued or running; the
+     * server's default is 0.25), and the bound of one slice in milliseconds (0: 50). An idle
+     * engine gives it all of its time. */
+    double train_share;
+    double train_slice_ms;
 } zs_sched_opts;
 
 /* Constrained decoding (structured outputs, tool calls; sched-constrain.c): a trigger text, then
@@ -113,6 +119,14 @@ typedef struct {
     double spec_k;
     double tokens_per_pass;
     uint64_t passes, pass_tokens;    /* steps that generated tokens, and the tokens they generated */
+    /* background work (sched-train.c): the share of the engine's time it had while serving had
+     * work too (decayed over about 10 s; 0 before any), the share in force, slices run (its own
+     * and fused ones), of those, micro-batch forwards that rode serving steps, its seconds, and the
+     * seconds requests waited on it (a slice that ran while a request was queued or running) */
+    double train_share, train_share_target;
+    uint64_t train_slices, train_fused;
+    double train_s, train_wait_s;
+    uint64_t train_tokens;           /* training tokens whose step completed */
 } zs_sched_stats;
 
 int  zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out);  /* starts the engine thread */
@@ -128,6 +142,26 @@ int  zs_sched_fail_lora(zs_sched *s, const zs_lora *l, const char *msg);
 /* Runs fn(ud) on the engine thread when no request is queued or running, and returns its result;
  * ZS_ECANCELLED without running it on stop, drain or cancelled(ud) != 0 (sched-idle.c). */
 int  zs_sched_run_idle(zs_sched *s, int (*fn)(void *ud), void *ud, int (*cancelled)(void *ud));
+/* Background work in slices (sched-train.c), run on the engine thread between serving steps
+ * under the share: slice(ud, budget_s) does one piece of at most about budget_s seconds (at
+ * least one unit) and returns 1 while more follow, 0 when the work is done, < 0 on failure.
+ * Optional: ride(ud, budget_s) returns a rider (world.h) that carries the work's next piece in the
+ * coming serving step (a LoRA micro-batch's forward), or NULL when its next piece cannot ride;
+ * next_pass(ud, out) says which pass the work's next slice begins with (returns 0 when none or
+ * unknown), declared to the gathers one step ahead. share > 0 overrides train_share for this
+ * work. */
+typedef struct {
+    int (*slice)(void *ud, double budget_s);
+    const zs_world_rider *(*ride)(void *ud, double budget_s);
+    int (*next_pass)(void *ud, zs_pass_range *out);
+    double share;
+    void *ud;
+} zs_sched_work;
+/* Runs the work to its end (returns slice's last result: 0 or < 0); ZS_ECANCELLED on stop, drain
+ * or cancelled(cancel_ud) != 0 (seen between slices). Not from the engine thread. */
+int  zs_sched_run_work(zs_sched *s, const zs_sched_work *w, int (*cancelled)(void *ud), void *cancel_ud);
+/* Counts n training tokens as done (the work's step completed). Engine thread or any. */
+void zs_sched_train_tokens(zs_sched *s, uint64_t n);
 void zs_sched_stats_get(zs_sched *s, zs_sched_stats *out);
 
 #endif

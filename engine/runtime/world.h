@@ -65,6 +65,24 @@ int  zs_world_reused_shards(const zs_world *w);
  * logits to logits[r]. Returns 0, or the first failing rank's error (message set). */
 int  zs_world_step(zs_world *w, const zs_batch *batches, float **logits);
 
+/* A step with more to it (issue 31: training slices riding serving steps). rider: a passenger of
+ * the step's pass on every rank: the rank's forward reads through wrap(ud, rank, inner) instead of
+ * the gather's source (the passenger computes on each bucket while it is held); a rank with no rows
+ * calls walk(ud, rank, src), which acquires and releases the inference pass's buckets itself;
+ * done(ud, rank) ends the passenger's part of the step on that rank (after the forward, before
+ * pass_end). next: the pass after this step's, declared to the gathers (NULL: speculation). */
+typedef struct {
+    zs_weight_source (*wrap)(void *ud, int rank, zs_weight_source inner);
+    void (*walk)(void *ud, int rank, zs_weight_source src);
+    void (*done)(void *ud, int rank);
+    void *ud;
+} zs_world_rider;
+typedef struct {
+    const zs_world_rider *rider;  /* or NULL */
+    const zs_pass_range *next;    /* or NULL */
+} zs_world_step_opts;
+int  zs_world_step_ex(zs_world *w, const zs_batch *batches, float **logits, const zs_world_step_opts *o);
+
 /* Runs fn(ud, r) on every rank's thread (rank 0 on the caller's), in lockstep with nothing else:
  * the building block of training steps. In a led multi-process world only process 0's ranks
  * would run it: callers check zs_world_led first. */
