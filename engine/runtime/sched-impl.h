@@ -1,7 +1,7 @@
 /* sched-impl.h — the scheduler's insides, shared by its rooms: sched.c (the loop: admission,
  * batches, steps), sched-submit.c (a request from its parameters), sched-req.c (a request's end:
  * finish, free, counters), sched-sample.c, sched-constrain.c, sched-embed.c, sched-prefix.c,
- * sched-idle.c and sched-spec.c. Not a public header. The rooms form a DAG: sched.c calls them;
+ * sched-train.c and sched-spec.c. Not a public header. The rooms form a DAG: sched.c calls them;
  * sched-submit calls sched-constrain, sched-embed, sched-prefix and sched-req; sched-sample calls
  * sched-constrain and sched-req; sched-embed calls sched-req; sched-spec calls sched-constrain and
  * sched-sample; the rest call no other room (none calls sched.c).
@@ -89,7 +89,7 @@ typedef struct {
     int n_running;                        /* how many */
 } zs_sched_rank;
 
-typedef struct zs_idle_job zs_idle_job;   /* sched-idle.c */
+typedef struct zs_train_job zs_train_job; /* sched-train.c */
 
 struct zs_sched {
     zs_engine *e;                         /* the engine it drives (borrowed) */
@@ -115,8 +115,13 @@ struct zs_sched {
     int n_live;                           /* mu: unfinished requests */
     int stop;                             /* mu: zs_sched_free: stop the thread */
     int draining;                         /* mu: zs_sched_drain: admit nothing new */
-    zs_idle_job *idle, *idle_tail;        /* mu: zs_sched_run_idle calls not yet run */
-    int n_idle_callers;                   /* mu: callers inside zs_sched_run_idle */
+    zs_train_job *tq, *tq_tail;           /* mu: zs_sched_run_work calls not yet done (the head runs) */
+    int n_train_callers;                  /* mu: callers inside zs_sched_run_work */
+    double tr_share;                      /* zs_sched_opts.train_share */
+    double tr_slice_s;                    /* a slice's bound (s) */
+    int tr_fuse;                          /* works may ride serving steps */
+    double tr_acc, sv_acc;                /* decayed busy seconds of background work and of serving */
+    zs_train_job *tr_riding;              /* the work whose rider is in the current step */
     zs_request *waiting, *waiting_tail;   /* taken from the inbox, not yet admitted */
     zs_sched_rank *rb;                    /* per rank */
     zs_sched_stats st;                    /* mu: the counters (queued/running/gather filled on read) */
@@ -192,8 +197,17 @@ void zs_sched_spec_verify(zs_sched *s, zs_request *r, const float *rows);
  * tokens it generated. */
 void zs_sched_spec_step(zs_sched *s, int tokens, double seconds, double stall_s, int gen);
 
-/* sched-idle.c: background jobs (zs_sched_run_idle). Under mu. */
-int  zs_sched_idle_run_next(zs_sched *s);      /* engine thread: runs one job; 1 if it did */
-void zs_sched_idle_wait_callers(zs_sched *s);  /* zs_sched_free: until every caller has left */
+/* sched-train.c: background work in slices (zs_sched_run_work). Engine thread; these take mu
+ * themselves, except _pending and _wait_callers (called under mu). */
+void zs_sched_train_init(zs_sched *s, const zs_sched_opts *o);
+int  zs_sched_train_pending(zs_sched *s);       /* under mu: a work waits for slices */
+int  zs_sched_train_turn(zs_sched *s, int serving); /* a slice should run now */
+void zs_sched_train_slice(zs_sched *s, int serving); /* runs one slice of the head work */
+/* Before a serving step: the rider of the work whose turn it is, or NULL; or *declared = 1 with the
+ * pass its next slice begins with in *next (the caller runs that slice right after the step). */
+const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int *declared);
+/* After every serving step (dt seconds, rc its result): the ride's seconds (0 without one). */
+double zs_sched_train_after_step(zs_sched *s, double dt, int rc);
+void zs_sched_train_wait_callers(zs_sched *s);  /* under mu: zs_sched_free, until every caller has left */
 
 #endif

@@ -10,8 +10,8 @@
  * request through sched-req.c. A sequence that finishes, is cancelled or fails frees its KV
  * blocks at once. A request's result does not depend on what else is in the batch (the kernels
  * are batch-invariant). Each request's LoRA adapter is carried into its batch rows
- * (zs_batch.lora); rows of different adapters share a batch. With nothing queued or running the
- * thread runs the idle jobs of zs_sched_run_idle (sched-idle.c). Submit validates and makes a
+ * (zs_batch.lora); rows of different adapters share a batch. Background work (fine-tuning,
+ * zs_sched_run_work) runs in slices between steps, or rides them, under its share (sched-train.c). Submit validates and makes a
  * request in sched-submit.c and queues it here. The rooms' shared structs are in sched-impl.h;
  * the API in sched.h. */
 #include <string.h>
@@ -270,12 +270,8 @@ static void *engine_main(void *arg) {
         pthread_mutex_lock(&s->mu);
         int busy = 0;
         for (int i = 0; i < s->nranks; i++) busy += s->rb[i].n_running;
-        while (!s->stop && !s->inbox && !s->waiting && !busy) {
-            /* idle: a job of zs_sched_run_idle, run without mu (requests submitted meanwhile
-             * wait in the inbox for the job to return) */
-            if (zs_sched_idle_run_next(s)) continue;
+        while (!s->stop && !s->inbox && !s->waiting && !busy && !zs_sched_train_pending(s))
             pthread_cond_wait(&s->cv, &s->mu);
-        }
         /* take the inbox */
         if (s->inbox) {
             if (s->waiting_tail) s->waiting_tail->next = s->inbox;
@@ -291,24 +287,39 @@ static void *engine_main(void *arg) {
 
         admit(s);
         publish_kv(s);
+        int serving = 0;
+        for (int i = 0; i < s->nranks; i++) serving += s->rb[i].n_running;
+        /* background work's turn: a slice of its own (without mu: requests submitted meanwhile
+         * wait in the inbox for at most that slice) */
+        if (zs_sched_train_turn(s, serving > 0)) {
+            zs_sched_train_slice(s, serving > 0);
+            continue;
+        }
         if (build_batches(s, bs, lg) == 0) continue;
+        zs_pass_range next;
+        int declared = 0;
+        const zs_world_rider *rider = zs_sched_train_plan(s, &next, &declared);
+        zs_world_step_opts so = {rider, declared ? &next : NULL};
         zs_gather_stats g0, g1;
         zs_world_stats(s->w, &g0);
         uint64_t gen0 = s->st.generated_tokens; /* written by this thread only */
         double t0 = zs_now();
-        int rc = zs_world_step(s->w, bs, lg);
+        int rc = zs_world_step_ex(s->w, bs, lg, rider || declared ? &so : NULL);
         double dt = zs_now() - t0;
         zs_world_stats(s->w, &g1);
+        double ride_s = zs_sched_train_after_step(s, dt, rc);
         if (rc < 0) step_failed(s, bs, rc);
         else
             for (int i = 0; i < s->nranks; i++) step_done(s, i, &bs[i]);
         int most = 0;
         for (int i = 0; i < s->nranks; i++) most = ZS_MAX(most, bs[i].n);
-        zs_sched_spec_step(s, most, dt, g1.stall_s - g0.stall_s, rc < 0 ? 0 : (int)(s->st.generated_tokens - gen0));
+        zs_sched_spec_step(s, most, dt - ride_s, g1.stall_s - g0.stall_s,
+                           rc < 0 ? 0 : (int)(s->st.generated_tokens - gen0));
         pthread_mutex_lock(&s->mu);
         s->st.steps++;
         pthread_mutex_unlock(&s->mu);
         publish_kv(s);
+        if (declared) zs_sched_train_slice(s, 1); /* the slice whose pass the step declared */
     }
     free(bs);
     free(lg);
@@ -333,6 +344,8 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
     for (int i = 0; i < s->nranks; i++) s->st.kv_total += zs_kv_total_blocks(zs_world_kv(s->w, i));
     if (s->max_batch < s->per_rank) s->per_rank = s->max_batch; /* one decode token each */
     s->prefix = !(o && o->no_prefix_cache);
+    zs_sched_train_init(s, o);
+    s->tr_fuse = !(o && o->train_no_fuse);
     int src = zs_sched_spec_init(s, o);
     if (src < 0) {
         zs_sched_spec_free(s);
@@ -451,9 +464,9 @@ void zs_sched_free(zs_sched *s) {
         pthread_cond_signal(&s->cv);
         pthread_mutex_unlock(&s->mu);
         pthread_join(s->th, NULL);
-        /* zs_sched_run_idle callers see stop within their poll and leave */
+        /* zs_sched_run_work callers see stop within their poll and leave */
         pthread_mutex_lock(&s->mu);
-        zs_sched_idle_wait_callers(s);
+        zs_sched_train_wait_callers(s);
         pthread_mutex_unlock(&s->mu);
     }
     /* requests still in the inbox never reached the engine thread */

@@ -2,10 +2,10 @@
  * run by continuous batching on one engine thread, with cancellation, idle jobs (fine-tuning
  * steps), speculative decoding and the counters behind /metrics. The how is in the .c files:
  * sched.c (the loop), sched-submit.c, sched-sample.c, sched-constrain.c, sched-embed.c,
- * sched-prefix.c, sched-idle.c, sched-spec.c.
+ * sched-prefix.c, sched-train.c, sched-spec.c.
  * Ownership: submit copies the prompt and stop strings; lora and the constraint (and all it
  * points to) are borrowed until on_done has returned, and so is the zs_request handle valid.
- * Thread-safety: submit, cancel, drain, fail_lora, run_idle (not from the engine thread) and
+ * Thread-safety: submit, cancel, drain, fail_lora, run_work and run_idle (not from the engine thread) and
  * stats_get from any thread; sink callbacks run on the engine thread and must not block. */
 #ifndef ZS_SCHED_H
 #define ZS_SCHED_H
@@ -41,6 +41,8 @@ typedef struct {
      * engine gives it all of its time. */
     double train_share;
     double train_slice_ms;
+    int train_no_fuse;     /* 1: background work never rides serving steps (the baseline of
+                              fused passes: every slice streams its own buckets) */
 } zs_sched_opts;
 
 /* Constrained decoding (structured outputs, tool calls; sched-constrain.c): a trigger text, then
@@ -139,29 +141,35 @@ void zs_sched_drain(zs_sched *s, double timeout_s);
 /* Fails every request that uses adapter l within one step (ZS_DONE_ERROR, ZS_ECANCELLED, msg);
  * returns how many. */
 int  zs_sched_fail_lora(zs_sched *s, const zs_lora *l, const char *msg);
-/* Runs fn(ud) on the engine thread when no request is queued or running, and returns its result;
- * ZS_ECANCELLED without running it on stop, drain or cancelled(ud) != 0 (sched-idle.c). */
+/* Runs fn(ud) on the engine thread as one slice of background work (zs_sched_run_work, under the
+ * share), and returns its result; ZS_ECANCELLED without running it on stop, drain or
+ * cancelled(ud) != 0. */
 int  zs_sched_run_idle(zs_sched *s, int (*fn)(void *ud), void *ud, int (*cancelled)(void *ud));
 /* Background work in slices (sched-train.c), run on the engine thread between serving steps
- * under the share: slice(ud, budget_s) does one piece of at most about budget_s seconds (at
- * least one unit) and returns 1 while more follow, 0 when the work is done, < 0 on failure.
- * Optional: ride(ud, budget_s) returns a rider (world.h) that carries the work's next piece in the
- * coming serving step (a LoRA micro-batch's forward), or NULL when its next piece cannot ride;
- * next_pass(ud, out) says which pass the work's next slice begins with (returns 0 when none or
- * unknown), declared to the gathers one step ahead. share > 0 overrides train_share for this
- * work. */
+ * under the share: slice(ud, budget_s, then_more) does one piece of at most about budget_s
+ * seconds (at least one unit) and returns 1 while more follow, 0 when the work is done, < 0 on
+ * failure; then_more = 1 when the next slice of this work comes right after (nothing else
+ * waits). Optional (NULL: none):
+ *   ride(ud, budget_s)   a rider (world.h) carrying the work's next piece in the coming serving
+ *                        step, or NULL when that piece cannot ride; ride_end(ud, step_rc) after
+ *                        the step returns the seconds the rider took (charged to the work);
+ *   next_pass(ud, budget_s, out)  the pass the next slice will begin with (1; 0: unknown),
+ *                        which the scheduler declares to the gathers in the serving step before
+ *                        it and then runs that slice right after the step.
+ * share > 0 overrides train_share for this work; tokens are counted as trained when it ends. */
 typedef struct {
-    int (*slice)(void *ud, double budget_s);
+    int (*slice)(void *ud, double budget_s, int then_more);
     const zs_world_rider *(*ride)(void *ud, double budget_s);
-    int (*next_pass)(void *ud, zs_pass_range *out);
+    double (*ride_end)(void *ud, int step_rc);
+    int (*next_pass)(void *ud, double budget_s, zs_pass_range *out);
     double share;
+    uint64_t tokens;
     void *ud;
 } zs_sched_work;
-/* Runs the work to its end (returns slice's last result: 0 or < 0); ZS_ECANCELLED on stop, drain
- * or cancelled(cancel_ud) != 0 (seen between slices). Not from the engine thread. */
+/* Runs the work to its end (returns 0 or slice's error); ZS_ECANCELLED, without starting it or
+ * between slices, on stop, drain or cancelled(cancel_ud) != 0. Not from the engine thread. One
+ * work at a time runs; others wait their turn in order. */
 int  zs_sched_run_work(zs_sched *s, const zs_sched_work *w, int (*cancelled)(void *ud), void *cancel_ud);
-/* Counts n training tokens as done (the work's step completed). Engine thread or any. */
-void zs_sched_train_tokens(zs_sched *s, uint64_t n);
 void zs_sched_stats_get(zs_sched *s, zs_sched_stats *out);
 
 #endif

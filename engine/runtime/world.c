@@ -53,6 +53,9 @@ struct zs_world {
     int quit;
     void (*job)(void *ud, int rank); /* a zs_world_run job instead of a forward step */
     void *job_ud;
+    /* the current step's extras (zs_world_step_ex; in-process worlds) */
+    const zs_world_rider *rider;
+    const zs_pass_range *next;
 };
 
 int zs_world_ranks(const zs_world *w) { return w->n; }
@@ -63,14 +66,19 @@ zs_kvcache *zs_world_kv(zs_world *w, int rank) { return w->ranks[rank].kv; }
 int zs_world_reused_shards(const zs_world *w) { return w->reused; }
 
 static void run_rank(rank_t *r) {
-    zs_gather_pass_begin(r->g, ZS_PASS_INFER);
+    const zs_world_rider *rd = r->w->rider;
+    zs_gather_pass_begin_range(r->g, zs_gather_kind_range(r->g, ZS_PASS_INFER), r->w->next);
     int rc = 0;
+    zs_weight_source src = zs_gather_source(r->g);
+    if (rd) src = rd->wrap(rd->ud, r->rank, src);
     if (r->batch && r->batch->n > 0) {
-        zs_weight_source src = zs_gather_source(r->g);
         rc = r->cfwd ? zs_forward_cuda_run(r->cfwd, &src, r->kv, r->batch, r->logits)
                      : zs_forward_run(r->fwd, &src, r->kv, r->batch, r->logits);
         if (rc < 0) snprintf(r->err, sizeof r->err, "%s", zs_errmsg());
+    } else if (rd) {
+        rd->walk(rd->ud, r->rank, src); /* the passenger's buckets, on a rank without rows */
     }
+    if (rd) rd->done(rd->ud, r->rank);
     zs_gather_pass_end(r->g);
     /* a failed gather is what failed the forward (and a rank with no work sees it only here) */
     const char *msg;
@@ -111,8 +119,19 @@ static int send_plan(zs_world *w, int32_t plan) {
 static int local_step(zs_world *w, const zs_batch *batches, float **logits);
 
 int zs_world_step(zs_world *w, const zs_batch *batches, float **logits) {
+    return zs_world_step_ex(w, batches, logits, NULL);
+}
+
+int zs_world_step_ex(zs_world *w, const zs_batch *batches, float **logits, const zs_world_step_opts *o) {
+    /* riders and declarations are this process's: a led world's followers could not repeat them */
+    if (o && (o->rider || o->next) && w->led) return zs_err(ZS_EUNSUPPORTED, "a step with a rider or a declared next pass in a led multi-process world");
     ZS_CHECK(send_plan(w, PLAN_STEP));
-    return local_step(w, batches, logits);
+    w->rider = o ? o->rider : NULL;
+    w->next = o ? o->next : NULL;
+    int rc = local_step(w, batches, logits);
+    w->rider = NULL;
+    w->next = NULL;
+    return rc;
 }
 
 int zs_world_follow(zs_world *w) {

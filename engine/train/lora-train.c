@@ -24,51 +24,7 @@
 #include "gather.h"
 #include "safetensors.h"
 #include "store.h"
-
-/* floats of every rank's gradient all-gathered at once (per rank: GCHUNK / ranks) */
-#define GCHUNK ((size_t)1 << 21)
-
-typedef struct { double loss; int32_t rc, pad; } lt_stat;
-
-typedef struct {
-    zs_trainer *tr;
-    zs_weight_source src; /* the rank's gather source (the trainer reads a MoE layer's experts from it) */
-    zs_lora *grad;   /* this rank's micro-batch gradient (the mean over its counted targets) */
-    float *gbuf;     /* every rank's chunk of the gradient (all_gather) */
-    lt_stat *stat;   /* every rank's {loss·count, status} of the micro-step */
-    double loss;     /* this micro-step's loss */
-    int rc;
-    char err[512];
-} lrank;
-
-struct zs_lora_training {
-    zs_world *w;
-    zs_model *m;
-    zs_lora *a;            /* the adapter (borrowed) */
-    zs_train_opts o;
-    uint64_t seed;
-    int n, nl, first, tied, lookup;
-    size_t np, chunk;      /* adapter parameters; floats per rank and all_gather */
-    lrank *r;
-    zs_lora *gsum;         /* the step's gradient: the mean over the step's counted targets */
-    float *gclip, *mom, *var;
-    int have_grad;
-    /* the current job */
-    const int32_t *const *tokens, *const *targets;
-    int micro, eval, spec;
-    long step, total_count;
-    double loss_sum;
-    int fail_rc;
-    char fail_err[512];
-};
-
-
-static uint64_t mix64(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+#include "lora-train-impl.h"
 
 static void set_err(lrank *R, int rc) {
     if (R->rc == 0) {
@@ -77,9 +33,9 @@ static void set_err(lrank *R, int rc) {
     }
 }
 
-/* ---- one micro-step on one rank ---- */
+/* ---- evaluation: one micro-batch's forward on one rank (steps: lora-slice.c) ---- */
 
-static void micro_job(void *ud, int rank) {
+static void eval_job(void *ud, int rank) {
     zs_lora_training *t = ud;
     lrank *R = &t->r[rank];
     zs_model *m = t->m;
@@ -93,18 +49,13 @@ static void micro_job(void *ud, int rank) {
     float loss = 0;
     R->rc = 0;
     R->loss = 0;
-    size_t np;
-    float *gr = zs_lora_data(R->grad, &np);
-    memset(gr, 0, np * sizeof(float));
-    uint64_t key = mix64(mix64((uint64_t)t->step) ^ (uint64_t)i);
-    rc = zs_trainer_set_lora(R->tr, t->a, t->eval ? NULL : R->grad, t->seed, key);
+    rc = zs_trainer_set_lora(R->tr, t->a, NULL, t->seed, 0);
     if (rc < 0) set_err(R, rc);
 
-    zs_gather_pass_begin(g, t->eval ? ZS_PASS_INFER : ZS_PASS_TRAIN);
+    zs_gather_pass_begin(g, ZS_PASS_INFER);
     /* after a failure the pass is still driven through the source without computing (every bucket,
-     * and a MoE layer's agreement and experts: zs_trainer_experts_sync), so that the other ranks'
-     * gathers complete; an inference model looks its embeddings up in host tables: the pass has no
-     * leading bucket 0 */
+     * and a MoE layer's agreement: zs_trainer_experts_sync), so that the other ranks' gathers
+     * complete; an inference model looks its embeddings up in host tables: no leading bucket 0 */
 #define FAIL(x)                        \
     do {                               \
         int rc_ = (x);                 \
@@ -139,25 +90,14 @@ static void micro_job(void *ud, int rank) {
         src.release(src.ctx, hb);
         if (t->tied) src.release(src.ctx, eb);
     }
-    for (int l = L - 1; l >= 0 && !t->eval; l--) {
-        int b = zs_bucket_layer(l);
-        FAIL(src.acquire(src.ctx, b, &d));
-        if (rc == 0) FAIL(zs_train_layer_bwd(R->tr, l, d, zs_model_bucket_resident(m, b), NULL, NULL));
-        if (rc < 0) (void)zs_trainer_experts_sync(R->tr, l, 1);
-        src.release(src.ctx, b);
-    }
-    if (rc == 0 && !t->eval) FAIL(zs_train_embed_bwd(R->tr, NULL, NULL, NULL, NULL));
 #undef FAIL
     zs_gather_pass_end(g); /* releases what is still held */
     if (rc < 0) {
         set_err(R, rc);
-        memset(gr, 0, np * sizeof(float)); /* a failed rank still takes part, with zeros */
         loss = 0;
     }
     R->loss = (double)loss * (double)zs_train_count_targets(tg, (size_t)t->o.micro_batch * (size_t)t->o.seq_len);
-
-    /* every rank's status and loss, then (training) every rank's gradient in chunks, summed in
-     * rank order into the step's gradient by this process's first rank */
+    /* every rank's status and loss */
     zs_comm *c = zs_world_grad_comm(t->w, rank);
     lt_stat me = {R->loss, R->rc, 0};
     int crc = zs_comm_all_gather(c, &me, R->stat, sizeof me, NULL);
@@ -172,40 +112,6 @@ static void micro_job(void *ud, int rank) {
                 else snprintf(t->fail_err, sizeof t->fail_err, "LoRA training: rank %d failed; see that process's log", k);
             }
         }
-    if (t->eval) return;
-    float *acc = zs_lora_data(t->gsum, &np);
-    size_t bt = (size_t)t->o.micro_batch * (size_t)t->o.seq_len;
-    for (size_t off = 0; off < np; off += t->chunk) {
-        size_t len = ZS_MIN(t->chunk, np - off);
-        /* the chunk in a zero-padded block of t->chunk floats: every rank gathers the same size */
-        int arc = zs_comm_all_gather(c, gr + off, R->gbuf, len * sizeof(float), NULL);
-        if (arc < 0) {
-            set_err(R, arc);
-            if (rank == 0 && t->fail_rc == 0) {
-                t->fail_rc = arc;
-                snprintf(t->fail_err, sizeof t->fail_err, "%s", R->err);
-            }
-            continue;
-        }
-        if (rank != 0) continue;
-        for (int k = 0; k < t->n; k++) {
-            long cnt = zs_train_count_targets(t->targets[t->micro * t->n + k], bt);
-            float s = t->total_count > 0 ? (float)cnt / (float)t->total_count : 0.0f;
-            const float *gk = R->gbuf + (size_t)k * len;
-            float *ac = acc + off;
-            for (size_t j = 0; j < len; j++) ac[j] += gk[j] * s;
-        }
-    }
-}
-
-static void spec_job(void *ud, int rank) {
-    zs_lora_training *t = ud;
-    zs_gather_set_speculation(zs_world_gather(t->w, rank), t->spec);
-}
-
-static void set_spec(zs_lora_training *t, int on) {
-    t->spec = on;
-    zs_world_run(t->w, spec_job, t);
 }
 
 /* ---- set-up ---- */
@@ -262,8 +168,10 @@ int zs_lora_training_begin(zs_world *w, zs_lora *adapter, const zs_train_opts *o
         t->var = falloc(t->np);
         if (!t->gclip || !t->mom || !t->var) rc = zs_err(ZS_ENOMEM, "LoRA training: out of memory for the optimizer state");
     }
+    if (rc == 0) rc = zs_lora_slice_init(t);
     for (int r = 0; r < t->nl && rc == 0; r++) {
         lrank *R = &t->r[r];
+        R->t = t;
         if ((rc = zs_trainer_new(m, o->micro_batch, o->seq_len, &R->tr)) < 0) break;
         if ((rc = zs_lora_new_like(adapter, &R->grad)) < 0) break;
         if ((rc = zs_trainer_set_lora(R->tr, adapter, R->grad, seed, 0)) < 0) break;
@@ -282,62 +190,26 @@ int zs_lora_training_begin(zs_world *w, zs_lora *adapter, const zs_train_opts *o
     return 0;
 }
 
-/* The micro-steps of a step (or an evaluation): every rank takes part in every collective;
- * a failure anywhere fails the call on every process. */
-static int run_micro(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets, int accum,
-                     float *loss) {
+/* An evaluation's micro-batch on every rank: every rank takes part in every collective; a
+ * failure anywhere fails the call on every process. */
+int zs_lora_training_eval(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
+                          float *loss) {
+    if (t->in_step) return zs_err(ZS_EINVAL, "LoRA training: an evaluation while step %ld runs", t->step);
     size_t bt = (size_t)t->o.micro_batch * (size_t)t->o.seq_len;
+    t->eval = 1;
     t->tokens = tokens;
     t->targets = targets;
     t->total_count = 0;
-    for (int i = 0; i < t->n * accum; i++) t->total_count += zs_train_count_targets(targets[i], bt);
+    for (int i = 0; i < t->n; i++) t->total_count += zs_train_count_targets(targets[i], bt);
     t->loss_sum = 0;
     t->fail_rc = 0;
     t->fail_err[0] = 0;
-    if (!t->eval) {
-        size_t np;
-        float *g = zs_lora_data(t->gsum, &np);
-        memset(g, 0, np * sizeof(float));
-        t->have_grad = 0;
-    }
-    set_spec(t, 0); /* training passes: the prefetchers stop guessing inference passes */
-    for (t->micro = 0; t->micro < accum; t->micro++) zs_world_run(t->w, micro_job, t);
-    set_spec(t, 1); /* the same world serves between steps */
+    t->micro = 0;
+    zs_world_run(t->w, eval_job, t); /* an inference pass: what speculation guesses */
+    t->eval = 0;
     if (t->fail_rc < 0) return zs_err(t->fail_rc, "%s", t->fail_err);
     *loss = t->total_count > 0 ? (float)(t->loss_sum / (double)t->total_count) : 0.0f;
     return 0;
-}
-
-int zs_lora_training_step(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
-                          long step, float *loss) {
-    if (step < 1) return zs_err(ZS_EINVAL, "LoRA training: steps are numbered from 1");
-    t->eval = 0;
-    t->step = step;
-    float l;
-    ZS_CHECK(run_micro(t, tokens, targets, t->o.grad_accum, &l));
-    t->have_grad = 1;
-    /* the same on every process (the gradient is): clip by the global norm, AdamW on the adapter */
-    size_t np;
-    const float *g = zs_lora_data_const(t->gsum, &np);
-    double ss = zs_sumsq(g, np);
-    if (!isfinite(ss)) return zs_err(ZS_ERANGE, "LoRA training: step %ld: the gradient is not finite (loss %g)", step, (double)l);
-    float coef = t->o.grad_clip > 0 ? zs_clip_coef(ss, t->o.grad_clip) : 1.0f;
-    memcpy(t->gclip, g, np * sizeof(float));
-    if (coef != 1.0f) zs_scale(t->gclip, np, coef);
-    float lr = zs_lr_at(&t->o.lr, step);
-    /* PEFT / the HF Trainer decay every LoRA parameter */
-    float *pa = zs_lora_data(t->a, &np);
-    ZS_CHECK(zs_adamw_update(pa, t->mom, t->var, t->gclip, np, &t->o.adam, lr, step, 1, NULL, ZS_F32));
-    *loss = l;
-    return 0;
-}
-
-int zs_lora_training_eval(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
-                          float *loss) {
-    t->eval = 1;
-    int rc = run_micro(t, tokens, targets, 1, loss);
-    t->eval = 0;
-    return rc;
 }
 
 const zs_lora *zs_lora_training_grad(const zs_lora_training *t) { return t->have_grad ? t->gsum : NULL; }

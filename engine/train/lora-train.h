@@ -49,6 +49,35 @@ int  zs_lora_training_begin(zs_world *w, zs_lora *adapter, const zs_train_opts *
 /* One optimizer step; tokens/targets and step exactly as zs_training_step. */
 int  zs_lora_training_step(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
                            long step, float *loss);
+
+/* The same step in slices (lora-slice.c), for a server that puts them between serving steps.
+ * The step's micro-batches are walks of the gather's training order (zs_gather_order) in units
+ * (a bucket; a MoE layer's with its experts mark; a tied head with the embeddings), run as range
+ * passes. Whichever way the units are cut, or carried by riders, the gradient and the adapter are
+ * bitwise those of zs_lora_training_step.
+ *   step_begin  sets the step up (no world call); tokens/targets are borrowed until it ends.
+ *   slice       runs units for about budget_s seconds by the measured unit times (at least one;
+ *               INFINITY: whole micro-batches, one TRAIN pass each); *more = 0 once the step is
+ *               done (the last slice applies AdamW; zs_lora_training_step_loss then holds the
+ *               loss). then_more: the caller runs the next slice right after, so the last range
+ *               declares the next one to the gathers.
+ *   next_range  the range the next slice begins with, promised: the next slice runs it (the
+ *               caller declares it to the gathers one step ahead). 0 when the step is done.
+ *   rider       a rider (world.h) that computes the current micro-batch's next forward units on
+ *               the buckets of the coming serving step (as many as budget_s allows), or NULL when
+ *               the next units cannot ride (backward next, a range promised, a MoE model, CUDA);
+ *               ride_end after that step (step_rc its result) takes the units it got (all ranks
+ *               must have reached the end; else the micro-batch's forward starts over) and
+ *               returns the seconds rank 0 spent on them.
+ *   fused       micro-batch forwards that rode serving steps wholly. */
+int  zs_lora_training_step_begin(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
+                                 long step);
+int  zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, int *more);
+int  zs_lora_training_next_range(zs_lora_training *t, double budget_s, zs_pass_range *out);
+const zs_world_rider *zs_lora_training_rider(zs_lora_training *t, double budget_s);
+double zs_lora_training_ride_end(zs_lora_training *t, int step_rc);
+float zs_lora_training_step_loss(const zs_lora_training *t);
+uint64_t zs_lora_training_fused(const zs_lora_training *t);
 /* The loss without updating anything (grad_accum 1 layout); no dropout. */
 int  zs_lora_training_eval(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
                            float *loss);
