@@ -1,5 +1,6 @@
-/* metrics.c — GET /metrics: the HTTP request counters and the scheduler's counters, gauges and
- * latency histograms in the Prometheus text exposition format 0.0.4. */
+/* metrics.c — GET /metrics: the HTTP request counters, the scheduler's counters, gauges and
+ * latency histograms, and fine-tuning's (a job's steps, the share it has beside serving), in the
+ * Prometheus text exposition format 0.0.4. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <pthread.h>
