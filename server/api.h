@@ -76,6 +76,13 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len);
 /* The training gauges /metrics shows (zeroserve_train_*): the running job's last step, its loss
  * scale and the steps skipped for fp16 overflows (process-wide; thread-safe). */
 void zs_metrics_set_training(long step, double loss_scale, long skipped_steps);
+/* A full fine-tuning job (its own engine, not the scheduler) adds into the base scheduler's
+ * training series of /metrics: a step of step_s seconds (busy: serving had work at its end) and
+ * its tokens; seconds it waited for serving (its duty cycle); while active, its share stands for
+ * the scheduler's in zeroserve_train_share and _target (process-wide; thread-safe). */
+void zs_metrics_train_step(double step_s, int busy, uint64_t tokens, double share);
+void zs_metrics_train_wait(double wait_s);
+void zs_metrics_train_active(int active, double share);
 
 /* ------------------------------------------------------------------ serve.c */
 

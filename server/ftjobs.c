@@ -19,7 +19,12 @@
  * them); "lora": null is a full fine-tune of a copy of the base; without the key the base decides:
  * LoRA when it has at least 100M parameters or stores quantized weights (which a full fine-tune
  * refuses), full otherwise (decided when the job starts if the base is still loading at creation:
- * "lora": "auto" until then). The job records the choice ("lora": {...} or null). */
+ * "lora": "auto" until then). The job records the choice ("lora": {...} or null).
+ *
+ * The extensions "priority" ("low" | "normal" | "high", default normal) and "train_share" (a
+ * number in (0, 1]) set the job's share of the engine's time while requests are served too;
+ * the job records both, "train_share" resolved: explicit, else the server's --train-share F by
+ * priority (low F/2, normal F, high min(1, 2F)). Records from before them load as normal, F. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <stdio.h>
@@ -218,6 +223,40 @@ static int parse_lora(json_t *lv, json_t **out, zs_http_req *r, zs_engine *base)
     return *out ? 0 : bad_param(r, "lora", "invalid_value", "out of memory");
 }
 
+/* The share of the engine's time a job trains with while requests are served too: F (the
+ * server's --train-share) by priority, low F/2, normal F, high min(1, 2F). */
+static double share_of_priority(const zs_ftjobs *J, const char *prio) {
+    double f = J->sched.train_share;
+    if (!strcmp(prio, "low")) return f / 2;
+    if (!strcmp(prio, "high")) return f * 2 < 1 ? f * 2 : 1;
+    return f;
+}
+
+/* "priority": "low" | "normal" | "high" (default normal) and "train_share": a number in (0, 1]
+ * (default: by the priority) -> *prio, *share. */
+static int parse_share(const zs_ftjobs *J, json_t *root, const char **prio, double *share, zs_http_req *r) {
+    json_t *v = json_object_get(root, "priority");
+    *prio = "normal";
+    if (v && !json_is_null(v)) {
+        const char *p = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(p, "low") && strcmp(p, "normal") && strcmp(p, "high"))
+            return bad_param(r, "priority", "invalid_value",
+                             "Invalid 'priority': expected \"low\", \"normal\" or \"high\" (the job's share of the "
+                             "engine's time while requests are served: half, once or twice the server's --train-share).");
+        *prio = p;
+    }
+    *share = share_of_priority(J, *prio);
+    v = json_object_get(root, "train_share");
+    if (v && !json_is_null(v)) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0) || !(json_number_value(v) <= 1))
+            return bad_param(r, "train_share", "invalid_value",
+                             "Invalid 'train_share': expected a number > 0 and at most 1 (the job's share of the "
+                             "engine's time while requests are served).");
+        *share = json_number_value(v);
+    }
+    return 0;
+}
+
 static void h_create(void *ud, zs_http_req *r) {
     zs_ftjobs *J = ud;
     if (zs_cluster_size() > 1) {
@@ -289,6 +328,9 @@ static void h_create(void *ud, zs_http_req *r) {
         }
         seed = (double)json_integer_value(sv);
     }
+    const char *prio = NULL;
+    double share = -1;
+    if (parse_share(J, root, &prio, &share, r) < 0) goto out;
     if (parse_method(json_object_get(root, "method"), &mhp, r) < 0) goto out;
     if (hp_all(hp && json_is_object(hp) ? hp : NULL, "hyperparameters", &ep, &bs, &lrm, r) < 0) goto out;
     if (mhp) {
@@ -337,6 +379,10 @@ static void h_create(void *ud, zs_http_req *r) {
                        vf ? json_string(vf) : json_null(), "result_files", "trained_tokens", "error", "seed",
                        (json_int_t)seed, "user_provided_suffix", suffix ? json_string(suffix) : json_null(),
                        "status", "validating_files", "estimated_finish");
+    if (j->obj) { /* the share the runner trains with (ftrun.c); a record of what the job asked */
+        json_object_set_new(j->obj, "priority", json_string(prio));
+        json_object_set_new(j->obj, "train_share", json_real(share));
+    }
     if (!j->obj || !j->events) {
         json_decref(j->obj);
         json_decref(j->events);
@@ -560,6 +606,10 @@ static int load_records(zs_ftjobs *J) {
         j->n_events = (long)json_integer_value(json_object_get(o, "_n_events"));
         json_object_del(o, "_n_events");
         j->obj = o;
+        /* a record from before jobs had a priority: normal, at the server's share */
+        if (!json_is_string(json_object_get(o, "priority"))) json_object_set_new(o, "priority", json_string("normal"));
+        if (!json_is_number(json_object_get(o, "train_share")))
+            json_object_set_new(o, "train_share", json_real(share_of_priority(J, json_string_value(json_object_get(o, "priority")))));
         j->events = json_array();
         load_events(J, j);
         if ((long)json_array_size(j->events) > j->n_events) j->n_events = (long)json_array_size(j->events);

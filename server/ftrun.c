@@ -12,11 +12,16 @@
  * Checkpoints (every 10 steps) go to the job's checkpoint directory; a job interrupted by a
  * restart continues from the latest.
  *
- * Yielding to serving: before each training step the runner waits while any served model's
- * scheduler has queued or running requests (polling zs_sched_stats_get every millisecond), so a
- * completion waits at most one training step; training uses the idle time. A cancel or a server
- * stop is seen before the next step (and, for a LoRA job, while it waits for an idle pass). */
+ * Sharing with serving: a job trains with its "train_share" F of the time while any served
+ * model's scheduler has queued or running requests (polled with zs_sched_stats_get every
+ * millisecond). A full job keeps a duty cycle: after a step of step_s seconds it waits, while
+ * serving stays busy, up to step_s (1 - F) / F before the next (F = 0: while serving is busy);
+ * its seconds trained and waited and its tokens go to /metrics (zs_metrics_train_*). A cancel
+ * or a server stop is seen before the next step (and, for a LoRA job, while it waits for an idle
+ * pass). Each step's event and the job carry "trained_tokens_per_second": this run's tokens over
+ * its wall time so far. */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +68,14 @@ int zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir) {
 typedef struct {
     zs_ftjobs *J;
     ftjob *j;
+    int is_lora;
+    double share;       /* the job's "train_share" (0: train only while serving is idle) */
+    double t0;          /* when the run began: tokens/s leave out the time queued */
+    double last_step_s; /* the last step's wall time: a full job's duty cycle waits from it */
+    long first_step;    /* the first step of this run (a resumed job starts later), and the */
+    size_t base_tokens; /* tokens counted before it: tokens/s are this run's */
+    size_t prev_tokens; /* the tokens counted at the last step */
+    double train_s, wait_s; /* a full job: seconds trained, and waited for serving */
 } run_ctx;
 
 static int serving_busy(zs_ftjobs *J) {
@@ -86,10 +99,28 @@ static int stop_requested(run_ctx *c) {
     return stop;
 }
 
+/* A LoRA job waits while serving is busy (its steps run in the base scheduler, which decides
+ * their share). A full job trains on an engine of its own, so the share is a duty cycle here:
+ * after a step of step_s seconds it waits, while serving is busy, up to step_s (1 - F) / F, so
+ * that it trains F of the time serving has work (F = 0: it waits while serving is busy). */
 static int before_step(void *ud, long step) {
     run_ctx *c = ud;
     (void)step;
-    while (!stop_requested(c) && serving_busy(c->J)) usleep(1000);
+    if (c->is_lora) {
+        while (!stop_requested(c) && serving_busy(c->J)) usleep(1000);
+        return stop_requested(c);
+    }
+    double t0 = zs_now(), end = c->share > 0 ? t0 + c->last_step_s * (1 - c->share) / c->share : INFINITY;
+    int waited = 0;
+    while (!stop_requested(c) && zs_now() < end && serving_busy(c->J)) {
+        waited = 1;
+        usleep(1000);
+    }
+    if (waited) {
+        double w = zs_now() - t0;
+        c->wait_s += w;
+        zs_metrics_train_wait(w);
+    }
     return stop_requested(c);
 }
 
@@ -135,20 +166,37 @@ static int lora_params_of(json_t *lj, zs_lora_params *p) {
 
 static void on_step(void *ud, const zs_finetune_step *st) {
     run_ctx *c = ud;
+    if (c->first_step == 0) { /* a resumed run counts from here: the tokens of its first step are a share of those so far */
+        c->first_step = st->step;
+        c->base_tokens = st->step > 1 ? st->tokens - st->tokens / (size_t)st->step : 0;
+        c->prev_tokens = c->base_tokens;
+    }
+    size_t run_tokens = st->tokens >= c->base_tokens ? st->tokens - c->base_tokens : 0;
+    double el = zs_now() - c->t0;
+    double tps = el > 0 ? (double)run_tokens / el : 0;
+    if (!c->is_lora) { /* a LoRA job's seconds and tokens are counted by the scheduler that runs them */
+        c->train_s += st->step_s;
+        zs_metrics_train_step(st->step_s, serving_busy(c->J),
+                              st->tokens > c->prev_tokens ? st->tokens - c->prev_tokens : 0, c->share);
+    }
+    c->prev_tokens = st->tokens;
+    c->last_step_s = st->step_s;
     char msg[192];
     if (st->skipped)
         snprintf(msg, sizeof msg, "Step %ld/%ld: gradient overflow at loss scale %g: step skipped, scale now %g", st->step,
                  st->steps, st->loss_scale, st->next_scale);
     else
-        snprintf(msg, sizeof msg, "Step %ld/%ld: training loss=%.4f", st->step, st->steps, (double)st->loss);
+        snprintf(msg, sizeof msg, "Step %ld/%ld: training loss=%.4f, %.0f tokens/s", st->step, st->steps, (double)st->loss,
+                 tps);
     zs_metrics_set_training(st->step, st->next_scale, st->skipped_total);
     pthread_mutex_lock(&c->J->mu);
     zs_ftjobs_event_locked(c->J, c->j, st->skipped ? "warn" : "info", msg,
-                           json_pack("{s:I,s:I,s:f,s:f,s:f,s:I,s:b}", "step", (json_int_t)st->step, "total_steps",
+                           json_pack("{s:I,s:I,s:f,s:f,s:f,s:I,s:b,s:f}", "step", (json_int_t)st->step, "total_steps",
                                      (json_int_t)st->steps, "train_loss", (double)st->loss, "learning_rate", (double)st->lr,
                                      "loss_scale", st->loss_scale, "skipped_steps", (json_int_t)st->skipped_total,
-                                     "skipped", st->skipped));
+                                     "skipped", st->skipped, "trained_tokens_per_second", tps));
     json_object_set_new(c->j->obj, "trained_tokens", json_integer((json_int_t)st->tokens));
+    json_object_set_new(c->j->obj, "trained_tokens_per_second", json_real(tps));
     pthread_mutex_unlock(&c->J->mu);
 }
 
@@ -201,6 +249,10 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     int have_files = zs_files_path(J->files, tid, tf, sizeof tf) == 0 &&
                      (!vid || zs_files_path(J->files, vid, vf, sizeof vf) == 0);
     json_object_set_new(o, "trained_tokens", json_integer(0));
+    json_object_set_new(o, "trained_tokens_per_second", json_real(0));
+    /* the record's share (ftjobs.c always writes one); the server's as a fallback */
+    json_t *sh = json_object_get(o, "train_share");
+    double share = json_is_number(sh) ? json_number_value(sh) : J->sched.train_share;
     char started[160];
     if (is_lora)
         snprintf(started, sizeof started, "Fine-tuning job started: a LoRA adapter (r %d, alpha %g) over the served base",
@@ -241,7 +293,7 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     int rc = have_files ? 0 : zs_err(ZS_ENOTFOUND, "a file of the job no longer exists");
     if (rc == 0) rc = lora_rc;
     if (rc == 0) rc = train_rc;
-    run_ctx c = {J, j};
+    run_ctx c = {J, j, is_lora, share, zs_now(), 0, 0, 0, 0, 0, 0};
     zs_finetune_hooks h = {on_plan, before_step, on_step, NULL, &c};
     zs_finetune_result res;
     memset(&res, 0, sizeof res);
@@ -253,7 +305,9 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
         if (rc == 0) rc = zs_finetune_run(J->base_engine, &fo, &h, &res);
         if (rc == 0 && !stop_requested(&c)) rc = zs_api_load_adapter(J->api, name, dir);
     } else {
+        zs_metrics_train_active(1, share);
         rc = run_full(J, &fo, &h, &res, hex, rc);
+        zs_metrics_train_active(0, 0);
         if (rc == 0 && !stop_requested(&c)) rc = zs_ftjobs_serve_model(J, name, dir);
     }
     finish_job(J, j, rc, name, is_lora, &res);

@@ -1,6 +1,8 @@
-/* metrics.c — GET /metrics: the HTTP request counters and the scheduler's counters, gauges and
- * latency histograms in the Prometheus text exposition format 0.0.4. */
+/* metrics.c — GET /metrics: the HTTP request counters, the scheduler's counters, gauges and
+ * latency histograms, and fine-tuning's (a job's steps, the share it has beside serving), in the
+ * Prometheus text exposition format 0.0.4. */
 #define _GNU_SOURCE
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -21,6 +23,54 @@ void zs_metrics_set_training(long step, double loss_scale, long skipped_steps) {
     train_scale = loss_scale;
     train_skipped = skipped_steps;
     train_seen = 1;
+    pthread_mutex_unlock(&train_mu);
+}
+
+/* a full fine-tuning job's duty cycle (zs_metrics_train_*), process-wide under train_mu: its
+ * totals, and the seconds trained while serving was busy and waited, decayed over about 10 s
+ * (as the scheduler's achieved share) */
+#define DUTY_DECAY_S 10.0
+static double full_train_s, full_wait_s, duty_busy_s, duty_wait_s, duty_t, full_share;
+static uint64_t full_tokens, full_steps;
+static int full_active;
+
+static void duty_decay_locked(void) {
+    double t = zs_now();
+    if (duty_t > 0) {
+        double f = exp(-(t - duty_t) / DUTY_DECAY_S);
+        duty_busy_s *= f;
+        duty_wait_s *= f;
+    }
+    duty_t = t;
+}
+
+void zs_metrics_train_step(double step_s, int busy, uint64_t tokens, double share) {
+    pthread_mutex_lock(&train_mu);
+    duty_decay_locked();
+    full_train_s += step_s;
+    full_tokens += tokens;
+    full_steps++;
+    if (busy) duty_busy_s += step_s;
+    full_share = share;
+    pthread_mutex_unlock(&train_mu);
+}
+
+void zs_metrics_train_wait(double wait_s) {
+    pthread_mutex_lock(&train_mu);
+    duty_decay_locked();
+    full_wait_s += wait_s;
+    duty_wait_s += wait_s;
+    pthread_mutex_unlock(&train_mu);
+}
+
+void zs_metrics_train_active(int active, double share) {
+    pthread_mutex_lock(&train_mu);
+    full_active = active;
+    if (active) {
+        full_share = share;
+        duty_busy_s = duty_wait_s = 0; /* a new job's share is its own */
+        duty_t = 0;
+    }
     pthread_mutex_unlock(&train_mu);
 }
 
@@ -236,7 +286,37 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     long tstep = train_step, tskip = train_skipped;
     double tscale = train_scale;
     int tseen = train_seen;
+    duty_decay_locked();
+    double ftrain = full_train_s, fwait = full_wait_s, fbusy = duty_busy_s, fdw = duty_wait_s, fshare = full_share;
+    uint64_t ftok = full_tokens, fsteps = full_steps;
+    int factive = full_active;
     pthread_mutex_unlock(&train_mu);
+    /* fine-tuning beside serving: the base scheduler's slices (sched-train.c), plus a full job's
+     * steps on its own engine (counted as slices; its share while it runs) */
+    double share = st.train_share, target = st.train_share_target;
+    if (factive) {
+        share = fbusy + fdw > 0 ? fbusy / (fbusy + fdw) : 0;
+        target = fshare;
+    }
+    head(&b, "zeroserve_train_share", "gauge",
+         "Fine-tuning's share of the engine's time while serving had work too (decayed over about 10 s).");
+    outf(&b, "zeroserve_train_share %.4g\n", share);
+    head(&b, "zeroserve_train_share_target", "gauge", "The share of the fine-tuning job in force (--train-share by its priority, or its train_share).");
+    outf(&b, "zeroserve_train_share_target %.4g\n", target);
+    head(&b, "zeroserve_train_slices_total", "counter", "Pieces of fine-tuning run between serving steps (a full job's steps included).");
+    outf(&b, "zeroserve_train_slices_total %llu\n", (unsigned long long)(st.train_slices + fsteps));
+    head(&b, "zeroserve_train_fused_total", "counter", "Fine-tuning micro-batch forwards that rode serving steps.");
+    outf(&b, "zeroserve_train_fused_total %llu\n", (unsigned long long)st.train_fused);
+    head(&b, "zeroserve_train_seconds_total", "counter", "Seconds of fine-tuning (a full job's steps included).");
+    outf(&b, "zeroserve_train_seconds_total %.9g\n", st.train_s + ftrain);
+    head(&b, "zeroserve_serving_wait_on_train_seconds_total", "counter",
+         "Seconds requests waited on fine-tuning slices (run while a request was queued or running).");
+    outf(&b, "zeroserve_serving_wait_on_train_seconds_total %.9g\n", st.train_wait_s);
+    head(&b, "zeroserve_train_wait_on_serving_seconds_total", "counter",
+         "Seconds a full fine-tuning job held its next step back for serving (its duty cycle).");
+    outf(&b, "zeroserve_train_wait_on_serving_seconds_total %.9g\n", fwait);
+    head(&b, "zeroserve_train_tokens_total", "counter", "Training tokens whose step completed (a full job's included).");
+    outf(&b, "zeroserve_train_tokens_total %llu\n", (unsigned long long)(st.train_tokens + ftok));
     if (tseen) { /* a full fine-tuning job has run a step since the start */
         head(&b, "zeroserve_train_step", "gauge", "The last optimizer step of the running (or last) fine-tuning job.");
         outf(&b, "zeroserve_train_step %ld\n", tstep);

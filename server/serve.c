@@ -372,6 +372,23 @@ static int want_help(int argc, char **argv) {
     return 0;
 }
 
+/* --train-share and --train-slice-ms (strings: a float would turn 0.4 into 0.4000000059, which a
+ * job's share, F/2 for "priority": "low", would show) into o. */
+static int train_flags(const char *share, const char *slice_ms, zs_sched_opts *o) {
+    char *end;
+    double f = strtod(share, &end);
+    if (!*share || *end || !(f >= 0 && f <= 1))
+        return zs_err(ZS_ERANGE, "--train-share must be a number between 0 and 1 (got '%s'; 0: fine-tuning only while "
+                      "no request is queued or running)", share);
+    double ms = strtod(slice_ms, &end);
+    if (!*slice_ms || *end || !(ms > 0 && ms <= 60000))
+        return zs_err(ZS_ERANGE, "--train-slice-ms must be a positive number of milliseconds, at most 60000 (got '%s')",
+                      slice_ms);
+    o->train_share = f;
+    o->train_slice_ms = ms;
+    return 0;
+}
+
 #define ZS_SERVE_MAX_LORAS 64 /* --lora flags at most (more at run time: POST /v1/load_lora_adapter) */
 
 /* Takes the repeatable --lora NAME=DIR (or --lora=NAME=DIR) out of argv into loras; the rest stays
@@ -410,7 +427,8 @@ int zs_cmd_serve(int argc, char **argv) {
     int no_prefix_cache = 0, spec_tokens = 0;
     const char *speculative = NULL, *draft_model = NULL, *draft_dtype = NULL;
     const char *spec_tree = "off";
-    zs_opt opts[21 + ZS_ENGINE_FLAG_COUNT] = {
+    const char *train_share = "0.25", *train_slice = "50";
+    zs_opt opts[23 + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
         {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\" (default: $ZS_API_KEY, else none)"},
@@ -440,8 +458,13 @@ int zs_cmd_serve(int argc, char **argv) {
                                           "(repeatable; more at run time: POST /v1/load_lora_adapter)"},
         {"pooling", ZS_OPT_STR, &pooling, "mean | last: how /v1/embeddings pools the final hidden states of an input's "
                                           "tokens (default mean; a request's \"pooling\" overrides it)"},
+        {"train-share", ZS_OPT_STR, &train_share, "F, 0..1: fine-tuning's share of the engine's time while requests are "
+                                                   "served too (default 0.25; 0: training only when no request is queued "
+                                                   "or running); a job's \"priority\" low/high halves/doubles it"},
+        {"train-slice-ms", ZS_OPT_STR, &train_slice, "the longest piece of training run between serving steps, in "
+                                                      "milliseconds (a positive number; default 50)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 20);
+    int n_opts = zs_engine_flags_table(&ef, opts, 22);
     if (want_help(argc, argv)) {
         zs_cli_usage("serve", "Serves the model over an OpenAI-compatible HTTP API until SIGTERM/SIGINT.", opts,
                      n_opts);
@@ -453,6 +476,8 @@ int zs_cmd_serve(int argc, char **argv) {
     ZS_CHECK(take_loras(&argc, argv, loras, &n_loras));
     ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
     (void)lora_help;
+    zs_sched_opts tso = {0};
+    ZS_CHECK(train_flags(train_share, train_slice, &tso));
     if (!ef.model) return zs_err(ZS_EINVAL, "--model is required");
     if (port < 0 || port > 65535) return zs_err(ZS_EINVAL, "--port must be between 0 and 65535");
     if (max_seqs < 1 || max_batch < 1 || max_queue < 1)
@@ -485,6 +510,8 @@ int zs_cmd_serve(int argc, char **argv) {
     so.sched.max_batch_tokens = max_batch;
     so.sched.max_queue = max_queue;
     so.sched.no_prefix_cache = no_prefix_cache;
+    so.sched.train_share = tso.train_share;
+    so.sched.train_slice_ms = tso.train_slice_ms;
     if (spec_tokens < 0 || spec_tokens > ZS_SPEC_MAX_TOKENS)
         return zs_err(ZS_ERANGE, "--spec-tokens must be between 0 and %d (got %d)", ZS_SPEC_MAX_TOKENS, spec_tokens);
     if (strcmp(spec_tree, "on") && strcmp(spec_tree, "off"))

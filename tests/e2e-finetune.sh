@@ -22,7 +22,7 @@ zs_model stories260K
 DD=$T/data
 U=""
 start_server() { # (again) on the same data directory; U: its address
-    zs_start_server "$T/server.log" --model "$MODEL" --data-dir "$DD" --max-file-bytes 4096 && U=$ZS_URL
+    zs_start_server "$T/server.log" --model "$MODEL" --data-dir "$DD" --max-file-bytes 4096 --train-share 0.4 && U=$ZS_URL
 }
 J() { curl -s -m 30 -H 'Content-Type: application/json' "$@"; }
 upload() { curl -s -m 30 -o "$T/up.json" -w '%{http_code}' "$U/v1/files" -F purpose=fine-tune -F "file=@$1"; }
@@ -47,8 +47,8 @@ wait_steps() { # JOB N SECONDS
     done
     return 1
 }
-create_job() { # FILE EPOCHS SUFFIX -> job id
-    J "$U/v1/fine_tuning/jobs" -d "{\"model\":\"stories260K\",\"training_file\":\"$1\",\"suffix\":\"$3\",\"seed\":1,
+create_job() { # FILE EPOCHS SUFFIX [MORE FIELDS,] -> job id
+    J "$U/v1/fine_tuning/jobs" -d "{\"model\":\"stories260K\",\"training_file\":\"$1\",\"suffix\":\"$3\",\"seed\":1,${4:-}
         \"hyperparameters\":{\"n_epochs\":$2,\"batch_size\":2,\"learning_rate_multiplier\":3}}" | jq -r .id
 }
 
@@ -58,6 +58,15 @@ cat > "$T/data.jsonl" <<'JSONL'
 {"prompt": "The little bird", "completion": " sang a song about green apples."}
 {"text": "Lily had a big blue kite. She flew it every day in the park."}
 JSONL
+
+# ---------------------------------------------------------------- flags refused at start
+bad_flag() { # FLAG VALUE: serve exits non-zero with a message naming the flag
+    local out rc
+    out=$(timeout 20 "$BIN" serve --model "$MODEL" --data-dir "$DD" --port 0 "$1" "$2" 2>&1); rc=$?
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] && printf '%s' "$out" | grep -q -- "$1" || { echo "# rc $rc: $out"; return 1; }
+}
+check "serve refuses --train-share 1.5 naming the flag" 'bad_flag --train-share 1.5'
+check "serve refuses --train-slice-ms 0 naming the flag" 'bad_flag --train-slice-ms 0'
 
 start_server || zs_abort "server starts"
 ok "server starts with --data-dir"
@@ -92,13 +101,19 @@ code=$(J -o "$T/e.json" -w '%{http_code}' "$U/v1/fine_tuning/jobs" -d "{\"model\
 check "unknown model: 404 param model" '[ "$code" = 404 ] && jq -e ".error.param == \"model\"" "$T/e.json" >/dev/null' "$code"
 code=$(J -o "$T/e.json" -w '%{http_code}' "$U/v1/fine_tuning/jobs" -d "{\"model\":\"stories260K\",\"training_file\":\"$FID\",\"hyperparameters\":{\"n_epochs\":0}}")
 check "n_epochs 0: 400 param hyperparameters.n_epochs" '[ "$code" = 400 ] && jq -e ".error.param == \"hyperparameters.n_epochs\"" "$T/e.json" >/dev/null' "$code"
+for body in '"priority":"urgent"' '"train_share":0' '"train_share":2' '"train_share":"high"'; do
+    code=$(J -o "$T/e.json" -w '%{http_code}' "$U/v1/fine_tuning/jobs" -d "{\"model\":\"stories260K\",\"training_file\":\"$FID\",$body}")
+    param=${body%%\":*}; param=${param#\"}
+    check "$body: 400 param $param" '[ "$code" = 400 ] && jq -e --arg p "$param" ".error.param == \$p and (.error.message | contains(\$p))" "$T/e.json" >/dev/null' "$code $(cat "$T/e.json")"
+done
 check "unknown job: 404" '[ "$(curl -s -o /dev/null -w "%{http_code}" "$U/v1/fine_tuning/jobs/ftjob-nope")" = 404 ]'
 
 # ---------------------------------------------------------------- a job that memorizes (4 examples / batch 2 x 50 epochs = 100 steps, lr 1e-3 x 3)
-J "$U/v1/fine_tuning/jobs" -d "{\"model\":\"stories260K\",\"training_file\":\"$FID\",\"suffix\":\"zork\",\"seed\":7,
+J "$U/v1/fine_tuning/jobs" -d "{\"model\":\"stories260K\",\"training_file\":\"$FID\",\"suffix\":\"zork\",\"seed\":7,\"priority\":\"low\",
     \"hyperparameters\":{\"n_epochs\":50,\"batch_size\":2,\"learning_rate_multiplier\":3}}" > "$T/job.json"
 JID=$(jq -r .id "$T/job.json")
 check "create: a fine_tuning.job object" 'jq -e ".object == \"fine_tuning.job\" and (.id | startswith(\"ftjob-\")) and .model == \"stories260K\" and .training_file == \"$FID\" and .hyperparameters.n_epochs == 50 and .hyperparameters.batch_size == 2 and .hyperparameters.learning_rate_multiplier == 3 and .seed == 7 and .user_provided_suffix == \"zork\" and .fine_tuned_model == null and .finished_at == null and (.status | IN(\"validating_files\",\"queued\",\"running\"))" "$T/job.json" >/dev/null' "$(cat "$T/job.json")"
+check "create: priority low at --train-share 0.4 is a share of 0.2" 'jq -e ".priority == \"low\" and .train_share == 0.2" "$T/job.json" >/dev/null' "$(cat "$T/job.json")"
 check "job succeeds" 'wait_status "$JID" succeeded 120'
 J "$U/v1/fine_tuning/jobs/$JID" > "$T/job.json"
 FTM=$(jq -r .fine_tuned_model "$T/job.json")
@@ -108,6 +123,20 @@ check "events: one per step (100), status changes, fine_tuning.job.event objects
     'jq -e "[.data[] | select(.data.step != null)] | length == 100" "$T/ev.json" >/dev/null && jq -e "[.data[].message] | any(test(\"started\")) and any(test(\"completed\"))" "$T/ev.json" >/dev/null && jq -e "all(.data[]; .object == \"fine_tuning.job.event\" and (.id|type) == \"string\" and (.created_at|type) == \"number\" and (.level|type) == \"string\")" "$T/ev.json" >/dev/null'
 first=$(jq '[.data[] | select(.data.step == 1)][0].data.train_loss' "$T/ev.json")
 last=$(jq '[.data[] | select(.data.step == 100)][0].data.train_loss' "$T/ev.json")
+check "events: each step says its trained tokens/s (message and data), the job too" \
+    'jq -e "[.data[] | select(.data.step != null)] | all(.data.trained_tokens_per_second > 0 and (.message | test(\"^Step [0-9]+/100: training loss=[0-9.]+, [0-9]+ tokens/s\$\")))" "$T/ev.json" >/dev/null && jq -e ".trained_tokens_per_second > 0 and .priority == \"low\" and .train_share == 0.2" "$T/job.json" >/dev/null' \
+    "$(jq -c '[.data[] | select(.data.step != null)][0]' "$T/ev.json") $(jq -c '{trained_tokens_per_second, priority, train_share}' "$T/job.json")"
+curl -s "$U/metrics" > "$T/metrics.txt"
+has_train_metrics() {
+    local m
+    for m in train_share train_share_target train_slices_total train_fused_total train_seconds_total \
+        serving_wait_on_train_seconds_total train_wait_on_serving_seconds_total train_tokens_total; do
+        grep -q "^# TYPE zeroserve_$m " "$T/metrics.txt" && grep -q "^zeroserve_$m [0-9]" "$T/metrics.txt" || { echo "# no zeroserve_$m"; return 1; }
+    done
+}
+check "/metrics: the zeroserve_train_* series, a full job's 100 steps and tokens counted" \
+    'has_train_metrics && awk -v tok="$(jq .trained_tokens "$T/job.json")" "\$1 == \"zeroserve_train_slices_total\" { s = \$2 } \$1 == \"zeroserve_train_tokens_total\" { t = \$2 } \$1 == \"zeroserve_train_seconds_total\" { x = \$2 } END { exit !(s >= 100 && t >= tok && x > 0) }" "$T/metrics.txt"' \
+    "$(grep "^zeroserve_train\|^zeroserve_serving" "$T/metrics.txt")"
 check "events: loss decreases ($first -> $last)" 'awk -v a="$first" -v b="$last" "BEGIN { exit !(b < 0.3 * a) }"'
 check "events: newest first, limit honoured" '[ "$(J "$U/v1/fine_tuning/jobs/$JID/events?limit=2" | jq -c "[(.data | length), .has_more]")" = "[2,true]" ]'
 check "checkpoints: steps 100 and 90, newest first" 'J "$U/v1/fine_tuning/jobs/$JID/checkpoints" | jq -e ".object == \"list\" and ([.data[].step_number] == [100, 90]) and all(.data[]; .object == \"fine_tuning.job.checkpoint\")" >/dev/null'
@@ -121,7 +150,7 @@ base_out=$(complete stories260K "Once upon a time")
 check "base model unchanged" '[ -n "$base_out" ] && case "$base_out" in *Zork*) false;; *) true;; esac' "$base_out"
 
 # ---------------------------------------------------------------- serving while training; cancel
-LONG=$(create_job "$FID" 5000 long)
+LONG=$(create_job "$FID" 5000 long '"train_share":0.7,')
 check "long job runs" 'wait_steps "$LONG" 3 60'
 t0=$(date +%s.%N)
 code=$(J -o "$T/c.json" -w '%{http_code}' "$U/v1/completions" -d '{"model":"stories260K","prompt":"Once upon a time","temperature":0,"max_tokens":24}')
@@ -129,6 +158,7 @@ t1=$(date +%s.%N)
 check "base completion served while the job trains (200, $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.2f", b-a}') s)" \
     '[ "$code" = 200 ] && [ "$(jq -r ".choices[0].text" "$T/c.json")" = "$base_out" ] && awk -v a="$t0" -v b="$t1" "BEGIN { exit !(b - a < 5) }"'
 check "job still running" '[ "$(job_status "$LONG")" = running ]'
+check "an explicit train_share is the job's (0.7)" '[ "$(J "$U/v1/fine_tuning/jobs/$LONG" | jq -c "[.priority, .train_share]")" = "[\"normal\",0.7]" ]'
 code=$(J -o "$T/c.json" -w '%{http_code}' -X POST "$U/v1/fine_tuning/jobs/$LONG/cancel")
 check "cancel: 200, status cancelled" '[ "$code" = 200 ] && jq -e ".status == \"cancelled\"" "$T/c.json" >/dev/null' "$code"
 sleep 1

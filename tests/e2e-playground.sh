@@ -5,7 +5,8 @@
 # (?autosend=1), the fine-tuning view uploads pasted JSONL and starts jobs by itself
 # (?view=finetune&jsonl=...&autostart=1; checked through the API: the file, the job's method and
 # hyperparameters, its steps), shows a running job's loss curve and a finished one's (#ft-points:
-# one point per step; #ft-status[data-status]), puts the fine-tuned model into the chat model
+# one point per step; #ft-status[data-status]), a running job's trained tokens/s (#ft-tps) and
+# training's share and target as /metrics says (#ft-share), puts the fine-tuned model into the chat model
 # picker, reports a bad upload, and the engine view plots samples of /metrics. Every page load
 # must leave #js-errors (the page's uncaught errors) empty. Screenshots of the fine-tuning and
 # engine views go to $BUILD/test-artifacts/playground-{finetune,engine}.png.
@@ -145,6 +146,14 @@ pts=$(text_of ft-points)
 check "running job: status running, a curve of several points ($pts), a path drawn, no JS error" \
     '[ "$(ft_status)" = running ] && [ "${pts:-0}" -ge 5 ] && grep -q "<path [^>]*id=\"ft-line\"" "$DOM" && no_js_errors' \
     "status $(ft_status); $(js_errors)"
+tps=$(grep -o 'id="ft-tps" data-value="[^"]*"' "$DOM" | sed 's/.*data-value="\([^"]*\)"/\1/' | head -1)
+check "running job: trained tokens/s shown (#ft-tps $tps > 0)" \
+    '[ -n "$tps" ] && awk -v v="$tps" "BEGIN { exit !(v > 0) }"' "$(grep -o 'id="ft-facts".\{0,600\}' "$DOM" | head -1)"
+ptarget=$(grep -o 'id="ft-share" data-share="[^"]*" data-target="[^"]*"' "$DOM" | sed 's/.*data-target="\([^"]*\)"/\1/' | head -1)
+mtarget=$(curl -s "$U/metrics" | awk '$1 == "zeroserve_train_share_target" { print $2 }')
+check "running job: the share achieved and its target from /metrics shown (#ft-share target $ptarget = $mtarget)" \
+    '[ -n "$ptarget" ] && [ -n "$mtarget" ] && awk -v a="$ptarget" -v b="$mtarget" "BEGIN { exit !(a == b) }"' \
+    "$(grep -o 'id="ft-facts".\{0,600\}' "$DOM" | head -1)"
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$U/v1/fine_tuning/jobs/$LIVE/cancel")
 check "cancel the live job (API)" '[ "$code" = 200 ]'
 
