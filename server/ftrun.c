@@ -99,17 +99,13 @@ static int stop_requested(run_ctx *c) {
     return stop;
 }
 
-/* A LoRA job waits while serving is busy (its steps run in the base scheduler, which decides
- * their share). A full job trains on an engine of its own, so the share is a duty cycle here:
+/* A LoRA job's steps run in the base scheduler's slices, which keep its share. A full job trains on an engine of its own, so the share is a duty cycle here:
  * after a step of step_s seconds it waits, while serving is busy, up to step_s (1 - F) / F, so
  * that it trains F of the time serving has work (F = 0: it waits while serving is busy). */
 static int before_step(void *ud, long step) {
     run_ctx *c = ud;
     (void)step;
-    if (c->is_lora) {
-        while (!stop_requested(c) && serving_busy(c->J)) usleep(1000);
-        return stop_requested(c);
-    }
+    if (c->is_lora) return stop_requested(c); /* the base scheduler gives its slices their share */
     double t0 = zs_now(), end = c->share > 0 ? t0 + c->last_step_s * (1 - c->share) / c->share : INFINITY;
     int waited = 0;
     while (!stop_requested(c) && zs_now() < end && serving_busy(c->J)) {
@@ -145,6 +141,16 @@ static int exec_idle(void *ud, int (*fn)(void *arg), void *arg) {
     run_ctx *c = ud;
     idle_call ic = {c, fn, arg};
     return zs_sched_run_idle(c->J->base_sched, idle_fn, &ic, idle_cancelled);
+}
+
+static int work_cancelled(void *ud) { return stop_requested(ud); }
+
+/* A LoRA job's step: slices on the base scheduler's engine thread, with the job's share. */
+static int exec_work(void *ud, const zs_sched_work *w) {
+    run_ctx *c = ud;
+    zs_sched_work x = *w;
+    x.share = c->share;
+    return zs_sched_run_work(c->J->base_sched, &x, work_cancelled, c);
 }
 
 /* A job's "lora" object (as ftjobs.c normalized it) as adapter parameters. */
@@ -294,7 +300,7 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     if (rc == 0) rc = lora_rc;
     if (rc == 0) rc = train_rc;
     run_ctx c = {J, j, is_lora, share, zs_now(), 0, 0, 0, 0, 0, 0};
-    zs_finetune_hooks h = {on_plan, before_step, on_step, NULL, &c};
+    zs_finetune_hooks h = {on_plan, before_step, on_step, NULL, NULL, &c};
     zs_finetune_result res;
     memset(&res, 0, sizeof res);
     if (is_lora) {
@@ -302,6 +308,7 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
         fo.lora = &lp;
         fo.base_name = J->base_name;
         h.exec = exec_idle;
+        h.exec_work = exec_work;
         if (rc == 0) rc = zs_finetune_run(J->base_engine, &fo, &h, &res);
         if (rc == 0 && !stop_requested(&c)) rc = zs_api_load_adapter(J->api, name, dir);
     } else {

@@ -364,7 +364,7 @@ int zs_cmd_train(int argc, char **argv) {
         }
     }
     progress g = {every, zs_now(), 0, schedule, lr, batch, accum, bar, 0, prec == ZS_PREC_FP16, NULL, NULL, 0, 0};
-    zs_finetune_hooks h = {on_plan, NULL, on_step, NULL, &g};
+    zs_finetune_hooks h = {on_plan, NULL, on_step, NULL, NULL, &g};
     zs_finetune_result res;
     /* several processes: process 0 reports */
     int rc = zs_finetune_run(e, &fo, zs_cluster_follower() ? NULL : &h, &res);

@@ -235,25 +235,27 @@ int zs_sched_run_work(zs_sched *s, const zs_sched_work *w, int (*cancelled)(void
     return rc;
 }
 
-/* zs_sched_run_idle: fn as a work of one slice. */
+/* zs_sched_run_idle: fn as a work of one slice; its value comes back as it was. */
 typedef struct {
     int (*fn)(void *ud);
     void *ud;
+    int rc;
 } once_t;
 
 static int once_slice(void *ud, double budget_s, int then_more) {
     once_t *o = ud;
     (void)budget_s;
     (void)then_more;
-    int rc = o->fn(o->ud);
-    return rc < 0 ? rc : 0;
+    o->rc = o->fn(o->ud);
+    return o->rc < 0 ? o->rc : 0;
 }
 
 int zs_sched_run_idle(zs_sched *s, int (*fn)(void *ud), void *ud, int (*cancelled)(void *ud)) {
     if (!fn) return zs_err(ZS_EINVAL, "zs_sched_run_idle: no function");
-    once_t o = {fn, ud};
+    once_t o = {fn, ud, 0};
     zs_sched_work w = {once_slice, NULL, NULL, NULL, 0, 0, &o};
-    return zs_sched_run_work(s, &w, cancelled, ud);
+    int rc = zs_sched_run_work(s, &w, cancelled, ud);
+    return rc < 0 ? rc : o.rc;
 }
 
 void zs_sched_train_tokens(zs_sched *s, uint64_t n) {

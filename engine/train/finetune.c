@@ -53,6 +53,7 @@ typedef struct {
     char **meta_out;
     zs_train_step_info *info;
     zs_dtype dtype;           /* FT_EXPORT / FT_EXPORT16 */
+    uint64_t tokens;          /* FT_STEP: the step's counted tokens */
 } ft_call;
 
 zs_dtype zs_finetune_16bit_dtype(int precision) { return precision == ZS_PREC_FP16 ? ZS_F16 : ZS_BF16; }
@@ -98,7 +99,31 @@ static int ft_do(void *arg) {
     }
 }
 
+/* A LoRA step's slices as background work (lora-slice.c behind zs_sched_work). */
+static int lt_slice(void *ud, double budget_s, int then_more) {
+    int more = 0;
+    ZS_CHECK(zs_lora_training_slice(ud, budget_s, then_more, &more));
+    return more;
+}
+static const zs_world_rider *lt_ride(void *ud, double budget_s) { return zs_lora_training_rider(ud, budget_s); }
+static double lt_ride_end(void *ud, int step_rc) { return zs_lora_training_ride_end(ud, step_rc); }
+static int lt_next(void *ud, double budget_s, zs_pass_range *out) { return zs_lora_training_next_range(ud, budget_s, out); }
+
 static int ft_exec(const zs_finetune_hooks *h, ft_call *c) {
+    if (c->lt && h && h->exec_work) {
+        if (c->op == FT_STEP) {
+            ZS_CHECK(zs_lora_training_step_begin(c->lt, c->T, c->G, c->step));
+            zs_sched_work w = {lt_slice, lt_ride, lt_ride_end, lt_next, 0, c->tokens, c->lt};
+            int rc = h->exec_work(h->ud, &w);
+            if (rc < 0) {
+                zs_lora_training_step_abort(c->lt);
+                return rc;
+            }
+            *c->loss = zs_lora_training_step_loss(c->lt);
+            return 0;
+        }
+        if (c->op == FT_SAVE || c->op == FT_LOAD || c->op == FT_EXPORT) return ft_do(c);
+    }
     return h && h->exec ? h->exec(h->ud, ft_do, c) : ft_do(c);
 }
 
@@ -311,6 +336,7 @@ int zs_finetune_run(zs_engine *e, const zs_finetune_opts *o, const zs_finetune_h
         call.step = s;
         call.loss = &loss;
         call.info = &info;
+        call.tokens = r.trained_tokens - tokens_before;
         info.skipped = 0;
         info.grad_norm = NAN;
         double ts0 = zs_now();

@@ -14,6 +14,7 @@
 
 #include "engine.h"
 #include "lora.h"
+#include "sched.h"
 #include "train.h"
 
 typedef struct {
@@ -101,6 +102,12 @@ typedef struct {
      * through it: a server maps it to zs_sched_run_idle, so a LoRA job's steps run on the engine
      * thread of the served base between serving steps. */
     int (*exec)(void *ud, int (*fn)(void *arg), void *arg);
+    /* LoRA runs (NULL: exec runs each step whole): runs a step as background work in slices
+     * (sched.h: a server maps it to zs_sched_run_work on the served base, with the job's share;
+     * w->tokens is the step's counted tokens). With it, checkpoint saves and loads and the export
+     * run on the calling thread, off the engine thread (they only touch the adapter, its moments
+     * and files, which no slice uses between steps). */
+    int (*exec_work)(void *ud, const zs_sched_work *w);
     void *ud;
 } zs_finetune_hooks;
 

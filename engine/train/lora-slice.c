@@ -315,6 +315,11 @@ int zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, 
 
 float zs_lora_training_step_loss(const zs_lora_training *t) { return t->step_loss; }
 
+void zs_lora_training_step_abort(zs_lora_training *t) {
+    t->in_step = 0;
+    t->has_decl = 0; /* a declared pass is consumed by the next pass begun (counted as wasted) */
+}
+
 int zs_lora_training_step(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
                           long step, float *loss) {
     ZS_CHECK(zs_lora_training_step_begin(t, tokens, targets, step));

@@ -77,6 +77,8 @@ int  zs_lora_training_next_range(zs_lora_training *t, double budget_s, zs_pass_r
 const zs_world_rider *zs_lora_training_rider(zs_lora_training *t, double budget_s);
 double zs_lora_training_ride_end(zs_lora_training *t, int step_rc);
 float zs_lora_training_step_loss(const zs_lora_training *t);
+/* Gives up the step in progress (its slices were cancelled): the next step_begin starts clean. */
+void zs_lora_training_step_abort(zs_lora_training *t);
 uint64_t zs_lora_training_fused(const zs_lora_training *t);
 /* The loss without updating anything (grad_accum 1 layout); no dropout. */
 int  zs_lora_training_eval(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
