@@ -427,7 +427,7 @@ int zs_cmd_serve(int argc, char **argv) {
     int no_prefix_cache = 0, spec_tokens = 0;
     const char *speculative = NULL, *draft_model = NULL, *draft_dtype = NULL;
     const char *spec_tree = "off";
-    const char *train_share = "0.25", *train_slice = "50";
+    const char *train_share = "0.25", *train_slice = "50", *train_fuse = "on";
     zs_opt opts[23 + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
@@ -461,6 +461,8 @@ int zs_cmd_serve(int argc, char **argv) {
         {"train-share", ZS_OPT_STR, &train_share, "F, 0..1: fine-tuning's share of the engine's time while requests are "
                                                    "served too (default 0.25; 0: training only when no request is queued "
                                                    "or running); a job's \"priority\" low/high halves/doubles it"},
+        {"train-fuse", ZS_OPT_STR, &train_fuse, "on | off: a LoRA job's micro-batch forwards ride serving steps' weight "
+                                                 "gathers (default on; off: every training slice streams its own)"},
         {"train-slice-ms", ZS_OPT_STR, &train_slice, "the longest piece of training run between serving steps, in "
                                                       "milliseconds (a positive number; default 50)"},
     };
@@ -512,6 +514,9 @@ int zs_cmd_serve(int argc, char **argv) {
     so.sched.no_prefix_cache = no_prefix_cache;
     so.sched.train_share = tso.train_share;
     so.sched.train_slice_ms = tso.train_slice_ms;
+    if (strcmp(train_fuse, "on") && strcmp(train_fuse, "off"))
+        return zs_err(ZS_EINVAL, "--train-fuse must be on or off (got '%s')", train_fuse);
+    so.sched.train_no_fuse = !strcmp(train_fuse, "off");
     if (spec_tokens < 0 || spec_tokens > ZS_SPEC_MAX_TOKENS)
         return zs_err(ZS_ERANGE, "--spec-tokens must be between 0 and %d (got %d)", ZS_SPEC_MAX_TOKENS, spec_tokens);
     if (strcmp(spec_tree, "on") && strcmp(spec_tree, "off"))
