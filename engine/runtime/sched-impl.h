@@ -201,11 +201,12 @@ void zs_sched_spec_step(zs_sched *s, int tokens, double seconds, double stall_s,
  * themselves, except _pending and _wait_callers (called under mu). */
 void zs_sched_train_init(zs_sched *s, const zs_sched_opts *o);
 int  zs_sched_train_pending(zs_sched *s);       /* under mu: a work waits for slices */
-int  zs_sched_train_turn(zs_sched *s, int serving); /* a slice should run now */
+int  zs_sched_train_turn(zs_sched *s, int serving); /* a slice should run now (instead of a step) */
 void zs_sched_train_slice(zs_sched *s, int serving); /* runs one slice of the head work */
-/* Before a serving step: the rider of the work whose turn it is, or NULL; or *declared = 1 with the
- * pass its next slice begins with in *next (the caller runs that slice right after the step). */
-const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int *declared);
+/* Before a serving step, when it is the work's turn: its rider for the step (returned), or
+ * *after = 1: its own slice right after the step, whose first pass the step declares when
+ * *declared (in *next). Neither when it is not its turn. */
+const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int *declared, int *after);
 /* After every serving step (dt seconds, rc its result): the ride's seconds (0 without one). */
 double zs_sched_train_after_step(zs_sched *s, double dt, int rc);
 void zs_sched_train_wait_callers(zs_sched *s);  /* under mu: zs_sched_free, until every caller has left */

@@ -120,11 +120,11 @@ void zs_sched_train_slice(zs_sched *s, int serving) {
     pthread_mutex_unlock(&s->mu);
 }
 
-const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int *declared) {
-    *declared = 0;
+const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int *declared, int *after) {
+    *declared = *after = 0;
     pthread_mutex_lock(&s->mu);
     zs_train_job *j = head_job(s);
-    int turn = j && !j->cancel && due(s, job_share(s, j));
+    int turn = j && due(s, job_share(s, j));
     if (turn) j = take_job(s);
     pthread_mutex_unlock(&s->mu);
     if (!turn || !j) return NULL;
@@ -133,6 +133,7 @@ const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int 
         s->tr_riding = j;
         return rd;
     }
+    *after = 1; /* its own slice, right after the step */
     if (j->w.next_pass && j->w.next_pass(j->w.ud, s->tr_slice_s, next) > 0) *declared = 1;
     pthread_mutex_lock(&s->mu);
     j->in_slice = 0;

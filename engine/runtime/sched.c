@@ -289,16 +289,17 @@ static void *engine_main(void *arg) {
         publish_kv(s);
         int serving = 0;
         for (int i = 0; i < s->nranks; i++) serving += s->rb[i].n_running;
-        /* background work's turn: a slice of its own (without mu: requests submitted meanwhile
-         * wait in the inbox for at most that slice) */
-        if (zs_sched_train_turn(s, serving > 0)) {
-            zs_sched_train_slice(s, serving > 0);
+        /* background work alone (without mu: requests submitted meanwhile wait in the inbox for
+         * at most one slice) */
+        if (!serving && zs_sched_train_turn(s, 0)) {
+            zs_sched_train_slice(s, 0);
             continue;
         }
         if (build_batches(s, bs, lg) == 0) continue;
+        /* with requests: when it is the work's turn, it rides this step or runs right after it */
         zs_pass_range next;
-        int declared = 0;
-        const zs_world_rider *rider = zs_sched_train_plan(s, &next, &declared);
+        int declared = 0, after = 0;
+        const zs_world_rider *rider = zs_sched_train_plan(s, &next, &declared, &after);
         zs_world_step_opts so = {rider, declared ? &next : NULL};
         zs_gather_stats g0, g1;
         zs_world_stats(s->w, &g0);
@@ -319,7 +320,7 @@ static void *engine_main(void *arg) {
         s->st.steps++;
         pthread_mutex_unlock(&s->mu);
         publish_kv(s);
-        if (declared) zs_sched_train_slice(s, 1); /* the slice whose pass the step declared */
+        if (after) zs_sched_train_slice(s, 1); /* its slice (whose pass the step declared) */
     }
     free(bs);
     free(lg);
