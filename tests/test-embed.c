@@ -55,8 +55,10 @@ static int open_engine(const char *dir, int lookup, int ranks, int tier, const c
     return zs_engine_open(&o, e);
 }
 
+/* speculation off, and the inference pass already speculated consumed now (before the counters) */
 static void spec_off(void *ud, int rank) {
     zs_gather_set_speculation(zs_world_gather(ud, rank), 0);
+    zs_gather_settle(zs_world_gather(ud, rank));
 }
 
 /* What one pass moves, all ranks together: full buckets received and shard bytes read. */

@@ -545,7 +545,11 @@ static void check_gguf_mixed(const char *tmp) {
     for (int i = 0; i < 2; i++) free(lg[i]);
 }
 
-static void spec_off(void *ud, int rank) { zs_gather_set_speculation(zs_world_gather(ud, rank), 0); }
+/* speculation off, and the inference pass already speculated consumed now (before the counters) */
+static void spec_off(void *ud, int rank) {
+    zs_gather_set_speculation(zs_world_gather(ud, rank), 0);
+    zs_gather_settle(zs_world_gather(ud, rank));
+}
 
 /* per decode step, all ranks together, with speculation off (nothing of a coming pass counted) */
 static uint64_t decode_gathered(zs_engine *e, int vocab) {

@@ -412,13 +412,16 @@ void zs_gx_mark(zs_gather *g, long k, int layer, int bwd) {
         pthread_mutex_lock(&g->mu);
         while (!g->stop && g->posted_k != k) pthread_cond_wait(&g->cv, &g->mu);
         memcpy(mask, g->posted_mask, sizeof mask);
-        int stop = g->stop;
+        int stop = g->stop, wasted = g->posted_wasted;
         pthread_mutex_unlock(&g->mu);
         if (stop) return;
         rc = agree_mask(g, g->comm, mask, agreed);
         if (rc < 0) snprintf(msg, sizeof msg, "%s", zs_errmsg());
         else if (g->o.expert_gather_all)
             for (int e = 0; e < g->n_exp; e++) mask_add(agreed, e);
+        /* a pass consumed unused says nothing of the routing: the layer's last forward choice (a
+         * later backward's plan, the next speculation) stays */
+        if (wasted) goto plan;
         if (rc == 0) {
             /* how much of the previous pass's choice this pass used again (the same on every rank) */
             if (g->has_last[layer]) {
@@ -434,8 +437,14 @@ void zs_gx_mark(zs_gather *g, long k, int layer, int bwd) {
         memcpy(g->last_agreed[layer], agreed, sizeof agreed); /* zero after a failed agreement */
         g->has_last[layer] = rc == 0;
     } else {
-        memcpy(agreed, g->last_agreed[layer], sizeof agreed); /* this pass's forward */
+        /* a backward mark (past the inference prefix of the training order: a TRAIN pass's
+         * backward, a BWD pass, any range there): the layer's latest forward agreement, whichever
+         * pass held that forward mark (the trainer mirrors it: a forward mark drained after a
+         * failure agrees on nothing, so its backward gathers nothing; one of a pass consumed
+         * unused leaves the agreement before it) */
+        memcpy(agreed, g->last_agreed[layer], sizeof agreed);
     }
+plan:;
     int n = mask_list(agreed, g->n_exp, list);
     long pid = ++g->xplan_id;
     pthread_mutex_lock(&g->mu);
@@ -569,6 +578,7 @@ int zs_gx_experts(void *ctx, int layer, const uint64_t *mask, uint64_t *agreed) 
     int b = zs_gather_bucket_of(g, k);
     ZS_ASSERT(zs_pass_is_experts(b) && zs_pass_experts_layer(b) == layer && !zs_gather_item_is_bwd(g, k));
     memcpy(g->posted_mask, m, sizeof m);
+    g->posted_wasted = g->wasting;
     g->posted_k = k;
     g->cplan_layer = layer;
     int rc = take_mark(g, k, layer);

@@ -2,7 +2,11 @@
  * run one way: gather.c (shards, the prefetch thread, the static buckets) -> gather-experts.c (the
  * experts of a mixture of experts: the agreement at each layer's mark, the expert cache,
  * speculation) -> gather-read.c (NVMe completions, shard repair). Not a public header: only those
- * three files include it. Every field after `mu` is guarded by it unless its comment says otherwise. */
+ * three files include it. Every field after `mu` is guarded by it unless its comment says otherwise.
+ * Items are numbered over all passes; the ring holds them in that order, each one's bucket found
+ * through the pass that holds it (zs_gather_tidx: the current range of the training order, or the
+ * known next one), so the ranks' prefetchers gather the same items as long as every rank begins
+ * the same ranges with the same declarations. */
 #ifndef ZS_GATHER_IMPL_H
 #define ZS_GATHER_IMPL_H
 
@@ -64,19 +68,23 @@ struct zs_gather {
     zs_shard_reader *reader;
     int direct;               /* no pipeline: acquire returns the shard itself */
 
-    int *order;               /* pass order of kind 0 (inference), marks included */
+    int *order;               /* the inference order, marks included (also built in direct mode) */
     int n_order;
-    int *torder;              /* pass order of kind 1 (training: forward, then layers in reverse, each
-                                 MoE layer followed by its mark again) */
+    int *torder;              /* the training order: order[], then the layers in reverse, each MoE
+                                 layer followed by its mark again; every pass is a range of it */
     int n_torder;
-    int max_len;              /* longest pass */
-    /* which bucket item k is: with speculation on (serving), every pass from spec_base on is of
-     * kind 0 and the prefetcher runs into the next pass; with it off, only the items of the
-     * current pass (begun with its kind) are known */
+    int max_len;              /* longest pass (n_torder) */
+    /* Items are numbered from 0 over all passes. The current pass is items [cur_start, cur_start +
+     * cur.count), torder[cur.first ..]; the next pass, when known (declared at the last begin, or
+     * the inference pass while speculation is on), follows it at once. Nothing beyond is known, so
+     * the prefetcher never runs more than one pass ahead; it enters the next pass only once the
+     * consumer has acquired an item of the current one or ended it (cur_ended). */
     int spec;
-    long spec_base;
-    long cur_start;           /* first item of the consumer's current pass */
-    int cur_kind;
+    long cur_start;
+    zs_pass_range cur;        /* count 0 before the first pass */
+    int cur_ended;
+    int has_next;
+    zs_pass_range next;
     item_t *ring;
     long ring_n;
 
@@ -89,7 +97,6 @@ struct zs_gather {
     long consumed;            /* items acquired */
     long released;            /* items released */
     long submitted;           /* NVMe reads submitted (item index; prefetch thread only) */
-    long pass_start;
     size_t live, live_limit;  /* the static buckets (experts are counted apart) */
     int pass_rc, pass_remote; /* first failure of this pass (a local one preferred) */
     char pass_msg[320];
@@ -112,6 +119,8 @@ struct zs_gather {
     /* the compute thread's mask for the mark at item posted_k (one at a time) */
     long posted_k;
     uint64_t posted_mask[ZS_EXPERT_WORDS];
+    int posted_wasted;        /* ... drained in a pass consumed unused (every rank alike) */
+    int wasting;              /* compute thread: consuming a declared or speculated pass unused */
     /* the plan the compute thread is consuming (compute thread; read by the prefetcher under mu) */
     int cplan_open, cplan_layer;
     long cplan_id;
@@ -126,19 +135,20 @@ struct zs_gather {
 
 /* the ring of items in pass order */
 static inline item_t *zs_gather_ring_at(zs_gather *g, long k) { return &g->ring[k % g->ring_n]; }
-static inline int zs_gather_pass_len(const zs_gather *g, int kind) { return kind ? g->n_torder : g->n_order; }
-/* Under mu: the bucket of item k, or -1 while its pass has not begun (speculation off). */
-static inline int zs_gather_bucket_of(const zs_gather *g, long k) {
-    if (g->spec && k >= g->spec_base) return g->order[(k - g->spec_base) % g->n_order];
-    if (k >= g->cur_start && k < g->cur_start + zs_gather_pass_len(g, g->cur_kind))
-        return (g->cur_kind ? g->torder : g->order)[k - g->cur_start];
+/* Under mu: the index in torder of item k, or -1 while no known pass holds it. */
+static inline int zs_gather_tidx(const zs_gather *g, long k) {
+    long end = g->cur_start + g->cur.count;
+    if (k >= g->cur_start && k < end) return g->cur.first + (int)(k - g->cur_start);
+    if (g->has_next && k >= end && k < end + g->next.count) return g->next.first + (int)(k - end);
     return -1;
 }
-/* Under mu: item k is in a training pass's backward. */
-static inline int zs_gather_item_is_bwd(const zs_gather *g, long k) {
-    if (g->spec && k >= g->spec_base) return 0;
-    return g->cur_kind == 1 && k >= g->cur_start + g->n_order && k < g->cur_start + g->n_torder;
+/* Under mu: the bucket of item k (or a mark), or -1 while its pass is not known. */
+static inline int zs_gather_bucket_of(const zs_gather *g, long k) {
+    int t = zs_gather_tidx(g, k);
+    return t < 0 ? -1 : g->torder[t];
 }
+/* Under mu: item k is in a backward (past the inference prefix of torder), whatever pass holds it. */
+static inline int zs_gather_item_is_bwd(const zs_gather *g, long k) { return zs_gather_tidx(g, k) >= g->n_order; }
 
 /* gather-read.c (prefetch thread) */
 void zs_gather_reap(zs_gather *g);                /* one NVMe completion (waits) */

@@ -1,9 +1,12 @@
 /* gather.c — the ZeRO-3 gather coordinator of one rank: shard storage per tier, the prefetch
  * thread (read -> agree -> all_gather -> publish, in pass order, within the live budget), the
  * acquire/release weight source, counters, and reading / writing back one shard of any tier
- * between passes (training). The experts of a mixture of experts (their marks in the pass order,
- * the cache) are in gather-experts.c; NVMe completions and the repair of truncated or corrupt
- * shards in gather-read.c. */
+ * between passes (training). Every pass is a range of the training order; the prefetch thread
+ * works on the current pass and on the next one when it is known (declared at the begin, or the
+ * inference pass while speculation is on), never further: a begun pass adopts the known next one
+ * when it extends it, else that one is first consumed whole on every rank (wasted). The experts
+ * of a mixture of experts (their marks in the pass order, the cache) are in gather-experts.c;
+ * NVMe completions and the repair of truncated or corrupt shards in gather-read.c. */
 #include "gather.h"
 
 #include <pthread.h>
@@ -65,8 +68,14 @@ int zs_gather_new(const zs_model *m, int rank, int nranks, zs_comm *comm, const 
         g->torder[g->n_torder++] = zs_bucket_layer(l);
         if (zs_bucket_expert(m, l, 0) >= 0) g->torder[g->n_torder++] = ZS_PASS_EXPERTS(l);
     }
+    /* every pass kind is a range of torder: the inference pass is its prefix */
+    ZS_ASSERT(g->n_torder >= g->n_order && memcmp(g->torder, g->order, (size_t)g->n_order * sizeof(int)) == 0);
     g->max_len = ZS_MAX(g->n_order, g->n_torder);
+    /* no pass yet (an empty one, ended); speculation on: the first inference pass is the next */
     g->spec = 1;
+    g->cur_ended = 1;
+    g->has_next = 1;
+    g->next = (zs_pass_range){0, g->n_order};
     /* on a GPU a cpu-tier shard is host memory, so it still goes through the pipeline */
     g->direct = (nranks == 1 || o->replicate) &&
                 (g->has_dev ? o->tier == ZS_OFFLOAD_NONE : o->tier != ZS_OFFLOAD_NVME);
@@ -148,10 +157,12 @@ int zs_gather_write_shard(zs_gather *g, int b, const void *src) {
         zs_gx_invalidate(g, b); /* the cached full expert is the old one */
     if (g->o.tier != ZS_OFFLOAD_NVME) return zs_gather_put_shard(g, b, src);
     if (!g->file || !g->reader) return zs_err(ZS_EINVAL, "rank %d: no shard file attached", g->rank);
-    /* between passes with speculation off: every item of the last pass was produced and
-     * consumed, and the prefetcher reads nothing before the next pass_begin */
+    /* between passes with speculation off and no next pass known (declared, or speculated and
+     * not yet adopted or consumed): every item of the last pass was produced and consumed, and
+     * the prefetcher reads nothing before the next pass_begin */
     pthread_mutex_lock(&g->mu);
-    ZS_ASSERT(!g->spec);
+    ZS_ASSERT(!g->spec && !g->has_next);
+    ZS_ASSERT(g->consumed == g->cur_start + g->cur.count);
     ZS_ASSERT(g->released == g->consumed && g->produced == g->consumed);
     ZS_ASSERT(g->submitted <= g->produced && zs_shard_reader_inflight(g->reader) == 0);
     pthread_mutex_unlock(&g->mu);
@@ -222,8 +233,11 @@ static size_t item_need(const zs_gather *g, int b) { return b >= 0 ? g->full_byt
 
 /* The end (exclusive) of the items the prefetcher may work on now. Under g->mu. */
 static long prefetch_limit(const zs_gather *g) {
-    if (g->spec) return g->consumed + g->n_order;
-    return g->cur_start + zs_gather_pass_len(g, g->cur_kind);
+    long end = g->cur_start + g->cur.count;
+    /* into the next pass only once the consumer is inside the current one (or past it) */
+    if (g->has_next && (g->cur_ended || g->consumed > g->cur_start)) end += g->next.count;
+    /* and never a ring's worth ahead of the consumer (the ring holds max_len + slots + 2 items) */
+    return ZS_MIN(end, g->consumed + g->max_len);
 }
 
 /* Submits NVMe reads for items [submitted, limit) while slots are free, never past a mark after
@@ -454,19 +468,88 @@ zs_weight_source zs_gather_source(zs_gather *g) {
     return (zs_weight_source){g_acquire, g_release, g, g->moe ? zs_gx_experts : NULL};
 }
 
-void zs_gather_pass_begin(zs_gather *g, int kind) {
+int zs_gather_order(const zs_gather *g, const int **order, int *n_infer) {
+    *order = g->torder;
+    *n_infer = g->n_order;
+    return g->n_torder;
+}
+
+zs_pass_range zs_gather_kind_range(const zs_gather *g, int kind) {
+    if (kind == ZS_PASS_TRAIN) return (zs_pass_range){0, g->n_torder};
+    if (kind == ZS_PASS_BWD) return (zs_pass_range){g->n_order, g->n_torder - g->n_order};
+    ZS_ASSERT(kind == ZS_PASS_INFER);
+    return (zs_pass_range){0, g->n_order};
+}
+
+/* A range of torder that a pass may cover: never starts at a mark, never leaves a layer's mark
+ * out of the range that holds its bucket (a mark always follows its layer's bucket). */
+static void check_range(const zs_gather *g, zs_pass_range r) {
+    ZS_ASSERT(r.count >= 1 && r.first >= 0 && r.first + r.count <= g->n_torder);
+    ZS_ASSERT(!zs_pass_is_experts(g->torder[r.first]));
+    ZS_ASSERT(r.first + r.count == g->n_torder || !zs_pass_is_experts(g->torder[r.first + r.count]));
+}
+
+static int same_range(zs_pass_range a, zs_pass_range b) { return a.first == b.first && a.count == b.count; }
+
+/* Under mu: the pass after the current one (at item cur_start + cur.count) becomes current as
+ * cur, followed by *next (NULL: unknown). */
+static void advance(zs_gather *g, zs_pass_range cur, const zs_pass_range *next) {
+    g->cur_start += g->cur.count;
+    g->cur = cur;
+    g->cur_ended = 0;
+    g->has_next = next != NULL;
+    if (next) g->next = *next;
+    pthread_cond_broadcast(&g->cv); /* the prefetcher may start on it */
+}
+
+static void clear_pass_error(zs_gather *g) {
     g->pass_rc = 0;
     g->pass_remote = 0;
     g->pass_msg[0] = 0;
-    if (g->direct) return;
+}
+
+/* The current pass, a declared or speculated one that no caller began, driven to its end: its
+ * forward marks agree on nothing and leave the layers' last forward choices as they were. */
+static void consume_unused(zs_gather *g) {
+    g->wasting = 1;
+    zs_gather_pass_end(g);
+    g->wasting = 0;
+    clear_pass_error(g); /* not a caller's pass */
+}
+
+void zs_gather_pass_begin_range(zs_gather *g, zs_pass_range cur, const zs_pass_range *next) {
+    clear_pass_error(g);
+    check_range(g, cur);
+    if (next) check_range(g, *next);
     pthread_mutex_lock(&g->mu);
-    ZS_ASSERT(g->released == g->consumed);
-    ZS_ASSERT(!g->spec || (kind == 0 && (g->consumed - g->spec_base) % g->n_order == 0));
-    g->cur_start = g->consumed;
-    g->cur_kind = kind;
-    pthread_cond_broadcast(&g->cv); /* the prefetcher may start on this pass */
+    g->st.passes++;
+    if (g->direct) {
+        pthread_mutex_unlock(&g->mu);
+        return;
+    }
+    ZS_ASSERT(g->released == g->consumed && g->consumed == g->cur_start + g->cur.count);
+    zs_pass_range infer = {0, g->n_order};
+    const zs_pass_range *after = next ? next : g->spec ? &infer : NULL;
+    if (g->has_next && !same_range(g->next, cur)) {
+        if (g->next.first == cur.first && cur.count >= g->next.count) {
+            /* what the prefetcher did of it is cur's prefix: the same items */
+            g->st.passes_adopted++;
+        } else {
+            /* the prefetcher may be inside it on some ranks: every rank consumes it whole, so the
+             * collectives stay matched (the prefetcher may go on into cur meanwhile) */
+            g->st.passes_wasted++;
+            advance(g, g->next, &cur);
+            pthread_mutex_unlock(&g->mu);
+            consume_unused(g);
+            pthread_mutex_lock(&g->mu);
+        }
+    }
+    advance(g, cur, after);
     pthread_mutex_unlock(&g->mu);
-    g->pass_start = g->consumed;
+}
+
+void zs_gather_pass_begin(zs_gather *g, int kind) {
+    zs_gather_pass_begin_range(g, zs_gather_kind_range(g, kind), NULL);
 }
 
 void zs_gather_pass_end(zs_gather *g) {
@@ -480,7 +563,8 @@ void zs_gather_pass_end(zs_gather *g) {
         if (!held) break;
         release_static(g);
     }
-    while (g->consumed < g->pass_start + zs_gather_pass_len(g, g->cur_kind)) {
+    /* the rest of the range: every rank takes part in all of its gathers */
+    while (g->consumed < g->cur_start + g->cur.count) {
         const void *d;
         pthread_mutex_lock(&g->mu);
         long k = g->consumed;
@@ -493,32 +577,40 @@ void zs_gather_pass_end(zs_gather *g) {
         (void)acquire_static(g, b, &d);
         release_static(g);
     }
+    pthread_mutex_lock(&g->mu);
+    g->cur_ended = 1;
+    pthread_cond_broadcast(&g->cv); /* the prefetcher may go on into a known next pass */
+    pthread_mutex_unlock(&g->mu);
 }
 
 void zs_gather_set_speculation(zs_gather *g, int on) {
     if (g->direct) return;
     pthread_mutex_lock(&g->mu);
-    int was = g->spec;
-    pthread_mutex_unlock(&g->mu);
-    if (was == !!on) return;
-    if (on) {
-        pthread_mutex_lock(&g->mu);
-        g->spec = 1;
-        g->spec_base = g->consumed;
+    g->spec = !!on;
+    /* on: the pass after the current one is the inference pass unless another is declared; off:
+     * a speculated pass stays the next one, which the next begin adopts or consumes (the ranks
+     * may be anywhere inside it) */
+    if (on && !g->has_next) {
+        g->has_next = 1;
+        g->next = (zs_pass_range){0, g->n_order};
         pthread_cond_broadcast(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+void zs_gather_settle(zs_gather *g) {
+    if (g->direct) return;
+    pthread_mutex_lock(&g->mu);
+    ZS_ASSERT(g->released == g->consumed && g->consumed == g->cur_start + g->cur.count);
+    if (!g->has_next) {
         pthread_mutex_unlock(&g->mu);
         return;
     }
-    /* the prefetcher may already be in the next (speculated, kind 0) pass: declare that pass
-     * and consume it, so that every rank stops at the same item */
-    pthread_mutex_lock(&g->mu);
-    ZS_ASSERT(g->released == g->consumed && (g->consumed - g->spec_base) % g->n_order == 0);
-    g->spec = 0;
-    g->cur_start = g->consumed;
-    g->cur_kind = 0;
+    zs_pass_range infer = {0, g->n_order};
+    g->st.passes_wasted++;
+    advance(g, g->next, g->spec ? &infer : NULL);
     pthread_mutex_unlock(&g->mu);
-    zs_gather_pass_begin(g, 0);
-    zs_gather_pass_end(g);
+    consume_unused(g);
 }
 
 int zs_gather_pass_error(const zs_gather *g, int *remote, const char **msg) {

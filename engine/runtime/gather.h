@@ -113,9 +113,11 @@ int  zs_gather_read_shard(zs_gather *g, int b, void *dst);
 /* Writes new content for this rank's shard of bucket b from host memory (shard_bytes long; the
  * optimizer's write-back): none/cpu tiers as zs_gather_put_shard; nvme: zs_shard_file_update
  * (pwrite + fsync + manifest with the new checksum and the "-trained" fingerprint) and the new
- * checksum handed to the reader. Precondition (nvme, asserted): speculation is off and the
- * caller is between passes (after pass_end, before the next pass_begin), so no read of any
- * shard is in flight; call it from the thread that drives the passes (or while none runs). */
+ * checksum handed to the reader. Precondition (nvme, asserted): speculation is off, the caller
+ * is between passes (after pass_end, before the next pass_begin) and no next pass is known (none
+ * declared at the last begin, nothing speculated left: a pass begun since speculation was turned
+ * off, or zs_gather_settle), so no read of any shard is in flight; call it from the thread that
+ * drives the passes (or while none runs). */
 int  zs_gather_write_shard(zs_gather *g, int b, const void *src);
 /* nvme tier: the committed shard file of this rank (ownership passes to the coordinator). */
 int  zs_gather_attach_file(zs_gather *g, void *shard_file /* zs_shard_file* */);
@@ -175,6 +177,11 @@ void zs_gather_pass_begin_range(zs_gather *g, zs_pass_range cur, const zs_pass_r
  * same step. Turning it off does not discard what was speculated: the next pass begun adopts it
  * or consumes it (zs_gather_pass_begin_range). */
 void zs_gather_set_speculation(zs_gather *g, int on);
+/* Between passes: consumes the next pass the prefetcher may already be in (declared at the last
+ * begin, or speculated), if any, as a wasted pass (its gathers complete on every rank). With
+ * speculation off nothing is read after it before the next begin: shards may be written, and no
+ * collective is left half done. Every rank must call it at the same step. */
+void zs_gather_settle(zs_gather *g);
 
 /* The first failure of the current pass (a failure of this rank's own read preferred over one
  * caused by another rank's): its code (0 if none), *remote and the message. */

@@ -501,6 +501,14 @@ static void spec_job(void *ud, int rank) {
     zs_gather_set_speculation(zs_world_gather(t->w, rank), t->eval);
 }
 
+/* Before shards are written outside a step (a load): the inference pass speculated before
+ * training began is consumed, else the first step would adopt buckets gathered from the old
+ * weights (and an nvme write would race its reads). A step's own pass adopts it otherwise. */
+static void settle_job(void *ud, int rank) {
+    zs_training *t = ud;
+    zs_gather_settle(zs_world_gather(t->w, rank));
+}
+
 /* ---- set-up ---- */
 
 static float *falloc(size_t n) {
@@ -1092,6 +1100,7 @@ int zs_training_load(zs_training *t, const char *dir, long *step, char **meta_js
     /* each rank reads its own slice of the new partition, whatever the saved one was; with
      * replicated parameters (stages 1, 2) every partition also goes into every local rank's
      * whole copy, including the partitions of other processes' ranks */
+    if (rc == 0) zs_world_run(t->w, settle_job, t);
     float *scratch = NULL;
     size_t ch = 0; /* nvme: elements per chunk (the scratch holds one of master, m and v) */
     int nvchunk = t->stage == 3 && t->r[0].nv; /* nvme optimizer state: in chunks, through a small scratch */
