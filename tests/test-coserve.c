@@ -19,6 +19,7 @@
 
 #include "common.h"
 #include "engine.h"
+#include "fileio.h"
 #include "gather.h"
 #include "lora-train.h"
 #include "sched.h"
@@ -186,7 +187,7 @@ static void on_done(void *ud, int f, const char *x, size_t n, int np, int ng, in
 static const int32_t prompts[NPROMPT][4] = {{1, 403, 407, 261}, {1, 365, 263, 600 % 512}, {1, 17, 300, 301},
                                             {1, 271, 272, 273}, {1, 99, 98, 97}, {1, 450, 451, 7}};
 
-static int submit(zs_sched *s, req_t *q, int i) {
+static int submit_n(zs_sched *s, req_t *q, int i, int max) {
     memset(q, 0, sizeof *q);
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
@@ -194,7 +195,7 @@ static int submit(zs_sched *s, req_t *q, int i) {
     memset(&rp, 0, sizeof rp);
     rp.prompt = prompts[i % NPROMPT];
     rp.n_prompt = 4;
-    rp.max_tokens = GEN;
+    rp.max_tokens = max;
     zs_sampler_params_default(&rp.sampling);
     rp.sampling.temperature = 0;
     rp.top_logprobs = 0;
@@ -202,6 +203,8 @@ static int submit(zs_sched *s, req_t *q, int i) {
     zs_req_sink sink = {on_token, on_done, q, NULL};
     return zs_sched_submit(s, &rp, &sink, NULL);
 }
+
+static int submit(zs_sched *s, req_t *q, int i) { return submit_n(s, q, i, GEN); }
 
 static void wait_req(req_t *q) {
     pthread_mutex_lock(&q->mu);
@@ -293,7 +296,10 @@ static int load(zs_sched *s, job_t *j, const req_t *ref, int *mismatch) {
 
 static void run_config(const char *name, int ranks, int tier) {
     char nv[4200] = "";
-    if (tier == ZS_OFFLOAD_NVME) snprintf(nv, sizeof nv, "%s/%s", nvdir, name);
+    if (tier == ZS_OFFLOAD_NVME) {
+        snprintf(nv, sizeof nv, "%s/%s", nvdir, name);
+        CHECK(zs_mkdir_p(nv) == 0, "mkdir %s", nv);
+    }
     zs_engine *e = open_engine(ranks, tier, nv[0] ? nv : NULL);
     CHECK(e != NULL, "%s: open", name);
     if (!e) return;
@@ -370,24 +376,31 @@ static void run_share(void) {
         memset(&j, 0, sizeof j);
         j.e = e;
         j.s = s;
-        /* the load starts first, so that the job never sees an idle engine */
-        static req_t q[4];
-        for (int i = 0; i < 4; i++) submit(s, &q[i], i);
+        /* the load starts first, 8 requests of different lengths resubmitted as soon as they end,
+         * so that the engine never idles while it lasts */
+        static req_t q[8];
+        for (int i = 0; i < 8; i++) submit_n(s, &q[i], i, 10 + 3 * i);
         pthread_t th;
         pthread_create(&th, NULL, job_main, &j);
-        int k2 = 4;
+        int k2 = 8;
         double t0 = zs_now();
-        while (zs_now() - t0 < 4.0 && __atomic_load_n(&j.steps_done, __ATOMIC_SEQ_CST) < STEPS)
-            for (int i = 0; i < 4; i++) {
+        while (zs_now() - t0 < 4.0 && __atomic_load_n(&j.steps_done, __ATOMIC_SEQ_CST) < STEPS) {
+            for (int i = 0; i < 8; i++) {
                 pthread_mutex_lock(&q[i].mu);
                 int d = q[i].done;
                 pthread_mutex_unlock(&q[i].mu);
-                if (d) submit(s, &q[i], k2++);
+                if (d) submit_n(s, &q[i], k2++, 10 + 3 * i);
             }
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
         int during = __atomic_load_n(&j.steps_done, __ATOMIC_SEQ_CST);
         zs_sched_stats st;
         zs_sched_stats_get(s, &st);
-        for (int i = 0; i < 4; i++) wait_req(&q[i]);
+        printf("  share %.2f: %d steps in %.2f s under load, %llu slices, %llu fused, share %.3f, %llu serving steps\n",
+               so.train_share, during, zs_now() - t0, (unsigned long long)st.train_slices,
+               (unsigned long long)st.train_fused, st.train_share, (unsigned long long)st.steps);
+        for (int i = 0; i < 8; i++) wait_req(&q[i]);
         if (k == 0) {
             CHECK(during == 0, "share 0: no step under continuous load (%d), as before issue 31", during);
         } else {

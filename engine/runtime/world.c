@@ -190,6 +190,7 @@ void zs_world_run(zs_world *w, void (*fn)(void *ud, int rank), void *ud) {
 static void spec_off_job(void *ud, int rank) {
     zs_world *w = ud;
     zs_gather_set_speculation(w->ranks[rank].g, 0);
+    zs_gather_settle(w->ranks[rank].g); /* the speculated pass's gathers complete before the comms go */
 }
 
 zs_model *zs_world_model(zs_world *w) { return w->m; }
@@ -506,6 +507,9 @@ void zs_world_stats(zs_world *w, zs_gather_stats *out) {
         out->max_live_bytes = ZS_MAX(out->max_live_bytes, s.max_live_bytes);
         out->live_limit = s.live_limit;
         /* experts: bytes summed like the rest; the decisions are the same on every rank */
+        out->passes = ZS_MAX(out->passes, s.passes); /* every rank begins the same passes */
+        out->passes_adopted = ZS_MAX(out->passes_adopted, s.passes_adopted);
+        out->passes_wasted = ZS_MAX(out->passes_wasted, s.passes_wasted);
         out->expert_bytes += s.expert_bytes;
         out->expert_block_bytes += s.expert_block_bytes;
         out->expert_layers = ZS_MAX(out->expert_layers, s.expert_layers);

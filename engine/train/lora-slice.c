@@ -244,7 +244,8 @@ int zs_lora_training_step_begin(zs_lora_training *t, const int32_t *const *token
     t->fail_rc = 0;
     t->fail_err[0] = 0;
     size_t np;
-    memset(zs_lora_data(t->gsum, &np), 0, np * sizeof(float));
+    float *g = zs_lora_data(t->gsum, &np);
+    memset(g, 0, np * sizeof(float));
     t->have_grad = 0;
     t->micro = 0;
     t->pos = 0;
@@ -263,26 +264,33 @@ int zs_lora_training_next_range(zs_lora_training *t, double budget_s, zs_pass_ra
     return 1;
 }
 
+/* The estimated seconds of range r; a unit never measured counts as `unknown`. */
+static double range_est(const zs_lora_training *t, zs_pass_range r, double unknown) {
+    double est = 0;
+    for (int p = r.first; p < r.first + r.count; p = unit_end(t, p)) {
+        double u = is_bwd(t, p) ? t->u_bwd : t->u_fwd;
+        est += u > 0 ? u : unknown;
+    }
+    return est;
+}
+
 int zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, int *more) {
     if (!t->in_step) return zs_err(ZS_EINVAL, "LoRA training: a slice without a step");
     double t0 = zs_now();
-    int ran = 0;
+    int whole = !(isfinite(budget_s) && budget_s > 0);
     while (t->micro < t->accum) {
         zs_pass_range cur = t->has_decl ? t->decl : plan_range(t, t->pos, budget_s);
-        double left = budget_s - (zs_now() - t0);
-        double est = 0;
-        for (int p = cur.first; p < cur.first + cur.count; p = unit_end(t, p)) est += is_bwd(t, p) ? t->u_bwd : t->u_fwd;
-        if (ran && !t->has_decl && !(est < left)) break;
         t->has_decl = 0;
-        /* what follows this range: the rest of the micro-batch, or the next one's start */
-        int np = cur.first + cur.count, nmicro = t->micro;
+        double left = budget_s - (zs_now() - t0);
+        /* what follows this range: the rest of the micro-batch, or the next one's start; it
+         * comes in this slice when both fit what is left (units not measured yet never fit) */
+        int np = cur.first + cur.count, nmicro = t->micro, fits = 0;
         if (np == t->n_ord) np = 0, nmicro++;
         t->has_nxt = 0;
         if (nmicro < t->accum) {
             zs_pass_range nx = plan_range(t, np, budget_s);
-            double nest = 0;
-            for (int p = nx.first; p < nx.first + nx.count; p = unit_end(t, p)) nest += is_bwd(t, p) ? t->u_bwd : t->u_fwd;
-            if (then_more || !isfinite(budget_s) || est + nest < left) {
+            fits = whole || range_est(t, cur, INFINITY) + range_est(t, nx, INFINITY) < left;
+            if (fits || then_more) {
                 t->nxt = nx; /* a promise: the next range run is this one */
                 t->has_nxt = 1;
             }
@@ -297,12 +305,12 @@ int zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, 
             t->has_decl = 1;
         }
         t->pos = cur.first + cur.count;
-        ran = 1;
         if (t->pos == t->n_ord) {
             t->pos = 0;
             t->micro++;
             t->rode_all = 1;
         }
+        if (!fits) break;
     }
     if (t->micro < t->accum) {
         *more = 1;
@@ -351,6 +359,7 @@ static void ride_release(void *ctx, int b) {
         int e = unit_end(t, k);
         if (e - k == 2) { /* a tied head: wait for the embeddings, which come next */
             R->head = R->cur;
+            R->holding = 1;
             R->ride_s += zs_now() - t0;
             return;
         }
@@ -358,11 +367,12 @@ static void ride_release(void *ctx, int b) {
         unit_compute(t, R, rank, k, R->cur, NULL);
         R->reached = e;
         R->ride_s += zs_now() - t0;
-    } else if (R->head && k == R->reached + 1) {
+    } else if (R->holding && k == R->reached + 1) {
         double t0 = zs_now();
         unit_compute(t, R, rank, R->reached, R->head, R->cur);
         R->reached = k + 1;
         R->head = NULL;
+        R->holding = 0;
         R->ride_s += zs_now() - t0;
         R->inner.release(R->inner.ctx, t->ord[k - 1]); /* the head's bucket (releases go in order) */
     }
@@ -375,6 +385,7 @@ static zs_weight_source ride_wrap(void *ud, int rank, zs_weight_source inner) {
     R->inner = inner;
     R->k = 0;
     R->cur = R->head = NULL;
+    R->holding = 0;
     R->reached = t->ride_from;
     R->ride_s = 0;
     return (zs_weight_source){ride_acquire, ride_release, R, inner.experts};
@@ -396,9 +407,10 @@ static void ride_walk(void *ud, int rank, zs_weight_source src) {
 static void ride_done(void *ud, int rank) {
     zs_lora_training *t = ud;
     lrank *R = &t->r[rank];
-    if (R->head) { /* the pass stopped between a tied head and its embeddings */
+    if (R->holding) { /* the pass stopped between a tied head and its embeddings */
         R->inner.release(R->inner.ctx, t->hb);
         R->head = NULL;
+        R->holding = 0;
     }
 }
 

@@ -30,7 +30,8 @@ typedef struct {
     zs_weight_source inner; /* the step's gather source */
     int k;                  /* items of the serving pass released so far */
     const void *cur;        /* the data of the bucket acquired last */
-    const void *head;       /* a tied head's bucket, held until the embeddings come */
+    const void *head;       /* a tied head's bucket data (may be NULL: all resident), */
+    int holding;            /* ... held until the embeddings come */
     int reached;            /* the first unit not done in this step */
     double ride_s;          /* seconds this rank computed for the rider in this step */
 } lrank;
