@@ -670,7 +670,7 @@ static void check_sched(const char *dir, const char *name, int exact) {
         }
         zs_spec *ng = NULL;
         if (mode) CHECK(zs_spec_ngram_new(ZS_SPEC_NGRAM_MIN, ZS_SPEC_NGRAM_MAX, &ng) == 0, "ngram: %s", zs_errmsg());
-        zs_sched_opts so = {NREQ, 64, 64, 1, ng, mode ? 4 : 0, !mode, 0};
+        zs_sched_opts so = {NREQ, 64, 64, 1, ng, mode ? 4 : 0, !mode, 0, 0, 0, 0};
         zs_sched *s = NULL;
         if (zs_sched_new(r.e, &so, &s) < 0) {
             CHECK(0, "sched: %s", zs_errmsg());

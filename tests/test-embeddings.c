@@ -184,7 +184,7 @@ int main(void) {
     }
     zs_engine *e = open_engine(1);
     if (!e) return tu_finish("test-embeddings");
-    zs_sched_opts so = {16, 64, 64, 0};
+    zs_sched_opts so = {16, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0};
     zs_sched *s = NULL;
     CHECK(zs_sched_new(e, &so, &s) == 0, "sched: %s", zs_errmsg());
 
@@ -231,7 +231,7 @@ int main(void) {
 
     together(s, "1 rank, 64-token steps");
     zs_sched_free(s);
-    zs_sched_opts small = {16, 5, 64, 0}; /* 5-token steps: every input chunked, differently */
+    zs_sched_opts small = {16, 5, 64, 0, 0, 0, 0, 0, 0, 0, 0}; /* 5-token steps: every input chunked, differently */
     CHECK(zs_sched_new(e, &small, &s) == 0, "sched: %s", zs_errmsg());
     together(s, "1 rank, 5-token steps");
     zs_sched_free(s);

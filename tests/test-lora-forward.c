@@ -364,7 +364,7 @@ static void test_sched(const char *dir) {
     if (rc < 0) return;
     zs_lora *A = NULL, *B = make_second(zs_engine_model(e));
     CHECK(zs_lora_load(REF, zs_engine_model(e), &A) == 0 && B, "adapters for the engine's model: %s", zs_errmsg());
-    zs_sched_opts so = {8, 64, 16, 0};
+    zs_sched_opts so = {8, 64, 16, 0, 0, 0, 0, 0, 0, 0, 0};
     zs_sched *s = NULL;
     CHECK(zs_sched_new(e, &so, &s) == 0, "sched: %s", zs_errmsg());
     if (!s || !A || !B) goto out;

@@ -175,7 +175,7 @@ typedef struct {
 static void run_mixed(int ranks, size_t kv_bytes, int no_prefix, run_out *o) {
     zs_engine *e = open_engine(ranks, kv_bytes);
     if (!e) return;
-    zs_sched_opts so = {16, 64, 256, no_prefix};
+    zs_sched_opts so = {16, 64, 256, no_prefix, 0, 0, 0, 0, 0, 0, 0};
     zs_sched *s;
     if (zs_sched_new(e, &so, &s) < 0) {
         CHECK(0, "sched: %s", zs_errmsg());
@@ -291,7 +291,7 @@ static int value_ok(const zs_jschema *g, const zs_tokenizer *tk, const int32_t *
 static void test_constrained(void) {
     zs_engine *e = open_engine(1, 0);
     if (!e) return;
-    zs_sched_opts so = {16, 64, 256, 0};
+    zs_sched_opts so = {16, 64, 256, 0, 0, 0, 0, 0, 0, 0, 0};
     zs_sched *s;
     if (zs_sched_new(e, &so, &s) < 0) {
         CHECK(0, "sched: %s", zs_errmsg());

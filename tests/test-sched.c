@@ -251,7 +251,7 @@ static void run(int ranks) {
     int rc = zs_engine_open(&eo, &e);
     CHECK(rc == 0, "engine: %s", zs_errmsg());
     if (rc < 0) return;
-    zs_sched_opts so = {32, 64, 4, 0};
+    zs_sched_opts so = {32, 64, 4, 0, 0, 0, 0, 0, 0, 0, 0};
     zs_sched *s;
     CHECK(zs_sched_new(e, &so, &s) == 0, "sched: %s", zs_errmsg());
     int32_t p1[] = {1, 403, 407, 261, 378};

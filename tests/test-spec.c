@@ -575,7 +575,7 @@ static void run_mix_ex(const eng_cfg *c, const char *nvme, int no_drafts, zs_spe
         if (mk2) m.con2 = &con2;
         if (mk3) m.con3 = &con3;
     }
-    zs_sched_opts so = {16, 64, 512, 0, spec, k, no_drafts, tree};
+    zs_sched_opts so = {16, 64, 512, 0, spec, k, no_drafts, tree, 0, 0, 0};
     zs_sched *s = NULL;
     if (zs_sched_new(e, &so, &s) < 0) {
         CHECK(0, "sched: %s", zs_errmsg());
@@ -775,7 +775,7 @@ static void test_sampled(const draft_cfg *dc, const char *label, const char *tex
         if (!e) return;
         char tdir[4096];
         zs_spec *dp = mode && dc ? open_draft(dc, e, model_path(&c, tdir, sizeof tdir), 16) : NULL;
-        zs_sched_opts so = {16, 64, 4096, 0, mode ? (dp ? dp : ng) : NULL, mode ? (tree ? 8 : 4) : 0, !mode, tree};
+        zs_sched_opts so = {16, 64, 4096, 0, mode ? (dp ? dp : ng) : NULL, mode ? (tree ? 8 : 4) : 0, !mode, tree, 0, 0, 0};
         zs_sched *s = NULL;
         if (zs_sched_new(e, &so, &s) < 0) {
             zs_spec_free(dp);
@@ -1168,7 +1168,7 @@ static void test_long_keys(void) {
         CHECK(zs_jschema_compile(schema, &g) == 0 && zs_jschema_mask_new(g, zs_engine_tokenizer(e), &mk) == 0,
               "grammar: %s", zs_errmsg());
         zs_req_constraint con = {g, mk, NULL, 0, NULL, 0, NULL};
-        zs_sched_opts so = {16, 64, 4096, 0, NULL, 0, !mode, 0};
+        zs_sched_opts so = {16, 64, 4096, 0, NULL, 0, !mode, 0, 0, 0, 0};
         zs_sched *s = NULL;
         if (!mk || zs_sched_new(e, &so, &s) < 0) {
             CHECK(0, "sched: %s", zs_errmsg());
@@ -1248,7 +1248,7 @@ static void test_sampled_constrained(void) {
         CHECK(zs_jschema_compile(schema, &g) == 0 && zs_jschema_mask_new(g, zs_engine_tokenizer(e), &mk) == 0,
               "grammar: %s", zs_errmsg());
         zs_req_constraint con = {g, mk, NULL, 0, NULL, 0, NULL};
-        zs_sched_opts so = {16, 64, 4096, 0, NULL, 0, !mode, 0};
+        zs_sched_opts so = {16, 64, 4096, 0, NULL, 0, !mode, 0, 0, 0, 0};
         zs_sched *s = NULL;
         if (!mk || zs_sched_new(e, &so, &s) < 0) {
             CHECK(0, "sched: %s", zs_errmsg());
