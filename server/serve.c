@@ -414,6 +414,9 @@ static int take_loras(int *argc, char **argv, const char **loras, int *n_loras) 
     return 0;
 }
 
+/* serve's own flags in the table below (the engine's follow them) */
+#define SERVE_FLAGS 23
+
 int zs_cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *api_key = NULL, *tmpl_name = "auto", *name = NULL;
     int port = 8080, max_seqs = 32, max_batch = 256, max_queue = 256, threads = 4;
@@ -428,7 +431,7 @@ int zs_cmd_serve(int argc, char **argv) {
     const char *speculative = NULL, *draft_model = NULL, *draft_dtype = NULL;
     const char *spec_tree = "off";
     const char *train_share = "0.25", *train_slice = "50", *train_fuse = "on";
-    zs_opt opts[23 + ZS_ENGINE_FLAG_COUNT] = {
+    zs_opt opts[SERVE_FLAGS + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
         {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\" (default: $ZS_API_KEY, else none)"},
@@ -466,7 +469,8 @@ int zs_cmd_serve(int argc, char **argv) {
         {"train-slice-ms", ZS_OPT_STR, &train_slice, "the longest piece of training run between serving steps, in "
                                                       "milliseconds (a positive number; default 50)"},
     };
-    int n_opts = zs_engine_flags_table(&ef, opts, 22);
+    ZS_ASSERT(opts[SERVE_FLAGS - 1].name && !opts[SERVE_FLAGS].name); /* SERVE_FLAGS counts the table */
+    int n_opts = zs_engine_flags_table(&ef, opts, SERVE_FLAGS);
     if (want_help(argc, argv)) {
         zs_cli_usage("serve", "Serves the model over an OpenAI-compatible HTTP API until SIGTERM/SIGINT.", opts,
                      n_opts);

@@ -2,9 +2,7 @@
 # shellcheck shell=bash
 # e2e-coserve.sh — a LoRA fine-tuning job sharing the serving engine (issue 31), over HTTP with
 # curl and jq, on stories260K with 4 clients streaming completions back to back:
-#   - with --train-share 0 (the policy before issue 31: training only when no request is queued
-#     or running) the job makes no step while the load lasts, and trains once it stops;
-#   - with --train-share 0.5 it completes under the load, its micro-batch forwards ride serving
+#   - with --train-share 0.5 a job completes under the load, its micro-batch forwards ride serving
 #     steps (zeroserve_train_fused_total), /metrics reports the share, slices and waits, and a
 #     greedy completion with logprobs is byte for byte what it was before the job;
 #   - its adapter is byte-identical to the same job's trained with no load, and fused or not
@@ -56,7 +54,7 @@ create_job() { # FILE SUFFIX -> job id
 adapter_of() { # JOB -> the adapter file of its model
     local m
     m=$(J "$U/v1/fine_tuning/jobs/$1" | jq -r .fine_tuned_model)
-    echo "$DD/models/$m/adapter_model.safetensors"
+    echo "$(J "$U/v1/models" | jq -r --arg m "$m" '.data[] | select(.id == $m) | .root')/adapter_model.safetensors"
 }
 metric() { curl -s -m 10 "$U/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
 
@@ -91,21 +89,16 @@ cat > "$T/data.jsonl" <<'JSONL'
 {"text": "Lily had a big blue kite. She flew it every day in the park."}
 JSONL
 
-# ---------------------------------------------------------------- share 0: the job starves under load
-start_server --train-share 0 || zs_abort "server starts"
+# ---------------------------------------------------------------- the reference: no load
+# (that a share of 0, the policy before issue 31, starves a job under gap-free load is
+# tests/test-coserve's: HTTP clients leave gaps between requests, which such a job lives on)
+start_server --train-share 0.5 || zs_abort "server starts"
 FID=$(curl -s -m 30 "$U/v1/files" -F purpose=fine-tune -F "file=@$T/data.jsonl" | jq -r .id)
 check "upload" '[ -n "$FID" ] && [ "$FID" != null ]'
-load_start
-for _ in $(seq 100); do [ "$(load_count)" -ge 4 ] && break; sleep 0.1; done
-S0=$(create_job "$FID" starve)
-sleep 4
-s_during=$(n_steps "$S0"); l_during=$(load_count)
-check "share 0: no step in 4 s under continuous load ($s_during steps while $l_during requests were served)" \
-    '[ "$s_during" = 0 ] && [ "$l_during" -ge 8 ]'
-load_stop
-check "share 0: the job trains once the load stops" 'wait_status "$S0" succeeded 120'
-REF=$(adapter_of "$S0")
-check "the unloaded run's adapter exists" '[ -s "$REF" ]' "$REF"
+R=$(create_job "$FID" alone)
+check "the job alone succeeds" 'wait_status "$R" succeeded 120'
+REF=$(adapter_of "$R")
+check "its adapter exists" '[ -s "$REF" ]' "$REF"
 zs_stop_server
 
 # ---------------------------------------------------------------- share 0.5: it completes under load
@@ -140,7 +133,8 @@ load_stop
 start_server --train-share 0.5 || zs_abort "server restarts after kill -9"
 load_start
 check "restart: the interrupted job resumes and completes under load" 'wait_status "$K" succeeded 180' "$(job_status "$K")"
-check "restart: it resumed from its checkpoint" 'grep -q "resuming from step" "$T/server.log"'
+check "restart: it resumed from its checkpoint (step 1 trained once, steps after 10 twice)" \
+    'J "$U/v1/fine_tuning/jobs/$K/events?limit=10000" | jq -e "[.data[] | select(.data.step == 1)] | length == 1" >/dev/null && J "$U/v1/fine_tuning/jobs/$K/events?limit=10000" | jq -e "[.data[] | select(.data.step == 11)] | length >= 1" >/dev/null' 
 check "restart: its adapter is the uninterrupted run's, byte for byte" 'cmp -s "$REF" "$(adapter_of "$K")"'
 load_stop
 zs_stop_server
