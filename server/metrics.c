@@ -245,6 +245,12 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
          (unsigned long long)st.gather.bytes_gathered);
     head(&b, "zeroserve_gather_stall_seconds_total", "counter", "Time compute waited for a layer to be gathered.");
     outf(&b, "zeroserve_gather_stall_seconds_total %.9g\n", st.gather.stall_s);
+    head(&b, "zeroserve_gather_passes_total", "counter",
+         "Weight passes begun; adopted: they took over a pass the prefetcher had started for another use (a training "
+         "pass after a speculated inference pass); wasted: a started pass consumed unused.");
+    outf(&b, "zeroserve_gather_passes_total{kind=\"all\"} %ld\n", st.gather.passes);
+    outf(&b, "zeroserve_gather_passes_total{kind=\"adopted\"} %ld\n", st.gather.passes_adopted);
+    outf(&b, "zeroserve_gather_passes_total{kind=\"wasted\"} %ld\n", st.gather.passes_wasted);
 
     const zs_gather_stats *gs = &st.gather;
     if (gs->expert_layers > 0) { /* a mixture of experts */
@@ -305,7 +311,7 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     outf(&b, "zeroserve_train_share_target %.4g\n", target);
     head(&b, "zeroserve_train_slices_total", "counter", "Pieces of fine-tuning run between serving steps (a full job's steps included).");
     outf(&b, "zeroserve_train_slices_total %llu\n", (unsigned long long)(st.train_slices + fsteps));
-    head(&b, "zeroserve_train_fused_total", "counter", "Fine-tuning micro-batch forwards that rode serving steps.");
+    head(&b, "zeroserve_train_fused_total", "counter", "Serving steps that carried fine-tuning forward units on their weight gathers (fused passes).");
     outf(&b, "zeroserve_train_fused_total %llu\n", (unsigned long long)st.train_fused);
     head(&b, "zeroserve_train_seconds_total", "counter", "Seconds of fine-tuning (a full job's steps included).");
     outf(&b, "zeroserve_train_seconds_total %.9g\n", st.train_s + ftrain);

@@ -11,8 +11,8 @@
  * blocks at once. A request's result does not depend on what else is in the batch (the kernels
  * are batch-invariant). Each request's LoRA adapter is carried into its batch rows
  * (zs_batch.lora); rows of different adapters share a batch. Background work (fine-tuning,
- * zs_sched_run_work) runs in slices between steps, or rides them, under its share (sched-train.c). Submit validates and makes a
- * request in sched-submit.c and queues it here. The rooms' shared structs are in sched-impl.h;
+ * zs_sched_run_work) runs in slices between steps, or rides them, under its share
+ * (sched-train.c). Submit validates and makes a request in sched-submit.c and queues it here. The rooms' shared structs are in sched-impl.h;
  * the API in sched.h. */
 #include <string.h>
 

@@ -123,7 +123,7 @@ typedef struct {
     uint64_t passes, pass_tokens;    /* steps that generated tokens, and the tokens they generated */
     /* background work (sched-train.c): the share of the engine's time it had while serving had
      * work too (decayed over about 10 s; 0 before any), the share in force, slices run (its own
-     * and fused ones), of those, micro-batch forwards that rode serving steps, its seconds, and the
+     * and fused ones), of those, the serving steps it rode (fused passes), its seconds, and the
      * seconds requests waited on it (a slice that ran while a request was queued or running) */
     double train_share, train_share_target;
     uint64_t train_slices, train_fused;
