@@ -66,7 +66,7 @@ int  zs_ftjobs_open(zs_http *h, const zs_ftjobs_opts *o, zs_ftjobs **out);
 /* The base model is loaded (base_engine, served by base; both borrowed): serves the models and
  * LoRA adapters of succeeded jobs, re-queues the jobs a previous run left running, and starts
  * the runner thread. LoRA jobs train on base_engine itself, their steps run by base's engine
- * thread in its idle passes (zs_sched_run_idle). */
+ * thread in slices under the job's share (zs_sched_run_work). */
 int  zs_ftjobs_start(zs_ftjobs *j, zs_engine *base_engine, zs_sched *base);
 /* Stops the runner (a running job stays "running" on disk and is re-queued at the next start)
  * and drains the fine-tuned models' schedulers for up to drain_s. Before zs_http_stop. */

@@ -5,20 +5,21 @@
  *     on the same model directory, with the server's ranks and offload settings: the served base
  *     model is never touched), exports it into data_dir/models/<name> and serves that model;
  *   - a LoRA job ("lora": {...}) trains an adapter over the served base engine itself (no second
- *     engine, no copy of the weights): every training step, evaluation and checkpoint of the run
- *     goes through zs_finetune_hooks.exec, which runs it on the base scheduler's engine thread
- *     in an idle pass (zs_sched_run_idle), so steps interleave with serving; the adapter (PEFT's
+ *     engine, no copy of the weights): each training step is background work of the base
+ *     scheduler (zs_finetune_hooks.exec_work -> zs_sched_run_work: slices between serving steps,
+ *     or riding them, under the job's share), an evaluation one slice (exec -> zs_sched_run_idle),
+ *     and its checkpoints are written on this thread; the adapter (PEFT's
  *     format) goes to data_dir/models/<name> and is served over the base (zs_api_load_adapter).
  * Checkpoints (every 10 steps) go to the job's checkpoint directory; a job interrupted by a
  * restart continues from the latest.
  *
- * Sharing with serving: a job trains with its "train_share" F of the time while any served
- * model's scheduler has queued or running requests (polled with zs_sched_stats_get every
- * millisecond). A full job keeps a duty cycle: after a step of step_s seconds it waits, while
+ * Sharing with serving: a job trains with its "train_share" F of the time while requests are
+ * served. A LoRA job's share is kept by the base scheduler (sched-train.c). A full job, on its
+ * own engine, keeps a duty cycle (serving busy: any served model's scheduler has queued or
+ * running requests, polled every millisecond): after a step of step_s seconds it waits, while
  * serving stays busy, up to step_s (1 - F) / F before the next (F = 0: while serving is busy);
  * its seconds trained and waited and its tokens go to /metrics (zs_metrics_train_*). A cancel
- * or a server stop is seen before the next step (and, for a LoRA job, while it waits for an idle
- * pass). Each step's event and the job carry "trained_tokens_per_second": this run's tokens over
+ * or a server stop is seen before the next step (and, for a LoRA job, between its slices). Each step's event and the job carry "trained_tokens_per_second": this run's tokens over
  * its wall time so far. */
 #define _GNU_SOURCE
 #include <math.h>
@@ -304,7 +305,7 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     zs_finetune_result res;
     memset(&res, 0, sizeof res);
     if (is_lora) {
-        /* over the served base, its steps in the base scheduler's idle passes */
+        /* over the served base, its steps in the base scheduler's slices, with the job's share */
         fo.lora = &lp;
         fo.base_name = J->base_name;
         h.exec = exec_idle;

@@ -99,8 +99,8 @@ typedef struct {
     void (*on_step)(void *ud, const struct zs_finetune_step *s);
     /* Runs fn(arg) where the engine's world may be driven and returns its result (NULL hook: fn is
      * called directly). Every training step, evaluation, checkpoint save and load of the run goes
-     * through it: a server maps it to zs_sched_run_idle, so a LoRA job's steps run on the engine
-     * thread of the served base between serving steps. */
+     * through it (but see exec_work): a server maps it to zs_sched_run_idle, a slice of background
+     * work on the engine thread of the served base. */
     int (*exec)(void *ud, int (*fn)(void *arg), void *arg);
     /* LoRA runs (NULL: exec runs each step whole): runs a step as background work in slices
      * (sched.h: a server maps it to zs_sched_run_work on the served base, with the job's share;
