@@ -96,6 +96,8 @@ static void slots(const int32_t **T, const int32_t **G, long step, int n) {
 typedef struct {
     size_t n;
     float *adapter, *grad;
+    uint64_t bytes;                /* weight bytes streamed (nvme, host, gathered) */
+    long passes, wasted, adopted;  /* passes begun, of them consumed unused / adopted */
 } result_t;
 
 static void keep(result_t *r, zs_lora *a, zs_lora_training *t) {
@@ -129,6 +131,8 @@ static int train_direct(zs_engine *e, int sliced, result_t *out) {
     int rc = a ? zs_lora_training_begin(w, a, &o, 5, &t) : -1;
     const int32_t *T[16], *G[16];
     long slices = 0;
+    zs_gather_stats g0, g1;
+    zs_world_stats(w, &g0);
     for (long s = 1; s <= STEPS && rc == 0; s++) {
         slots(T, G, s, n);
         float loss;
@@ -147,6 +151,11 @@ static int train_direct(zs_engine *e, int sliced, result_t *out) {
             slices++;
         }
     }
+    zs_world_stats(w, &g1);
+    out->bytes = g1.bytes_nvme - g0.bytes_nvme + g1.bytes_host - g0.bytes_host + g1.bytes_gathered - g0.bytes_gathered;
+    out->passes = g1.passes - g0.passes;
+    out->wasted = g1.passes_wasted - g0.passes_wasted;
+    out->adopted = g1.passes_adopted - g0.passes_adopted;
     if (rc == 0) keep(out, a, t);
     else fprintf(stderr, "train: %s\n", zs_errmsg());
     zs_lora_training_end(t);
@@ -307,6 +316,9 @@ static void run_config(const char *name, int ranks, int tier) {
     CHECK(train_direct(e, 0, &ref) == 0, "%s: reference steps", name);
     CHECK(train_direct(e, 1, &sl) == 0, "%s: sliced steps", name);
     CHECK(same(&ref, &sl), "%s: slices of one unit give the reference adapter and gradient bit for bit", name);
+    printf("  %s: whole steps %ld passes (%ld adopted, %ld wasted), %llu bytes; in slices %ld passes (%ld adopted, %ld wasted), %llu bytes\n",
+           name, ref.passes, ref.adopted, ref.wasted, (unsigned long long)ref.bytes, sl.passes, sl.adopted, sl.wasted,
+           (unsigned long long)sl.bytes);
     drop(&sl);
 
     for (int fuse = 1; fuse >= 0; fuse--) {
@@ -318,6 +330,27 @@ static void run_config(const char *name, int ranks, int tier) {
         zs_sched *s = NULL;
         CHECK(zs_sched_new(e, &so, &s) == 0, "%s: scheduler", name);
         if (!s) break;
+        if (fuse) { /* the job alone first: its slices run back to back, each declaring the next */
+            job_t j0;
+            memset(&j0, 0, sizeof j0);
+            j0.e = e;
+            j0.s = s;
+            zs_gather_stats g0, g1;
+            zs_world_stats(zs_engine_world(e), &g0);
+            pthread_t t0;
+            pthread_create(&t0, NULL, job_main, &j0);
+            pthread_join(t0, NULL);
+            zs_world_stats(zs_engine_world(e), &g1);
+            uint64_t by = g1.bytes_nvme - g0.bytes_nvme + g1.bytes_host - g0.bytes_host + g1.bytes_gathered - g0.bytes_gathered;
+            printf("  %s: the job alone in the scheduler: %ld passes (%ld adopted, %ld wasted), %llu bytes\n", name,
+                   g1.passes - g0.passes, g1.passes_adopted - g0.passes_adopted, g1.passes_wasted - g0.passes_wasted,
+                   (unsigned long long)by);
+            CHECK(j0.rc == 0 && same(&ref, &j0.res), "%s: the job alone in the scheduler gives the reference bits", name);
+            CHECK(g1.passes_wasted == g0.passes_wasted && by <= ref.bytes,
+                  "%s: its slices declare each next pass: none wasted, no more bytes than whole steps (%llu <= %llu)", name,
+                  (unsigned long long)by, (unsigned long long)ref.bytes);
+            if (j0.rc == 0) drop(&j0.res);
+        }
         /* the requests' tokens with no job */
         req_t base[NPROMPT];
         for (int i = 0; i < NPROMPT; i++) {
@@ -342,7 +375,7 @@ static void run_config(const char *name, int ranks, int tier) {
             CHECK(same(&ref, &j.res), "%s%s: the adapter and gradient are bitwise the reference's", name, fuse ? " fused" : " unfused");
             drop(&j.res);
         }
-        CHECK(st.train_slices > 0 && st.train_tokens == (uint64_t)(STEPS * zs_world_size(zs_engine_world(e)) * ACCUM * TT),
+        CHECK(st.train_slices > 0 && st.train_tokens == (uint64_t)((fuse ? 2 : 1) * STEPS * zs_world_size(zs_engine_world(e)) * ACCUM * TT),
               "%s: slices %llu, tokens %llu counted", name, (unsigned long long)st.train_slices,
               (unsigned long long)st.train_tokens);
         if (fuse)

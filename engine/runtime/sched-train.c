@@ -108,10 +108,16 @@ void zs_sched_train_slice(zs_sched *s, int serving) {
     if (j) s->st.train_share_target = job_share(s, j);
     pthread_mutex_unlock(&s->mu);
     if (!j) return;
+    zs_gather_stats g0, g1;
+    zs_world_stats(s->w, &g0);
     double t0 = zs_now();
     int rc = j->w.slice(j->w.ud, s->tr_slice_s, then_more);
     double t1 = zs_now(), dt = t1 - t0;
+    zs_world_stats(s->w, &g1);
     pthread_mutex_lock(&s->mu);
+    s->st.train_bytes_nvme += g1.bytes_nvme - g0.bytes_nvme;
+    s->st.train_bytes_host += g1.bytes_host - g0.bytes_host;
+    s->st.train_bytes_gathered += g1.bytes_gathered - g0.bytes_gathered;
     double arr = inbox_arrival(s), wait = serving ? dt : arr > 0 ? t1 - ZS_MAX(arr, t0) : 0;
     if (serving) account(s, dt, 0);
     publish(s, dt, wait);

@@ -129,6 +129,9 @@ typedef struct {
     uint64_t train_slices, train_fused;
     double train_s, train_wait_s;
     uint64_t train_tokens;           /* training tokens whose step completed */
+    /* weight bytes streamed while its own slices ran (the passes it caused; a ride adds none: the
+     * serving step streams its buckets anyway), as zs_gather_stats counts them */
+    uint64_t train_bytes_nvme, train_bytes_host, train_bytes_gathered;
 } zs_sched_stats;
 
 int  zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out);  /* starts the engine thread */

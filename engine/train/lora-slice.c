@@ -112,19 +112,7 @@ static void micro_finish(zs_lora_training *t, lrank *R, int rank) {
     }
     R->loss = (double)loss * (double)zs_train_count_targets(t->targets[i], bt);
     zs_comm *c = zs_world_grad_comm(t->w, rank);
-    lt_stat me = {R->loss, R->rc, 0};
-    int crc = zs_comm_all_gather(c, &me, R->stat, sizeof me, NULL);
-    if (crc < 0) fail(R, crc);
-    if (rank == 0 && crc == 0)
-        for (int k = 0; k < t->n; k++) {
-            t->loss_sum += R->stat[k].loss;
-            if (R->stat[k].rc < 0 && t->fail_rc == 0) {
-                t->fail_rc = R->stat[k].rc;
-                int local = k - t->first;
-                if (local >= 0 && local < t->nl) snprintf(t->fail_err, sizeof t->fail_err, "%s", t->r[local].err);
-                else snprintf(t->fail_err, sizeof t->fail_err, "LoRA training: rank %d failed; see that process's log", k);
-            }
-        }
+    zs_lora_share_status(t, R, rank);
     float *acc = zs_lora_data(t->gsum, &np);
     for (size_t off = 0; off < np; off += t->chunk) {
         size_t len = ZS_MIN(t->chunk, np - off);
@@ -294,6 +282,11 @@ int zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, 
                 t->nxt = nx; /* a promise: the next range run is this one */
                 t->has_nxt = 1;
             }
+        } else if (then_more && !whole) {
+            /* the step's last range: the next step's first follows (the caller has more work);
+             * if no step follows, that pass is consumed unused */
+            t->nxt = plan_range(t, 0, budget_s);
+            t->has_nxt = 1;
         }
         t->cur = cur;
         if (cur.first < t->n_inf) t->rode_all = 0;
@@ -317,8 +310,7 @@ int zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, 
         return 0;
     }
     *more = 0;
-    t->has_decl = 0;
-    return step_finish(t);
+    return step_finish(t); /* a promised range stays: the next step begins with it */
 }
 
 float zs_lora_training_step_loss(const zs_lora_training *t) { return t->step_loss; }

@@ -97,7 +97,10 @@ static void eval_job(void *ud, int rank) {
         loss = 0;
     }
     R->loss = (double)loss * (double)zs_train_count_targets(tg, (size_t)t->o.micro_batch * (size_t)t->o.seq_len);
-    /* every rank's status and loss */
+    zs_lora_share_status(t, R, rank);
+}
+
+void zs_lora_share_status(zs_lora_training *t, lrank *R, int rank) {
     zs_comm *c = zs_world_grad_comm(t->w, rank);
     lt_stat me = {R->loss, R->rc, 0};
     int crc = zs_comm_all_gather(c, &me, R->stat, sizeof me, NULL);

@@ -109,7 +109,7 @@ J() { curl -s -m 60 -H 'Content-Type: application/json' "$@"; }
 # snap URL: the counters this script reads, "name value" (labels kept in the name)
 snap() {
     curl -s --max-time 30 "$1/metrics" |
-        awk '!/^#/ && $1 ~ /^zeroserve_(train_|serving_wait_on_train|bytes_streamed_total|generation_tokens_total|passes_total)/ { print $1, $2 }'
+        awk '!/^#/ && $1 ~ /^zeroserve_(train_|serving_wait_on_train|bytes_streamed_total|generation_tokens_total|passes_total|gather_passes_total)/ { print $1, $2 }'
 }
 job_field() { J "$1/v1/fine_tuning/jobs/$2" | jq -r ".$3 // 0"; }
 job_step() { local v; v=$(J "$1/v1/fine_tuning/jobs/$2/events?limit=50" | jq '[.data[].data.step // 0] | max // 0' 2>/dev/null); echo "${v:-0}"; }
@@ -249,7 +249,11 @@ for t0 in glob.glob(os.path.join(wdir, "*.t0")):
     if tok is None and num(base + ".tok0") is not None:
         tok, f["tok_src"] = num(base + ".tok1") - num(base + ".tok0"), "job"
     f["train_tok"] = tok
-    b = d('zeroserve_bytes_streamed_total{tier="nvme"}')
+    # the bytes training streamed itself (its slices; a ride streams nothing more, as the serving
+    # step would read those buckets anyway); all NVMe bytes where the server has no such counter
+    b = d('zeroserve_train_bytes_streamed_total{tier="nvme"}')
+    if b is None:
+        b = d('zeroserve_bytes_streamed_total{tier="nvme"}')
     f["bytes"] = b
     f["bpt"] = b / tok if b is not None and tok else None
     ts = d("zeroserve_train_seconds_total")
@@ -287,7 +291,7 @@ def big(v):
     return "n/a" if v is None else f"{v:.3g}"
 
 print()
-print("medians over %d round(s); ms; steps/min of the job; share = training seconds / window; bytes = NVMe bytes streamed" % len(rounds))
+print("medians over %d round(s); ms; steps/min of the job; share = training seconds / window; bytes = NVMe bytes streamed by training's own slices" % len(rounds))
 hdr = "%-7s %-5s %4s %9s %9s %9s %9s %8s %8s %9s %7s %7s %9s %10s %10s" % (
     "server", "kind", "N", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "req", "tok/s", "steps/min",
     "share", "fused", "wait s", "train tok", "bytes/tok")
