@@ -122,6 +122,7 @@ struct zs_sched {
     int tr_fuse;                          /* works may ride serving steps */
     double tr_acc, sv_acc;                /* decayed busy seconds of background work and of serving */
     zs_train_job *tr_riding;              /* the work whose rider is in the current step */
+    int tr_nospec;                        /* the gathers' speculation is off (work queued) */
     zs_request *waiting, *waiting_tail;   /* taken from the inbox, not yet admitted */
     zs_sched_rank *rb;                    /* per rank */
     zs_sched_stats st;                    /* mu: the counters (queued/running/gather filled on read) */
@@ -210,5 +211,9 @@ const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int 
 /* After every serving step (dt seconds, rc its result): the ride's seconds (0 without one). */
 double zs_sched_train_after_step(zs_sched *s, double dt, int rc);
 void zs_sched_train_wait_callers(zs_sched *s);  /* under mu: zs_sched_free, until every caller has left */
+/* Between steps: the gathers' speculation off while work is queued, on again after. */
+void zs_sched_train_speculation(zs_sched *s);
+/* 1 while speculation is off: serving steps declare the next pass themselves. */
+int  zs_sched_train_declares(const zs_sched *s);
 
 #endif

@@ -147,6 +147,27 @@ const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int 
     return NULL;
 }
 
+/* While background work is queued the gathers stop guessing: a guessed inference pass that a
+ * training slice follows instead (the engine went idle between requests) would be consumed whole,
+ * a pass of weights streamed for nothing. Serving steps then declare the next pass themselves:
+ * the work's, when it comes next, or another inference pass when one surely follows. */
+static void spec_job(void *ud, int rank) {
+    zs_sched *s = ud;
+    zs_gather_set_speculation(zs_world_gather(s->w, rank), !s->tr_nospec);
+}
+
+void zs_sched_train_speculation(zs_sched *s) {
+    if (zs_world_led(s->w)) return; /* no background work there (followers could not repeat it) */
+    pthread_mutex_lock(&s->mu);
+    int want = s->tq != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (want == s->tr_nospec) return;
+    s->tr_nospec = want;
+    zs_world_run(s->w, spec_job, s);
+}
+
+int zs_sched_train_declares(const zs_sched *s) { return s->tr_nospec; }
+
 double zs_sched_train_after_step(zs_sched *s, double dt, int rc) {
     zs_train_job *j = s->tr_riding;
     double ride_s = 0;

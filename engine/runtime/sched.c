@@ -261,6 +261,22 @@ static void step_done(zs_sched *s, int i, const zs_batch *bt) {
     }
 }
 
+/* Whether another serving step surely follows this one: a request is waiting, or one running
+ * still has prompt to compute or more than one token to go (EOS may still end it sooner). */
+static int more_steps(zs_sched *s) {
+    if (s->waiting) return 1;
+    for (int i = 0; i < s->nranks; i++)
+        for (int j = 0; j < s->rb[i].n_running; j++) {
+            const zs_request *r = s->rb[i].running[j];
+            if (r->embed ? r->n_done + s->max_batch < r->n_prompt : r->n_done < r->n_prompt || r->max_tokens - r->n_gen > 1)
+                return 1;
+        }
+    pthread_mutex_lock(&s->mu);
+    int in = s->inbox != NULL;
+    pthread_mutex_unlock(&s->mu);
+    return in;
+}
+
 static void *engine_main(void *arg) {
     zs_sched *s = arg;
     zs_batch *bs = calloc((size_t)s->nranks, sizeof *bs);
@@ -287,6 +303,7 @@ static void *engine_main(void *arg) {
 
         admit(s);
         publish_kv(s);
+        zs_sched_train_speculation(s);
         int serving = 0;
         for (int i = 0; i < s->nranks; i++) serving += s->rb[i].n_running;
         /* background work alone (without mu: requests submitted meanwhile wait in the inbox for
@@ -300,6 +317,10 @@ static void *engine_main(void *arg) {
         zs_pass_range next;
         int declared = 0, after = 0;
         const zs_world_rider *rider = zs_sched_train_plan(s, &next, &declared, &after);
+        if (!declared && zs_sched_train_declares(s) && more_steps(s)) {
+            next = zs_gather_kind_range(zs_world_gather(s->w, 0), ZS_PASS_INFER); /* serving goes on */
+            declared = 1;
+        }
         zs_world_step_opts so = {rider, declared ? &next : NULL};
         zs_gather_stats g0, g1;
         zs_world_stats(s->w, &g0);

@@ -288,15 +288,24 @@ int zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, 
             t->nxt = plan_range(t, 0, budget_s);
             t->has_nxt = 1;
         }
+        if (!t->has_nxt && !fits && !whole) {
+            /* the slice ends here and the caller serves next: its inference pass is declared (as
+             * speculation would guess it, which a scheduler turns off while training is queued) */
+            zs_pass_range inf = {0, t->n_inf};
+            t->nxt = inf;
+            t->has_nxt = 1;
+            t->infer_next = 1;
+        }
         t->cur = cur;
         if (cur.first < t->n_inf) t->rode_all = 0;
         zs_world_run(t->w, range_job, t);
         ewma(&t->u_fwd, t->rank0_fwd, t->rank0_nf);
         ewma(&t->u_bwd, t->rank0_bwd, t->rank0_nb);
-        if (t->has_nxt) {
+        if (t->has_nxt && !t->infer_next) {
             t->decl = t->nxt;
             t->has_decl = 1;
         }
+        t->infer_next = 0;
         t->pos = cur.first + cur.count;
         if (t->pos == t->n_ord) {
             t->pos = 0;

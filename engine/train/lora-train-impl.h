@@ -65,6 +65,7 @@ struct zs_lora_training {
     int pos;               /* the current micro-batch's next item of the order (n_ord: all done) */
     zs_pass_range cur, nxt; /* the range pass being run and the one declared after it */
     int has_nxt;
+    int infer_next;        /* nxt is the caller's inference pass, not a promise of this training */
     zs_pass_range decl;    /* a range promised as the next pass (declared to the gathers) */
     int has_decl;
     double u_fwd, u_bwd;   /* measured seconds per forward / backward unit (0: none yet) */
