@@ -311,12 +311,9 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     outf(&b, "zeroserve_train_share_target %.4g\n", target);
     head(&b, "zeroserve_train_slices_total", "counter", "Pieces of fine-tuning run between serving steps (a full job's steps included).");
     outf(&b, "zeroserve_train_slices_total %llu\n", (unsigned long long)(st.train_slices + fsteps));
-    head(&b, "zeroserve_train_bytes_streamed_total", "counter",
-         "Weight bytes streamed by fine-tuning's own slices (riding serving steps streams nothing more).");
-    outf(&b, "zeroserve_train_bytes_streamed_total{tier=\"nvme\"} %llu\n", (unsigned long long)st.train_bytes_nvme);
-    outf(&b, "zeroserve_train_bytes_streamed_total{tier=\"host\"} %llu\n", (unsigned long long)st.train_bytes_host);
-    outf(&b, "zeroserve_train_bytes_streamed_total{tier=\"gathered\"} %llu\n",
-         (unsigned long long)st.train_bytes_gathered);
+    head(&b, "zeroserve_train_pass_bytes_total", "counter",
+         "Weight bytes of the passes fine-tuning began itself (riding a serving step begins none).");
+    outf(&b, "zeroserve_train_pass_bytes_total %llu\n", (unsigned long long)st.train_pass_bytes);
     head(&b, "zeroserve_train_fused_total", "counter", "Serving steps that carried fine-tuning forward units on their weight gathers (fused passes).");
     outf(&b, "zeroserve_train_fused_total %llu\n", (unsigned long long)st.train_fused);
     head(&b, "zeroserve_train_seconds_total", "counter", "Seconds of fine-tuning (a full job's steps included).");

@@ -241,6 +241,7 @@ static int lt_slice(void *ud, double budget_s, int then_more) {
 static const zs_world_rider *lt_ride(void *ud, double b) { return zs_lora_training_rider(ud, b); }
 static double lt_ride_end(void *ud, int rc) { return zs_lora_training_ride_end(ud, rc); }
 static int lt_next(void *ud, double b, zs_pass_range *out) { return zs_lora_training_next_range(ud, b, out); }
+static uint64_t lt_bytes(void *ud) { return zs_lora_training_pass_bytes(ud); }
 static int job_cancelled(void *ud) { return ((job_t *)ud)->stop; }
 
 static void *job_main(void *arg) {
@@ -255,7 +256,7 @@ static void *job_main(void *arg) {
     for (long s = 1; s <= STEPS && rc == 0; s++) {
         slots(T, G, s, n);
         rc = zs_lora_training_step_begin(t, T, G, s);
-        zs_sched_work wk = {lt_slice, lt_ride, lt_ride_end, lt_next, j->share, (uint64_t)(n * TT), t};
+        zs_sched_work wk = {lt_slice, lt_ride, lt_ride_end, lt_next, lt_bytes, j->share, (uint64_t)(n * TT), t};
         if (rc == 0) rc = zs_sched_run_work(j->s, &wk, job_cancelled, j);
         if (rc == 0) __atomic_add_fetch(&j->steps_done, 1, __ATOMIC_SEQ_CST);
         else zs_lora_training_step_abort(t);
@@ -391,9 +392,10 @@ static void run_config(const char *name, int ranks, int tier) {
                   (unsigned long long)st.train_fused);
         else
             CHECK(st.train_fused == 0, "%s unfused: no rides", name);
-        printf("  %s%s: %d requests, %llu slices, %llu fused, share %.2f (target %.2f), waited %.3f s\n", name,
-               fuse ? "" : " unfused", reqs, (unsigned long long)st.train_slices, (unsigned long long)st.train_fused,
-               st.train_share, st.train_share_target, st.train_wait_s);
+        printf("  %s%s: %d requests, %llu slices, %llu fused, share %.2f (target %.2f), waited %.3f s, %.0f pass bytes per "
+               "trained token\n", name, fuse ? "" : " unfused", reqs, (unsigned long long)st.train_slices,
+               (unsigned long long)st.train_fused, st.train_share, st.train_share_target, st.train_wait_s,
+               st.train_tokens ? (double)st.train_pass_bytes / (double)st.train_tokens : 0.0);
         zs_sched_free(s);
     }
     drop(&ref);

@@ -206,8 +206,9 @@ int  zs_sched_train_turn(zs_sched *s, int serving); /* a slice should run now (i
 void zs_sched_train_slice(zs_sched *s, int serving); /* runs one slice of the head work */
 /* Before a serving step, when it is the work's turn: its rider for the step (returned), or
  * *after = 1: its own slice right after the step, whose first pass the step declares when
- * *declared (in *next). Neither when it is not its turn. */
-const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int *declared, int *after);
+ * *declared (in *next). Neither when it is not its turn, or hold (a request waits for its first
+ * token). */
+const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int *declared, int *after, int hold);
 /* After every serving step (dt seconds, rc its result): the ride's seconds (0 without one). */
 double zs_sched_train_after_step(zs_sched *s, double dt, int rc);
 void zs_sched_train_wait_callers(zs_sched *s);  /* under mu: zs_sched_free, until every caller has left */

@@ -108,16 +108,13 @@ void zs_sched_train_slice(zs_sched *s, int serving) {
     if (j) s->st.train_share_target = job_share(s, j);
     pthread_mutex_unlock(&s->mu);
     if (!j) return;
-    zs_gather_stats g0, g1;
-    zs_world_stats(s->w, &g0);
+    uint64_t b0 = j->w.pass_bytes ? j->w.pass_bytes(j->w.ud) : 0;
     double t0 = zs_now();
     int rc = j->w.slice(j->w.ud, s->tr_slice_s, then_more);
     double t1 = zs_now(), dt = t1 - t0;
-    zs_world_stats(s->w, &g1);
+    uint64_t b1 = j->w.pass_bytes ? j->w.pass_bytes(j->w.ud) : 0;
     pthread_mutex_lock(&s->mu);
-    s->st.train_bytes_nvme += g1.bytes_nvme - g0.bytes_nvme;
-    s->st.train_bytes_host += g1.bytes_host - g0.bytes_host;
-    s->st.train_bytes_gathered += g1.bytes_gathered - g0.bytes_gathered;
+    s->st.train_pass_bytes += b1 - b0;
     double arr = inbox_arrival(s), wait = serving ? dt : arr > 0 ? t1 - ZS_MAX(arr, t0) : 0;
     if (serving) account(s, dt, 0);
     publish(s, dt, wait);
@@ -126,11 +123,11 @@ void zs_sched_train_slice(zs_sched *s, int serving) {
     pthread_mutex_unlock(&s->mu);
 }
 
-const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int *declared, int *after) {
+const zs_world_rider *zs_sched_train_plan(zs_sched *s, zs_pass_range *next, int *declared, int *after, int hold) {
     *declared = *after = 0;
     pthread_mutex_lock(&s->mu);
     zs_train_job *j = head_job(s);
-    int turn = j && due(s, job_share(s, j));
+    int turn = j && !hold && due(s, job_share(s, j));
     if (turn) j = take_job(s);
     pthread_mutex_unlock(&s->mu);
     if (!turn || !j) return NULL;
@@ -281,7 +278,7 @@ static int once_slice(void *ud, double budget_s, int then_more) {
 int zs_sched_run_idle(zs_sched *s, int (*fn)(void *ud), void *ud, int (*cancelled)(void *ud)) {
     if (!fn) return zs_err(ZS_EINVAL, "zs_sched_run_idle: no function");
     once_t o = {fn, ud, 0};
-    zs_sched_work w = {once_slice, NULL, NULL, NULL, 0, 0, &o};
+    zs_sched_work w = {once_slice, NULL, NULL, NULL, NULL, 0, 0, &o};
     int rc = zs_sched_run_work(s, &w, cancelled, ud);
     return rc < 0 ? rc : o.rc;
 }

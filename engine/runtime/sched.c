@@ -261,6 +261,17 @@ static void step_done(zs_sched *s, int i, const zs_batch *bt) {
     }
 }
 
+/* Whether a request waits for its first token (waiting, or its prompt not yet computed): background
+ * work then waits a step, so that it adds nothing to time to first token (its share is kept over
+ * the following steps). */
+static int first_tokens(zs_sched *s) {
+    if (s->waiting) return 1;
+    for (int i = 0; i < s->nranks; i++)
+        for (int j = 0; j < s->rb[i].n_running; j++)
+            if (s->rb[i].running[j]->n_done < s->rb[i].running[j]->n_prompt) return 1;
+    return 0;
+}
+
 /* Whether another serving step surely follows this one: a request is waiting, or one running
  * still has prompt to compute or more than one token to go (EOS may still end it sooner). */
 static int more_steps(zs_sched *s) {
@@ -316,7 +327,7 @@ static void *engine_main(void *arg) {
         /* with requests: when it is the work's turn, it rides this step or runs right after it */
         zs_pass_range next;
         int declared = 0, after = 0;
-        const zs_world_rider *rider = zs_sched_train_plan(s, &next, &declared, &after);
+        const zs_world_rider *rider = zs_sched_train_plan(s, &next, &declared, &after, first_tokens(s));
         if (!declared && zs_sched_train_declares(s) && more_steps(s)) {
             next = zs_gather_kind_range(zs_world_gather(s->w, 0), ZS_PASS_INFER); /* serving goes on */
             declared = 1;

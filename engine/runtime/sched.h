@@ -129,9 +129,10 @@ typedef struct {
     uint64_t train_slices, train_fused;
     double train_s, train_wait_s;
     uint64_t train_tokens;           /* training tokens whose step completed */
-    /* weight bytes streamed while its own slices ran (the passes it caused; a ride adds none: the
-     * serving step streams its buckets anyway), as zs_gather_stats counts them */
-    uint64_t train_bytes_nvme, train_bytes_host, train_bytes_gathered;
+    /* weight bytes of the passes it began itself (each bucket's full bytes, once per pass that
+     * reads it: what an offloaded base streams for it; a ride begins none, the serving step
+     * reads its buckets anyway) */
+    uint64_t train_pass_bytes;
 } zs_sched_stats;
 
 int  zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out);  /* starts the engine thread */
@@ -158,13 +159,15 @@ int  zs_sched_run_idle(zs_sched *s, int (*fn)(void *ud), void *ud, int (*cancell
  *                        the step returns the seconds the rider took (charged to the work);
  *   next_pass(ud, budget_s, out)  the pass the next slice will begin with (1; 0: unknown),
  *                        which the scheduler declares to the gathers in the serving step before
- *                        it and then runs that slice right after the step.
+ *                        it and then runs that slice right after the step;
+ *   pass_bytes(ud)       the weight bytes of the passes it began so far (for /metrics).
  * share > 0 overrides train_share for this work; tokens are counted as trained when it ends. */
 typedef struct {
     int (*slice)(void *ud, double budget_s, int then_more);
     const zs_world_rider *(*ride)(void *ud, double budget_s);
     double (*ride_end)(void *ud, int step_rc);
     int (*next_pass)(void *ud, double budget_s, zs_pass_range *out);
+    uint64_t (*pass_bytes)(void *ud); /* weight bytes of the passes it began so far (or NULL) */
     double share;
     uint64_t tokens;
     void *ud;

@@ -108,12 +108,13 @@ static int lt_slice(void *ud, double budget_s, int then_more) {
 static const zs_world_rider *lt_ride(void *ud, double budget_s) { return zs_lora_training_rider(ud, budget_s); }
 static double lt_ride_end(void *ud, int step_rc) { return zs_lora_training_ride_end(ud, step_rc); }
 static int lt_next(void *ud, double budget_s, zs_pass_range *out) { return zs_lora_training_next_range(ud, budget_s, out); }
+static uint64_t lt_bytes(void *ud) { return zs_lora_training_pass_bytes(ud); }
 
 static int ft_exec(const zs_finetune_hooks *h, ft_call *c) {
     if (c->lt && h && h->exec_work) {
         if (c->op == FT_STEP) {
             ZS_CHECK(zs_lora_training_step_begin(c->lt, c->T, c->G, c->step));
-            zs_sched_work w = {lt_slice, lt_ride, lt_ride_end, lt_next, 0, c->tokens, c->lt};
+            zs_sched_work w = {lt_slice, lt_ride, lt_ride_end, lt_next, lt_bytes, 0, c->tokens, c->lt};
             int rc = h->exec_work(h->ud, &w);
             if (rc < 0) {
                 zs_lora_training_step_abort(c->lt);

@@ -9,6 +9,7 @@
  * trainer calls on the same bucket bytes in the same order whichever way it runs, so gradients
  * and the adapter are bitwise those of zs_lora_training_step's single passes. */
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +35,10 @@ static void fail(lrank *R, int rc) {
 int zs_lora_slice_init(zs_lora_training *t) {
     zs_gather *g = zs_world_gather(t->w, 0);
     t->n_ord = zs_gather_order(g, &t->ord, &t->n_inf);
+    int nb = zs_model_n_buckets(t->m);
+    t->bucket_bytes = calloc((size_t)nb, sizeof *t->bucket_bytes);
+    if (!t->bucket_bytes) return zs_err(ZS_ENOMEM, "out of memory");
+    for (int b = 0; b < nb; b++) t->bucket_bytes[b] = (uint64_t)zs_partition_shard_bytes(t->m, b, t->n) * (uint64_t)t->n;
     t->eb = zs_bucket_embed();
     t->hb = zs_bucket_head(t->m);
     int moe = 0;
@@ -152,6 +157,7 @@ static void range_job(void *ud, int rank) {
         if (p == 0) micro_start(t, R, rank);
         const void *d = NULL, *d2 = NULL;
         int b = t->ord[p], two = e - p == 2 && !zs_pass_is_experts(t->ord[p + 1]);
+        if (rank == 0) t->pass_bytes += t->bucket_bytes[b] + (two ? t->bucket_bytes[t->ord[p + 1]] : 0);
         int arc = src.acquire(src.ctx, b, &d), arc2 = two ? src.acquire(src.ctx, t->ord[p + 1], &d2) : 0;
         if (arc < 0) fail(R, arc);
         if (arc2 < 0) fail(R, arc2);
@@ -452,3 +458,4 @@ double zs_lora_training_ride_end(zs_lora_training *t, int step_rc) {
 }
 
 uint64_t zs_lora_training_fused(const zs_lora_training *t) { return t->fused; }
+uint64_t zs_lora_training_pass_bytes(const zs_lora_training *t) { return t->pass_bytes; }

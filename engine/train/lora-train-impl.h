@@ -75,6 +75,8 @@ struct zs_lora_training {
     int ride_from, ride_to;
     int riding;            /* a rider is out (zs_lora_training_rider .. _ride_end) */
     uint64_t fused;        /* micro-batch forwards done wholly by riders */
+    uint64_t *bucket_bytes; /* each bucket's full bytes as partitioned (what a pass reads of it) */
+    uint64_t pass_bytes;   /* rank 0: the bytes of the buckets of the range passes run */
     int rode_all;          /* the current micro-batch's forward so far came only from riders */
     float step_loss;       /* the finished step's loss */
 };

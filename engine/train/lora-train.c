@@ -235,6 +235,7 @@ void zs_lora_training_end(zs_lora_training *t) {
         free(t->r[r].stat);
     }
     free(t->r);
+    free(t->bucket_bytes);
     zs_lora_free(t->gsum);
     free(t->gclip);
     free(t->mom);

@@ -80,6 +80,8 @@ float zs_lora_training_step_loss(const zs_lora_training *t);
 /* Gives up the step in progress (its slices were cancelled): the next step_begin starts clean. */
 void zs_lora_training_step_abort(zs_lora_training *t);
 uint64_t zs_lora_training_fused(const zs_lora_training *t);
+/* The weight bytes of the range passes its slices began (every bucket's full bytes per pass). */
+uint64_t zs_lora_training_pass_bytes(const zs_lora_training *t);
 /* The loss without updating anything (grad_accum 1 layout); no dropout. */
 int  zs_lora_training_eval(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
                            float *loss);

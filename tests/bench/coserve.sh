@@ -251,7 +251,7 @@ for t0 in glob.glob(os.path.join(wdir, "*.t0")):
     f["train_tok"] = tok
     # the bytes training streamed itself (its slices; a ride streams nothing more, as the serving
     # step would read those buckets anyway); all NVMe bytes where the server has no such counter
-    b = d('zeroserve_train_bytes_streamed_total{tier="nvme"}')
+    b = d('zeroserve_train_pass_bytes_total')
     if b is None:
         b = d('zeroserve_bytes_streamed_total{tier="nvme"}')
     f["bytes"] = b
@@ -291,7 +291,7 @@ def big(v):
     return "n/a" if v is None else f"{v:.3g}"
 
 print()
-print("medians over %d round(s); ms; steps/min of the job; share = training seconds / window; bytes = NVMe bytes streamed by training's own slices" % len(rounds))
+print("medians over %d round(s); ms; steps/min of the job; share = training seconds / window; bytes = weight bytes of training's own passes" % len(rounds))
 hdr = "%-7s %-5s %4s %9s %9s %9s %9s %8s %8s %9s %7s %7s %9s %10s %10s" % (
     "server", "kind", "N", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "req", "tok/s", "steps/min",
     "share", "fused", "wait s", "train tok", "bytes/tok")
