@@ -430,7 +430,7 @@ int zs_cmd_serve(int argc, char **argv) {
     int no_prefix_cache = 0, spec_tokens = 0;
     const char *speculative = NULL, *draft_model = NULL, *draft_dtype = NULL;
     const char *spec_tree = "off";
-    const char *train_share = "0.25", *train_slice = "50", *train_fuse = "on";
+    const char *train_share = "0.25", *train_slice = "10", *train_fuse = "on";
     zs_opt opts[SERVE_FLAGS + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
@@ -467,7 +467,8 @@ int zs_cmd_serve(int argc, char **argv) {
         {"train-fuse", ZS_OPT_STR, &train_fuse, "on | off: a LoRA job's micro-batch forwards ride serving steps' weight "
                                                  "gathers (default on; off: every training slice streams its own)"},
         {"train-slice-ms", ZS_OPT_STR, &train_slice, "the longest piece of training run between serving steps, in "
-                                                      "milliseconds (a positive number; default 50)"},
+                                                      "milliseconds (a positive number; default 10; a slice is at least "
+                                                      "one unit: one layer of one micro-batch)"},
     };
     ZS_ASSERT(opts[SERVE_FLAGS - 1].name && !opts[SERVE_FLAGS].name); /* SERVE_FLAGS counts the table */
     int n_opts = zs_engine_flags_table(&ef, opts, SERVE_FLAGS);

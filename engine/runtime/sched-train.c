@@ -32,7 +32,7 @@ enum { JOB_PENDING = 0, JOB_RUNNING = 1, JOB_DONE = 2 };
 
 void zs_sched_train_init(zs_sched *s, const zs_sched_opts *o) {
     s->tr_share = o && o->train_share > 0 ? ZS_MIN(o->train_share, 1.0) : 0.0;
-    s->tr_slice_s = (o && o->train_slice_ms > 0 ? o->train_slice_ms : 50.0) / 1000.0;
+    s->tr_slice_s = (o && o->train_slice_ms > 0 ? o->train_slice_ms : 10.0) / 1000.0;
     s->st.train_share_target = s->tr_share;
 }
 

@@ -37,7 +37,7 @@ typedef struct {
                               plan keeps the nodes worth their rows); 0: chains */
     /* Background work (fine-tuning slices, sched-train.c): its share of the engine's time while
      * serving has work too, 0..1 (0: it runs only when no request is queued or running; the
-     * server's default is 0.25), and the bound of one slice in milliseconds (0: 50). An idle
+     * server's default is 0.25), and the bound of one slice in milliseconds (0: 10). An idle
      * engine gives it all of its time. */
     double train_share;
     double train_slice_ms;
