@@ -99,6 +99,23 @@ static void unit_compute(zs_lora_training *t, lrank *R, int rank, int p, const v
     if (rc < 0) fail(R, rc);
 }
 
+void zs_lora_share_status(zs_lora_training *t, lrank *R, int rank) {
+    zs_comm *c = zs_world_grad_comm(t->w, rank);
+    lt_stat me = {R->loss, R->rc, 0};
+    int crc = zs_comm_all_gather(c, &me, R->stat, sizeof me, NULL);
+    if (crc < 0) fail(R, crc);
+    if (rank == 0 && crc == 0)
+        for (int k = 0; k < t->n; k++) {
+            t->loss_sum += R->stat[k].loss;
+            if (R->stat[k].rc < 0 && t->fail_rc == 0) {
+                t->fail_rc = R->stat[k].rc;
+                int local = k - t->first;
+                if (local >= 0 && local < t->nl) snprintf(t->fail_err, sizeof t->fail_err, "%s", t->r[local].err);
+                else snprintf(t->fail_err, sizeof t->fail_err, "LoRA training: rank %d failed; see that process's log", k);
+            }
+        }
+}
+
 /* The micro-batch's end on a rank: the embeddings' backward, then every rank's status and loss and
  * every rank's gradient in chunks, summed in rank order into the step's gradient by this process's
  * first rank (all_gathers: the same bits for any rank count and process layout). */

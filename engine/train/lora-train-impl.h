@@ -81,10 +81,10 @@ struct zs_lora_training {
     float step_loss;       /* the finished step's loss */
 };
 
-/* lora-train.c: every rank's status and loss·count of a micro-batch (an all_gather on the
- * gradient communicator), summed by rank 0 into loss_sum; the first failure into fail_rc/err. */
+/* lora-slice.c (lora-train.c calls it, never the other way): the order and what can ride, at
+ * begin; every rank's status and loss·count of a micro-batch (an all_gather on the gradient
+ * communicator), summed by rank 0 into loss_sum, the first failure into fail_rc/err. */
 void zs_lora_share_status(struct zs_lora_training *t, lrank *R, int rank);
-/* lora-slice.c: the order and what can ride, at begin */
 int zs_lora_slice_init(struct zs_lora_training *t);
 
 #endif

@@ -100,23 +100,6 @@ static void eval_job(void *ud, int rank) {
     zs_lora_share_status(t, R, rank);
 }
 
-void zs_lora_share_status(zs_lora_training *t, lrank *R, int rank) {
-    zs_comm *c = zs_world_grad_comm(t->w, rank);
-    lt_stat me = {R->loss, R->rc, 0};
-    int crc = zs_comm_all_gather(c, &me, R->stat, sizeof me, NULL);
-    if (crc < 0) set_err(R, crc);
-    if (rank == 0 && crc == 0)
-        for (int k = 0; k < t->n; k++) {
-            t->loss_sum += R->stat[k].loss;
-            if (R->stat[k].rc < 0 && t->fail_rc == 0) {
-                t->fail_rc = R->stat[k].rc;
-                int local = k - t->first;
-                if (local >= 0 && local < t->nl) snprintf(t->fail_err, sizeof t->fail_err, "%s", t->r[local].err);
-                else snprintf(t->fail_err, sizeof t->fail_err, "LoRA training: rank %d failed; see that process's log", k);
-            }
-        }
-}
-
 /* ---- set-up ---- */
 
 static float *falloc(size_t n) {
