@@ -70,7 +70,9 @@ int  zs_world_step(zs_world *w, const zs_batch *batches, float **logits);
  * the gather's source (the passenger computes on each bucket while it is held); a rank with no rows
  * calls walk(ud, rank, src), which acquires and releases the inference pass's buckets itself;
  * done(ud, rank) ends the passenger's part of the step on that rank (after the forward, before
- * pass_end). next: the pass after this step's, declared to the gathers (NULL: speculation). */
+ * pass_end). The three run on every rank's thread at once (each with its own rank's state).
+ * next: the pass after this step's, declared to the gathers (NULL: speculation). Both are this
+ * process's: a led multi-process world refuses them (ZS_EUNSUPPORTED). */
 typedef struct {
     zs_weight_source (*wrap)(void *ud, int rank, zs_weight_source inner);
     void (*walk)(void *ud, int rank, zs_weight_source src);
