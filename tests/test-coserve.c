@@ -7,7 +7,9 @@
  *       while requests stream: micro-batch forwards ride serving steps (train_fused > 0), the
  *       adapter and gradient are still bitwise the reference's, and every request's tokens and
  *       logprobs are those it gets with no job running;
- *   (c) the same steps without fusing (train_no_fuse) give the same bits;
+ *   (c) the same steps without fusing (train_no_fuse), and the job alone in the scheduler, give
+ *       the same bits; alone its slices waste no pass (each declares the next) and stream the
+ *       bytes of whole steps; under load few passes are wasted;
  *   (d) under continuous load a job with share 0 (the old idle-only policy) makes no progress,
  *       while one with share 0.25 completes its steps, and the share achieved is reported. */
 #include <math.h>
