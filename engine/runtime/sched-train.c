@@ -24,7 +24,6 @@ struct zs_train_job {
     zs_sched_work w;              /* the work (a copy) */
     int state;                    /* JOB_* */
     int rc;                       /* its result, once JOB_DONE */
-    int cancel;                   /* mu: the caller saw cancelled(): end before the next slice */
     int in_slice;                 /* mu: a slice (or a ride) of it is running */
     struct zs_train_job *next;    /* the queue (zs_sched.tq) */
 };
@@ -54,10 +53,9 @@ static void end_job(zs_sched *s, zs_train_job *j, int rc) {
     pthread_cond_broadcast(&s->cv_job);
 }
 
-/* Takes the head job for a slice, or ends it when its caller cancelled it (under mu). */
+/* Takes the head job for a slice (under mu). */
 static zs_train_job *take_job(zs_sched *s) {
-    zs_train_job *j;
-    while ((j = head_job(s)) && j->cancel) end_job(s, j, zs_err(ZS_ECANCELLED, "cancelled"));
+    zs_train_job *j = head_job(s);
     if (!j) return NULL;
     j->state = JOB_RUNNING;
     j->in_slice = 1;
@@ -220,7 +218,7 @@ int zs_sched_run_work(zs_sched *s, const zs_sched_work *w, int (*cancelled)(void
     if (!w || !w->slice) return zs_err(ZS_EINVAL, "zs_sched_run_work: no slice function");
     if (s->started && pthread_equal(pthread_self(), s->th))
         return zs_err(ZS_EINVAL, "zs_sched_run_work: called from the engine thread (it would wait for itself)");
-    zs_train_job j = {*w, JOB_PENDING, 0, 0, 0, NULL};
+    zs_train_job j = {*w, JOB_PENDING, 0, 0, NULL};
     pthread_mutex_lock(&s->mu);
     if (s->stop || s->draining || !s->started) {
         pthread_mutex_unlock(&s->mu);
@@ -238,7 +236,7 @@ int zs_sched_run_work(zs_sched *s, const zs_sched_work *w, int (*cancelled)(void
             break;
         }
         if (!j.in_slice) {
-            int gone = s->stop || s->draining || j.cancel;
+            int gone = s->stop || s->draining;
             if (!gone && cancelled) { /* the caller's predicate runs without mu */
                 pthread_mutex_unlock(&s->mu);
                 gone = cancelled(cancel_ud) != 0;
@@ -281,10 +279,4 @@ int zs_sched_run_idle(zs_sched *s, int (*fn)(void *ud), void *ud, int (*cancelle
     zs_sched_work w = {once_slice, NULL, NULL, NULL, NULL, 0, 0, &o};
     int rc = zs_sched_run_work(s, &w, cancelled, ud);
     return rc < 0 ? rc : o.rc;
-}
-
-void zs_sched_train_tokens(zs_sched *s, uint64_t n) {
-    pthread_mutex_lock(&s->mu);
-    s->st.train_tokens += n;
-    pthread_mutex_unlock(&s->mu);
 }

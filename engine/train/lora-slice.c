@@ -244,7 +244,6 @@ int zs_lora_training_step_begin(zs_lora_training *t, const int32_t *const *token
     if (step < 1) return zs_err(ZS_EINVAL, "LoRA training: steps are numbered from 1");
     if (t->in_step) return zs_err(ZS_EINVAL, "LoRA training: step %ld begun while step %ld runs", step, t->step);
     size_t bt = (size_t)t->o.micro_batch * (size_t)t->o.seq_len;
-    t->eval = 0;
     t->step = step;
     t->tokens = tokens;
     t->targets = targets;
@@ -260,7 +259,6 @@ int zs_lora_training_step_begin(zs_lora_training *t, const int32_t *const *token
     t->have_grad = 0;
     t->micro = 0;
     t->pos = 0;
-    t->rode_all = 1;
     t->in_step = 1;
     return 0;
 }
@@ -320,7 +318,6 @@ int zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, 
             t->infer_next = 1;
         }
         t->cur = cur;
-        if (cur.first < t->n_inf) t->rode_all = 0;
         zs_world_run(t->w, range_job, t);
         ewma(&t->u_fwd, t->rank0_fwd, t->rank0_nf);
         ewma(&t->u_bwd, t->rank0_bwd, t->rank0_nb);
@@ -333,7 +330,6 @@ int zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, 
         if (t->pos == t->n_ord) {
             t->pos = 0;
             t->micro++;
-            t->rode_all = 1;
         }
         if (!fits) break;
     }
@@ -465,14 +461,11 @@ double zs_lora_training_ride_end(zs_lora_training *t, int step_rc) {
     for (int p = t->ride_from; p < t->ride_to; p = unit_end(t, p)) units++;
     if (ok) {
         ewma(&t->u_fwd, s, units);
-        if (t->ride_from == 0) t->rode_all = 1;
         t->pos = t->ride_to;
-        if (t->pos == t->n_inf && t->rode_all) t->fused++;
     } else {
         t->pos = 0; /* the micro-batch's forward starts over (a new embedding pass abandons the old) */
     }
     return s;
 }
 
-uint64_t zs_lora_training_fused(const zs_lora_training *t) { return t->fused; }
 uint64_t zs_lora_training_pass_bytes(const zs_lora_training *t) { return t->pass_bytes; }

@@ -50,7 +50,7 @@ struct zs_lora_training {
     int have_grad;
     /* the current job */
     const int32_t *const *tokens, *const *targets;
-    int micro, eval, spec;
+    int micro;
     long step, total_count;
     double loss_sum;
     int fail_rc;
@@ -74,10 +74,8 @@ struct zs_lora_training {
     zs_world_rider rider;  /* carries units [ride_from, ride_to) in one serving step */
     int ride_from, ride_to;
     int riding;            /* a rider is out (zs_lora_training_rider .. _ride_end) */
-    uint64_t fused;        /* micro-batch forwards done wholly by riders */
     uint64_t *bucket_bytes; /* each bucket's full bytes as partitioned (what a pass reads of it) */
     uint64_t pass_bytes;   /* rank 0: the bytes of the buckets of the range passes run */
-    int rode_all;          /* the current micro-batch's forward so far came only from riders */
     float step_loss;       /* the finished step's loss */
 };
 

@@ -182,7 +182,6 @@ int zs_lora_training_eval(zs_lora_training *t, const int32_t *const *tokens, con
                           float *loss) {
     if (t->in_step) return zs_err(ZS_EINVAL, "LoRA training: an evaluation while step %ld runs", t->step);
     size_t bt = (size_t)t->o.micro_batch * (size_t)t->o.seq_len;
-    t->eval = 1;
     t->tokens = tokens;
     t->targets = targets;
     t->total_count = 0;
@@ -192,7 +191,6 @@ int zs_lora_training_eval(zs_lora_training *t, const int32_t *const *tokens, con
     t->fail_err[0] = 0;
     t->micro = 0;
     zs_world_run(t->w, eval_job, t); /* an inference pass: what speculation guesses */
-    t->eval = 0;
     if (t->fail_rc < 0) return zs_err(t->fail_rc, "%s", t->fail_err);
     *loss = t->total_count > 0 ? (float)(t->loss_sum / (double)t->total_count) : 0.0f;
     return 0;

@@ -68,8 +68,7 @@ int  zs_lora_training_step(zs_lora_training *t, const int32_t *const *tokens, co
  *               the next units cannot ride (backward next, a range promised, a MoE model, CUDA);
  *               ride_end after that step (step_rc its result) takes the units it got (all ranks
  *               must have reached the end; else the micro-batch's forward starts over) and
- *               returns the seconds rank 0 spent on them.
- *   fused       micro-batch forwards that rode serving steps wholly. */
+ *               returns the seconds rank 0 spent on them. */
 int  zs_lora_training_step_begin(zs_lora_training *t, const int32_t *const *tokens, const int32_t *const *targets,
                                  long step);
 int  zs_lora_training_slice(zs_lora_training *t, double budget_s, int then_more, int *more);
@@ -79,7 +78,6 @@ double zs_lora_training_ride_end(zs_lora_training *t, int step_rc);
 float zs_lora_training_step_loss(const zs_lora_training *t);
 /* Gives up the step in progress (its slices were cancelled): the next step_begin starts clean. */
 void zs_lora_training_step_abort(zs_lora_training *t);
-uint64_t zs_lora_training_fused(const zs_lora_training *t);
 /* The weight bytes of the range passes its slices began (every bucket's full bytes per pass). */
 uint64_t zs_lora_training_pass_bytes(const zs_lora_training *t);
 /* The loss without updating anything (grad_accum 1 layout); no dropout. */
