@@ -465,7 +465,8 @@ int zs_cmd_serve(int argc, char **argv) {
                                                    "served too (default 0.25; 0: training only when no request is queued "
                                                    "or running); a job's \"priority\" low/high halves/doubles it"},
         {"train-fuse", ZS_OPT_STR, &train_fuse, "on | off: a LoRA job's micro-batch forwards ride serving steps' weight "
-                                                 "gathers (default on; off: every training slice streams its own)"},
+                                                 "gathers (default on: dense models on the CPU device; MoE or CUDA: never; off: every "
+                                                 "training slice streams its own)"},
         {"train-slice-ms", ZS_OPT_STR, &train_slice, "the longest piece of training run between serving steps, in "
                                                       "milliseconds (a positive number; default 10; a slice is at least "
                                                       "one unit: one layer of one micro-batch)"},
