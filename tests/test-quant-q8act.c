@@ -1,6 +1,6 @@
 /* test-quant-q8act.c — the integer matmul path over block weights (kernels/cpu/matmul-q8act.h,
  * matmul-q8act-kern.h): for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K, zs_op_matmul in its
- * default mode, the generic and the AVX2 kernels all equal, bit for bit, a plain scalar loop
+ * default mode, the generic, AVX2 and AVX-512 (VNNI) kernels all equal, bit for bit, a plain scalar loop
  * written here from the documented arithmetic (its own activation quantizer after llama.cpp's
  * quantize_row_q8_0 / q8_1 / q8_K_ref rounding, its own block decoding, integer pair sums, the
  * f32 block scaling and lane sum), for T = 1, 3, 8, 37 and several row counts; a row alone gives
@@ -33,6 +33,16 @@ static const zs_q8a_fn GEN[] = {zs_q8a_block_q8_0_generic, zs_q8a_block_q4_0_gen
 static const zs_q8a_fn AVX[] = {zs_q8a_block_q8_0_avx2, zs_q8a_block_q4_0_avx2, zs_q8a_block_q4_1_avx2,
                                 zs_q8a_block_q5_0_avx2, zs_q8a_block_q5_1_avx2, zs_q8a_block_q4_k_avx2,
                                 zs_q8a_block_q6_k_avx2};
+static const zs_q8a_fn A512[] = {zs_q8a_block_q8_0_avx512, zs_q8a_block_q4_0_avx512, zs_q8a_block_q4_1_avx512,
+                                 zs_q8a_block_q5_0_avx512, zs_q8a_block_q5_1_avx512, zs_q8a_block_q4_k_avx512,
+                                 zs_q8a_block_q6_k_avx512};
+
+static int has_avx512(void) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vnni");
+}
 
 /* random blocks: every bit pattern of the quants, sane f16 scales and mins */
 static void make_blocks(zs_dtype dt, uint8_t *W, size_t nblocks) {
@@ -235,6 +245,20 @@ static void check_one(int f, int T, int in, int out) {
             for (int t = 2; t < T - 1; t++)
                 for (int j = 3; j < out - 2; j++) bad += ys[(size_t)t * out + j] != ref[(size_t)t * out + j];
             CHECK(bad == 0, "%s T=%d out=%d: a sub-tile gives the same bits (%d differ)", dn, T, out, bad);
+            free(ys);
+        }
+    }
+    if (has_avx512()) {
+        memset(y, 0, (size_t)T * out * 4);
+        A512[f](y, out, &a, 0, T, W, out);
+        CHECK(!memcmp(y, ref, (size_t)T * out * 4), "%s T=%d in=%d out=%d: the AVX-512 kernel", dn, T, in, out);
+        if (T > 3 && out > 5) {
+            float *ys = calloc((size_t)T * out, 4);
+            A512[f](ys + (size_t)2 * out + 3, out, &a, 2, T - 3, W + zs_dtype_bytes(dt, (size_t)3 * in), out - 5);
+            int bad = 0;
+            for (int t = 2; t < T - 1; t++)
+                for (int j = 3; j < out - 2; j++) bad += ys[(size_t)t * out + j] != ref[(size_t)t * out + j];
+            CHECK(bad == 0, "%s T=%d out=%d: an AVX-512 sub-tile gives the same bits (%d differ)", dn, T, out, bad);
             free(ys);
         }
     }

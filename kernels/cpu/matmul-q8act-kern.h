@@ -1,7 +1,8 @@
 /* matmul-q8act-kern.h — the tiled loop of the integer matmul path (matmul-q8act.h), included
- * by matmul-q8act.c (generic build) and matmul-q8act-avx2.c (AVX2+FMA+F16C), once per weight
- * format; the including file supplies how a format's blocks are unpacked and how 32 byte pairs
- * are multiplied. Not a public header.
+ * by matmul-q8act.c (generic build), matmul-q8act-avx2.c (AVX2+FMA+F16C) and
+ * matmul-q8act-avx512.c (the same 256-bit vectors with AVX-512VL's 32 registers and VNNI), once
+ * per weight format; the including file supplies how a format's blocks are unpacked and how 32
+ * byte pairs are multiplied. Not a public header.
  *
  * The arithmetic of one output y[t][j] (row j of W, activation row t), over the stored blocks
  * sb = 0, 1, … of the row in order (a block of 32 weights, or a K-quant super-block of 8 groups
@@ -17,47 +18,58 @@
  *                                                 -(f32(dmin)·d_x), val = f32(Σ_g mn[g]·(bsum[2g] +
  *                                                 bsum[2g+1])))
  *   y = (((a_0 + a_1) + (a_2 + a_3)) + ((a_4 + a_5) + (a_6 + a_7))) (+ m with a min)
- * with a_l and m starting at 0. Micro-tiles (1 row × 1 activation row for decode, 2 × 4, 2 × 1,
- * 1 × 1) only interleave independent accumulators, so an element never depends on T, on its
- * neighbours, or on the thread running its rows.
+ * with a_l and m starting at 0. Integer sums are exact, so how s_l is formed is free: Q4_0 and
+ * Q5_0 multiply the unsigned stored values and subtract 8 (16) times the activation's lane sums
+ * (KA_OFF), and a VNNI build sums four products per lane at once. Micro-tiles (KA_TR rows ×
+ * KA_TT activation rows for prefill, KA_DR rows for decode, and their edges) only interleave
+ * independent accumulators, so an element never depends on T, on its neighbours, or on the
+ * thread running its rows.
  *
  * The including file defines, then #undefs after the inclusion:
  *   KA_NAME(x)        the kernel's function names
- *   KA_FMT            the weight format, one of ZS_KA_Q8_0 .. ZS_KA_Q6_K below (this header
- *                     derives KA_BYTES, KA_NG (groups of 32 per stored block), KA_MIN (a min
- *                     term), KA_SIGNED (signed integer weights, else unsigned bytes) from it,
- *                     and reads the scales and mins)
+ *   KA_FMT            the weight format, one of ZS_KA_Q8_0 .. ZS_KA_Q6_K (this header derives
+ *                     KA_BYTES, KA_NG (groups of 32 per stored block), KA_MIN (a min term),
+ *                     KA_SIGNED (signed integer weights, else unsigned bytes) and KA_OFF from it)
  *   KA_D(h)           the f16 bits h as a float (exact)
  *   KA_W(b, g)        group g's 32 integer weights of the stored block at b as a zs_ka_i8
- *   KA_DOT(w, x, sc)  the 8 int32 lanes of s above for one group (w as KA_SIGNED says)
- *   KA_FMA8(a, b, c)  lane-wise a·b + c rounded once */
+ *                     (Q4_0/Q5_0: the unsigned stored values, before the offset)
+ *   KA_DOT(acc, w, x, sc)  acc + the 8 int32 lanes of s above for one group (w as KA_SIGNED
+ *                     says; sc is all ones for the blocks of 32)
+ *   KA_XSUM(x)        the 8 int32 lane sums of x's four bytes (formats with KA_OFF)
+ *   KA_FMA8(a, b, c)  lane-wise a·b + c rounded once
+ *   KA_SCV_K4(p)      the 8 bytes at p as int16, in both 128-bit halves
+ *   KA_SCV_K6(p)      the 16 int8 at p as int16: the even ones in the low half, the odd high
+ *   KA_PICK(v, g)     int16 element g of each 128-bit half of v, broadcast within the half
+ *   KA_MN2(p)         the 8 bytes at p as int16, each twice: m0 m0 m1 m1 … m7 m7
+ *   KA_MSUM(v, bs)    Σ_i v[i] · bs[i] over 16 int16 (an exact int)
+ *   KA_TR, KA_TT, KA_DR  the tile shapes (at most 4 × 4) */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "matmul-q8act.h"
 
-/* decode (T = 1) walks one weight row at a time: a single sequential stream, measured faster than
- * 2 or 4 interleaved rows (80 against 57 tokens/s at q4_0 on the 233M bench model, 2 cores) */
-#ifndef ZS_KA_DEC_NR
-#define ZS_KA_DEC_NR 1
-#endif
-
-
-
-
 #define KA_BYTES (KA_FMT == ZS_KA_Q8_0 ? 34 : KA_FMT == ZS_KA_Q4_0 ? 18 : KA_FMT == ZS_KA_Q4_1 ? 20 : \
                   KA_FMT == ZS_KA_Q5_0 ? 22 : KA_FMT == ZS_KA_Q5_1 ? 24 : KA_FMT == ZS_KA_Q4_K ? 144 : 210)
 #define KA_NG (KA_FMT == ZS_KA_Q4_K || KA_FMT == ZS_KA_Q6_K ? 8 : 1)
 #define KA_MIN (KA_FMT == ZS_KA_Q4_1 || KA_FMT == ZS_KA_Q5_1 || KA_FMT == ZS_KA_Q4_K)
-#define KA_SIGNED (KA_FMT == ZS_KA_Q8_0 || KA_FMT == ZS_KA_Q4_0 || KA_FMT == ZS_KA_Q5_0 || KA_FMT == ZS_KA_Q6_K)
+#define KA_SIGNED (KA_FMT == ZS_KA_Q8_0 || KA_FMT == ZS_KA_Q6_K)
+#define KA_OFF (KA_FMT == ZS_KA_Q4_0 ? 8 : KA_FMT == ZS_KA_Q5_0 ? 16 : 0)
+#define KA_SCALED (KA_FMT == ZS_KA_Q4_K || KA_FMT == ZS_KA_Q6_K)
 
-static inline __attribute__((always_inline)) void KA_NAME(prep)(const uint8_t *b, zs_ka_ctx *c) {
+/* a stored block's scales, read once per block and row */
+typedef struct {
+    float d, m;      /* f32 of d; of m (Q4_1/Q5_1) or dmin (Q4_K) */
+    zs_ka_i16 scv;   /* the group scales (KA_SCV_K4 / KA_SCV_K6) */
+    zs_ka_i16 mn2;   /* Q4_K: the group mins, each twice (KA_MN2) */
+} KA_NAME(ctx);
+
+static inline __attribute__((always_inline)) void KA_NAME(prep)(const uint8_t *b, KA_NAME(ctx) *c) {
     uint16_t h;
     if (KA_FMT == ZS_KA_Q6_K) {
         memcpy(&h, b + 208, 2);
         c->d = KA_D(h);
-        c->s6 = (const int8_t *)(b + 192);
+        c->scv = KA_SCV_K6(b + 192);
         return;
     }
     memcpy(&h, b, 2);
@@ -66,41 +78,16 @@ static inline __attribute__((always_inline)) void KA_NAME(prep)(const uint8_t *b
         memcpy(&h, b + 2, 2);
         c->m = KA_D(h);
     }
-    if (KA_FMT == ZS_KA_Q4_K) { /* get_scale_min_k4 */
-        const uint8_t *q = b + 4;
-        for (int j = 0; j < 8; j++)
-            if (j < 4) {
-                c->sc[j] = q[j] & 63;
-                c->mn[j] = q[j + 4] & 63;
-            } else {
-                c->sc[j] = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-                c->mn[j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-            }
+    if (KA_FMT == ZS_KA_Q4_K) { /* get_scale_min_k4 for all 8 groups at once, in 32-bit words */
+        uint32_t u[3], s[2], m[2];
+        memcpy(u, b + 4, 12);
+        s[0] = u[0] & 0x3f3f3f3fu;
+        s[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6 & 0x03030303u) << 4);
+        m[0] = u[1] & 0x3f3f3f3fu;
+        m[1] = (u[2] >> 4 & 0x0f0f0f0fu) | ((u[1] >> 6 & 0x03030303u) << 4);
+        c->scv = KA_SCV_K4((const uint8_t *)s);
+        c->mn2 = KA_MN2((const uint8_t *)m);
     }
-}
-
-/* group g's pair scales: 1; Q4_K the group's scale; Q6_K scales[2g] for its first 16, [2g+1] after */
-static inline __attribute__((always_inline)) zs_ka_i16 KA_NAME(sc)(const zs_ka_ctx *c, int g) {
-    zs_ka_i16 z = {0};
-    if (KA_FMT == ZS_KA_Q4_K) return z + (int16_t)c->sc[g];
-    if (KA_FMT == ZS_KA_Q6_K) {
-        zs_ka_i16 lo = z + (int16_t)c->s6[2 * g], hi = z + (int16_t)c->s6[2 * g + 1];
-        const zs_ka_i16 half = {0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1, -1, -1};
-        return (lo & ~half) | (hi & half);
-    }
-    return z + 1;
-}
-
-static inline __attribute__((always_inline)) float KA_NAME(mterm)(const zs_ka_ctx *c, const zs_q8a *a, int row,
-                                                                  int sb, float m) {
-    if (KA_FMT == ZS_KA_Q4_K) {
-        const int16_t *bs = a->bs + (size_t)row * (a->in / 16) + (size_t)sb * 16;
-        int s = 0;
-        for (int g = 0; g < 8; g++) s += (int)c->mn[g] * (bs[2 * g] + bs[2 * g + 1]);
-        float coef = -(c->m * a->d[(size_t)row * a->nb + sb]);
-        return __builtin_fmaf(coef, (float)s, m);
-    }
-    return __builtin_fmaf(c->m, a->s[(size_t)row * a->nb + sb], m);
 }
 
 /* NR weight rows × NT activation rows (NR, NT constants at every call) */
@@ -121,15 +108,21 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
             mac[r][u] = 0.0f;
         }
     }
+    const zs_ka_i16 one = (zs_ka_i16){0} + 1;
     for (int sb = 0; sb < nsb; sb++) {
-        zs_ka_ctx c[4];
+        KA_NAME(ctx) c[4];
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) KA_NAME(prep)(w + (size_t)r * rb + (size_t)sb * KA_BYTES, &c[r]);
         zs_ka_i32 is[4][4];
 #pragma GCC unroll 4
-        for (int u = 0; u < NT; u++)
+        for (int u = 0; u < NT; u++) {
+            zs_ka_i32 z = {0};
+#if KA_OFF
+            z = -KA_OFF * KA_XSUM(*(const zs_ka_i8u *)(xq[u] + (size_t)sb * 32));
+#endif
 #pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) is[r][u] = (zs_ka_i32){0};
+            for (int r = 0; r < NR; r++) is[r][u] = z;
+        }
 #pragma GCC unroll 8
         for (int g = 0; g < KA_NG; g++) {
             zs_ka_i8 wv[4];
@@ -137,26 +130,33 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 wv[r] = KA_W(w + (size_t)r * rb + (size_t)sb * KA_BYTES, g);
-                sc[r] = KA_NAME(sc)(&c[r], g);
+                sc[r] = KA_SCALED ? KA_PICK(c[r].scv, g) : one;
             }
 #pragma GCC unroll 4
             for (int u = 0; u < NT; u++) {
                 zs_ka_i8 xv = *(const zs_ka_i8u *)(xq[u] + ((size_t)sb * KA_NG + g) * 32);
 #pragma GCC unroll 4
-                for (int r = 0; r < NR; r++) is[r][u] += KA_DOT(wv[r], xv, sc[r]);
+                for (int r = 0; r < NR; r++) is[r][u] = KA_DOT(is[r][u], wv[r], xv, sc[r]);
             }
         }
 #pragma GCC unroll 4
-        for (int u = 0; u < NT; u++)
+        for (int u = 0; u < NT; u++) {
+#if KA_FMT == ZS_KA_Q4_K
+            const int16_t *bs = a->bs + (size_t)(t + u) * (a->in / 16) + (size_t)sb * 16;
+#endif
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 float d = c[r].d * xd[u][sb];
                 zs_ka_f32 dv = {d, d, d, d, d, d, d, d};
                 acc[r][u] = KA_FMA8(dv, __builtin_convertvector(is[r][u], zs_ka_f32), acc[r][u]);
-#if KA_MIN
-                mac[r][u] = KA_NAME(mterm)(&c[r], a, t + u, sb, mac[r][u]);
+#if KA_FMT == ZS_KA_Q4_K
+                float coef = -(c[r].m * xd[u][sb]);
+                mac[r][u] = __builtin_fmaf(coef, (float)KA_MSUM(c[r].mn2, bs), mac[r][u]);
+#elif KA_MIN
+                mac[r][u] = __builtin_fmaf(c[r].m, a->s[(size_t)(t + u) * a->nb + sb], mac[r][u]);
 #endif
             }
+        }
     }
 #pragma GCC unroll 4
     for (int u = 0; u < NT; u++)
@@ -169,27 +169,35 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
             y[(size_t)u * ldy + r] = v;
         }
     (void)mac;
+    (void)one;
 }
+
+/* the rows j0.. of tile height NR over every activation row, tokens in tiles of KA_TT */
+#define KA_ROWS(NR)                                                                                          \
+    do {                                                                                                     \
+        int t_ = 0;                                                                                          \
+        for (; t_ + KA_TT <= T; t_ += KA_TT)                                                                 \
+            KA_NAME(tile)(y + (size_t)t_ * ldy + j, ldy, a, t0 + t_, W + (size_t)j * rb, rb, nsb, NR, KA_TT); \
+        for (; t_ < T; t_++)                                                                                 \
+            KA_NAME(tile)(y + (size_t)t_ * ldy + j, ldy, a, t0 + t_, W + (size_t)j * rb, rb, nsb, NR, 1);     \
+    } while (0)
 
 static void KA_NAME(block)(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R) {
     int nsb = a->nb;
     size_t rb = (size_t)nsb * KA_BYTES;
     int j = 0;
-    if (T == 1)
-        for (; j + ZS_KA_DEC_NR <= R; j += ZS_KA_DEC_NR) KA_NAME(tile)(y + j, ldy, a, t0, W + (size_t)j * rb, rb, nsb, ZS_KA_DEC_NR, 1);
-    else
-        for (; j + 2 <= R; j += 2) {
-            int t = 0;
-            for (; t + 4 <= T; t += 4)
-                KA_NAME(tile)(y + (size_t)t * ldy + j, ldy, a, t0 + t, W + (size_t)j * rb, rb, nsb, 2, 4);
-            for (; t < T; t++)
-                KA_NAME(tile)(y + (size_t)t * ldy + j, ldy, a, t0 + t, W + (size_t)j * rb, rb, nsb, 2, 1);
-        }
-    for (; j < R; j++)
-        for (int t = 0; t < T; t++)
-            KA_NAME(tile)(y + (size_t)t * ldy + j, ldy, a, t0 + t, W + (size_t)j * rb, rb, nsb, 1, 1);
+    if (T == 1) {
+        for (; j + KA_DR <= R; j += KA_DR) KA_NAME(tile)(y + j, ldy, a, t0, W + (size_t)j * rb, rb, nsb, KA_DR, 1);
+        for (; j < R; j++) KA_NAME(tile)(y + j, ldy, a, t0, W + (size_t)j * rb, rb, nsb, 1, 1);
+        return;
+    }
+    for (; j + KA_TR <= R; j += KA_TR) KA_ROWS(KA_TR);
+    for (; j < R; j++) KA_ROWS(1);
 }
+#undef KA_ROWS
 #undef KA_BYTES
 #undef KA_NG
 #undef KA_MIN
 #undef KA_SIGNED
+#undef KA_OFF
+#undef KA_SCALED

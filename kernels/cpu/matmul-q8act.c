@@ -118,9 +118,9 @@ void zs_q8a_quantize_row(zs_q8a *a, int kind, int t, const float *x) {
 
 /* ---- the generic kernels ---- */
 
-/* 32 byte pairs: lane l = sc[2l]·(w·x over bytes 4l, 4l+1) + sc[2l+1]·(bytes 4l+2, 4l+3), the
- * weights signed or unsigned bytes (what maddubs/madd compute: no sum here can saturate) */
-static inline zs_ka_i32 zs_gka_dot(zs_ka_i8 w, zs_ka_i8 x, zs_ka_i16 sc, int sgn) {
+/* 32 byte pairs: acc + lane l = sc[2l]·(w·x over bytes 4l, 4l+1) + sc[2l+1]·(bytes 4l+2, 4l+3),
+ * the weights signed or unsigned bytes (what maddubs/madd compute: no sum here can saturate) */
+static inline zs_ka_i32 zs_gka_dot(zs_ka_i32 acc, zs_ka_i8 w, zs_ka_i8 x, zs_ka_i16 sc, int sgn) {
     zs_ka_i32 r;
     for (int l = 0; l < 8; l++) {
         int p[2];
@@ -129,20 +129,49 @@ static inline zs_ka_i32 zs_gka_dot(zs_ka_i8 w, zs_ka_i8 x, zs_ka_i16 sc, int sgn
             int w0 = sgn ? w[i] : (uint8_t)w[i], w1 = sgn ? w[i + 1] : (uint8_t)w[i + 1];
             p[h] = w0 * x[i] + w1 * x[i + 1];
         }
-        r[l] = sc[2 * l] * p[0] + sc[2 * l + 1] * p[1];
+        r[l] = acc[l] + sc[2 * l] * p[0] + sc[2 * l + 1] * p[1];
     }
     return r;
+}
+static inline zs_ka_i32 zs_gka_xsum(zs_ka_i8 x) {
+    zs_ka_i32 r;
+    for (int l = 0; l < 8; l++) r[l] = x[4 * l] + x[4 * l + 1] + x[4 * l + 2] + x[4 * l + 3];
+    return r;
+}
+static inline zs_ka_i16 zs_gka_scv_k4(const uint8_t *p) {
+    zs_ka_i16 r;
+    for (int i = 0; i < 16; i++) r[i] = p[i & 7];
+    return r;
+}
+static inline zs_ka_i16 zs_gka_scv_k6(const uint8_t *p) {
+    zs_ka_i16 r;
+    for (int i = 0; i < 8; i++) r[i] = (int8_t)p[2 * i], r[8 + i] = (int8_t)p[2 * i + 1];
+    return r;
+}
+static inline zs_ka_i16 zs_gka_pick(zs_ka_i16 v, int g) {
+    zs_ka_i16 r;
+    for (int i = 0; i < 16; i++) r[i] = v[(i & 8) + g];
+    return r;
+}
+static inline zs_ka_i16 zs_gka_mn2(const uint8_t *p) {
+    zs_ka_i16 r;
+    for (int i = 0; i < 16; i++) r[i] = p[i >> 1];
+    return r;
+}
+static inline int zs_gka_msum(zs_ka_i16 v, const int16_t *bs) {
+    int s = 0;
+    for (int i = 0; i < 16; i++) s += v[i] * bs[i];
+    return s;
 }
 static inline zs_ka_i8 zs_gka_q8_0(const uint8_t *b) {
     zs_ka_i8 r;
     for (int i = 0; i < 32; i++) r[i] = (int8_t)b[2 + i];
     return r;
 }
-/* the 32 nibbles at q (weights 0..15 low, 16..31 high), plus the fifth bits of qh, minus off */
-static inline zs_ka_i8 zs_gka_nib(const uint8_t *q, uint32_t qh, int off) {
+/* the 32 nibbles at q (weights 0..15 low, 16..31 high), plus the fifth bits of qh */
+static inline zs_ka_i8 zs_gka_nib(const uint8_t *q, uint32_t qh) {
     zs_ka_i8 r;
-    for (int i = 0; i < 32; i++)
-        r[i] = (int8_t)(((i < 16 ? q[i] & 15 : q[i - 16] >> 4) | (int)(qh >> i & 1) << 4) - off);
+    for (int i = 0; i < 32; i++) r[i] = (int8_t)((i < 16 ? q[i] & 15 : q[i - 16] >> 4) | (int)(qh >> i & 1) << 4);
     return r;
 }
 static inline uint32_t zs_gka_qh(const uint8_t *p) {
@@ -166,13 +195,22 @@ static inline zs_ka_i8 zs_gka_q6k(const uint8_t *b, int g) {
 }
 
 #define KA_D(h) zs_f16_to_f32(h)
-#define KA_DOT(w, x, sc) zs_gka_dot((w), (x), (sc), KA_SIGNED)
+#define KA_DOT(acc, w, x, sc) zs_gka_dot((acc), (w), (x), (sc), KA_SIGNED)
+#define KA_XSUM(x) zs_gka_xsum(x)
+#define KA_SCV_K4(p) zs_gka_scv_k4(p)
+#define KA_SCV_K6(p) zs_gka_scv_k6(p)
+#define KA_PICK(v, g) zs_gka_pick((v), (g))
+#define KA_MN2(p) zs_gka_mn2(p)
+#define KA_MSUM(v, bs) zs_gka_msum((v), (bs))
 #define KA_FMA8(a, b, c)                                                                   \
     ({                                                                                     \
         zs_ka_f32 fa_ = (a), fb_ = (b), fc_ = (c), fr_;                                    \
         for (int fi_ = 0; fi_ < 8; fi_++) fr_[fi_] = __builtin_fmaf(fa_[fi_], fb_[fi_], fc_[fi_]); \
         fr_;                                                                               \
     })
+#define KA_TR 2
+#define KA_TT 4
+#define KA_DR 1
 #define KA_NAME(x) zs_ka_generic_q8_0_##x
 #define KA_FMT ZS_KA_Q8_0
 #define KA_W(b, g) zs_gka_q8_0(b)
@@ -182,28 +220,28 @@ static inline zs_ka_i8 zs_gka_q6k(const uint8_t *b, int g) {
 #undef KA_W
 #define KA_NAME(x) zs_ka_generic_q4_0_##x
 #define KA_FMT ZS_KA_Q4_0
-#define KA_W(b, g) zs_gka_nib((b) + 2, 0, 8)
+#define KA_W(b, g) zs_gka_nib((b) + 2, 0)
 #include "matmul-q8act-kern.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
 #define KA_NAME(x) zs_ka_generic_q4_1_##x
 #define KA_FMT ZS_KA_Q4_1
-#define KA_W(b, g) zs_gka_nib((b) + 4, 0, 0)
+#define KA_W(b, g) zs_gka_nib((b) + 4, 0)
 #include "matmul-q8act-kern.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
 #define KA_NAME(x) zs_ka_generic_q5_0_##x
 #define KA_FMT ZS_KA_Q5_0
-#define KA_W(b, g) zs_gka_nib((b) + 6, zs_gka_qh((b) + 2), 16)
+#define KA_W(b, g) zs_gka_nib((b) + 6, zs_gka_qh((b) + 2))
 #include "matmul-q8act-kern.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
 #define KA_NAME(x) zs_ka_generic_q5_1_##x
 #define KA_FMT ZS_KA_Q5_1
-#define KA_W(b, g) zs_gka_nib((b) + 8, zs_gka_qh((b) + 4), 0)
+#define KA_W(b, g) zs_gka_nib((b) + 8, zs_gka_qh((b) + 4))
 #include "matmul-q8act-kern.h"
 #undef KA_NAME
 #undef KA_FMT
@@ -224,7 +262,16 @@ static inline zs_ka_i8 zs_gka_q6k(const uint8_t *b, int g) {
 #undef KA_W
 #undef KA_D
 #undef KA_DOT
+#undef KA_XSUM
+#undef KA_SCV_K4
+#undef KA_SCV_K6
+#undef KA_PICK
+#undef KA_MN2
+#undef KA_MSUM
 #undef KA_FMA8
+#undef KA_TR
+#undef KA_TT
+#undef KA_DR
 
 #define ZS_KA_WRAP(f)                                                                                 \
     void zs_q8a_block_##f##_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R) { \
@@ -241,20 +288,31 @@ ZS_KA_WRAP(q6_k)
 
 int zs_matmul_q8act_supports(zs_dtype wdt) { return zs_q8a_kind(wdt) >= 0; }
 
-zs_q8a_fn zs_q8a_pick(zs_dtype wdt) {
+/* the builds this CPU runs: 2 with AVX-512VL/BW + VNNI, 1 with AVX2+FMA+F16C, else 0 */
+static int q8a_level(void) {
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))) return 0;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
+        return 2;
+    return 1;
+}
+
+#define ZS_KA_PICK3(f) (lv == 2 ? zs_q8a_block_##f##_avx512 : lv == 1 ? zs_q8a_block_##f##_avx2 : zs_q8a_block_##f##_generic)
+zs_q8a_fn zs_q8a_pick(zs_dtype wdt) {
+    int lv = q8a_level();
     switch (wdt) {
-    case ZS_Q8_0: return avx2 ? zs_q8a_block_q8_0_avx2 : zs_q8a_block_q8_0_generic;
-    case ZS_Q4_0: return avx2 ? zs_q8a_block_q4_0_avx2 : zs_q8a_block_q4_0_generic;
-    case ZS_Q4_1: return avx2 ? zs_q8a_block_q4_1_avx2 : zs_q8a_block_q4_1_generic;
-    case ZS_Q5_0: return avx2 ? zs_q8a_block_q5_0_avx2 : zs_q8a_block_q5_0_generic;
-    case ZS_Q5_1: return avx2 ? zs_q8a_block_q5_1_avx2 : zs_q8a_block_q5_1_generic;
-    case ZS_Q4_K: return avx2 ? zs_q8a_block_q4_k_avx2 : zs_q8a_block_q4_k_generic;
-    case ZS_Q6_K: return avx2 ? zs_q8a_block_q6_k_avx2 : zs_q8a_block_q6_k_generic;
+    case ZS_Q8_0: return ZS_KA_PICK3(q8_0);
+    case ZS_Q4_0: return ZS_KA_PICK3(q4_0);
+    case ZS_Q4_1: return ZS_KA_PICK3(q4_1);
+    case ZS_Q5_0: return ZS_KA_PICK3(q5_0);
+    case ZS_Q5_1: return ZS_KA_PICK3(q5_1);
+    case ZS_Q4_K: return ZS_KA_PICK3(q4_k);
+    case ZS_Q6_K: return ZS_KA_PICK3(q6_k);
     default: return NULL;
     }
 }
+#undef ZS_KA_PICK3
 
 /* ---- the scratch buffer: one per calling thread, grown, freed at the thread's exit ---- */
 

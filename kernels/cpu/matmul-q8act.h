@@ -19,7 +19,7 @@
 
 #include "tensor.h"
 
-/* the vector types and block scales of matmul-q8act-kern.h (GCC vector extensions) */
+/* the vector types of matmul-q8act-kern.h (GCC vector extensions) */
 #ifndef ZS_KA_TYPES
 #define ZS_KA_TYPES
 #pragma GCC diagnostic ignored "-Wpsabi" /* static helpers pass these: the ABI note does not apply */
@@ -36,13 +36,6 @@ typedef float zs_ka_f32 __attribute__((vector_size(32)));
 #define ZS_KA_Q5_1 5
 #define ZS_KA_Q4_K 6
 #define ZS_KA_Q6_K 7
-/* a stored block's scales, read once per block and row: d (f32), the min's m (Q4_1/Q5_1: f32
- * of m; Q4_K: f32 of dmin), Q4_K's 6-bit group scales and mins, Q6_K's 16 int8 scales */
-typedef struct {
-    float d, m;
-    const int8_t *s6;
-    uint8_t sc[8], mn[8];
-} zs_ka_ctx;
 static inline float zs_ka_hsum(zs_ka_f32 a) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
@@ -101,7 +94,15 @@ void zs_q8a_block_q5_0_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, c
 void zs_q8a_block_q5_1_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q4_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q6_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-/* the kernel zs_matmul_q8act runs for wdt on this CPU (AVX2+F16C when present); NULL if none */
+void zs_q8a_block_q8_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q4_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q4_1_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q5_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q5_1_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q4_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q6_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+/* the kernel zs_matmul_q8act runs for wdt on this CPU (AVX-512VL/BW+VNNI, else AVX2+FMA+F16C,
+ * when present); NULL if none */
 zs_q8a_fn zs_q8a_pick(zs_dtype wdt);
 
 #endif

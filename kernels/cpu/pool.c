@@ -1,22 +1,28 @@
-/* pool.c — worker threads shared by the CPU kernels (started on first use, never torn down). */
+/* pool.c — worker threads shared by the CPU kernels (started on first use, never torn down).
+ * A decoded token runs a hundred or more short jobs, so waking sleeping workers through a
+ * condition variable for each one costs more than some of the jobs: workers and the caller
+ * spin for a short while (ZS_POOL_SPIN_US, default 200 µs) on the job counter before they sleep. */
 #include "pool.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER; /* one job at a time */
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;       /* sleepers and their wake-ups */
 static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER, cv_done = PTHREAD_COND_INITIALIZER;
 static int n_threads = 1;
-static long generation;
+static long spin_ns = 200000;
+static atomic_long generation; /* bumped under mu when a job is published */
+static int sleepers;           /* workers waiting on cv_work, under mu */
 static zs_pool_fn job_fn;
 static void *job_arg;
 static int job_n;
 static atomic_int next_task;
-static int busy_workers;
+static atomic_int busy_workers;
 
 static void run_tasks(void) {
     for (;;) {
@@ -26,18 +32,51 @@ static void run_tasks(void) {
     }
 }
 
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* spins until *v differs from (differ) or equals (!differ) x, for at most spin_ns; returns 1 if so */
+static int spin_until(atomic_long *lv, atomic_int *iv, long x, int differ) {
+    long t0 = 0;
+    for (unsigned i = 0;; i++) {
+        long v = lv ? atomic_load_explicit(lv, memory_order_acquire) : atomic_load_explicit(iv, memory_order_acquire);
+        if ((v != x) == differ) return 1;
+        if ((i & 63) == 63) {
+            long t = now_ns();
+            if (!t0) t0 = t;
+            else if (t - t0 > spin_ns) return 0;
+        }
+        cpu_relax();
+    }
+}
+
 static void *worker(void *p) {
     (void)p;
     long seen = 0;
     for (;;) {
-        pthread_mutex_lock(&mu);
-        while (generation == seen) pthread_cond_wait(&cv_work, &mu);
-        seen = generation;
-        pthread_mutex_unlock(&mu);
+        if (!spin_until(&generation, NULL, seen, 1)) {
+            pthread_mutex_lock(&mu);
+            sleepers++;
+            while (atomic_load(&generation) == seen) pthread_cond_wait(&cv_work, &mu);
+            sleepers--;
+            pthread_mutex_unlock(&mu);
+        }
+        seen = atomic_load(&generation);
         run_tasks();
-        pthread_mutex_lock(&mu);
-        if (--busy_workers == 0) pthread_cond_signal(&cv_done);
-        pthread_mutex_unlock(&mu);
+        if (atomic_fetch_sub(&busy_workers, 1) == 1) {
+            pthread_mutex_lock(&mu);
+            pthread_cond_signal(&cv_done);
+            pthread_mutex_unlock(&mu);
+        }
     }
     return NULL;
 }
@@ -47,6 +86,11 @@ static void pool_init(void) {
     long n = e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     if (n > 256) n = 256;
+    const char *s = getenv("ZS_POOL_SPIN_US");
+    if (s && *s) {
+        long us = strtol(s, NULL, 10);
+        spin_ns = us < 0 ? 0 : us > 100000 ? 100000000L : us * 1000;
+    }
     n_threads = (int)n;
     pthread_attr_t a;
     pthread_attr_init(&a);
@@ -70,18 +114,20 @@ void zs_pool_run(zs_pool_fn fn, void *arg, int n) {
         return;
     }
     pthread_mutex_lock(&job_lock);
-    pthread_mutex_lock(&mu);
     job_fn = fn;
     job_arg = arg;
     job_n = n;
     atomic_store(&next_task, 0);
-    busy_workers = n_threads - 1;
-    generation++;
-    pthread_cond_broadcast(&cv_work);
+    atomic_store(&busy_workers, n_threads - 1);
+    pthread_mutex_lock(&mu);
+    atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+    if (sleepers) pthread_cond_broadcast(&cv_work);
     pthread_mutex_unlock(&mu);
     run_tasks();
-    pthread_mutex_lock(&mu);
-    while (busy_workers > 0) pthread_cond_wait(&cv_done, &mu);
-    pthread_mutex_unlock(&mu);
+    if (!spin_until(NULL, &busy_workers, 0, 0)) {
+        pthread_mutex_lock(&mu);
+        while (atomic_load(&busy_workers) > 0) pthread_cond_wait(&cv_done, &mu);
+        pthread_mutex_unlock(&mu);
+    }
     pthread_mutex_unlock(&job_lock);
 }

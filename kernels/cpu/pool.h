@@ -7,7 +7,8 @@
 
 typedef void (*zs_pool_fn)(void *arg, int task);
 
-/* Runs fn(arg, 0..n-1). Threads: ZS_THREADS env, else the online CPUs. */
+/* Runs fn(arg, 0..n-1). Threads: ZS_THREADS env, else the online CPUs; idle workers spin
+ * ZS_POOL_SPIN_US (default 200, 0 to sleep at once) before they sleep. */
 void zs_pool_run(zs_pool_fn fn, void *arg, int n);
 int  zs_pool_threads(void);
 
