@@ -5,6 +5,7 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -54,6 +55,7 @@ static int spin_until(atomic_long *lv, atomic_int *iv, long x, int differ) {
             long t = now_ns();
             if (!t0) t0 = t;
             else if (t - t0 > spin_ns) return 0;
+            sched_yield(); /* on a busy machine, lets the thread waited for have this CPU */
         }
         cpu_relax();
     }
