@@ -3,7 +3,7 @@
  * 4, T = 1..37, on both sides of the pool threshold): every result BIT FOR BIT equal to a scalar
  * loop of the documented order (8 lanes of fused multiply-adds over k ≡ l mod 8, the fixed
  * pairwise lane sum, the k tail fused in order), whatever the batch size and the position of the
- * row in the call; the generic and the AVX2 kernels each equal to that loop; the AVX2 16-bit
+ * row in the call; the generic, AVX2 and AVX-512 kernels each equal to that loop; the AVX2 16-bit
  * kernel equal to the f32 AVX2 kernel over the widened weights; and close to a double-precision
  * reference. Then the same checks in child processes with ZS_THREADS=1, 2 and 3, whose results
  * must also hash alike. */
@@ -124,12 +124,28 @@ static void check_shape(int in, int out, zs_dtype wdt, int exact) {
         for (int t = 0; t < 3; t++) avx(y2 + (size_t)t * out, out, x + (size_t)t * in, 1, in, W, out);
         CHECK(count_diff(y2, ref, (size_t)3 * out) == 0, "%dx%d %s: the AVX2 kernel at T=1 = the documented loop (%d differ)",
               in, out, dn, count_diff(y2, ref, (size_t)3 * out));
-        CHECK(zs_matmul_pick16(wdt) == avx, "%s: zs_op_matmul runs the AVX2 kernel on this CPU", dn);
+        CHECK(zs_matmul_pick16(wdt) == (zs_matmul_has_avx512() ? (wdt == ZS_BF16 ? zs_matmul_block_bf16_avx512
+                                                                               : zs_matmul_block_f16_avx512)
+                                                             : avx),
+              "%s: zs_op_matmul runs the widest kernel on this CPU", dn);
         /* the f32 AVX2 kernel over the widened weights: the same order */
         memset(y2, 0, (size_t)TMAX * out * 4);
         zs_matmul_block_avx2(y2, out, x, TMAX, in, Wf, out);
         CHECK(count_diff(y2, ref, (size_t)TMAX * out) == 0, "%dx%d %s: = the f32 AVX2 kernel on the widened weights (%d differ)",
               in, out, dn, count_diff(y2, ref, (size_t)TMAX * out));
+        if (zs_matmul_has_avx512()) { /* its 4 × 4 tile, and the f32 AVX-512 kernel */
+            zs_matmul_block16_fn w = wdt == ZS_BF16 ? zs_matmul_block_bf16_avx512 : zs_matmul_block_f16_avx512;
+            memset(y2, 0, (size_t)TMAX * out * 4);
+            w(y2, out, x, TMAX, in, W, out);
+            CHECK(count_diff(y2, ref, (size_t)TMAX * out) == 0,
+                  "%dx%d %s: the AVX-512 kernel = the documented loop (%d differ)", in, out, dn,
+                  count_diff(y2, ref, (size_t)TMAX * out));
+            memset(y2, 0, (size_t)TMAX * out * 4);
+            zs_matmul_block_avx512(y2, out, x, TMAX, in, Wf, out);
+            CHECK(count_diff(y2, ref, (size_t)TMAX * out) == 0,
+                  "%dx%d %s: = the f32 AVX-512 kernel on the widened weights (%d differ)", in, out, dn,
+                  count_diff(y2, ref, (size_t)TMAX * out));
+        }
     } else if (exact) {
         fprintf(stderr, "note: no AVX2/FMA%s here, only the generic %s kernel is checked\n", wdt == ZS_F16 ? "/F16C" : "", dn);
     }

@@ -15,7 +15,8 @@
  * multiply-adds are in flight; else 4 rows × 2 tokens, the widened weights of a k step serving
  * both tokens, then 4 × 1 and 1 × 1 for what is left) only interleave independent accumulators,
  * so an element's value never depends on T, on which rows or tokens share the call, or on the
- * thread that runs its block. Not a public header.
+ * thread that runs its block. KERN16_T4 (a build with 32 vector registers) adds a tile of 4 rows ×
+ * 4 tokens. Not a public header.
  *
  * The including file defines, then #undefs after each inclusion:
  *   KERN16_NAME(x)     the name of the kernel's functions
@@ -61,6 +62,36 @@ static void KERN16_NAME(block)(float *y, int ldy, const float *x, int T, int in,
     for (; j + 4 <= R; j += 4) {
         const uint16_t *w0 = W + (size_t)j * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
         int t = 0;
+#ifdef KERN16_T4
+        /* 4 rows × 4 tokens: each widened weight serves 4 tokens (a build with 32 registers) */
+        for (; t + 4 <= T; t += 4) {
+            const float *xr[4] = {x + (size_t)t * in, x + (size_t)(t + 1) * in, x + (size_t)(t + 2) * in,
+                                  x + (size_t)(t + 3) * in};
+            const uint16_t *wr[4] = {w0, w1, w2, w3};
+            zs_v8 acc[4][4];
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) acc[r][u] = (zs_v8){0};
+            for (int k = 0; k < k8; k += 8) {
+                zs_v8 wv[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) wv[r] = KERN16_W8(wr[r] + k);
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++) {
+                    zs_v8 xv = KERN16_NAME(ldx)(xr[u] + k);
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) acc[r][u] = KERN16_FMA8(wv[r], xv, acc[r][u]);
+                }
+            }
+            for (int u = 0; u < 4; u++)
+                for (int r = 0; r < 4; r++) {
+                    float s = KERN16_NAME(hsum)(acc[r][u]);
+                    for (int k = k8; k < in; k++) s = __builtin_fmaf(KERN16_W1(wr[r] + k), xr[u][k], s);
+                    y[(size_t)(t + u) * ldy + j + r] = s;
+                }
+        }
+#endif
         for (; t + 2 <= T; t += 2) {
             const float *xa = x + (size_t)t * in, *xb = xa + in;
             zs_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};

@@ -30,6 +30,11 @@ void zs_matmul_block_bf16_generic(float *y, int ldy, const float *x, int T, int 
 void zs_matmul_block_f16_generic(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R);
 void zs_matmul_block_bf16_avx2(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R);
 void zs_matmul_block_f16_avx2(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R);
+void zs_matmul_block_avx512(float *y, int ldy, const float *x, int T, int in, const float *W, int R);
+void zs_matmul_block_bf16_avx512(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R);
+void zs_matmul_block_f16_avx512(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R);
+/* the CPU has AVX-512F/VL/BW besides AVX2+FMA+F16C (the avx512 builds run) */
+int zs_matmul_has_avx512(void);
 
 /* ZS_NOFUSE(v): v (a float or a vector of floats) passes through an empty asm, so a product
  * rounded into v is never contracted with the addition that follows (Q4_1/Q5_1's d·q + m) */

@@ -3,7 +3,8 @@
  * one dot product with its own 8-lane accumulator, advanced over k in steps of 8 in order, then
  * summed lane by lane in a fixed order, then the k tail added in order. Micro-tiles only
  * interleave independent accumulators, so an element's value never depends on which other rows
- * or tokens share the call. Not a public header. */
+ * or tokens share the call. KERN_T4 (defined by a build with 32 vector registers) adds a tile of
+ * 4 rows × 4 tokens. Not a public header. */
 #include <stddef.h>
 
 typedef float zs_v8 __attribute__((vector_size(32)));
@@ -25,6 +26,36 @@ static void KERN_NAME(block)(float *y, int ldy, const float *x, int T, int in, c
     for (; j + 4 <= R; j += 4) {
         const float *w0 = W + (size_t)j * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
         int t = 0;
+#ifdef KERN_T4
+        /* 4 rows × 4 tokens: 16 accumulators, for a build with 32 vector registers */
+        for (; t + 4 <= T; t += 4) {
+            const float *xr[4] = {x + (size_t)t * in, x + (size_t)(t + 1) * in, x + (size_t)(t + 2) * in,
+                                  x + (size_t)(t + 3) * in};
+            const float *wr[4] = {w0, w1, w2, w3};
+            zs_v8 acc[4][4];
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++)
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) acc[r][u] = (zs_v8){0};
+            for (int k = 0; k < k8; k += 8) {
+                zs_v8 wv[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) wv[r] = KERN_NAME(ld)(wr[r] + k);
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++) {
+                    zs_v8 xv = KERN_NAME(ld)(xr[u] + k);
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) acc[r][u] += wv[r] * xv;
+                }
+            }
+            for (int u = 0; u < 4; u++)
+                for (int r = 0; r < 4; r++) {
+                    float s = KERN_NAME(hsum)(acc[r][u]);
+                    for (int k = k8; k < in; k++) s = KERN_NAME(madd)(wr[r][k], xr[u][k], s);
+                    y[(size_t)(t + u) * ldy + j + r] = s;
+                }
+        }
+#endif
         for (; t + 2 <= T; t += 2) {
             const float *xa = x + (size_t)t * in, *xb = xa + in;
             zs_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};

@@ -257,12 +257,19 @@ void zs_matmul_block_f16_generic(float *y, int ldy, const float *x, int T, int i
 
 typedef void (*block_fn)(float *y, int ldy, const float *x, int T, int in, const float *W, int R);
 
+int zs_matmul_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+}
+
 static block_fn pick_kernel(void) {
     static block_fn fn;
     if (!fn) {
         __builtin_cpu_init();
-        fn = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? zs_matmul_block_avx2
-                                                                             : zs_kern_generic_block;
+        fn = zs_matmul_has_avx512()                                            ? zs_matmul_block_avx512
+             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? zs_matmul_block_avx2
+                                                                               : zs_kern_generic_block;
     }
     return fn;
 }
@@ -270,10 +277,13 @@ static block_fn pick_kernel(void) {
 zs_matmul_block16_fn zs_matmul_pick16(zs_dtype wdt) {
     /* no cached pointers: the feature checks are cheap, and nothing can be seen half set */
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (wdt == ZS_BF16) return avx2 ? zs_matmul_block_bf16_avx2 : zs_matmul_block_bf16_generic;
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"), wide = zs_matmul_has_avx512();
+    if (wdt == ZS_BF16)
+        return wide ? zs_matmul_block_bf16_avx512 : avx2 ? zs_matmul_block_bf16_avx2 : zs_matmul_block_bf16_generic;
     if (wdt == ZS_F16)
-        return avx2 && __builtin_cpu_supports("f16c") ? zs_matmul_block_f16_avx2 : zs_matmul_block_f16_generic;
+        return wide                                     ? zs_matmul_block_f16_avx512
+               : avx2 && __builtin_cpu_supports("f16c") ? zs_matmul_block_f16_avx2
+                                                        : zs_matmul_block_f16_generic;
     return NULL;
 }
 
@@ -325,7 +335,7 @@ void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dty
     int threads = zs_pool_threads();
     while (rows > 4 && (out + rows - 1) / rows < 4 * threads) rows = ZS_MAX(4, (rows / 2) & ~3);
     j.rows_per_task = rows;
-    j.tok_tile = ZS_MAX(2, (int)((16 * 1024 / 4) / (size_t)ZS_MAX(in, 1)) & ~1);
+    j.tok_tile = ZS_MAX(4, (int)((16 * 1024 / 4) / (size_t)ZS_MAX(in, 1)) & ~3);
     int tasks = (out + rows - 1) / rows;
     /* small products are done here: waking the pool would cost more than the work */
     if ((size_t)out * (size_t)in * (size_t)T < ((size_t)1 << 20))
