@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -47,34 +48,45 @@ static void *bw_worker(void *a) {
     return NULL;
 }
 
+/* The bound must not be measured low, or a ratio against it flatters: the buffer sits on 2 MiB
+ * pages where the kernel allows (as a model's weights may), and each run is the fastest of 3
+ * passes over it. */
 int zs_bench_mem_bw(size_t bytes, int threads, int runs, double *gbps) {
     if (threads <= 0) threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (threads <= 0) threads = 1;
     if (threads > 64) threads = 64;
     if (runs <= 0) runs = 5;
     size_t n = bytes / 8;
-    uint64_t *buf = zs_aligned_alloc(4096, n * 8);
+    uint64_t *buf = zs_aligned_alloc((size_t)2 << 20, (n * 8 + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1));
     double *t = calloc((size_t)runs, sizeof *t);
     if (!buf || !t) {
         free(buf); free(t);
         return zs_err(ZS_ENOMEM, "bench: cannot allocate %zu MiB for the bandwidth probe", bytes >> 20);
     }
+#ifdef MADV_HUGEPAGE
+    (void)madvise(buf, n * 8, MADV_HUGEPAGE);
+#endif
     for (size_t i = 0; i < n; i++) buf[i] = i;
     pthread_t th[64];
     bw_arg args[64];
     volatile uint64_t sink = 0;
     for (int r = 0; r < runs; r++) {
-        double t0 = zs_now();
-        size_t per = n / (size_t)threads / 16 * 16; /* 128-byte multiples; the tail is not read */
-        for (int k = 0; k < threads; k++) {
-            args[k] = (bw_arg){buf + per * (size_t)k, per, 0};
-            pthread_create(&th[k], NULL, bw_worker, &args[k]);
+        double best = 0;
+        for (int pass = 0; pass < 3; pass++) {
+            double t0 = zs_now();
+            size_t per = n / (size_t)threads / 16 * 16; /* 128-byte multiples; the tail is not read */
+            for (int k = 0; k < threads; k++) {
+                args[k] = (bw_arg){buf + per * (size_t)k, per, 0};
+                pthread_create(&th[k], NULL, bw_worker, &args[k]);
+            }
+            for (int k = 0; k < threads; k++) {
+                pthread_join(th[k], NULL);
+                sink += args[k].sum;
+            }
+            double g = (double)(per * (size_t)threads * 8) / (zs_now() - t0) / 1e9;
+            best = g > best ? g : best;
         }
-        for (int k = 0; k < threads; k++) {
-            pthread_join(th[k], NULL);
-            sink += args[k].sum;
-        }
-        t[r] = (double)(per * (size_t)threads * 8) / (zs_now() - t0) / 1e9;
+        t[r] = best;
     }
     (void)sink;
     *gbps = zs_bench_median(t, runs);

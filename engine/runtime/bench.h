@@ -23,8 +23,8 @@ typedef struct {
 } zs_bench_opts;
 
 void zs_bench_opts_default(zs_bench_opts *o);
-/* Measures host memory read bandwidth (GB/s, median of runs) with a multi-threaded streaming
- * read of a buffer of `bytes`. */
+/* Measures host memory read bandwidth (GB/s: the median over runs of the fastest of 3 passes)
+ * with a multi-threaded streaming read of a buffer of `bytes` on 2 MiB pages where allowed. */
 int zs_bench_mem_bw(size_t bytes, int threads, int runs, double *gbps);
 /* Throughput of a resident model against host memory bandwidth. */
 int zs_bench_run(const zs_bench_opts *o);
