@@ -3,7 +3,7 @@
  * default mode, the generic, AVX2 and AVX-512 (VNNI) kernels all equal, bit for bit, a plain scalar loop
  * written here from the documented arithmetic (its own activation quantizer after llama.cpp's
  * quantize_row_q8_0 / q8_1 / q8_K_ref rounding, its own block decoding, integer pair sums, the
- * f32 block scaling and lane sum), for T = 1, 3, 8, 37 and several row counts; a row alone gives
+ * f32 chain over the blocks' exact integer sums), for T = 1, 3, 8, 37 and several row counts; a row alone gives
  * its row of the batch; re-executed with ZS_THREADS=1/2/3 the same checks pass (so the bits do
  * not depend on the thread count); the result is within the activation rounding bound of the
  * exact f32-activation path, Σ_k |w_k| · amax_block(x) · (0.5/127 + 2^-10) + 1e-5 · Σ|w·x| (the
@@ -170,7 +170,9 @@ static void ref_decode(zs_dtype dt, const uint8_t *b, ref_blk *r) {
     }
 }
 
-static void ref_matmul(zs_dtype dt, float *y, const float *x, int T, int in, const uint8_t *W, int out) {
+/* lanes = 1: the order before (8 int32 lanes of four, each scaled into its own f32 chain, then
+ * summed pairwise): a check that the tests tell one order from another */
+static void ref_matmul_o(zs_dtype dt, float *y, const float *x, int T, int in, const uint8_t *W, int out, int lanes) {
     int kind = zs_q8a_kind(dt), B = zs_dtype_block(dt), nb = in / B;
     int8_t *q = malloc((size_t)in);
     float *d = malloc(nb * 4), *s = malloc(nb * 4);
@@ -180,16 +182,15 @@ static void ref_matmul(zs_dtype dt, float *y, const float *x, int T, int in, con
     for (int t = 0; t < T; t++) {
         ref_quant(kind, x + (size_t)t * in, in, q, d, s, bs);
         for (int j = 0; j < out; j++) {
-            float a[8] = {0}, m = 0;
+            float a = 0, m = 0, al[8] = {0};
             for (int b = 0; b < nb; b++) {
                 ref_decode(dt, W + (size_t)j * row + (size_t)b * zs_dtype_size(dt), rb);
-                int32_t sl[8] = {0};
-                for (int k = 0; k < B; k++) {
-                    int lane = (k % 32) / 4; /* pair k/2 scaled by sc[k/2], summed into lane (k%32)/4 */
-                    sl[lane] += rb->sc[k / 2] * (rb->w[k] * q[b * B + k]);
-                }
+                int32_t S = 0, sl[8] = {0}; /* the block's exact integer sum, in plain order */
+                for (int k = 0; k < B; k++) S += rb->sc[k / 2] * (rb->w[k] * q[b * B + k]);
+                for (int k = 0; k < B; k++) sl[(k % 32) / 4] += rb->sc[k / 2] * (rb->w[k] * q[b * B + k]);
                 float dd = rb->d * d[b];
-                for (int l = 0; l < 8; l++) a[l] = fmaf(dd, (float)sl[l], a[l]);
+                a = fmaf(dd, (float)S, a);
+                for (int l = 0; l < 8; l++) al[l] = fmaf(dd, (float)sl[l], al[l]);
                 if (dt == ZS_Q4_1 || dt == ZS_Q5_1) m = fmaf(rb->m, s[b], m);
                 if (dt == ZS_Q4_K) {
                     int ms = 0;
@@ -197,12 +198,15 @@ static void ref_matmul(zs_dtype dt, float *y, const float *x, int T, int in, con
                     m = fmaf(-(rb->m * d[b]), (float)ms, m);
                 }
             }
-            float v = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+            float v = lanes ? ((al[0] + al[1]) + (al[2] + al[3])) + ((al[4] + al[5]) + (al[6] + al[7])) : a;
             if (dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K) v = v + m;
             y[(size_t)t * out + j] = v;
         }
     }
     free(q); free(d); free(s); free(bs); free(rb);
+}
+static void ref_matmul(zs_dtype dt, float *y, const float *x, int T, int in, const uint8_t *W, int out) {
+    ref_matmul_o(dt, y, x, T, in, W, out, 0);
 }
 
 /* ---- the checks ---- */
@@ -221,6 +225,13 @@ static void check_one(int f, int T, int in, int out) {
     if (T > 2) /* a block of zeros, a tie */
         for (int i = 0; i < 256 && i < in; i++) x[(size_t)in + i] = i == 3 ? 0.5f : 0.0f;
     ref_matmul(dt, ref, x, T, in, W, out);
+    if ((size_t)T * out >= 64) { /* another order gives other bits somewhere, so the checks can see one */
+        float *yo = malloc((size_t)T * out * 4);
+        ref_matmul_o(dt, yo, x, T, in, W, out, 1);
+        CHECK(memcmp(yo, ref, (size_t)T * out * 4) != 0, "%s T=%d in=%d out=%d: the lane order differs somewhere", dn,
+              T, in, out);
+        free(yo);
+    }
     zs_op_matmul(y, x, T, in, W, dt, out, NULL);
     CHECK(!memcmp(y, ref, (size_t)T * out * 4), "%s T=%d in=%d out=%d: zs_op_matmul (q8) is the scalar loop's bits", dn,
           T, in, out);

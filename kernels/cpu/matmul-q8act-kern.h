@@ -7,23 +7,23 @@
  * The arithmetic of one output y[t][j] (row j of W, activation row t), over the stored blocks
  * sb = 0, 1, … of the row in order (a block of 32 weights, or a K-quant super-block of 8 groups
  * of 32, against the activation block of the same 32 or 256 values):
- *   lanes l = 0..7 of int32: s_l = Σ_g Σ_{h=0,1} sc[g][2l+h] · (w[32g+4l+2h]·q[32g+4l+2h] +
- *                                                               w[32g+4l+2h+1]·q[32g+4l+2h+1])
- *     (exact integers: w the block's integer weight, q8 the activation's 8-bit value, sc the
- *     int16 scale of each pair: 1 for the blocks of 32, the 6-bit group scale for Q4_K, the
- *     int8 scale of each 16 for Q6_K);
- *   a_l = fma(f32(dw) · d_x, f32(s_l), a_l)      (dw · d_x one rounded product)
+ *   S   = Σ_i sc_i · w_i · q_i over the block's values, an exact integer (w the block's integer
+ *         weight, q the activation's 8-bit value, sc the integer scale of w's group: 1 for the
+ *         blocks of 32, the 6-bit group scale for Q4_K, the int8 scale of each 16 for Q6_K);
+ *   a   = fma(f32(dw) · d_x, f32(S), a)          (dw · d_x one rounded product; f32(S) rounded to
+ *                                                 nearest even)
  *   m   = fma(coef, val, m)                      (formats with a min only: Q4_1/Q5_1 coef = f32(m_w),
  *                                                 val = the activation block's s; Q4_K coef =
  *                                                 -(f32(dmin)·d_x), val = f32(Σ_g mn[g]·(bsum[2g] +
  *                                                 bsum[2g+1])))
- *   y = (((a_0 + a_1) + (a_2 + a_3)) + ((a_4 + a_5) + (a_6 + a_7))) (+ m with a min)
- * with a_l and m starting at 0. Integer sums are exact, so how s_l is formed is free: Q4_0 and
- * Q5_0 multiply the unsigned stored values and subtract 8 (16) times the activation's lane sums
- * (KA_OFF), and a VNNI build sums four products per lane at once. Micro-tiles (KA_TR rows ×
- * KA_TT activation rows for prefill, KA_DR rows for decode, and their edges) only interleave
- * independent accumulators, so an element never depends on T, on its neighbours, or on the
- * thread running its rows.
+ *   y   = a (+ m with a min)
+ * with a and m starting at 0: one chain per output, whose integer part may be formed in any order.
+ * Here the 32 values of a group are summed in 8 int32 lanes of four (Q4_0 and Q5_0 multiply the
+ * unsigned stored values and subtract 8 (16) times the activation's lane sums, KA_OFF; a VNNI
+ * build sums four products per lane at once), then across lanes. Micro-tiles (KA_TR rows × KA_TT
+ * activation rows, KA_DR rows for decode, and their edges) only interleave independent chains, so
+ * an element never depends on T, on its neighbours, or on the thread running its rows. The packed
+ * prefill kernels (matmul-q8act-pack.h) compute the same S and the same chain.
  *
  * The including file defines, then #undefs after the inclusion:
  *   KA_NAME(x)        the kernel's function names
@@ -36,7 +36,7 @@
  *   KA_DOT(acc, w, x, sc)  acc + the 8 int32 lanes of s above for one group (w as KA_SIGNED
  *                     says; sc is all ones for the blocks of 32)
  *   KA_XSUM(x)        the 8 int32 lane sums of x's four bytes (formats with KA_OFF)
- *   KA_FMA8(a, b, c)  lane-wise a·b + c rounded once
+ *   KA_ISUM(v)        the sum of the 8 int32 lanes of v (an exact int)
  *   KA_SCV_K4(p)      the 8 bytes at p as int16, in both 128-bit halves
  *   KA_SCV_K6(p)      the 16 int8 at p as int16: the even ones in the low half, the odd high
  *   KA_PICK(v, g)     int16 element g of each 128-bit half of v, broadcast within the half
@@ -94,8 +94,7 @@ static inline __attribute__((always_inline)) void KA_NAME(prep)(const uint8_t *b
 static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ldy, const zs_q8a *a, int t,
                                                                 const uint8_t *w, size_t rb, int nsb,
                                                                 const int NR, const int NT) {
-    zs_ka_f32 acc[4][4];
-    float mac[4][4];
+    float acc[4][4], mac[4][4];
     const int8_t *xq[4];
     const float *xd[4];
 #pragma GCC unroll 4
@@ -104,7 +103,7 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
         xd[u] = a->d + (size_t)(t + u) * a->nb;
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
-            acc[r][u] = (zs_ka_f32){0};
+            acc[r][u] = 0.0f;
             mac[r][u] = 0.0f;
         }
     }
@@ -147,8 +146,7 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 float d = c[r].d * xd[u][sb];
-                zs_ka_f32 dv = {d, d, d, d, d, d, d, d};
-                acc[r][u] = KA_FMA8(dv, __builtin_convertvector(is[r][u], zs_ka_f32), acc[r][u]);
+                acc[r][u] = __builtin_fmaf(d, (float)KA_ISUM(is[r][u]), acc[r][u]);
 #if KA_FMT == ZS_KA_Q4_K
                 float coef = -(c[r].m * xd[u][sb]);
                 mac[r][u] = __builtin_fmaf(coef, (float)KA_MSUM(c[r].mn2, bs), mac[r][u]);
@@ -162,7 +160,7 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
     for (int u = 0; u < NT; u++)
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
-            float v = zs_ka_hsum(acc[r][u]);
+            float v = acc[r][u];
 #if KA_MIN
             v = v + mac[r][u];
 #endif

@@ -49,12 +49,15 @@ static inline __attribute__((always_inline)) zs_ka_i16 ZS_AKA(mn2)(const uint8_t
     __m128i m = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
     return (zs_ka_i16)_mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
 }
-static inline __attribute__((always_inline)) int ZS_AKA(msum)(zs_ka_i16 v, const int16_t *bs) {
-    __m256i p = _mm256_madd_epi16((__m256i)v, _mm256_loadu_si256((const __m256i *)bs));
+static inline __attribute__((always_inline)) int ZS_AKA(isum)(zs_ka_i32 v) {
+    __m256i p = (__m256i)v;
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     return _mm_cvtsi128_si32(s);
+}
+static inline __attribute__((always_inline)) int ZS_AKA(msum)(zs_ka_i16 v, const int16_t *bs) {
+    return ZS_AKA(isum)((zs_ka_i32)_mm256_madd_epi16((__m256i)v, _mm256_loadu_si256((const __m256i *)bs)));
 }
 /* 16 bytes of nibbles at q: weights 0..15 the low nibbles, 16..31 the high ones */
 static inline __attribute__((always_inline)) __m256i ZS_AKA(nib)(const uint8_t *q) {
@@ -99,7 +102,7 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #define KA_PICK(v, g) ZS_AKA(pick)((v), (g))
 #define KA_MN2(p) ZS_AKA(mn2)(p)
 #define KA_MSUM(v, bs) ZS_AKA(msum)((v), (bs))
-#define KA_FMA8(a, b, c) ((zs_ka_f32)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define KA_ISUM(v) ZS_AKA(isum)(v)
 #define KA_DR ZS_AKA_DR
 #define KA_TR ZS_AKA_TR32
 #define KA_TT ZS_AKA_TT32
@@ -164,7 +167,7 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #undef KA_PICK
 #undef KA_MN2
 #undef KA_MSUM
-#undef KA_FMA8
+#undef KA_ISUM
 #undef KA_TR
 #undef KA_TT
 #undef KA_DR

@@ -163,6 +163,11 @@ static inline int zs_gka_msum(zs_ka_i16 v, const int16_t *bs) {
     for (int i = 0; i < 16; i++) s += v[i] * bs[i];
     return s;
 }
+static inline int zs_gka_isum(zs_ka_i32 v) {
+    int s = 0;
+    for (int l = 0; l < 8; l++) s += v[l];
+    return s;
+}
 static inline zs_ka_i8 zs_gka_q8_0(const uint8_t *b) {
     zs_ka_i8 r;
     for (int i = 0; i < 32; i++) r[i] = (int8_t)b[2 + i];
@@ -202,12 +207,7 @@ static inline zs_ka_i8 zs_gka_q6k(const uint8_t *b, int g) {
 #define KA_PICK(v, g) zs_gka_pick((v), (g))
 #define KA_MN2(p) zs_gka_mn2(p)
 #define KA_MSUM(v, bs) zs_gka_msum((v), (bs))
-#define KA_FMA8(a, b, c)                                                                   \
-    ({                                                                                     \
-        zs_ka_f32 fa_ = (a), fb_ = (b), fc_ = (c), fr_;                                    \
-        for (int fi_ = 0; fi_ < 8; fi_++) fr_[fi_] = __builtin_fmaf(fa_[fi_], fb_[fi_], fc_[fi_]); \
-        fr_;                                                                               \
-    })
+#define KA_ISUM(v) zs_gka_isum(v)
 #define KA_TR 2
 #define KA_TT 4
 #define KA_DR 1
@@ -268,7 +268,7 @@ static inline zs_ka_i8 zs_gka_q6k(const uint8_t *b, int g) {
 #undef KA_PICK
 #undef KA_MN2
 #undef KA_MSUM
-#undef KA_FMA8
+#undef KA_ISUM
 #undef KA_TR
 #undef KA_TT
 #undef KA_DR
