@@ -13,6 +13,7 @@
 #define ZS_AKA_TRK 2
 #define ZS_AKA_TTK 4
 #define ZS_AKA_DR 1
+#define ZS_AKA_PT 4 /* packed kernel: 2 panels × this many tokens */
 #include "matmul-q8act-x86.h"
 
 #define ZS_KA_WRAP(f)                                                                                   \

@@ -42,7 +42,10 @@
  *   KA_PICK(v, g)     int16 element g of each 128-bit half of v, broadcast within the half
  *   KA_MN2(p)         the 8 bytes at p as int16, each twice: m0 m0 m1 m1 … m7 m7
  *   KA_MSUM(v, bs)    Σ_i v[i] · bs[i] over 16 int16 (an exact int)
- *   KA_TR, KA_TT, KA_DR  the tile shapes (at most 4 × 4) */
+ *   KA_TR, KA_TT, KA_DR  the tile shapes (at most 4 × 4)
+ *   KA_PACK           1: rows in whole panels of 8 go to the packed kernel (matmul-q8act-pack.h,
+ *                     included next) when T >= 4
+ *   KA_DEC8           1: decode runs 8 rows at a time in matmul-q8act-pack.h's kernel */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -180,11 +183,24 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
             KA_NAME(tile)(y + (size_t)t_ * ldy + j, ldy, a, t0 + t_, W + (size_t)j * rb, rb, nsb, NR, 1);     \
     } while (0)
 
+#if KA_PACK
+static int KA_NAME(packed)(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+#endif
+#if KA_DEC8
+static int KA_NAME(dec8)(float *y, const zs_q8a *a, int t, const uint8_t *W, int R);
+#endif
+
 static void KA_NAME(block)(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R) {
     int nsb = a->nb;
     size_t rb = (size_t)nsb * KA_BYTES;
     int j = 0;
+#if KA_PACK
+    if (T >= 4) j = KA_NAME(packed)(y, ldy, a, t0, T, W, R);
+#endif
     if (T == 1) {
+#if KA_DEC8
+        j = KA_NAME(dec8)(y, a, t0, W, R);
+#endif
         for (; j + KA_DR <= R; j += KA_DR) KA_NAME(tile)(y + j, ldy, a, t0, W + (size_t)j * rb, rb, nsb, KA_DR, 1);
         for (; j < R; j++) KA_NAME(tile)(y + j, ldy, a, t0, W + (size_t)j * rb, rb, nsb, 1, 1);
         return;

@@ -27,6 +27,15 @@ static inline __attribute__((always_inline)) zs_ka_i32 ZS_AKA(dot)(zs_ka_i32 acc
     return (zs_ka_i32)_mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), (__m256i)sc));
 #endif
 }
+/* acc + the 8 int32 lanes of four products of unsigned u and signed x bytes (no sum here can
+ * saturate maddubs: the packed u are at most 63 in the AVX2 build) */
+static inline __attribute__((always_inline)) __m256i ZS_AKA(dpbusd)(__m256i acc, __m256i u, __m256i x) {
+#if ZS_AKA_VNNI
+    return _mm256_dpbusd_epi32(acc, u, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+#endif
+}
 static inline __attribute__((always_inline)) zs_ka_i32 ZS_AKA(xsum)(zs_ka_i8 x) {
 #if ZS_AKA_VNNI
     return (zs_ka_i32)_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), (__m256i)x);
@@ -59,6 +68,14 @@ static inline __attribute__((always_inline)) int ZS_AKA(isum)(zs_ka_i32 v) {
 static inline __attribute__((always_inline)) int ZS_AKA(msum)(zs_ka_i16 v, const int16_t *bs) {
     return ZS_AKA(isum)((zs_ka_i32)_mm256_madd_epi16((__m256i)v, _mm256_loadu_si256((const __m256i *)bs)));
 }
+/* the lane sums of 8 vectors: lane r = Σ of v[r]'s lanes */
+static inline __attribute__((always_inline)) __m256i ZS_AKA(isum8)(const zs_ka_i32 *v) {
+    __m256i h01 = _mm256_hadd_epi32((__m256i)v[0], (__m256i)v[1]), h23 = _mm256_hadd_epi32((__m256i)v[2], (__m256i)v[3]);
+    __m256i h45 = _mm256_hadd_epi32((__m256i)v[4], (__m256i)v[5]), h67 = _mm256_hadd_epi32((__m256i)v[6], (__m256i)v[7]);
+    __m256i a = _mm256_hadd_epi32(h01, h23), b = _mm256_hadd_epi32(h45, h67);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
 /* 16 bytes of nibbles at q: weights 0..15 the low nibbles, 16..31 the high ones */
 static inline __attribute__((always_inline)) __m256i ZS_AKA(nib)(const uint8_t *q) {
     __m128i t = _mm_loadu_si128((const __m128i *)q);
@@ -104,19 +121,26 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #define KA_MSUM(v, bs) ZS_AKA(msum)((v), (bs))
 #define KA_ISUM(v) ZS_AKA(isum)(v)
 #define KA_DR ZS_AKA_DR
+#define KA_PT ZS_AKA_PT
+#define KA_DEC8 1
 #define KA_TR ZS_AKA_TR32
 #define KA_TT ZS_AKA_TT32
+#define KA_PACK ZS_AKA_VNNI /* u + 128 would saturate maddubs */
 #define KA_NAME(x) ZS_AKA(q8_0_##x)
 #define KA_FMT ZS_KA_Q8_0
 #define KA_W(b, g) ZS_AKA(q8_0)(b)
 #include "matmul-q8act-kern.h"
+#include "matmul-q8act-pack.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
+#undef KA_PACK
+#define KA_PACK 1
 #define KA_NAME(x) ZS_AKA(q4_0_##x)
 #define KA_FMT ZS_KA_Q4_0
 #define KA_W(b, g) ((zs_ka_i8)ZS_AKA(nib)((b) + 2))
 #include "matmul-q8act-kern.h"
+#include "matmul-q8act-pack.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
@@ -124,6 +148,7 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #define KA_FMT ZS_KA_Q4_1
 #define KA_W(b, g) ((zs_ka_i8)ZS_AKA(nib)((b) + 4))
 #include "matmul-q8act-kern.h"
+#include "matmul-q8act-pack.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
@@ -131,6 +156,7 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #define KA_FMT ZS_KA_Q5_0
 #define KA_W(b, g) ZS_AKA(q5)((b) + 6, (b) + 2)
 #include "matmul-q8act-kern.h"
+#include "matmul-q8act-pack.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
@@ -138,6 +164,7 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #define KA_FMT ZS_KA_Q5_1
 #define KA_W(b, g) ZS_AKA(q5)((b) + 8, (b) + 4)
 #include "matmul-q8act-kern.h"
+#include "matmul-q8act-pack.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
@@ -149,6 +176,7 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #define KA_FMT ZS_KA_Q4_K
 #define KA_W(b, g) ZS_AKA(q4k)((b), (g))
 #include "matmul-q8act-kern.h"
+#include "matmul-q8act-pack.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
@@ -156,6 +184,7 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #define KA_FMT ZS_KA_Q6_K
 #define KA_W(b, g) ZS_AKA(q6k)((b), (g))
 #include "matmul-q8act-kern.h"
+#include "matmul-q8act-pack.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
@@ -171,3 +200,6 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #undef KA_TR
 #undef KA_TT
 #undef KA_DR
+#undef KA_PT
+#undef KA_DEC8
+#undef KA_PACK

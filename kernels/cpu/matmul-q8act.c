@@ -211,6 +211,8 @@ static inline zs_ka_i8 zs_gka_q6k(const uint8_t *b, int g) {
 #define KA_TR 2
 #define KA_TT 4
 #define KA_DR 1
+#define KA_PACK 0
+#define KA_DEC8 0
 #define KA_NAME(x) zs_ka_generic_q8_0_##x
 #define KA_FMT ZS_KA_Q8_0
 #define KA_W(b, g) zs_gka_q8_0(b)
@@ -272,6 +274,8 @@ static inline zs_ka_i8 zs_gka_q6k(const uint8_t *b, int g) {
 #undef KA_TR
 #undef KA_TT
 #undef KA_DR
+#undef KA_PACK
+#undef KA_DEC8
 
 #define ZS_KA_WRAP(f)                                                                                 \
     void zs_q8a_block_##f##_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R) { \
@@ -337,6 +341,32 @@ static void *scratch_get(size_t n) {
         s = calloc(1, sizeof *s);
         if (!s) return NULL;
         if (pthread_setspecific(g_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap < n) {
+        size_t cap = n + n / 2;
+        void *p = NULL;
+        if (posix_memalign(&p, 64, cap) != 0) return NULL;
+        free(s->p);
+        s->p = p;
+        s->cap = cap;
+    }
+    return s->p;
+}
+
+static pthread_key_t g_pkey;
+static pthread_once_t g_pkey_once = PTHREAD_ONCE_INIT;
+static void pkey_init(void) { (void)pthread_key_create(&g_pkey, scratch_free); }
+
+void *zs_q8a_pack_scratch(size_t n) {
+    pthread_once(&g_pkey_once, pkey_init);
+    q8a_scratch *s = pthread_getspecific(g_pkey);
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s) return NULL;
+        if (pthread_setspecific(g_pkey, s) != 0) {
             free(s);
             return NULL;
         }
