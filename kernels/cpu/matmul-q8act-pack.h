@@ -267,11 +267,13 @@ static int KA_NAME(packed)(float *y, int ldy, const zs_q8a *a, int t0, int T, co
 #define KA_SCALED PK_SCALED
 /* block sb's 8 int32 lanes of S */
 static inline __attribute__((always_inline)) zs_ka_i32 KA_NAME(dlanes)(const uint8_t *b, const KA_NAME(ctx) *c,
-                                                                      const int8_t *xq, int sb) {
+                                                                      const int8_t *xq, int sb, const zs_ka_i32 *xo) {
     const zs_ka_i16 one = (zs_ka_i16){0} + 1;
     zs_ka_i32 z = {0};
 #if PK_ROFF
-    z = -PK_ROFF * KA_XSUM(*(const zs_ka_i8u *)(xq + (size_t)sb * 32));
+    z = xo ? xo[sb] : -PK_ROFF * KA_XSUM(*(const zs_ka_i8u *)(xq + (size_t)sb * 32));
+#else
+    (void)xo;
 #endif
 #pragma GCC unroll 8
     for (int g = 0; g < PK_NG; g++)
@@ -299,6 +301,12 @@ static int KA_NAME(dec8)(float *y, const zs_q8a *a, int t, const uint8_t *W, int
     size_t rb = (size_t)nsb * PK_BYTES;
     const int8_t *xq = a->q + (size_t)t * a->in;
     const float *xd = a->d + (size_t)t * a->nb;
+    /* the offset's lane sums of the activation blocks, once for all rows */
+    zs_ka_i32 *xo = NULL;
+#if PK_ROFF
+    if (R > 1 && (xo = zs_q8a_pack_scratch((size_t)nsb * sizeof *xo)))
+        for (int sb = 0; sb < nsb; sb++) xo[sb] = -PK_ROFF * KA_XSUM(*(const zs_ka_i8u *)(xq + (size_t)sb * 32));
+#endif
     for (int j = 0; j < R; j++) {
         const uint8_t *w = W + (size_t)j * rb;
         float acc = 0.0f, mac = 0.0f;
@@ -312,7 +320,7 @@ static int KA_NAME(dec8)(float *y, const zs_q8a *a, int t, const uint8_t *W, int
                 const uint8_t *b = w + (size_t)(sb0 + k) * PK_BYTES;
                 KA_NAME(prep)(b, &c[k]);
                 dw[k] = c[k].d;
-                is[k] = KA_NAME(dlanes)(b, &c[k], xq, sb0 + k);
+                is[k] = KA_NAME(dlanes)(b, &c[k], xq, sb0 + k, xo);
             }
             /* the 8 blocks' S at once, then the chain block by block in order (in registers: a
              * store and narrow reloads would stall forwarding) */
@@ -328,7 +336,7 @@ static int KA_NAME(dec8)(float *y, const zs_q8a *a, int t, const uint8_t *W, int
             const uint8_t *b = w + (size_t)sb * PK_BYTES;
             KA_NAME(ctx) c;
             KA_NAME(prep)(b, &c);
-            acc = __builtin_fmaf(c.d * xd[sb], (float)KA_ISUM(KA_NAME(dlanes)(b, &c, xq, sb)), acc);
+            acc = __builtin_fmaf(c.d * xd[sb], (float)KA_ISUM(KA_NAME(dlanes)(b, &c, xq, sb, xo)), acc);
             mac = KA_NAME(dmin)(&c, a, t, sb, mac);
         }
 #if PK_MIN
