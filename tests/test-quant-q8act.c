@@ -3,7 +3,7 @@
  * default mode, the generic, AVX2 and AVX-512 (VNNI) kernels all equal, bit for bit, a plain scalar loop
  * written here from the documented arithmetic (its own activation quantizer after llama.cpp's
  * quantize_row_q8_0 / q8_1 / q8_K_ref rounding, its own block decoding, integer pair sums, the
- * f32 chain over the blocks' exact integer sums), for T = 1, 3, 8, 37 and several row counts; a row alone gives
+ * eight f32 chains over the blocks' exact integer sums), for T = 1, 3, 8, 37 and several row counts; a row alone gives
  * its row of the batch; re-executed with ZS_THREADS=1/2/3 the same checks pass (so the bits do
  * not depend on the thread count); the result is within the activation rounding bound of the
  * exact f32-activation path, Σ_k |w_k| · amax_block(x) · (0.5/127 + 2^-10) + 1e-5 · Σ|w·x| (the
@@ -182,24 +182,32 @@ static void ref_matmul_o(zs_dtype dt, float *y, const float *x, int T, int in, c
     for (int t = 0; t < T; t++) {
         ref_quant(kind, x + (size_t)t * in, in, q, d, s, bs);
         for (int j = 0; j < out; j++) {
-            float a = 0, m = 0, al[8] = {0};
+            float a[8] = {0}, m[8] = {0}, al[8] = {0}, ml = 0;
             for (int b = 0; b < nb; b++) {
                 ref_decode(dt, W + (size_t)j * row + (size_t)b * zs_dtype_size(dt), rb);
                 int32_t S = 0, sl[8] = {0}; /* the block's exact integer sum, in plain order */
                 for (int k = 0; k < B; k++) S += rb->sc[k / 2] * (rb->w[k] * q[b * B + k]);
                 for (int k = 0; k < B; k++) sl[(k % 32) / 4] += rb->sc[k / 2] * (rb->w[k] * q[b * B + k]);
                 float dd = rb->d * d[b];
-                a = fmaf(dd, (float)S, a);
+                a[b % 8] = fmaf(dd, (float)S, a[b % 8]); /* eight chains, blocks dealt in turn */
                 for (int l = 0; l < 8; l++) al[l] = fmaf(dd, (float)sl[l], al[l]);
-                if (dt == ZS_Q4_1 || dt == ZS_Q5_1) m = fmaf(rb->m, s[b], m);
+                float mv = 0, mc = 0;
+                int hasm = 0;
+                if (dt == ZS_Q4_1 || dt == ZS_Q5_1) mc = rb->m, mv = s[b], hasm = 1;
                 if (dt == ZS_Q4_K) {
                     int ms = 0;
                     for (int g = 0; g < 8; g++) ms += rb->mn[g] * (bs[b * 16 + 2 * g] + bs[b * 16 + 2 * g + 1]);
-                    m = fmaf(-(rb->m * d[b]), (float)ms, m);
+                    mc = -(rb->m * d[b]), mv = (float)ms, hasm = 1;
+                }
+                if (hasm) {
+                    m[b % 8] = fmaf(mc, mv, m[b % 8]);
+                    ml = fmaf(mc, mv, ml);
                 }
             }
-            float v = lanes ? ((al[0] + al[1]) + (al[2] + al[3])) + ((al[4] + al[5]) + (al[6] + al[7])) : a;
-            if (dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K) v = v + m;
+            float v = lanes ? ((al[0] + al[1]) + (al[2] + al[3])) + ((al[4] + al[5]) + (al[6] + al[7]))
+                            : ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+            if (dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K)
+                v = v + (lanes ? ml : ((m[0] + m[1]) + (m[2] + m[3])) + ((m[4] + m[5]) + (m[6] + m[7])));
             y[(size_t)t * out + j] = v;
         }
     }
@@ -315,7 +323,7 @@ static void check_one(int f, int T, int in, int out) {
 
 static void run_checks(void) {
     const int Ts[] = {1, 3, 8, 37};
-    const int shapes[][2] = {{256, 1}, {256, 7}, {512, 13}, {768, 64}, {1024, 130}, {256, 1030}};
+    const int shapes[][2] = {{256, 1}, {256, 7}, {512, 13}, {768, 64}, {1024, 130}, {256, 1030}, {2304, 9}, {2560, 17}};
     for (int f = 0; f < NDT; f++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int i = 0; i < 4; i++) {

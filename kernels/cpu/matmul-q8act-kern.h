@@ -10,14 +10,18 @@
  *   S   = Σ_i sc_i · w_i · q_i over the block's values, an exact integer (w the block's integer
  *         weight, q the activation's 8-bit value, sc the integer scale of w's group: 1 for the
  *         blocks of 32, the 6-bit group scale for Q4_K, the int8 scale of each 16 for Q6_K);
- *   a   = fma(f32(dw) · d_x, f32(S), a)          (dw · d_x one rounded product; f32(S) rounded to
+ *   l   = sb mod 8 (eight chains, the blocks dealt to them in turn)
+ *   a_l = fma(f32(dw) · d_x, f32(S), a_l)        (dw · d_x one rounded product; f32(S) rounded to
  *                                                 nearest even)
- *   m   = fma(coef, val, m)                      (formats with a min only: Q4_1/Q5_1 coef = f32(m_w),
+ *   m_l = fma(coef, val, m_l)                    (formats with a min only: Q4_1/Q5_1 coef = f32(m_w),
  *                                                 val = the activation block's s; Q4_K coef =
  *                                                 -(f32(dmin)·d_x), val = f32(Σ_g mn[g]·(bsum[2g] +
  *                                                 bsum[2g+1])))
- *   y   = a (+ m with a min)
- * with a and m starting at 0: one chain per output, whose integer part may be formed in any order.
+ *   y   = (((a_0 + a_1) + (a_2 + a_3)) + ((a_4 + a_5) + (a_6 + a_7)))
+ *         (+ (((m_0 + m_1) + (m_2 + m_3)) + ((m_4 + m_5) + (m_6 + m_7))) with a min)
+ * with every a_l and m_l starting at 0: eight chains, so that a vector of 8 blocks' S advances
+ * them in one instruction, and no chain waits on the one before. The integer part may be formed
+ * in any order.
  * Here the 32 values of a group are summed in 8 int32 lanes of four (Q4_0 and Q5_0 multiply the
  * unsigned stored values and subtract 8 (16) times the activation's lane sums, KA_OFF; a VNNI
  * build sums four products per lane at once), then across lanes. Micro-tiles (KA_TR rows × KA_TT
@@ -97,7 +101,7 @@ static inline __attribute__((always_inline)) void KA_NAME(prep)(const uint8_t *b
 static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ldy, const zs_q8a *a, int t,
                                                                 const uint8_t *w, size_t rb, int nsb,
                                                                 const int NR, const int NT) {
-    float acc[4][4], mac[4][4];
+    float acc[4][4][8], mac[4][4][8];
     const int8_t *xq[4];
     const float *xd[4];
 #pragma GCC unroll 4
@@ -105,10 +109,8 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
         xq[u] = a->q + (size_t)(t + u) * a->in;
         xd[u] = a->d + (size_t)(t + u) * a->nb;
 #pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            acc[r][u] = 0.0f;
-            mac[r][u] = 0.0f;
-        }
+        for (int r = 0; r < NR; r++)
+            for (int l = 0; l < 8; l++) acc[r][u][l] = mac[r][u][l] = 0.0f;
     }
     const zs_ka_i16 one = (zs_ka_i16){0} + 1;
     for (int sb = 0; sb < nsb; sb++) {
@@ -149,13 +151,15 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 float d = c[r].d * xd[u][sb];
-                acc[r][u] = __builtin_fmaf(d, (float)KA_ISUM(is[r][u]), acc[r][u]);
+                float *al = &acc[r][u][sb & 7], *ml = &mac[r][u][sb & 7];
+                *al = __builtin_fmaf(d, (float)KA_ISUM(is[r][u]), *al);
 #if KA_FMT == ZS_KA_Q4_K
                 float coef = -(c[r].m * xd[u][sb]);
-                mac[r][u] = __builtin_fmaf(coef, (float)KA_MSUM(c[r].mn2, bs), mac[r][u]);
+                *ml = __builtin_fmaf(coef, (float)KA_MSUM(c[r].mn2, bs), *ml);
 #elif KA_MIN
-                mac[r][u] = __builtin_fmaf(c[r].m, a->s[(size_t)(t + u) * a->nb + sb], mac[r][u]);
+                *ml = __builtin_fmaf(c[r].m, a->s[(size_t)(t + u) * a->nb + sb], *ml);
 #endif
+                (void)ml;
             }
         }
     }
@@ -163,9 +167,9 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
     for (int u = 0; u < NT; u++)
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
-            float v = acc[r][u];
+            float v = zs_ka_tree(acc[r][u]);
 #if KA_MIN
-            v = v + mac[r][u];
+            v = v + zs_ka_tree(mac[r][u]);
 #endif
             y[(size_t)u * ldy + r] = v;
         }

@@ -90,7 +90,7 @@ static inline __attribute__((always_inline)) void KA_NAME(ptile)(float *y, int l
                                                                  const uint8_t *P, size_t pstride, int nsb,
                                                                  const int32_t *corr, int ncorr, const int NP,
                                                                  const int NT) {
-    __m256 acc[2][4], mac[2][4];
+    __m256 acc[2][4][8], mac[2][4][8]; /* the eight chains of each output lane */
     const int8_t *xq[4];
     const float *xd[4];
     const int32_t *cr[4];
@@ -100,7 +100,8 @@ static inline __attribute__((always_inline)) void KA_NAME(ptile)(float *y, int l
         xd[u] = a->d + (size_t)(t + u) * a->nb;
         cr[u] = corr + (size_t)u * ncorr;
 #pragma GCC unroll 2
-        for (int p = 0; p < NP; p++) acc[p][u] = mac[p][u] = _mm256_setzero_ps();
+        for (int p = 0; p < NP; p++)
+            for (int l = 0; l < 8; l++) acc[p][u][l] = mac[p][u][l] = _mm256_setzero_ps();
     }
     for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *B[2];
@@ -177,17 +178,19 @@ static inline __attribute__((always_inline)) void KA_NAME(ptile)(float *y, int l
 #pragma GCC unroll 2
             for (int p = 0; p < NP; p++) {
                 __m256 dv = _mm256_mul_ps(_mm256_load_ps((const float *)B[p]), xdv);
-                acc[p][u] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(S[p][u]), acc[p][u]);
+                __m256 *al = &acc[p][u][sb & 7], *ml = &mac[p][u][sb & 7];
+                *al = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(S[p][u]), *al);
+                (void)ml;
 #if KA_FMT == ZS_KA_Q4_K
                 __m256i mv = _mm256_setzero_si256();
                 for (int g = 0; g < 8; g++)
                     mv = _mm256_add_epi32(mv, _mm256_mullo_epi32(_mm256_load_si256((const __m256i *)(B[p] + PK_MN_AT) + g),
                                                                  _mm256_set1_epi32(cr[u][sb * 24 + 16 + g])));
                 __m256 coef = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_load_ps((const float *)(B[p] + 32)), xdv));
-                mac[p][u] = _mm256_fmadd_ps(coef, _mm256_cvtepi32_ps(mv), mac[p][u]);
+                *ml = _mm256_fmadd_ps(coef, _mm256_cvtepi32_ps(mv), *ml);
 #elif PK_MIN
-                mac[p][u] = _mm256_fmadd_ps(_mm256_load_ps((const float *)(B[p] + 32)),
-                                            _mm256_set1_ps(a->s[(size_t)(t + u) * a->nb + sb]), mac[p][u]);
+                *ml = _mm256_fmadd_ps(_mm256_load_ps((const float *)(B[p] + 32)),
+                                      _mm256_set1_ps(a->s[(size_t)(t + u) * a->nb + sb]), *ml);
 #endif
             }
         }
@@ -196,9 +199,9 @@ static inline __attribute__((always_inline)) void KA_NAME(ptile)(float *y, int l
     for (int u = 0; u < NT; u++)
 #pragma GCC unroll 2
         for (int p = 0; p < NP; p++) {
-            __m256 v = acc[p][u];
+            __m256 v = ZS_AKA(tree)(acc[p][u]);
 #if PK_MIN
-            v = _mm256_add_ps(v, mac[p][u]);
+            v = _mm256_add_ps(v, ZS_AKA(tree)(mac[p][u]));
 #endif
             _mm256_storeu_ps(y + (size_t)u * ldy + 8 * p, v);
         }
@@ -282,69 +285,85 @@ static inline __attribute__((always_inline)) zs_ka_i32 KA_NAME(dlanes)(const uin
     return z;
 }
 
-/* block sb's min term into m */
-static inline __attribute__((always_inline)) float KA_NAME(dmin)(const KA_NAME(ctx) *c, const zs_q8a *a, int t, int sb,
-                                                                 float m) {
+/* the f16 at byte off of 8 consecutive blocks from b, as 8 floats (built in registers: narrow
+ * stores reloaded as a vector would stall store forwarding) */
+static inline __attribute__((always_inline)) __m256 KA_NAME(h8)(const uint8_t *b, int off) {
+    uint16_t h[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++) memcpy(&h[k], b + (size_t)k * PK_BYTES + off, 2);
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
+}
+
+/* one row: 8 blocks at a time, their integer lanes reduced across blocks into the 8 blocks' S,
+ * which advance the eight chains in one instruction; the last blocks (fewer than 8) lane by lane */
+static inline __attribute__((always_inline)) void KA_NAME(drow)(float *y, const zs_q8a *a, int t, const uint8_t *w,
+                                                                const zs_ka_i32 *xo) {
+    int nsb = a->nb, sb0 = 0;
+    const int8_t *xq = a->q + (size_t)t * a->in;
+    const float *xd = a->d + (size_t)t * a->nb;
+    __m256 acc = _mm256_setzero_ps(), mac = _mm256_setzero_ps();
+    for (; sb0 + 8 <= nsb; sb0 += 8) {
+        const uint8_t *b0 = w + (size_t)sb0 * PK_BYTES;
+        KA_NAME(ctx) c[8];
+        zs_ka_i32 is[8];
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            KA_NAME(prep)(b0 + (size_t)k * PK_BYTES, &c[k]);
+            is[k] = KA_NAME(dlanes)(b0 + (size_t)k * PK_BYTES, &c[k], xq, sb0 + k, xo);
+        }
+        __m256 xdv = _mm256_loadu_ps(xd + sb0);
+        __m256 dd = _mm256_mul_ps(KA_NAME(h8)(b0, KA_FMT == ZS_KA_Q6_K ? 208 : 0), xdv);
+        acc = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(ZS_AKA(isum8)(is)), acc);
 #if KA_FMT == ZS_KA_Q4_K
-    const int16_t *bs = a->bs + (size_t)t * (a->in / 16) + (size_t)sb * 16;
-    return __builtin_fmaf(-(c->m * a->d[(size_t)t * a->nb + sb]), (float)KA_MSUM(c->mn2, bs), m);
+        const int16_t *bs = a->bs + (size_t)t * (a->in / 16) + (size_t)sb0 * 16;
+        __m256i mv = _mm256_setr_epi32(KA_MSUM(c[0].mn2, bs), KA_MSUM(c[1].mn2, bs + 16), KA_MSUM(c[2].mn2, bs + 32),
+                                       KA_MSUM(c[3].mn2, bs + 48), KA_MSUM(c[4].mn2, bs + 64), KA_MSUM(c[5].mn2, bs + 80),
+                                       KA_MSUM(c[6].mn2, bs + 96), KA_MSUM(c[7].mn2, bs + 112));
+        __m256 coef = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(KA_NAME(h8)(b0, 2), xdv));
+        mac = _mm256_fmadd_ps(coef, _mm256_cvtepi32_ps(mv), mac);
 #elif PK_MIN
-    return __builtin_fmaf(c->m, a->s[(size_t)t * a->nb + sb], m);
-#else
-    (void)c, (void)a, (void)t, (void)sb;
-    return m;
+        mac = _mm256_fmadd_ps(KA_NAME(h8)(b0, 2), _mm256_loadu_ps(a->s + (size_t)t * a->nb + sb0), mac);
 #endif
+    }
+    if (sb0 < nsb) { /* chains past the row's last block are left as they are */
+        float al[8], ml[8];
+        _mm256_storeu_ps(al, acc);
+        _mm256_storeu_ps(ml, mac);
+        for (int sb = sb0; sb < nsb; sb++) {
+            const uint8_t *b = w + (size_t)sb * PK_BYTES;
+            KA_NAME(ctx) c;
+            KA_NAME(prep)(b, &c);
+            int l = sb - sb0;
+            al[l] = __builtin_fmaf(c.d * xd[sb], (float)KA_ISUM(KA_NAME(dlanes)(b, &c, xq, sb, xo)), al[l]);
+#if KA_FMT == ZS_KA_Q4_K
+            const int16_t *bs = a->bs + (size_t)t * (a->in / 16) + (size_t)sb * 16;
+            ml[l] = __builtin_fmaf(-(c.m * xd[sb]), (float)KA_MSUM(c.mn2, bs), ml[l]);
+#elif PK_MIN
+            ml[l] = __builtin_fmaf(c.m, a->s[(size_t)t * a->nb + sb], ml[l]);
+#endif
+        }
+        acc = _mm256_loadu_ps(al);
+        mac = _mm256_loadu_ps(ml);
+    }
+    float v = zs_ka_hsum((zs_ka_f32)acc);
+#if PK_MIN
+    v = v + zs_ka_hsum((zs_ka_f32)mac);
+#endif
+    *y = v;
 }
 
 static int KA_NAME(dec8)(float *y, const zs_q8a *a, int t, const uint8_t *W, int R) {
     int nsb = a->nb;
     size_t rb = (size_t)nsb * PK_BYTES;
-    const int8_t *xq = a->q + (size_t)t * a->in;
-    const float *xd = a->d + (size_t)t * a->nb;
     /* the offset's lane sums of the activation blocks, once for all rows */
     zs_ka_i32 *xo = NULL;
 #if PK_ROFF
+    const int8_t *xq = a->q + (size_t)t * a->in;
     if (R > 1 && (xo = zs_q8a_pack_scratch((size_t)nsb * sizeof *xo)))
         for (int sb = 0; sb < nsb; sb++) xo[sb] = -PK_ROFF * KA_XSUM(*(const zs_ka_i8u *)(xq + (size_t)sb * 32));
 #endif
-    for (int j = 0; j < R; j++) {
-        const uint8_t *w = W + (size_t)j * rb;
-        float acc = 0.0f, mac = 0.0f;
-        int sb0 = 0;
-        for (; sb0 + 8 <= nsb; sb0 += 8) {
-            KA_NAME(ctx) c[8];
-            zs_ka_i32 is[8];
-            zs_ka_f32 dw;
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                const uint8_t *b = w + (size_t)(sb0 + k) * PK_BYTES;
-                KA_NAME(prep)(b, &c[k]);
-                dw[k] = c[k].d;
-                is[k] = KA_NAME(dlanes)(b, &c[k], xq, sb0 + k, xo);
-            }
-            /* the 8 blocks' S at once, then the chain block by block in order (in registers: a
-             * store and narrow reloads would stall forwarding) */
-            zs_ka_f32 sv = (zs_ka_f32)_mm256_cvtepi32_ps(ZS_AKA(isum8)(is));
-            zs_ka_f32 dd = (zs_ka_f32)_mm256_mul_ps((__m256)dw, _mm256_loadu_ps(xd + sb0));
-#pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) {
-                acc = __builtin_fmaf(dd[k], sv[k], acc);
-                mac = KA_NAME(dmin)(&c[k], a, t, sb0 + k, mac);
-            }
-        }
-        for (int sb = sb0; sb < nsb; sb++) {
-            const uint8_t *b = w + (size_t)sb * PK_BYTES;
-            KA_NAME(ctx) c;
-            KA_NAME(prep)(b, &c);
-            acc = __builtin_fmaf(c.d * xd[sb], (float)KA_ISUM(KA_NAME(dlanes)(b, &c, xq, sb, xo)), acc);
-            mac = KA_NAME(dmin)(&c, a, t, sb, mac);
-        }
-#if PK_MIN
-        acc = acc + mac;
-#endif
-        y[j] = acc;
-        (void)mac;
-    }
+    for (int j = 0; j < R; j++) KA_NAME(drow)(y + j, a, t, W + (size_t)j * rb, xo);
     return R;
 }
 #undef KA_SIGNED

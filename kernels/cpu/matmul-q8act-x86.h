@@ -68,6 +68,11 @@ static inline __attribute__((always_inline)) int ZS_AKA(isum)(zs_ka_i32 v) {
 static inline __attribute__((always_inline)) int ZS_AKA(msum)(zs_ka_i16 v, const int16_t *bs) {
     return ZS_AKA(isum)((zs_ka_i32)_mm256_madd_epi16((__m256i)v, _mm256_loadu_si256((const __m256i *)bs)));
 }
+/* the eight chains of 8 outputs summed pairwise, as zs_ka_tree */
+static inline __attribute__((always_inline)) __m256 ZS_AKA(tree)(const __m256 *a) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])),
+                         _mm256_add_ps(_mm256_add_ps(a[4], a[5]), _mm256_add_ps(a[6], a[7])));
+}
 /* the lane sums of 8 vectors: lane r = Σ of v[r]'s lanes */
 static inline __attribute__((always_inline)) __m256i ZS_AKA(isum8)(const zs_ka_i32 *v) {
     __m256i h01 = _mm256_hadd_epi32((__m256i)v[0], (__m256i)v[1]), h23 = _mm256_hadd_epi32((__m256i)v[2], (__m256i)v[3]);

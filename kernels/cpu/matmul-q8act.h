@@ -36,6 +36,10 @@ typedef float zs_ka_f32 __attribute__((vector_size(32)));
 #define ZS_KA_Q5_1 5
 #define ZS_KA_Q4_K 6
 #define ZS_KA_Q6_K 7
+/* the eight chains of an output summed pairwise (matmul-q8act-kern.h) */
+static inline float zs_ka_tree(const float *a) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
 static inline float zs_ka_hsum(zs_ka_f32 a) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
