@@ -454,9 +454,14 @@ int zs_matmul_q8act(float *y, const float *x, int T, int in, const void *W, zs_d
     int rows = (int)((64 * 1024) / ZS_MAX(j.row_bytes, (size_t)1));
     rows = ZS_MAX(4, rows & ~3);
     while (rows > 4 && (out + rows - 1) / rows < 4 * threads) rows = ZS_MAX(4, (rows / 2) & ~3);
+    /* the packed kernels (T >= 4) take rows in panels of 8, two at a time */
+    if (T >= 4) rows = ZS_MAX(16, rows & ~15);
     j.rows_per_task = rows;
     /* activation rows in tiles of ~16 KiB of int8, a multiple of 4 (the kernel's tile) */
     j.tok_tile = ZS_MAX(4, (int)((16 * 1024) / (size_t)in) & ~3);
+    /* a packed panel is repacked for every tile of tokens: tiles of ~256 KiB of activations (at
+     * least 32 rows) keep that cost small */
+    if (T >= 4) j.tok_tile = ZS_MAX(32, (int)((256 * 1024) / (size_t)in) & ~3);
     int tasks = (out + rows - 1) / rows;
     if (!big)
         for (int t = 0; t < tasks; t++) q8a_task(&j, t);
