@@ -219,7 +219,7 @@ static int KA_NAME(packed)(float *y, int ldy, const zs_q8a *a, int t0, int T, co
      * 32 per super-block (24 ints) */
     int ncorr = PK_K ? nsb * 24 : nsb;
     size_t need = 2 * pstride + (size_t)T * ncorr * 4;
-    uint8_t *buf = zs_q8a_pack_scratch(need);
+    uint8_t *buf = zs_scratch_get(ZS_SCRATCH_PACK, need);
     if (!buf) return 0;
     int32_t *corr = (int32_t *)(buf + 2 * pstride);
     for (int t = 0; t < T; t++) {
@@ -360,7 +360,7 @@ static int KA_NAME(dec8)(float *y, const zs_q8a *a, int t, const uint8_t *W, int
     zs_ka_i32 *xo = NULL;
 #if PK_ROFF
     const int8_t *xq = a->q + (size_t)t * a->in;
-    if (R > 1 && (xo = zs_q8a_pack_scratch((size_t)nsb * sizeof *xo)))
+    if (R > 1 && (xo = zs_scratch_get(ZS_SCRATCH_PACK, (size_t)nsb * sizeof *xo)))
         for (int sb = 0; sb < nsb; sb++) xo[sb] = -PK_ROFF * KA_XSUM(*(const zs_ka_i8u *)(xq + (size_t)sb * 32));
 #endif
     for (int j = 0; j < R; j++) KA_NAME(drow)(y + j, a, t, W + (size_t)j * rb, xo);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "matmul-q8act.h"
+#include "scratch.h"
 
 static inline __attribute__((always_inline)) zs_ka_i32 ZS_AKA(dot)(zs_ka_i32 acc, zs_ka_i8 w, zs_ka_i8 x, zs_ka_i16 sc,
                                                                    int sgn, int scaled) {

@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "pool.h"
+#include "scratch.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi" /* static helpers pass vectors: the ABI note does not apply */
 
@@ -318,70 +319,6 @@ zs_q8a_fn zs_q8a_pick(zs_dtype wdt) {
 }
 #undef ZS_KA_PICK3
 
-/* ---- the scratch buffer: one per calling thread, grown, freed at the thread's exit ---- */
-
-typedef struct {
-    void *p;
-    size_t cap;
-} q8a_scratch;
-
-static pthread_key_t g_key;
-static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
-static void scratch_free(void *v) {
-    q8a_scratch *s = v;
-    free(s->p);
-    free(s);
-}
-static void key_init(void) { (void)pthread_key_create(&g_key, scratch_free); }
-
-static void *scratch_get(size_t n) {
-    pthread_once(&g_key_once, key_init);
-    q8a_scratch *s = pthread_getspecific(g_key);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s) return NULL;
-        if (pthread_setspecific(g_key, s) != 0) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (s->cap < n) {
-        size_t cap = n + n / 2;
-        void *p = NULL;
-        if (posix_memalign(&p, 64, cap) != 0) return NULL;
-        free(s->p);
-        s->p = p;
-        s->cap = cap;
-    }
-    return s->p;
-}
-
-static pthread_key_t g_pkey;
-static pthread_once_t g_pkey_once = PTHREAD_ONCE_INIT;
-static void pkey_init(void) { (void)pthread_key_create(&g_pkey, scratch_free); }
-
-void *zs_q8a_pack_scratch(size_t n) {
-    pthread_once(&g_pkey_once, pkey_init);
-    q8a_scratch *s = pthread_getspecific(g_pkey);
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s) return NULL;
-        if (pthread_setspecific(g_pkey, s) != 0) {
-            free(s);
-            return NULL;
-        }
-    }
-    if (s->cap < n) {
-        size_t cap = n + n / 2;
-        void *p = NULL;
-        if (posix_memalign(&p, 64, cap) != 0) return NULL;
-        free(s->p);
-        s->p = p;
-        s->cap = cap;
-    }
-    return s->p;
-}
-
 /* ---- the driver ---- */
 
 typedef struct {
@@ -418,7 +355,7 @@ int zs_matmul_q8act(float *y, const float *x, int T, int in, const void *W, zs_d
     /* q (T·in, 64-aligned), d (T·nb), s (T·nb, Q8_1), bs (T·in/16, Q8_K) */
     size_t nq = ((size_t)T * in + 63) & ~(size_t)63, nd = (size_t)T * nb;
     size_t bytes = nq + nd * 4 + (kind == ZS_Q8A_Q8_1 ? nd * 4 : 0) + (kind == ZS_Q8A_Q8_K ? (size_t)T * (in / 16) * 2 : 0);
-    uint8_t *buf = scratch_get(bytes);
+    uint8_t *buf = zs_scratch_get(ZS_SCRATCH_Q8A, bytes);
     if (!buf) return ZS_ENOMEM;
     q8a_job j = {0};
     j.y = y;

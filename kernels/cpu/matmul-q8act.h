@@ -105,9 +105,6 @@ void zs_q8a_block_q5_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T,
 void zs_q8a_block_q5_1_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q4_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q6_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-/* a buffer of at least n bytes, 64-aligned, for the packed prefill kernels: one per calling
- * thread, grown and reused (freed when the thread exits); NULL when it cannot be had */
-void *zs_q8a_pack_scratch(size_t n);
 /* the kernel zs_matmul_q8act runs for wdt on this CPU (AVX-512VL/BW+VNNI, else AVX2+FMA+F16C,
  * when present); NULL if none */
 zs_q8a_fn zs_q8a_pick(zs_dtype wdt);
