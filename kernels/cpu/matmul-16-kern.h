@@ -35,10 +35,70 @@ static inline float KERN16_NAME(hsum)(zs_v8 a) {
 
 static inline zs_v8 KERN16_NAME(ldx)(const float *p) { return *(const zs_v8u *)p; }
 
+#ifdef KERN16_T4
+#include "scratch.h"
+/* rows 0..R4-1 × tokens 0..T4-1 (multiples of 4) in 4 × 4 tiles, k in chunks of 512 so that a
+ * tile's weights stay in L1 while every token tile passes; the accumulators wait in A between
+ * chunks (a store and a load change no value, so the order and bits are the tiles' above).
+ * Returns 0 when no scratch buffer can be had (nothing written). */
+static int KERN16_NAME(kc4)(float *y, int ldy, const float *x, int T4, int in, const uint16_t *W, int R4) {
+    int k8 = in & ~7, nt = T4 / 4, nr = R4 / 4;
+    zs_v8 *A = zs_scratch_get(ZS_SCRATCH_MM, (size_t)nr * nt * 16 * sizeof(zs_v8));
+    if (!A) return 0;
+    for (int kc = 0; kc < k8; kc += 512) {
+        int ke = kc + 512 < k8 ? kc + 512 : k8;
+        for (int jr = 0; jr < nr; jr++) {
+            const uint16_t *wr[4];
+            for (int r = 0; r < 4; r++) wr[r] = W + (size_t)(4 * jr + r) * in;
+            for (int tt = 0; tt < nt; tt++) {
+                zs_v8 *At = A + ((size_t)jr * nt + tt) * 16, acc[4][4];
+                const float *xr[4];
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++) {
+                    xr[u] = x + (size_t)(4 * tt + u) * in;
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) acc[r][u] = kc ? At[4 * r + u] : (zs_v8){0};
+                }
+                for (int k = kc; k < ke; k += 8) {
+                    zs_v8 wv[4];
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) wv[r] = KERN16_W8(wr[r] + k);
+#pragma GCC unroll 4
+                    for (int u = 0; u < 4; u++) {
+                        zs_v8 xv = KERN16_NAME(ldx)(xr[u] + k);
+#pragma GCC unroll 4
+                        for (int r = 0; r < 4; r++) acc[r][u] = KERN16_FMA8(wv[r], xv, acc[r][u]);
+                    }
+                }
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++)
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) At[4 * r + u] = acc[r][u];
+            }
+        }
+    }
+    for (int jr = 0; jr < nr; jr++)
+        for (int tt = 0; tt < nt; tt++)
+            for (int r = 0; r < 4; r++) {
+                const uint16_t *wrr[1] = {W + (size_t)(4 * jr + r) * in};
+                for (int u = 0; u < 4; u++) {
+                    const float *xu = x + (size_t)(4 * tt + u) * in;
+                    float s = k8 ? KERN16_NAME(hsum)(A[((size_t)jr * nt + tt) * 16 + 4 * r + u]) : 0.0f;
+                    for (int k = k8; k < in; k++) s = __builtin_fmaf(KERN16_W1(wrr[0] + k), xu[k], s);
+                    y[(size_t)(4 * tt + u) * ldy + 4 * jr + r] = s;
+                }
+            }
+    return 1;
+}
+#endif
+
 /* y[t*ldy + j] = dot(W[j*in ..], x[t*in ..]) for t < T, j < R. */
 static void KERN16_NAME(block)(float *y, int ldy, const float *x, int T, int in, const uint16_t *W, int R) {
     int k8 = in & ~7;
-    int j = 0;
+    int j = 0, t4 = 0, r4 = 0;
+#ifdef KERN16_T4
+    if (T >= 4 && R >= 4 && KERN16_NAME(kc4)(y, ldy, x, T & ~3, in, W, R & ~3)) t4 = T & ~3, r4 = R & ~3;
+#endif
     /* one token (decode): 8 weight rows per pass, so 8 accumulator chains are in flight */
     for (; T == 1 && j + 8 <= R; j += 8) {
         const uint16_t *w0 = W + (size_t)j * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
@@ -61,7 +121,7 @@ static void KERN16_NAME(block)(float *y, int ldy, const float *x, int T, int in,
     }
     for (; j + 4 <= R; j += 4) {
         const uint16_t *w0 = W + (size_t)j * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
-        int t = 0;
+        int t = j < r4 ? t4 : 0;
 #ifdef KERN16_T4
         /* 4 rows × 4 tokens: each widened weight serves 4 tokens (a build with 32 registers) */
         for (; t + 4 <= T; t += 4) {

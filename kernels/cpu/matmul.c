@@ -334,8 +334,14 @@ void zs_op_matmul(float *y, const float *x, int T, int in, const void *W, zs_dty
     /* but enough blocks to keep every thread busy on small matrices */
     int threads = zs_pool_threads();
     while (rows > 4 && (out + rows - 1) / rows < 4 * threads) rows = ZS_MAX(4, (rows / 2) & ~3);
-    j.rows_per_task = rows;
     j.tok_tile = ZS_MAX(4, (int)((16 * 1024 / 4) / (size_t)ZS_MAX(in, 1)) & ~3);
+    /* the AVX-512 f32/16-bit kernels block k themselves (kc4): give them 16+ rows and up to 64
+     * tokens a call, so that a 4-row tile's weights are reused from L1 by 16 token tiles */
+    if (T >= 4 && !j.fnq8 && zs_matmul_has_avx512()) {
+        rows = ZS_MAX(16, rows & ~3);
+        j.tok_tile = ZS_MIN(64, T & ~3);
+    }
+    j.rows_per_task = rows;
     int tasks = (out + rows - 1) / rows;
     /* small products are done here: waking the pool would cost more than the work */
     if ((size_t)out * (size_t)in * (size_t)T < ((size_t)1 << 20))

@@ -9,6 +9,7 @@
 enum {
     ZS_SCRATCH_Q8A = 0,  /* the quantized activations of zs_matmul_q8act */
     ZS_SCRATCH_PACK = 1, /* the packed panels and activation sums of its kernels */
+    ZS_SCRATCH_MM = 2,   /* the f32/bf16/f16 kernels' accumulators between chunks of k */
     ZS_SCRATCH_SLOTS
 };
 
