@@ -294,6 +294,8 @@ def callgrind_part(a, files, kv_ggml):
     if not a.peer_cg_python:
         raise SystemExit("CALLGRIND=1 needs --peer-cg-python (the llama.cpp build without AVX-512; peers.sh makes it)")
     k1, k2 = (int(k) for k in a.cg_decode.split())
+    # one thread: no OpenBLAS (numpy's, zeroserve's) or OpenMP workers polling under the count
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     P = a.cg_prompt
     cgdir = os.path.join(a.cache, "callgrind")
     os.makedirs(cgdir, exist_ok=True)
@@ -308,9 +310,9 @@ def callgrind_part(a, files, kv_ggml):
         zo = [os.path.join(cgdir, f"zs-{tag}-{k}.out") for k in (k1, k2)]
         lo = [os.path.join(cgdir, f"llama-{tag}-{k}.out") for k in (k1, k2)]
         zir = [callgrind([Z, "bench", "--model", f, "--runs", "1", "--prefill", str(P), "--decode", str(k), "--device", "cpu",
-                          "--kv-dtype", a.kv, "--threads", "1"], o, env={**os.environ, "ZS_LOG": "warn", "ZS_THREADS": "1"})
+                          "--kv-dtype", a.kv, "--threads", "1"], o, env={**env, "ZS_LOG": "warn", "ZS_THREADS": "1"})
                for k, o in zip((k1, k2), zo)]
-        lir = [callgrind([a.peer_cg_python, "-c", LLAMA_CG, f, str(P), str(k), str(P + k2 + 16), str(kv_ggml)], o)
+        lir = [callgrind([a.peer_cg_python, "-c", LLAMA_CG, f, str(P), str(k), str(P + k2 + 16), str(kv_ggml)], o, env)
                for k, o in zip((k1, k2), lo)]
         z = (zir[1] - zir[0]) / (2 * (k2 - k1))  # zeroserve bench decodes twice per run: warm-up and run
         l = (lir[1] - lir[0]) / (k2 - k1)
