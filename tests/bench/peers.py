@@ -316,7 +316,7 @@ def callgrind_part(a, files, kv_ggml):
                for k, o in zip((k1, k2), lo)]
         z = (zir[1] - zir[0]) / (2 * (k2 - k1))  # zeroserve bench decodes twice per run: warm-up and run
         l = (lir[1] - lir[0]) / (k2 - k1)
-        rows.append((tag, z, l))
+        rows.append((tag, f, z, l))
         print(f"callgrind {tag}: zeroserve {z / 1e6:.1f}M, llama.cpp {l / 1e6:.1f}M Ir/token ({time.time() - t0:.0f} s)",
               file=sys.stderr, flush=True)
         if a.profile:
@@ -325,13 +325,13 @@ def callgrind_part(a, files, kv_ggml):
     print(f"\ninstructions per decoded token ({vg} --tool=callgrind; one thread each, KV cache {a.kv}; prompt {P} "
           f"tokens, then (Ir at {k2} decoded tokens - Ir at {k1}) / {k2 - k1}: loading and prefill cancel).\n"
           f"Under valgrind the CPU has no AVX-512, so both engines run AVX2 code: zeroserve picks its kernels from "
-          f"cpuid; llama.cpp is llama-cpp-python {v} built with GGML_NATIVE=OFF ({feat}). The timings above ran the "
-          f"native build.")
-    print(f"{'file':16s} {'zeroserve Ir/tok':>16s} {'llama.cpp Ir/tok':>16s} {'zs/llama':>8s}")
+          f"cpuid; llama.cpp is llama-cpp-python {v} built with GGML_NATIVE=OFF ({feat})"
+          + ("; the timings above ran the native build." if a.timings else "."))
+    print(f"{'file':32s} {'zeroserve Ir/tok':>16s} {'llama.cpp Ir/tok':>16s} {'zs/llama':>8s}")
     out = []
-    for tag, z, l in rows:
-        print(f"{tag:16s} {z:16,.0f} {l:16,.0f} {z / l:8.2f}")
-        out.append({"callgrind": tag, "zs_ir_per_token": z, "peer_ir_per_token": l, "ratio": z / l})
+    for tag, f, z, l in rows:
+        print(f"{os.path.basename(f):32s} {z:16,.0f} {l:16,.0f} {z / l:8.2f}")
+        out.append({"callgrind": tag, "file": f, "zs_ir_per_token": z, "peer_ir_per_token": l, "ratio": z / l})
     return out
 
 
