@@ -1,5 +1,6 @@
 /* tensor.c — dtype sizes and names, bf16 <-> f32 conversion, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1
- * quantization and dequantization, Q4_K/Q6_K dequantization (ggml's reference arithmetic), and
+ * quantization and dequantization, K-quant (Q2_K .. Q6_K) dequantization (ggml's reference
+ * arithmetic), and
  * conversion between any two dtypes. The f16 scalars are in f16.c and the K-quant quantizers in
  * quant-k.c, both below this file: it calls them, they call nothing here.
  *
@@ -13,8 +14,17 @@
  * sc[g] and mins m[g] (get_scale_min_k4), then 128 bytes of nibbles (group 2i low nibbles, 2i+1
  * high nibbles of bytes 32i..32i+31; value (d·sc)·q - (dmin·m); 144 bytes); Q6_K 128 bytes ql
  * of low nibbles, 64 bytes qh of 2-bit highs, 16 int8 scales (one per 16 weights), then an f16
- * d (value (d·sc)·(q - 32); 210 bytes). Every block format is made by a quantizer with ggml's
- * reference bytes (the K-quants' in quant-k.c). */
+ * d (value (d·sc)·(q - 32); 210 bytes); Q5_K is Q4_K with a fifth bit: d, dmin, the 12 scale
+ * bytes, 32 bytes qh (bit g of qh[l]: the fifth bit of weight l of group g), then Q4_K's nibbles
+ * (value (d·sc)·q - (dmin·m), q 0..31; 176 bytes). Q3_K and Q2_K have 16 groups of 16, laid out
+ * in two halves of 128: weight 128h + 32j + l (j = 0..3, l = 0..31) has its 2 low bits at bits
+ * 2j of qs[32h + l] and scale number 8h + 2j + l/16. Q3_K: 32 bytes hmask (bit 4h + j of
+ * hmask[l]: the third bit of that weight), 64 bytes qs, 12 bytes of 16 6-bit scales (scale i: low
+ * nibble of byte i for i < 8, else the high nibble of byte i - 8; high 2 bits at bits 2(i/4) of
+ * byte 8 + i%4; stored + 32), an f16 d (value (d·(sc - 32))·(q - 4 + 4·hbit); 110 bytes). Q2_K:
+ * 16 bytes of scales (low nibble the scale, high nibble the min of each 16), 64 bytes qs, f16 d,
+ * f16 dmin (value (d·sc)·q - (dmin·m), q 0..3; 84 bytes). Every block format is made by a
+ * quantizer with ggml's reference bytes (the K-quants' in quant-k.c). */
 #include <math.h>
 #include "tensor.h"
 
@@ -34,12 +44,15 @@ size_t zs_dtype_size(zs_dtype t) {
     case ZS_Q5_1: return ZS_Q5_1_BYTES;
     case ZS_Q4_K: return ZS_Q4_K_BYTES;
     case ZS_Q6_K: return ZS_Q6_K_BYTES;
+    case ZS_Q5_K: return ZS_Q5_K_BYTES;
+    case ZS_Q3_K: return ZS_Q3_K_BYTES;
+    case ZS_Q2_K: return ZS_Q2_K_BYTES;
     default: return 0;
     }
 }
 
 int zs_dtype_block(zs_dtype t) {
-    if (t == ZS_Q4_K || t == ZS_Q6_K) return ZS_QK_K;
+    if (t >= ZS_Q4_K && t <= ZS_Q2_K) return ZS_QK_K; /* Q4_K, Q6_K, Q5_K, Q3_K, Q2_K */
     if (zs_dtype_is_quant(t)) return ZS_Q8_0_BLOCK;
     return (unsigned)t < ZS_DTYPE_COUNT ? 1 : 0;
 }
@@ -65,6 +78,9 @@ const char *zs_dtype_name(zs_dtype t) {
     case ZS_Q5_1: return "Q5_1";
     case ZS_Q4_K: return "Q4_K";
     case ZS_Q6_K: return "Q6_K";
+    case ZS_Q5_K: return "Q5_K";
+    case ZS_Q3_K: return "Q3_K";
+    case ZS_Q2_K: return "Q2_K";
     default: return "?";
     }
 }
@@ -80,6 +96,9 @@ int zs_dtype_parse(const char *name, zs_dtype *out) {
     else if (!strcmp(name, "Q5_1") || !strcmp(name, "q5_1")) *out = ZS_Q5_1;
     else if (!strcmp(name, "Q4_K") || !strcmp(name, "q4_k")) *out = ZS_Q4_K;
     else if (!strcmp(name, "Q6_K") || !strcmp(name, "q6_k")) *out = ZS_Q6_K;
+    else if (!strcmp(name, "Q5_K") || !strcmp(name, "q5_k")) *out = ZS_Q5_K;
+    else if (!strcmp(name, "Q3_K") || !strcmp(name, "q3_k")) *out = ZS_Q3_K;
+    else if (!strcmp(name, "Q2_K") || !strcmp(name, "q2_k")) *out = ZS_Q2_K;
     else return ZS_EUNSUPPORTED;
     return 0;
 }
@@ -211,7 +230,7 @@ __attribute__((optimize("fp-contract=off"))) void zs_quantize_q5_0(void *dst, co
     }
 }
 
-/* quantize n values into the block format dt (Q8_0 .. Q5_1: n a multiple of 32; Q4_K, Q6_K: of
+/* quantize n values into the block format dt (Q8_0 .. Q5_1: n a multiple of 32; the K-quants: of
  * 256); 0, or ZS_EINVAL for another dtype or an n that is not a whole number of blocks */
 int zs_quantize(zs_dtype dt, void *dst, const float *src, size_t n) {
     if (zs_dtype_is_quant(dt) && n % (size_t)zs_dtype_block(dt) != 0)
@@ -225,6 +244,9 @@ int zs_quantize(zs_dtype dt, void *dst, const float *src, size_t n) {
     case ZS_Q5_1: zs_quantize_q5_1(dst, src, n); return 0;
     case ZS_Q4_K: zs_quantize_q4_k(dst, src, n); return 0;
     case ZS_Q6_K: zs_quantize_q6_k(dst, src, n); return 0;
+    case ZS_Q5_K: zs_quantize_q5_k(dst, src, n); return 0;
+    case ZS_Q3_K: zs_quantize_q3_k(dst, src, n); return 0;
+    case ZS_Q2_K: zs_quantize_q2_k(dst, src, n); return 0;
     default: return zs_err(ZS_EINVAL, "quantize: dtype %s (%d) is not a block format", zs_dtype_name(dt), (int)dt);
     }
 }
@@ -267,30 +289,63 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     }
 }
 
-/* Q4_K and Q6_K super-blocks to f32, ggml's dequantize_row_q4_K/q6_K: group g of 32; Q4_K
- * (d·sc)·q - (dmin·m), Q6_K (d·sc)·(q - 32), each operation rounded, none fused */
+/* Q3_K's scale i (0..15), -32..31, from its 12 packed bytes */
+static inline int scale_q3k(int i, const uint8_t *q) {
+    int lo = i < 8 ? q[i] & 0xF : q[i - 8] >> 4, hi = (q[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* K-quant super-blocks to f32, ggml's dequantize_row_q4_K/q6_K/q5_K/q3_K/q2_K: group g of 32;
+ * Q4_K/Q5_K (d·sc)·q - (dmin·m), Q6_K (d·sc)·(q - 32), Q3_K (d·sc)·q with q -4..3, Q2_K
+ * (d·sc)·q - (dmin·m) per 16; each operation rounded, none fused */
 __attribute__((optimize("fp-contract=off"))) static void qk_to_f32(float *dst, const uint8_t *s, size_t n, zs_dtype st) {
+    size_t bb = zs_dtype_size(st);
     for (size_t b = 0; b < n / ZS_QK_K; b++) {
         float *y = dst + b * ZS_QK_K;
+        const uint8_t *blk = s + b * bb;
         uint16_t h;
-        if (st == ZS_Q4_K) {
-            const uint8_t *blk = s + b * ZS_Q4_K_BYTES;
+        if (st == ZS_Q4_K || st == ZS_Q5_K) {
             uint16_t hm;
             memcpy(&h, blk, 2);
             memcpy(&hm, blk + 2, 2);
             float d = zs_f16_to_f32(h), dmin = zs_f16_to_f32(hm);
+            int five = st == ZS_Q5_K;
+            const uint8_t *qh = blk + 16, *qs = blk + (five ? 48 : 16);
             for (int g = 0; g < 8; g++) {
                 int sc, m;
                 scale_min_k4(g, blk + 4, &sc, &m);
                 float d1 = d * (float)sc, m1 = dmin * (float)m;
-                const uint8_t *q = blk + 16 + 32 * (g >> 1);
+                const uint8_t *q = qs + 32 * (g >> 1);
                 for (int l = 0; l < 32; l++) {
-                    float p = d1 * (float)((q[l] >> (4 * (g & 1))) & 15);
+                    int v = ((q[l] >> (4 * (g & 1))) & 15) | (five ? ((qh[l] >> g) & 1) << 4 : 0);
+                    float p = d1 * (float)v;
                     y[32 * g + l] = p - m1;
                 }
             }
+        } else if (st == ZS_Q3_K || st == ZS_Q2_K) {
+            int three = st == ZS_Q3_K;
+            const uint8_t *qs = blk + (three ? 32 : 16);
+            float d, dmin = 0;
+            memcpy(&h, blk + (three ? 108 : 80), 2);
+            d = zs_f16_to_f32(h);
+            if (!three) {
+                memcpy(&h, blk + 82, 2);
+                dmin = zs_f16_to_f32(h);
+            }
+            for (int k = 0; k < ZS_QK_K; k++) {
+                int hh = k >> 7, j = (k >> 5) & 3, l = k & 31, is = 8 * hh + 2 * j + (l >> 4);
+                int q = (qs[32 * hh + l] >> (2 * j)) & 3;
+                if (three) {
+                    q -= (blk[l] >> (4 * hh + j)) & 1 ? 0 : 4;
+                    float dl = d * (float)scale_q3k(is, blk + 96);
+                    y[k] = dl * (float)q;
+                } else {
+                    float dl = d * (float)(blk[is] & 0xF), ml = dmin * (float)(blk[is] >> 4);
+                    float p = dl * (float)q;
+                    y[k] = p - ml;
+                }
+            }
         } else {
-            const uint8_t *blk = s + b * ZS_Q6_K_BYTES;
             memcpy(&h, blk + 208, 2);
             float d = zs_f16_to_f32(h);
             for (int g = 0; g < 8; g++) {
@@ -333,9 +388,9 @@ static void q8_0_to_f32(float *dst, const uint8_t *s, size_t n) {
  * Q4_0 value = f32(d) * (q - 8), Q5_0 value = f32(d) * (q - 16), one rounded f32 product each;
  * Q4_1 and Q5_1 value = (f32(d) * q) + f32(m), the product rounded, then the sum: two roundings,
  * never fused, as ggml's dequantize_row_q4_1/q5_1 write it (x*d + m, no fmaf) and the gguf
- * package computes it; Q4_K value = (f32(d) * sc) * q - (f32(dmin) * m) and Q6_K value =
- * (f32(d) * sc) * (q - 32), each product rounded, the difference rounded, never fused:
- * dequantize_row_q4_K/q6_K). */
+ * package computes it; Q4_K/Q5_K/Q2_K value = (f32(d) * sc) * q - (f32(dmin) * m), Q6_K value =
+ * (f32(d) * sc) * (q - 32) and Q3_K value = (f32(d) * (sc - 32)) * q, each product rounded, the
+ * difference rounded, never fused: dequantize_row_q4_K/q5_K/q2_K/q6_K/q3_K). */
 void zs_to_f32(float *dst, const void *src, zs_dtype st, size_t n) {
     if (st == ZS_Q8_0) {
         q8_0_to_f32(dst, src, n);
@@ -343,7 +398,7 @@ void zs_to_f32(float *dst, const void *src, zs_dtype st, size_t n) {
         q4_0_to_f32(dst, src, n);
     } else if (st == ZS_Q4_1 || st == ZS_Q5_0 || st == ZS_Q5_1) {
         q45_to_f32(dst, src, n, st);
-    } else if (st == ZS_Q4_K || st == ZS_Q6_K) {
+    } else if (zs_dtype_block(st) == ZS_QK_K) {
         qk_to_f32(dst, src, n, st);
     } else if (st == ZS_F32) {
         memmove(dst, src, n * 4);

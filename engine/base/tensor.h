@@ -13,7 +13,7 @@
 
 typedef enum {
     ZS_F32 = 0, ZS_F16 = 1, ZS_BF16 = 2, ZS_Q8_0 = 3, ZS_Q4_0 = 4, ZS_Q4_1 = 5, ZS_Q5_0 = 6, ZS_Q5_1 = 7,
-    ZS_Q4_K = 8, ZS_Q6_K = 9, ZS_DTYPE_COUNT
+    ZS_Q4_K = 8, ZS_Q6_K = 9, ZS_Q5_K = 10, ZS_Q3_K = 11, ZS_Q2_K = 12, ZS_DTYPE_COUNT
 } zs_dtype;
 #define ZS_DTYPE_ELEM_COUNT 3 /* dtypes below this are element types (f32, f16, bf16) */
 #define ZS_Q8_0_BLOCK 32      /* weights per Q8_0 block */
@@ -25,6 +25,9 @@ typedef enum {
 #define ZS_QK_K 256           /* weights per K-quant super-block */
 #define ZS_Q4_K_BYTES 144     /* f16 d, f16 dmin, uint8 scales[12], uint8 qs[128] */
 #define ZS_Q6_K_BYTES 210     /* uint8 ql[128], uint8 qh[64], int8 scales[16], f16 d */
+#define ZS_Q5_K_BYTES 176     /* f16 d, f16 dmin, uint8 scales[12], uint8 qh[32], uint8 qs[128] */
+#define ZS_Q3_K_BYTES 110     /* uint8 hmask[32], uint8 qs[64], uint8 scales[12], f16 d */
+#define ZS_Q2_K_BYTES 84      /* uint8 scales[16], uint8 qs[64], f16 d, f16 dmin */
 #define ZS_DTYPE_MAX_BLOCK 256 /* the largest zs_dtype_block */
 
 #define ZS_MAX_DIMS 4
@@ -38,11 +41,11 @@ typedef struct {
 
 /* dtypes */
 size_t zs_dtype_size(zs_dtype t);  /* bytes of one block (of one element for f32/f16/bf16); 0 if invalid */
-int zs_dtype_block(zs_dtype t);    /* elements per block: 1, 32 (Q8_0 .. Q5_1), 256 (Q4_K, Q6_K); 0 if invalid */
-int zs_dtype_is_quant(zs_dtype t); /* a block format (Q8_0 .. Q5_1, Q4_K, Q6_K) rather than an element type */
+int zs_dtype_block(zs_dtype t);    /* elements per block: 1, 32 (Q8_0 .. Q5_1), 256 (the K-quants Q2_K .. Q6_K); 0 if invalid */
+int zs_dtype_is_quant(zs_dtype t); /* a block format (Q8_0 .. Q5_1, Q2_K .. Q6_K) rather than an element type */
 int zs_dtype_can_quantize(zs_dtype t);       /* zs_quantize makes this block format (every one) */
 size_t zs_dtype_bytes(zs_dtype t, size_t n); /* bytes of n elements (n a multiple of zs_dtype_block) */
-const char *zs_dtype_name(zs_dtype t);       /* "F32", "F16", "BF16" (safetensors names), "Q8_0" .. "Q6_K" */
+const char *zs_dtype_name(zs_dtype t);       /* "F32", "F16", "BF16" (safetensors names), "Q8_0" .. "Q2_K" */
 int zs_dtype_parse(const char *name, zs_dtype *out); /* 0, or ZS_EUNSUPPORTED; the names above in either case, float32 ... */
 int64_t zs_tensor_numel(const zs_tensor *t);
 
@@ -64,5 +67,8 @@ void zs_quantize_q5_0(void *dst, const float *src, size_t n);
 void zs_quantize_q5_1(void *dst, const float *src, size_t n);
 void zs_quantize_q4_k(void *dst, const float *src, size_t n); /* quant-k.c */
 void zs_quantize_q6_k(void *dst, const float *src, size_t n); /* quant-k.c */
+void zs_quantize_q5_k(void *dst, const float *src, size_t n); /* quant-k.c */
+void zs_quantize_q3_k(void *dst, const float *src, size_t n); /* quant-k.c */
+void zs_quantize_q2_k(void *dst, const float *src, size_t n); /* quant-k.c */
 
 #endif
