@@ -13,9 +13,10 @@
  * decode step; training refuses a
  * quantized engine; a Q8_0 (Q4_0, Q4_1, Q5_0, Q5_1) GGUF of stories260K, written here from the f32 one with our
  * quantizer, gives, as stored, the logits of --weight-dtype q8_0 (q4_0) on the safetensors
- * directory bit for bit. Q4_K and Q6_K: the dequantizer gives the gguf package's values of random
- * super-blocks (tests/ref/q4_k-, q6_k-ref.bin) bit for bit, and the kernels the scalar loop's bits
- * as above (their quantizers and --weight-dtype q4_k/q6_k/q4_k_m: tests/test-quant-k.c).
+ * directory bit for bit. The K-quants Q4_K, Q6_K, Q5_K, Q3_K and Q2_K: the dequantizer gives the
+ * gguf package's values of random super-blocks (tests/ref/q4_k-, q6_k-, q5_k-, q3_k-, q2_k-ref.bin)
+ * bit for bit (and through zs_convert to f32, bf16 and Q8_0), and the kernels the scalar loop's
+ * bits as above (their quantizers and --weight-dtype q4_k .. q2_k / q4_k_m: tests/test-quant-k.c).
  * With a CUDA device: the CUDA engine runs stories260K at q8_0 and q5_1, its logits of 4 tokens
  * within 0.5 of the CPU engine's (tests/test-backend-ops.c checks the kernels themselves). */
 #include <ctype.h>
@@ -61,6 +62,9 @@ static const struct {
     /* K-quants: their files hold random super-blocks and the dequantized values (the quantizer: test-quant-k.c) */
     {ZS_Q4_K, "tests/ref/q4_k-ref.bin", "ZS4K", zs_matmul_block_q4_k_generic, zs_matmul_block_q4_k_avx2, ZS_GGML_Q4_K},
     {ZS_Q6_K, "tests/ref/q6_k-ref.bin", "ZS6K", zs_matmul_block_q6_k_generic, zs_matmul_block_q6_k_avx2, ZS_GGML_Q6_K},
+    {ZS_Q5_K, "tests/ref/q5_k-ref.bin", "ZS5K", zs_matmul_block_q5_k_generic, zs_matmul_block_q5_k_avx2, ZS_GGML_Q5_K},
+    {ZS_Q3_K, "tests/ref/q3_k-ref.bin", "ZS3K", zs_matmul_block_q3_k_generic, zs_matmul_block_q3_k_avx2, ZS_GGML_Q3_K},
+    {ZS_Q2_K, "tests/ref/q2_k-ref.bin", "ZS2K", zs_matmul_block_q2_k_generic, zs_matmul_block_q2_k_avx2, ZS_GGML_Q2_K},
 };
 #define NQT (int)(sizeof QT / sizeof QT[0])
 static int qt_index(zs_dtype dt) {
@@ -68,14 +72,22 @@ static int qt_index(zs_dtype dt) {
     return 0;
 }
 
+/* where a K-quant super-block keeps its f16 d and dmin (-1: none) */
+static void kblock_f16s(zs_dtype dt, int *od, int *om) {
+    *od = dt == ZS_Q6_K ? 208 : dt == ZS_Q3_K ? 108 : dt == ZS_Q2_K ? 80 : 0;
+    *om = dt == ZS_Q4_K || dt == ZS_Q5_K ? 2 : dt == ZS_Q2_K ? 82 : -1;
+}
+
 /* K-quant super-blocks for the kernel checks: random bytes, the f16 scales set to small values */
 static void make_kblocks(zs_dtype dt, uint8_t *W, size_t n) {
     size_t bb = zs_dtype_size(dt);
+    int od, om;
+    kblock_f16s(dt, &od, &om);
     for (size_t i = 0; i < zs_dtype_bytes(dt, n); i++) W[i] = (uint8_t)(frand() * 128 + 128);
     for (size_t b = 0; b < n / 256; b++) {
         uint16_t d = zs_f32_to_f16(frand() * 0.002f), dm = zs_f32_to_f16(frand() * 0.004f);
-        if (dt == ZS_Q4_K) memcpy(W + b * bb, &d, 2), memcpy(W + b * bb + 2, &dm, 2);
-        else memcpy(W + b * bb + 208, &d, 2);
+        memcpy(W + b * bb + od, &d, 2);
+        if (om >= 0) memcpy(W + b * bb + om, &dm, 2);
     }
 }
 
@@ -117,9 +129,16 @@ static void check_kreference(zs_dtype dt) {
         zs_quantize_q8_0(q8w, want, n);
         CHECK(!memcmp(q8, q8w, zs_dtype_bytes(ZS_Q8_0, n)), "%s -> Q8_0 is quantize(dequantize)", dn);
     }
-    CHECK(zs_dtype_block(dt) == 256 && zs_dtype_size(dt) == (dt == ZS_Q4_K ? 144u : 210u) &&
+    size_t want_bb = dt == ZS_Q4_K ? 144 : dt == ZS_Q6_K ? 210 : dt == ZS_Q5_K ? 176 : dt == ZS_Q3_K ? 110 : 84;
+    CHECK(zs_dtype_block(dt) == 256 && zs_dtype_size(dt) == want_bb &&
               zs_dtype_bytes(dt, 512) == 2 * zs_dtype_size(dt) && zs_dtype_is_quant(dt) && zs_dtype_can_quantize(dt),
           "%s super-block sizes", dn);
+    char lower[8];
+    zs_dtype pd;
+    snprintf(lower, sizeof lower, "%s", dn);
+    for (char *p = lower; *p; p++) *p = (char)tolower((unsigned char)*p);
+    CHECK(zs_dtype_parse(lower, &pd) == 0 && pd == dt && zs_dtype_parse(dn, &pd) == 0 && pd == dt, "%s and %s parse",
+          lower, dn);
     free(q); free(q8); free(q8w); free(want); free(got); free(h);
 }
 

@@ -5,7 +5,7 @@
  * builds). The _avx2 kernels need AVX2 + FMA (and F16C for f16); zs_matmul_pick16 says which
  * kernel zs_op_matmul runs for a 16-bit dtype on this CPU. The Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1
  * kernels (matmul-quant-kern.h) take W as rows of in/32 ggml blocks (in a multiple of 32), the
- * Q4_K and Q6_K ones rows of in/256 super-blocks;
+ * K-quant ones (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K) rows of in/256 super-blocks;
  * zs_matmul_pick_quant says which one runs here. Not a public header. */
 #ifndef ZS_MATMUL_16_H
 #define ZS_MATMUL_16_H
@@ -70,7 +70,13 @@ void zs_matmul_block_q4_k_generic(float *y, int ldy, const float *x, int T, int 
 void zs_matmul_block_q4_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R);
 void zs_matmul_block_q6_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R);
 void zs_matmul_block_q6_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R);
-/* the kernel zs_op_matmul uses for block weights (Q8_0 .. Q5_1, Q4_K, Q6_K) here; NULL for
+void zs_matmul_block_q5_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R);
+void zs_matmul_block_q5_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R);
+void zs_matmul_block_q3_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R);
+void zs_matmul_block_q3_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R);
+void zs_matmul_block_q2_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R);
+void zs_matmul_block_q2_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R);
+/* the kernel zs_op_matmul uses for block weights (Q8_0 .. Q5_1, Q2_K .. Q6_K) here; NULL for
  * other dtypes (K-quants: in a multiple of 256) */
 zs_matmul_blockq8_fn zs_matmul_pick_quant(zs_dtype wdt);
 

@@ -1,7 +1,8 @@
 /* matmul-avx2.c — the batch-invariant matmul kernels compiled for AVX2 + FMA (selected at run
  * time when the CPU has them): f32 (matmul-kern.h), and bf16 and f16 (matmul-16-kern.h, with
  * F16C for f16), which load the 16-bit weights and widen them in registers; Q8_0, Q4_0,
- * Q4_1, Q5_0, Q5_1, Q4_K and Q6_K (matmul-quant-kern.h), which dequantize ggml's blocks in registers. */
+ * Q4_1, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K, Q3_K, Q2_K (matmul-quant-kern.h), which
+ * dequantize ggml's blocks in registers. */
 #include "matmul-16.h"
 
 #pragma GCC push_options
@@ -109,6 +110,42 @@ static inline __m256 zs_q6kx8_avx2(const uint8_t *b, int g, int s, __m256 d0, __
     if (s & 1) q = _mm_srli_si128(q, 8);
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s < 2 ? d0 : d1);
 }
+/* Q5_K: Q4_K's nibbles (at 48) with the fifth bits of qh (at 16: bit g of qh[l] for weight l of
+ * group g) as 16 */
+static inline __m256 zs_q5kx8_avx2(const uint8_t *b, int g, int s, __m256 dv, __m256 mv) {
+    __m128i v = _mm_loadu_si128((const __m128i *)(b + 48 + 32 * (g >> 1) + 16 * (s >> 1)));
+    __m128i h = _mm_loadu_si128((const __m128i *)(b + 16 + 16 * (s >> 1)));
+    if (g & 1) v = _mm_srli_epi16(v, 4);
+    v = _mm_and_si128(v, _mm_set1_epi8(15));
+    h = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(h, g), _mm_set1_epi8(1)), 4);
+    v = _mm_or_si128(v, h);
+    if (s & 1) v = _mm_srli_si128(v, 8);
+    return zs_dqm_avx2(_mm256_cvtepu8_epi32(v), dv, mv);
+}
+/* Q3_K: the 2 bits of qs and the third bit of hmask of weights 8s.. of group g (half g/4,
+ * quarter j = g%4: bits 2j of qs, bit 4·half + j of hmask), q = low + 4·high - 4, times the scale
+ * of their 16; unpacked 16 at a time as Q4_K's */
+static inline __m256 zs_q3kx8_avx2(const uint8_t *b, int g, int s, __m256 d0, __m256 d1) {
+    int hn = g >> 2, j = g & 3;
+    __m128i lo = _mm_loadu_si128((const __m128i *)(b + 32 + 32 * hn + 16 * (s >> 1)));
+    __m128i hi = _mm_loadu_si128((const __m128i *)(b + 16 * (s >> 1)));
+    lo = _mm_and_si128(_mm_srli_epi16(lo, 2 * j), _mm_set1_epi8(3));
+    hi = _mm_and_si128(_mm_srli_epi16(hi, 4 * hn + j), _mm_set1_epi8(1));
+    __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 2)), _mm_set1_epi8(4));
+    if (s & 1) q = _mm_srli_si128(q, 8);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s < 2 ? d0 : d1);
+}
+/* Q2_K: the 2 bits of weights 8s.. of group g, times d·sc of their 16, plus -(dmin·m): dv and mv
+ * hold the first 16's in lanes 0-3, the second's in lanes 4-7 (both halves broadcast here) */
+static inline __m256 zs_q2kx8_avx2(const uint8_t *b, int g, int s, __m256 dv, __m256 mv) {
+    int hn = g >> 2, j = g & 3;
+    __m128i v = _mm_loadu_si128((const __m128i *)(b + 16 + 32 * hn + 16 * (s >> 1)));
+    v = _mm_and_si128(_mm_srli_epi16(v, 2 * j), _mm_set1_epi8(3));
+    if (s & 1) v = _mm_srli_si128(v, 8);
+    __m256 d = s < 2 ? _mm256_permute2f128_ps(dv, dv, 0x00) : _mm256_permute2f128_ps(dv, dv, 0x11);
+    __m256 m = s < 2 ? _mm256_permute2f128_ps(mv, mv, 0x00) : _mm256_permute2f128_ps(mv, mv, 0x11);
+    return zs_dqm_avx2(_mm256_cvtepu8_epi32(v), d, m);
+}
 /* Once per super-block: the 8 groups' d1 = f32(d)·sc and -m1 = -(f32(dmin)·m) (Q4_K), or the 16
  * scales d·sc of Q6_K, as vectors (the same rounded products as per group), kept for the group
  * loop to broadcast from */
@@ -132,6 +169,45 @@ static inline zs_qk_ctx zs_q4k_prep_avx2(const uint8_t *b) {
     _mm256_storeu_ps(c.v, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(h)), s));
     _mm256_storeu_ps(c.v + 8, _mm256_xor_ps(_mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(hm)), m), _mm256_set1_ps(-0.0f)));
     return c;
+}
+/* Q3_K: the 16 scales d·(sc - 32), as Q6_K's */
+static inline zs_qk_ctx zs_q3k_prep_avx2(const uint8_t *b) {
+    uint16_t h;
+    memcpy(&h, b + 108, 2);
+    const uint8_t *q = b + 96;
+    int8_t sc[16];
+    for (int i = 0; i < 16; i++) {
+        int lo = i < 8 ? q[i] & 0xF : q[i - 8] >> 4, hi = (q[8 + i % 4] >> (2 * (i / 4))) & 3;
+        sc[i] = (int8_t)((lo | hi << 4) - 32);
+    }
+    __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+    __m128i v = _mm_loadu_si128((const __m128i *)sc);
+    zs_qk_ctx c;
+    _mm256_storeu_ps(c.v, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
+    _mm256_storeu_ps(c.v + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)))));
+    return c;
+}
+/* Q2_K: the 16 d·sc and the 16 -(dmin·m) of the 16s */
+typedef struct { float d[16], m[16]; } zs_q2k_ctx;
+static inline zs_q2k_ctx zs_q2k_prep_avx2(const uint8_t *b) {
+    uint16_t h, hm;
+    memcpy(&h, b + 80, 2);
+    memcpy(&hm, b + 82, 2);
+    __m128i v = _mm_loadu_si128((const __m128i *)b);
+    __m128i s = _mm_and_si128(v, _mm_set1_epi8(15)), m = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15));
+    __m256 d = _mm256_set1_ps(_cvtsh_ss(h)), dm = _mm256_set1_ps(_cvtsh_ss(hm)), neg = _mm256_set1_ps(-0.0f);
+    zs_q2k_ctx c;
+    _mm256_storeu_ps(c.d, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(s))));
+    _mm256_storeu_ps(c.d + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(s, 8)))));
+    _mm256_storeu_ps(c.m, _mm256_xor_ps(_mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m))), neg));
+    _mm256_storeu_ps(c.m + 8,
+                     _mm256_xor_ps(_mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8)))), neg));
+    return c;
+}
+static inline zs_q8dm zs_q2k_dvc_avx2(const zs_q2k_ctx *c, int g) {
+    zs_q8dm v = {(zs_q8v)_mm256_set_m128(_mm_set1_ps(c->d[2 * g + 1]), _mm_set1_ps(c->d[2 * g])),
+                 (zs_q8v)_mm256_set_m128(_mm_set1_ps(c->m[2 * g + 1]), _mm_set1_ps(c->m[2 * g]))};
+    return v;
 }
 static inline zs_qk_ctx zs_q6k_prep_avx2(const uint8_t *b) {
     uint16_t h;
@@ -214,6 +290,41 @@ static inline zs_q8dm zs_q6k_dvc_avx2(const zs_qk_ctx *c, int g) {
 #undef KQ8_NAME
 #undef KQ8_BYTES
 #undef KQ8_W8
+#define KQ8_NAME(x) zs_kq5k_avx2_##x
+#define KQ8_BYTES 176
+#define KQ8_SUB 8
+#define KQ8_CTX zs_qk_ctx
+#define KQ8_PREP(b) zs_q4k_prep_avx2(b) /* Q4_K's d, dmin and scales, at the same offsets */
+#define KQ8_DVC(c, g) zs_q4k_dvc_avx2(&(c), (g))
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q5kx8_avx2((b), (g), (s), (__m256)(dv).d, (__m256)(dv).m))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq3k_avx2_##x
+#define KQ8_BYTES 110
+#define KQ8_SUB 8
+#define KQ8_CTX zs_qk_ctx
+#define KQ8_PREP(b) zs_q3k_prep_avx2(b)
+#define KQ8_UNROLL 4
+#define KQ8_DVC(c, g) zs_q6k_dvc_avx2(&(c), (g))
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q3kx8_avx2((b), (g), (s), (__m256)(dv).d, (__m256)(dv).m))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq2k_avx2_##x
+#define KQ8_BYTES 84
+#define KQ8_SUB 8
+#define KQ8_CTX zs_q2k_ctx
+#define KQ8_PREP(b) zs_q2k_prep_avx2(b)
+#define KQ8_UNROLL 4
+#define KQ8_DVC(c, g) zs_q2k_dvc_avx2(&(c), (g))
+#define KQ8_W8(b, g, s, dv) ((zs_v8)zs_q2kx8_avx2((b), (g), (s), (__m256)(dv).d, (__m256)(dv).m))
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
 #undef KQ8_D
 #undef KQ8_FMA8
 #undef KERN16_FMA8
@@ -223,6 +334,15 @@ void zs_matmul_block_q4_k_avx2(float *y, int ldy, const float *x, int T, int in,
 }
 void zs_matmul_block_q6_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
     zs_kq6k_avx2_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q5_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq5k_avx2_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q3_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq3k_avx2_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q2_k_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq2k_avx2_block(y, ldy, x, T, in, W, R);
 }
 
 void zs_matmul_block_q8_0_avx2(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {

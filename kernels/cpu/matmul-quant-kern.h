@@ -3,7 +3,9 @@
  * 16 bytes of nibbles, weights 0..15 low, 16..31 high; Q4_1, 20 bytes, d, an f16 min m, the
  * nibbles; Q5_0, 22 bytes, d, a uint32 qh of fifth bits, the nibbles; Q5_1, 24 bytes, d, m, qh,
  * the nibbles; K-quant super-blocks of 8 groups of 32: Q4_K, 144 bytes, group g scaled by
- * d·sc[g] with min dmin·m[g]; Q6_K, 210 bytes, two scales d·sc per group, one per 16 weights),
+ * d·sc[g] with min dmin·m[g]; Q5_K, 176 bytes, the same with a fifth bit; Q6_K, 210 bytes, and
+ * Q3_K, 110 bytes, two scales d·sc per group, one per 16 weights; Q2_K, 84 bytes, two scales
+ * and two mins per group, one per 16 weights),
  * included by matmul.c (generic build) and
  * matmul-avx2.c (AVX2+FMA+F16C), once per format. The blocks are read as stored and dequantized
  * in registers, never written back to memory as f32.
@@ -11,9 +13,10 @@
  * Each weight is widened as w = f32(d) · f32(q) (Q4_0: f32(d) · f32(q - 8), Q5_0: f32(d) ·
  * f32(q - 16)), one rounded f32 product; Q4_1/Q5_1: w = (f32(d) · f32(q)) + f32(m), the product
  * rounded and then the sum, never fused (ggml's dequantize_row_q4_1/q5_1: x*d + m) — what
- * zs_to_f32 gives for the tensor in every case. Q4_K: w = (d1 · f32(q)) - m1, Q6_K: w = d1 ·
- * f32(q - 32), where d1 = f32(d)·sc and m1 = f32(dmin)·m are rounded products made once per
- * group (dequantize_row_q4_K/q6_K's order; the kernel adds -m1, which is the same bits). The accumulation order of y[t][j] = Σ_k w[j][k]·x[t][k] (in a multiple of
+ * zs_to_f32 gives for the tensor in every case. Q4_K/Q5_K/Q2_K: w = (d1 · f32(q)) - m1, Q6_K:
+ * w = d1 · f32(q - 32), Q3_K: w = d1 · f32(q) (q -4..3), where d1 = f32(d)·sc and m1 =
+ * f32(dmin)·m are rounded products made once per group or 16 (dequantize_row_q*_K's order; the
+ * kernel adds -m1, which is the same bits). The accumulation order of y[t][j] = Σ_k w[j][k]·x[t][k] (in a multiple of
  * 32, so there is no tail) is that of matmul-16-kern.h:
  *   lane l = 0..7: a_l = 0, then for k = l, l+8, l+16, … < in in order: a_l = fma(w[j][k], x[t][k], a_l)
  *   y = ((a_0 + a_1) + (a_2 + a_3)) + ((a_4 + a_5) + (a_6 + a_7))
@@ -25,7 +28,8 @@
  *
  * The including file defines, then #undefs after the inclusion:
  *   KQ8_NAME(x)        the name of the kernel's functions
- *   KQ8_BYTES          bytes per stored block (34, 18, 20, 22, 24; Q4_K 144, Q6_K 210)
+ *   KQ8_BYTES          bytes per stored block (34, 18, 20, 22, 24; Q4_K 144, Q5_K 176, Q6_K 210,
+ *                      Q3_K 110, Q2_K 84)
  *   KQ8_SUB            (optional, default 1) groups of 32 weights per stored block (K-quants: 8)
  *   KQ8_DVG(b, g)      (optional) the zs_q8dm of group g of the block at b; default: the f16 d
  *                      at bytes 0..1 (and the min at 2..3 with KQ8_HAS_MIN), broadcast

@@ -6,7 +6,8 @@
  * registers by their own kernels (matmul-16-kern.h), so a 16-bit product reads half the bytes of
  * an f32 one; each element's order is fixed there, the same in the generic and AVX2 builds.
  * Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 rows (ggml's 34-, 18-, 20-, 22- and 24-byte blocks of 32) and
- * Q4_K/Q6_K rows (144- and 210-byte super-blocks of 256) are dequantized in registers by
+ * K-quant rows (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K: 144-, 176-, 210-, 110- and 84-byte super-blocks of
+ * 256) are dequantized in registers by
  * matmul-quant-kern.h in the same order, so such a product equals the f32 product over its
  * dequantized weights. */
 #include "common.h"
@@ -148,6 +149,65 @@ static inline __attribute__((always_inline)) zs_v8 zs_gq6k_w8(const uint8_t *b, 
     }
     return r;
 }
+/* Q5_K: Q4_K's scales (the same layout), its nibbles at 48 and the fifth bits at 16 (bit g of
+ * qh[l] for weight l of group g) */
+static inline __attribute__((always_inline)) zs_v8 zs_gq5k_w8(const uint8_t *b, int g, int s, zs_v8 dv, zs_v8 mv) {
+    const uint8_t *q = b + 48 + 32 * (g >> 1) + 8 * s, *qh = b + 16 + 8 * s;
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) {
+        float p = dv[i] * (float)(((q[i] >> (4 * (g & 1))) & 15) | ((qh[i] >> g) & 1) << 4);
+        ZS_NOFUSE(p);
+        r[i] = p + mv[i];
+    }
+    return r;
+}
+/* Q3_K: d·(sc - 32) of the group's first 16 weights in .d, of its last 16 in .m (scales 2g, 2g + 1) */
+static inline int zs_q3k_sc(const uint8_t *q, int i) { /* scale i of the 12 bytes, -32..31 */
+    int lo = i < 8 ? q[i] & 0xF : q[i - 8] >> 4, hi = (q[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+static inline __attribute__((always_inline)) zs_q8dm zs_gq3k_dv(const uint8_t *b, int g) {
+    uint16_t h;
+    memcpy(&h, b + 108, 2);
+    float d = zs_f16_to_f32(h), d0 = d * (float)zs_q3k_sc(b + 96, 2 * g), d1 = d * (float)zs_q3k_sc(b + 96, 2 * g + 1);
+    zs_q8dm v = {{d0, d0, d0, d0, d0, d0, d0, d0}, {d1, d1, d1, d1, d1, d1, d1, d1}};
+    return v;
+}
+/* weight 8s + i of group g (half g/4, quarter g%4): 2 bits of qs, the third of hmask, -4..3 */
+static inline __attribute__((always_inline)) zs_v8 zs_gq3k_w8(const uint8_t *b, int g, int s, zs_v8 d0, zs_v8 d1) {
+    int hn = g >> 2, j = g & 3;
+    const uint8_t *qs = b + 32 + 32 * hn + 8 * s, *hm = b + 8 * s;
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) {
+        int q = ((qs[i] >> (2 * j)) & 3) - (((hm[i] >> (4 * hn + j)) & 1) ? 0 : 4);
+        r[i] = (s < 2 ? d0[i] : d1[i]) * (float)q;
+    }
+    return r;
+}
+/* Q2_K: a scale and a min per 16: .d lanes 0-3 d·sc of the group's first 16, lanes 4-7 of its
+ * last 16; .m the same of -(dmin·m) */
+static inline __attribute__((always_inline)) zs_q8dm zs_gq2k_dv(const uint8_t *b, int g) {
+    uint16_t h, hm;
+    memcpy(&h, b + 80, 2);
+    memcpy(&hm, b + 82, 2);
+    float d = zs_f16_to_f32(h), dmin = zs_f16_to_f32(hm);
+    const uint8_t *sc = b + 2 * g;
+    float a0 = d * (float)(sc[0] & 0xF), a1 = d * (float)(sc[1] & 0xF);
+    float m0 = -(dmin * (float)(sc[0] >> 4)), m1 = -(dmin * (float)(sc[1] >> 4));
+    zs_q8dm v = {{a0, a0, a0, a0, a1, a1, a1, a1}, {m0, m0, m0, m0, m1, m1, m1, m1}};
+    return v;
+}
+static inline __attribute__((always_inline)) zs_v8 zs_gq2k_w8(const uint8_t *b, int g, int s, zs_v8 dv, zs_v8 mv) {
+    int hn = g >> 2, j = g & 3, k = s < 2 ? 0 : 4;
+    const uint8_t *qs = b + 16 + 32 * hn + 8 * s;
+    zs_v8 r;
+    for (int i = 0; i < 8; i++) {
+        float p = dv[k] * (float)((qs[i] >> (2 * j)) & 3);
+        ZS_NOFUSE(p);
+        r[i] = p + mv[k];
+    }
+    return r;
+}
 #define KQ8_D(h) zs_f16_to_f32(h)
 #define KQ8_FMA8(a, b, c)                                                      \
     ({                                                                         \
@@ -210,6 +270,33 @@ static inline __attribute__((always_inline)) zs_v8 zs_gq6k_w8(const uint8_t *b, 
 #undef KQ8_NAME
 #undef KQ8_BYTES
 #undef KQ8_W8
+#define KQ8_NAME(x) zs_kq5k_generic_##x
+#define KQ8_BYTES ZS_Q5_K_BYTES
+#define KQ8_SUB 8
+#define KQ8_DVG(b, g) zs_gq4k_dv((b), (g))
+#define KQ8_W8(b, g, s, dv) zs_gq5k_w8((b), (g), (s), (dv).d, (dv).m)
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq3k_generic_##x
+#define KQ8_BYTES ZS_Q3_K_BYTES
+#define KQ8_SUB 8
+#define KQ8_DVG(b, g) zs_gq3k_dv((b), (g))
+#define KQ8_W8(b, g, s, dv) zs_gq3k_w8((b), (g), (s), (dv).d, (dv).m)
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
+#define KQ8_NAME(x) zs_kq2k_generic_##x
+#define KQ8_BYTES ZS_Q2_K_BYTES
+#define KQ8_SUB 8
+#define KQ8_DVG(b, g) zs_gq2k_dv((b), (g))
+#define KQ8_W8(b, g, s, dv) zs_gq2k_w8((b), (g), (s), (dv).d, (dv).m)
+#include "matmul-quant-kern.h"
+#undef KQ8_NAME
+#undef KQ8_BYTES
+#undef KQ8_W8
 #undef KQ8_D
 #undef KQ8_FMA8
 
@@ -218,6 +305,15 @@ void zs_matmul_block_q4_k_generic(float *y, int ldy, const float *x, int T, int 
 }
 void zs_matmul_block_q6_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
     zs_kq6k_generic_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q5_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq5k_generic_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q3_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq3k_generic_block(y, ldy, x, T, in, W, R);
+}
+void zs_matmul_block_q2_k_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
+    zs_kq2k_generic_block(y, ldy, x, T, in, W, R);
 }
 void zs_matmul_block_q8_0_generic(float *y, int ldy, const float *x, int T, int in, const uint8_t *W, int R) {
     zs_kq8_generic_block(y, ldy, x, T, in, W, R);
@@ -245,6 +341,9 @@ zs_matmul_blockq8_fn zs_matmul_pick_quant(zs_dtype wdt) {
     if (wdt == ZS_Q5_1) return avx2 ? zs_matmul_block_q5_1_avx2 : zs_matmul_block_q5_1_generic;
     if (wdt == ZS_Q4_K) return avx2 ? zs_matmul_block_q4_k_avx2 : zs_matmul_block_q4_k_generic;
     if (wdt == ZS_Q6_K) return avx2 ? zs_matmul_block_q6_k_avx2 : zs_matmul_block_q6_k_generic;
+    if (wdt == ZS_Q5_K) return avx2 ? zs_matmul_block_q5_k_avx2 : zs_matmul_block_q5_k_generic;
+    if (wdt == ZS_Q3_K) return avx2 ? zs_matmul_block_q3_k_avx2 : zs_matmul_block_q3_k_generic;
+    if (wdt == ZS_Q2_K) return avx2 ? zs_matmul_block_q2_k_avx2 : zs_matmul_block_q2_k_generic;
     return NULL;
 }
 

@@ -12,10 +12,14 @@ values the package's dequantizer (gguf.quants.dequantize, ggml's dequantize_row_
 are random normal blocks at many scales plus edge cases: an all-zero block, a block of exact
 rounding ties, values whose scale is an f16 subnormal, values near the f16 range, one-hot blocks.
 
-tests/ref/q4_k-ref.bin and q6_k-ref.bin (b"ZS4K", b"ZS6K"; the package has no K-quant quantizer):
-uint32 n_blocks, then n_blocks random super-blocks (144 / 210 bytes: random bytes, with the f16
-d and dmin replaced by finite values at several scales, some zero or negative), then the
-n_blocks*256 float32 values gguf.quants.dequantize (ggml's dequantize_row_q4_K/q6_K) makes of them.
+tests/ref/q4_k-ref.bin, q6_k-ref.bin, q5_k-ref.bin, q3_k-ref.bin and q2_k-ref.bin (b"ZS4K", b"ZS6K",
+b"ZS5K", b"ZS3K", b"ZS2K"; the package has no K-quant quantizer): uint32 n_blocks, then n_blocks
+random super-blocks (144 / 210 / 176 / 110 / 84 bytes: random bytes, with the f16 d and dmin
+replaced by finite values at several scales, some zero or negative), then the n_blocks*256 float32
+values gguf.quants.dequantize (ggml's dequantize_row_q4_K/q6_K/q5_K/q3_K/q2_K) makes of them.
+
+(Regenerating on another machine can change the last bit of a few inputs of the 32-blocks' files,
+whose last block is x**3 through numpy's vectorised pow; the K-quant files do not depend on it.)
 
 Needs numpy and gguf from PyPI (only to regenerate the file; make test reads the .bin):
   python3 -m venv /tmp/qv && /tmp/qv/bin/pip install gguf==0.19.0 numpy==2.4.6
@@ -72,7 +76,10 @@ def main():
 def kquants():
     rng = np.random.default_rng(20261202)
     for name, magic, qt, bb, doff in [('q4_k', b'ZS4K', GGMLQuantizationType.Q4_K, 144, [0, 2]),
-                                      ('q6_k', b'ZS6K', GGMLQuantizationType.Q6_K, 210, [208])]:
+                                      ('q6_k', b'ZS6K', GGMLQuantizationType.Q6_K, 210, [208]),
+                                      ('q5_k', b'ZS5K', GGMLQuantizationType.Q5_K, 176, [0, 2]),
+                                      ('q3_k', b'ZS3K', GGMLQuantizationType.Q3_K, 110, [108]),
+                                      ('q2_k', b'ZS2K', GGMLQuantizationType.Q2_K, 84, [80, 82])]:
         nb = 24
         q = rng.integers(0, 256, size=(nb, bb), dtype=np.uint8)
         for b in range(nb):
