@@ -1,5 +1,5 @@
 /* test-quant-q8act.c — the integer matmul path over block weights (kernels/cpu/matmul-q8act.h,
- * matmul-q8act-kern.h): for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q6_K, zs_op_matmul in its
+ * matmul-q8act-kern.h): for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, Q5_K, Q3_K and Q2_K, zs_op_matmul in its
  * default mode, the generic, AVX2 and AVX-512 (VNNI) kernels all equal, bit for bit, a plain scalar loop
  * written here from the documented arithmetic (its own activation quantizer after llama.cpp's
  * quantize_row_q8_0 / q8_1 / q8_K_ref rounding, its own block decoding, integer pair sums, the
@@ -25,17 +25,26 @@ static uint8_t brand(void) {
     return (uint8_t)(g_rng >> 24);
 }
 
-static const zs_dtype DTS[] = {ZS_Q8_0, ZS_Q4_0, ZS_Q4_1, ZS_Q5_0, ZS_Q5_1, ZS_Q4_K, ZS_Q6_K};
+static const zs_dtype DTS[] = {ZS_Q8_0, ZS_Q4_0, ZS_Q4_1, ZS_Q5_0, ZS_Q5_1, ZS_Q4_K, ZS_Q6_K, ZS_Q5_K, ZS_Q3_K, ZS_Q2_K};
 #define NDT ((int)(sizeof DTS / sizeof DTS[0]))
 static const zs_q8a_fn GEN[] = {zs_q8a_block_q8_0_generic, zs_q8a_block_q4_0_generic, zs_q8a_block_q4_1_generic,
                                 zs_q8a_block_q5_0_generic, zs_q8a_block_q5_1_generic, zs_q8a_block_q4_k_generic,
-                                zs_q8a_block_q6_k_generic};
+                                zs_q8a_block_q6_k_generic, zs_q8a_block_q5_k_generic, zs_q8a_block_q3_k_generic,
+                                zs_q8a_block_q2_k_generic};
 static const zs_q8a_fn AVX[] = {zs_q8a_block_q8_0_avx2, zs_q8a_block_q4_0_avx2, zs_q8a_block_q4_1_avx2,
                                 zs_q8a_block_q5_0_avx2, zs_q8a_block_q5_1_avx2, zs_q8a_block_q4_k_avx2,
-                                zs_q8a_block_q6_k_avx2};
+                                zs_q8a_block_q6_k_avx2, zs_q8a_block_q5_k_avx2, zs_q8a_block_q3_k_avx2,
+                                zs_q8a_block_q2_k_avx2};
 static const zs_q8a_fn A512[] = {zs_q8a_block_q8_0_avx512, zs_q8a_block_q4_0_avx512, zs_q8a_block_q4_1_avx512,
                                  zs_q8a_block_q5_0_avx512, zs_q8a_block_q5_1_avx512, zs_q8a_block_q4_k_avx512,
-                                 zs_q8a_block_q6_k_avx512};
+                                 zs_q8a_block_q6_k_avx512, zs_q8a_block_q5_k_avx512, zs_q8a_block_q3_k_avx512,
+                                 zs_q8a_block_q2_k_avx512};
+
+/* where a block keeps its f16 d and its f16 min (-1: none) */
+static int d_at(zs_dtype dt) { return dt == ZS_Q6_K ? 208 : dt == ZS_Q3_K ? 108 : dt == ZS_Q2_K ? 80 : 0; }
+static int m_at(zs_dtype dt) {
+    return dt == ZS_Q2_K ? 82 : dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K || dt == ZS_Q5_K ? 2 : -1;
+}
 
 static int has_avx512(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
@@ -51,9 +60,8 @@ static void make_blocks(zs_dtype dt, uint8_t *W, size_t nblocks) {
     for (size_t b = 0; b < nblocks; b++) {
         uint8_t *p = W + b * bsz;
         uint16_t d = zs_f32_to_f16(frand() * 0.01f), m = zs_f32_to_f16(frand() * 0.02f);
-        if (dt == ZS_Q6_K) memcpy(p + 208, &d, 2);
-        else memcpy(p, &d, 2);
-        if (dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K) memcpy(p + 2, &m, 2);
+        memcpy(p + d_at(dt), &d, 2);
+        if (m_at(dt) >= 0) memcpy(p + m_at(dt), &m, 2);
     }
 }
 
@@ -106,9 +114,10 @@ static void ref_quant(int kind, const float *x, int in, int8_t *q, float *d, flo
 }
 
 /* one stored block decoded: its integer weights, the int16 scale of each pair of weights, the
- * f32 scale, and the min's parts (Q4_1/Q5_1: f32 m; Q4_K: f32 dmin and the group mins) */
+ * f32 scale, and the min's parts (Q4_1/Q5_1: f32 m; Q4_K/Q5_K: f32 dmin and the group mins;
+ * Q2_K: f32 dmin and the mins of the 16s) */
 typedef struct {
-    int w[256], sc[128], mn[8];
+    int w[256], sc[128], mn[16];
     float d, m;
 } ref_blk;
 
@@ -137,7 +146,8 @@ static void ref_decode(zs_dtype dt, const uint8_t *b, ref_blk *r) {
         memcpy(&qh, b + 4, 4);
         for (int i = 0; i < 32; i++) r->w[i] = nib(b + 8, i) | (int)((qh >> i) & 1) << 4;
         break;
-    case ZS_Q4_K: {
+    case ZS_Q4_K:
+    case ZS_Q5_K: {
         const uint8_t *s = b + 4;
         for (int g = 0; g < 8; g++) {
             int sc, m;
@@ -145,10 +155,32 @@ static void ref_decode(zs_dtype dt, const uint8_t *b, ref_blk *r) {
             else sc = (s[g + 4] & 15) | ((s[g - 4] >> 6) << 4), m = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
             r->mn[g] = m;
             for (int i = 0; i < 16; i++) r->sc[16 * g + i] = sc;
-            for (int i = 0; i < 32; i++) r->w[32 * g + i] = (b[16 + 32 * (g / 2) + i] >> (4 * (g % 2))) & 15;
+            for (int i = 0; i < 32; i++)
+                r->w[32 * g + i] = dt == ZS_Q4_K ? (b[16 + 32 * (g / 2) + i] >> (4 * (g % 2))) & 15
+                                                 : ((b[48 + 32 * (g / 2) + i] >> (4 * (g % 2))) & 15) |
+                                                       ((b[16 + i] >> g) & 1) << 4;
         }
         break;
     }
+    case ZS_Q3_K: /* dequantize_row_q3_K's layout: 128 per half, 4 quarters of 32, a scale per 16 */
+    case ZS_Q2_K:
+        for (int g = 0; g < 8; g++) {
+            int hn = g / 4, qq = g % 4;
+            for (int i = 0; i < 32; i++) {
+                int lo = b[(dt == ZS_Q3_K ? 32 : 16) + 32 * hn + i] >> (2 * qq) & 3, is = 8 * hn + 2 * qq + i / 16;
+                if (dt == ZS_Q3_K) {
+                    const uint8_t *q = b + 96;
+                    int sl = is < 8 ? q[is] & 15 : q[is - 8] >> 4, sh = q[8 + is % 4] >> (2 * (is / 4)) & 3;
+                    r->w[32 * g + i] = lo - ((b[i] >> (4 * hn + qq) & 1) ? 0 : 4);
+                    r->sc[16 * g + i / 2] = (sl | sh << 4) - 32;
+                } else {
+                    r->w[32 * g + i] = lo;
+                    r->sc[16 * g + i / 2] = b[is] & 15;
+                    r->mn[is] = b[is] >> 4;
+                }
+            }
+        }
+        break;
     case ZS_Q6_K: /* dequantize_row_q6_K's layout: 128 per half, 4 quarters of 32 */
         for (int g = 0; g < 8; g++) {
             int hn = g / 4, qq = g % 4;
@@ -162,10 +194,10 @@ static void ref_decode(zs_dtype dt, const uint8_t *b, ref_blk *r) {
         break;
     default: break;
     }
-    memcpy(&h, dt == ZS_Q6_K ? b + 208 : b, 2);
+    memcpy(&h, b + d_at(dt), 2);
     r->d = zs_f16_to_f32(h);
-    if (dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K) {
-        memcpy(&h, b + 2, 2);
+    if (m_at(dt) >= 0) {
+        memcpy(&h, b + m_at(dt), 2);
         r->m = zs_f16_to_f32(h);
     }
 }
@@ -194,9 +226,14 @@ static void ref_matmul_o(zs_dtype dt, float *y, const float *x, int T, int in, c
                 float mv = 0, mc = 0;
                 int hasm = 0;
                 if (dt == ZS_Q4_1 || dt == ZS_Q5_1) mc = rb->m, mv = s[b], hasm = 1;
-                if (dt == ZS_Q4_K) {
+                if (dt == ZS_Q4_K || dt == ZS_Q5_K) {
                     int ms = 0;
                     for (int g = 0; g < 8; g++) ms += rb->mn[g] * (bs[b * 16 + 2 * g] + bs[b * 16 + 2 * g + 1]);
+                    mc = -(rb->m * d[b]), mv = (float)ms, hasm = 1;
+                }
+                if (dt == ZS_Q2_K) {
+                    int ms = 0;
+                    for (int k = 0; k < 16; k++) ms += rb->mn[k] * bs[b * 16 + k];
                     mc = -(rb->m * d[b]), mv = (float)ms, hasm = 1;
                 }
                 if (hasm) {
@@ -206,7 +243,7 @@ static void ref_matmul_o(zs_dtype dt, float *y, const float *x, int T, int in, c
             }
             float v = lanes ? ((al[0] + al[1]) + (al[2] + al[3])) + ((al[4] + al[5]) + (al[6] + al[7]))
                             : ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-            if (dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K)
+            if (m_at(dt) >= 0)
                 v = v + (lanes ? ml : ((m[0] + m[1]) + (m[2] + m[3])) + ((m[4] + m[5]) + (m[6] + m[7])));
             y[(size_t)t * out + j] = v;
         }
@@ -219,7 +256,7 @@ static void ref_matmul(zs_dtype dt, float *y, const float *x, int T, int in, con
 
 /* ---- the checks ---- */
 
-static double g_worst[8]; /* the largest |q8 - f32| / bound seen, per format */
+static double g_worst[NDT]; /* the largest |q8 - f32| / bound seen, per format */
 
 static void check_one(int f, int T, int in, int out) {
     zs_dtype dt = DTS[f];

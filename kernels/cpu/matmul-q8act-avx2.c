@@ -28,5 +28,8 @@ ZS_KA_WRAP(q5_0)
 ZS_KA_WRAP(q5_1)
 ZS_KA_WRAP(q4_k)
 ZS_KA_WRAP(q6_k)
+ZS_KA_WRAP(q5_k)
+ZS_KA_WRAP(q3_k)
+ZS_KA_WRAP(q2_k)
 #undef ZS_KA_WRAP
 #pragma GCC pop_options

@@ -9,14 +9,16 @@
  * of 32, against the activation block of the same 32 or 256 values):
  *   S   = Σ_i sc_i · w_i · q_i over the block's values, an exact integer (w the block's integer
  *         weight, q the activation's 8-bit value, sc the integer scale of w's group: 1 for the
- *         blocks of 32, the 6-bit group scale for Q4_K, the int8 scale of each 16 for Q6_K);
+ *         blocks of 32, the 6-bit group scale for Q4_K/Q5_K, the scale of each 16 for Q6_K (int8),
+ *         Q3_K (6-bit signed) and Q2_K (4-bit));
  *   l   = sb mod 8 (eight chains, the blocks dealt to them in turn)
  *   a_l = fma(f32(dw) · d_x, f32(S), a_l)        (dw · d_x one rounded product; f32(S) rounded to
  *                                                 nearest even)
  *   m_l = fma(coef, val, m_l)                    (formats with a min only: Q4_1/Q5_1 coef = f32(m_w),
  *                                                 val = the activation block's s; Q4_K coef =
  *                                                 -(f32(dmin)·d_x), val = f32(Σ_g mn[g]·(bsum[2g] +
- *                                                 bsum[2g+1])))
+ *                                                 bsum[2g+1])), Q5_K the same; Q2_K coef the same,
+ *                                                 val = f32(Σ_j mn[j]·bsum[j]) over its 16 mins)
  *   y   = (((a_0 + a_1) + (a_2 + a_3)) + ((a_4 + a_5) + (a_6 + a_7)))
  *         (+ (((m_0 + m_1) + (m_2 + m_3)) + ((m_4 + m_5) + (m_6 + m_7))) with a min)
  * with every a_l and m_l starting at 0: eight chains, so that a vector of 8 blocks' S advances
@@ -31,7 +33,7 @@
  *
  * The including file defines, then #undefs after the inclusion:
  *   KA_NAME(x)        the kernel's function names
- *   KA_FMT            the weight format, one of ZS_KA_Q8_0 .. ZS_KA_Q6_K (this header derives
+ *   KA_FMT            the weight format, one of ZS_KA_Q8_0 .. ZS_KA_Q2_K (this header derives
  *                     KA_BYTES, KA_NG (groups of 32 per stored block), KA_MIN (a min term),
  *                     KA_SIGNED (signed integer weights, else unsigned bytes) and KA_OFF from it)
  *   KA_D(h)           the f16 bits h as a float (exact)
@@ -57,18 +59,20 @@
 #include "matmul-q8act.h"
 
 #define KA_BYTES (KA_FMT == ZS_KA_Q8_0 ? 34 : KA_FMT == ZS_KA_Q4_0 ? 18 : KA_FMT == ZS_KA_Q4_1 ? 20 : \
-                  KA_FMT == ZS_KA_Q5_0 ? 22 : KA_FMT == ZS_KA_Q5_1 ? 24 : KA_FMT == ZS_KA_Q4_K ? 144 : 210)
-#define KA_NG (KA_FMT == ZS_KA_Q4_K || KA_FMT == ZS_KA_Q6_K ? 8 : 1)
-#define KA_MIN (KA_FMT == ZS_KA_Q4_1 || KA_FMT == ZS_KA_Q5_1 || KA_FMT == ZS_KA_Q4_K)
-#define KA_SIGNED (KA_FMT == ZS_KA_Q8_0 || KA_FMT == ZS_KA_Q6_K)
+                  KA_FMT == ZS_KA_Q5_0 ? 22 : KA_FMT == ZS_KA_Q5_1 ? 24 : KA_FMT == ZS_KA_Q4_K ? 144 : \
+                  KA_FMT == ZS_KA_Q5_K ? 176 : KA_FMT == ZS_KA_Q3_K ? 110 : KA_FMT == ZS_KA_Q2_K ? 84 : 210)
+#define KA_NG (KA_FMT >= ZS_KA_Q4_K ? 8 : 1) /* the K-quants: 8 groups of 32 */
+#define KA_MIN (KA_FMT == ZS_KA_Q4_1 || KA_FMT == ZS_KA_Q5_1 || KA_KMIN)
+#define KA_KMIN (KA_FMT == ZS_KA_Q4_K || KA_FMT == ZS_KA_Q5_K || KA_FMT == ZS_KA_Q2_K) /* a min from the bsums */
+#define KA_SIGNED (KA_FMT == ZS_KA_Q8_0 || KA_FMT == ZS_KA_Q6_K || KA_FMT == ZS_KA_Q3_K)
 #define KA_OFF (KA_FMT == ZS_KA_Q4_0 ? 8 : KA_FMT == ZS_KA_Q5_0 ? 16 : 0)
-#define KA_SCALED (KA_FMT == ZS_KA_Q4_K || KA_FMT == ZS_KA_Q6_K)
+#define KA_SCALED (KA_FMT >= ZS_KA_Q4_K)
 
 /* a stored block's scales, read once per block and row */
 typedef struct {
-    float d, m;      /* f32 of d; of m (Q4_1/Q5_1) or dmin (Q4_K) */
-    zs_ka_i16 scv;   /* the group scales (KA_SCV_K4 / KA_SCV_K6) */
-    zs_ka_i16 mn2;   /* Q4_K: the group mins, each twice (KA_MN2) */
+    float d, m;      /* f32 of d; of m (Q4_1/Q5_1) or dmin (Q4_K/Q5_K/Q2_K) */
+    zs_ka_i16 scv;   /* the group scales (KA_SCV_K4 / KA_SCV_K6; Q3_K/Q2_K as Q6_K's) */
+    zs_ka_i16 mn2;   /* Q4_K/Q5_K: the group mins, each twice (KA_MN2); Q2_K: its 16 mins in order */
 } KA_NAME(ctx);
 
 static inline __attribute__((always_inline)) void KA_NAME(prep)(const uint8_t *b, KA_NAME(ctx) *c) {
@@ -79,13 +83,39 @@ static inline __attribute__((always_inline)) void KA_NAME(prep)(const uint8_t *b
         c->scv = KA_SCV_K6(b + 192);
         return;
     }
+    if (KA_FMT == ZS_KA_Q3_K) { /* the 16 6-bit scales (stored + 32), then as Q6_K's */
+        int8_t s[16];
+        const uint8_t *q = b + 96;
+        for (int i = 0; i < 16; i++) {
+            int lo = i < 8 ? q[i] & 0xF : q[i - 8] >> 4, hi = (q[8 + i % 4] >> (2 * (i / 4))) & 3;
+            s[i] = (int8_t)((lo | hi << 4) - 32);
+        }
+        memcpy(&h, b + 108, 2);
+        c->d = KA_D(h);
+        c->scv = KA_SCV_K6((const uint8_t *)s);
+        return;
+    }
+    if (KA_FMT == ZS_KA_Q2_K) { /* a scale (low nibble) and a min (high nibble) per 16 */
+        uint8_t s[16], m[16];
+        for (int i = 0; i < 8; i++) { /* m arranged so that KA_SCV_K6 gives m0 .. m15 in order */
+            s[2 * i] = b[2 * i] & 0xF, s[2 * i + 1] = b[2 * i + 1] & 0xF;
+            m[2 * i] = b[i] >> 4, m[2 * i + 1] = b[8 + i] >> 4;
+        }
+        memcpy(&h, b + 80, 2);
+        c->d = KA_D(h);
+        memcpy(&h, b + 82, 2);
+        c->m = KA_D(h);
+        c->scv = KA_SCV_K6(s);
+        c->mn2 = KA_SCV_K6(m);
+        return;
+    }
     memcpy(&h, b, 2);
     c->d = KA_D(h);
     if (KA_MIN) {
         memcpy(&h, b + 2, 2);
         c->m = KA_D(h);
     }
-    if (KA_FMT == ZS_KA_Q4_K) { /* get_scale_min_k4 for all 8 groups at once, in 32-bit words */
+    if (KA_FMT == ZS_KA_Q4_K || KA_FMT == ZS_KA_Q5_K) { /* get_scale_min_k4 for all 8 groups at once, in 32-bit words */
         uint32_t u[3], s[2], m[2];
         memcpy(u, b + 4, 12);
         s[0] = u[0] & 0x3f3f3f3fu;
@@ -145,7 +175,7 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
         }
 #pragma GCC unroll 4
         for (int u = 0; u < NT; u++) {
-#if KA_FMT == ZS_KA_Q4_K
+#if KA_KMIN
             const int16_t *bs = a->bs + (size_t)(t + u) * (a->in / 16) + (size_t)sb * 16;
 #endif
 #pragma GCC unroll 4
@@ -153,7 +183,7 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
                 float d = c[r].d * xd[u][sb];
                 float *al = &acc[r][u][sb & 7], *ml = &mac[r][u][sb & 7];
                 *al = __builtin_fmaf(d, (float)KA_ISUM(is[r][u]), *al);
-#if KA_FMT == ZS_KA_Q4_K
+#if KA_KMIN
                 float coef = -(c[r].m * xd[u][sb]);
                 *ml = __builtin_fmaf(coef, (float)KA_MSUM(c[r].mn2, bs), *ml);
 #elif KA_MIN
@@ -216,6 +246,7 @@ static void KA_NAME(block)(float *y, int ldy, const zs_q8a *a, int t0, int T, co
 #undef KA_BYTES
 #undef KA_NG
 #undef KA_MIN
+#undef KA_KMIN
 #undef KA_SIGNED
 #undef KA_OFF
 #undef KA_SCALED

@@ -116,6 +116,29 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
     h = _mm256_and_si256(_mm256_srli_epi16(h, 2 * gg), _mm256_set1_epi8(3));
     return (zs_ka_i8)_mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(h, 4)), _mm256_set1_epi8(32));
 }
+/* Q5_K: Q4_K's nibbles (at 48) | the fifth bits (bit g of the qh bytes at 16) as 16 */
+static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q5k)(const uint8_t *b, int g) {
+    __m256i q = _mm256_loadu_si256((const __m256i *)(b + 48 + 32 * (g >> 1)));
+    __m256i h = _mm256_loadu_si256((const __m256i *)(b + 16));
+    if (g & 1) q = _mm256_srli_epi16(q, 4);
+    q = _mm256_and_si256(q, _mm256_set1_epi8(15));
+    h = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, g), _mm256_set1_epi8(1)), 4);
+    return (zs_ka_i8)_mm256_or_si256(q, h);
+}
+/* Q3_K: (bits 2j of qs | bit 4·half + j of hmask as 4) - 4 */
+static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q3k)(const uint8_t *b, int g) {
+    int hn = g >> 2, j = g & 3;
+    __m256i l = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * hn));
+    __m256i h = _mm256_loadu_si256((const __m256i *)b);
+    l = _mm256_and_si256(_mm256_srli_epi16(l, 2 * j), _mm256_set1_epi8(3));
+    h = _mm256_and_si256(_mm256_srli_epi16(h, 4 * hn + j), _mm256_set1_epi8(1));
+    return (zs_ka_i8)_mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(h, 2)), _mm256_set1_epi8(4));
+}
+/* Q2_K: bits 2j of qs (at 16) */
+static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q2k)(const uint8_t *b, int g) {
+    __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (g >> 2)));
+    return (zs_ka_i8)_mm256_and_si256(_mm256_srli_epi16(q, 2 * (g & 3)), _mm256_set1_epi8(3));
+}
 
 #define KA_D(h) _cvtsh_ss(h)
 #define KA_DOT(acc, w, x, sc) ZS_AKA(dot)((acc), (w), (x), (sc), KA_SIGNED, KA_SCALED)
@@ -191,6 +214,32 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q6k)(const uint8_t 
 #define KA_W(b, g) ZS_AKA(q6k)((b), (g))
 #include "matmul-q8act-kern.h"
 #include "matmul-q8act-pack.h"
+#undef KA_NAME
+#undef KA_FMT
+#undef KA_W
+/* Q5_K, Q3_K, Q2_K: the row kernel alone (no packed prefill or 8-row decode kernel for them yet) */
+#undef KA_PACK
+#undef KA_DEC8
+#define KA_PACK 0
+#define KA_DEC8 0
+#define KA_NAME(x) ZS_AKA(q5_k_##x)
+#define KA_FMT ZS_KA_Q5_K
+#define KA_W(b, g) ZS_AKA(q5k)((b), (g))
+#include "matmul-q8act-kern.h"
+#undef KA_NAME
+#undef KA_FMT
+#undef KA_W
+#define KA_NAME(x) ZS_AKA(q3_k_##x)
+#define KA_FMT ZS_KA_Q3_K
+#define KA_W(b, g) ZS_AKA(q3k)((b), (g))
+#include "matmul-q8act-kern.h"
+#undef KA_NAME
+#undef KA_FMT
+#undef KA_W
+#define KA_NAME(x) ZS_AKA(q2_k_##x)
+#define KA_FMT ZS_KA_Q2_K
+#define KA_W(b, g) ZS_AKA(q2k)((b), (g))
+#include "matmul-q8act-kern.h"
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W

@@ -46,7 +46,7 @@ int zs_q8a_kind(zs_dtype wdt) {
     switch (wdt) {
     case ZS_Q8_0: case ZS_Q4_0: case ZS_Q5_0: return ZS_Q8A_Q8_0;
     case ZS_Q4_1: case ZS_Q5_1: return ZS_Q8A_Q8_1;
-    case ZS_Q4_K: case ZS_Q6_K: return ZS_Q8A_Q8_K;
+    case ZS_Q4_K: case ZS_Q6_K: case ZS_Q5_K: case ZS_Q3_K: case ZS_Q2_K: return ZS_Q8A_Q8_K;
     default: return -1;
     }
 }
@@ -199,6 +199,28 @@ static inline zs_ka_i8 zs_gka_q6k(const uint8_t *b, int g) {
         r[i] = (int8_t)((((ql[i] >> (4 * (gg >> 1))) & 15) | ((qh[i] >> (2 * gg)) & 3) << 4) - 32);
     return r;
 }
+/* Q5_K: Q4_K's nibbles at 48 with the fifth bits of qh (at 16: bit g of qh[i]) */
+static inline zs_ka_i8 zs_gka_q5k(const uint8_t *b, int g) {
+    const uint8_t *q = b + 48 + 32 * (g >> 1), *qh = b + 16;
+    zs_ka_i8 r;
+    for (int i = 0; i < 32; i++) r[i] = (int8_t)((q[i] >> (4 * (g & 1)) & 15) | ((qh[i] >> g) & 1) << 4);
+    return r;
+}
+/* Q3_K: half g/4, quarter j = g%4: bits 2j of qs (at 32), bit 4·half + j of hmask (at 0), -4..3 */
+static inline zs_ka_i8 zs_gka_q3k(const uint8_t *b, int g) {
+    int hn = g >> 2, j = g & 3;
+    const uint8_t *qs = b + 32 + 32 * hn;
+    zs_ka_i8 r;
+    for (int i = 0; i < 32; i++) r[i] = (int8_t)(((qs[i] >> (2 * j)) & 3) - (((b[i] >> (4 * hn + j)) & 1) ? 0 : 4));
+    return r;
+}
+/* Q2_K: bits 2j of qs (at 16), 0..3 */
+static inline zs_ka_i8 zs_gka_q2k(const uint8_t *b, int g) {
+    const uint8_t *qs = b + 16 + 32 * (g >> 2);
+    zs_ka_i8 r;
+    for (int i = 0; i < 32; i++) r[i] = (int8_t)((qs[i] >> (2 * (g & 3))) & 3);
+    return r;
+}
 
 #define KA_D(h) zs_f16_to_f32(h)
 #define KA_DOT(acc, w, x, sc) zs_gka_dot((acc), (w), (x), (sc), KA_SIGNED)
@@ -263,6 +285,27 @@ static inline zs_ka_i8 zs_gka_q6k(const uint8_t *b, int g) {
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
+#define KA_NAME(x) zs_ka_generic_q5_k_##x
+#define KA_FMT ZS_KA_Q5_K
+#define KA_W(b, g) zs_gka_q5k((b), (g))
+#include "matmul-q8act-kern.h"
+#undef KA_NAME
+#undef KA_FMT
+#undef KA_W
+#define KA_NAME(x) zs_ka_generic_q3_k_##x
+#define KA_FMT ZS_KA_Q3_K
+#define KA_W(b, g) zs_gka_q3k((b), (g))
+#include "matmul-q8act-kern.h"
+#undef KA_NAME
+#undef KA_FMT
+#undef KA_W
+#define KA_NAME(x) zs_ka_generic_q2_k_##x
+#define KA_FMT ZS_KA_Q2_K
+#define KA_W(b, g) zs_gka_q2k((b), (g))
+#include "matmul-q8act-kern.h"
+#undef KA_NAME
+#undef KA_FMT
+#undef KA_W
 #undef KA_D
 #undef KA_DOT
 #undef KA_XSUM
@@ -289,6 +332,9 @@ ZS_KA_WRAP(q5_0)
 ZS_KA_WRAP(q5_1)
 ZS_KA_WRAP(q4_k)
 ZS_KA_WRAP(q6_k)
+ZS_KA_WRAP(q5_k)
+ZS_KA_WRAP(q3_k)
+ZS_KA_WRAP(q2_k)
 #undef ZS_KA_WRAP
 
 int zs_matmul_q8act_supports(zs_dtype wdt) { return zs_q8a_kind(wdt) >= 0; }
@@ -314,6 +360,9 @@ zs_q8a_fn zs_q8a_pick(zs_dtype wdt) {
     case ZS_Q5_1: return ZS_KA_PICK3(q5_1);
     case ZS_Q4_K: return ZS_KA_PICK3(q4_k);
     case ZS_Q6_K: return ZS_KA_PICK3(q6_k);
+    case ZS_Q5_K: return ZS_KA_PICK3(q5_k);
+    case ZS_Q3_K: return ZS_KA_PICK3(q3_k);
+    case ZS_Q2_K: return ZS_KA_PICK3(q2_k);
     default: return NULL;
     }
 }

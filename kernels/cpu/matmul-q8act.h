@@ -1,6 +1,7 @@
 /* matmul-q8act.h — the integer path of zs_op_matmul over block weights: the activations of
  * each row are quantized to 8-bit blocks as llama.cpp quantizes them (Q8_0 for Q8_0/Q4_0/Q5_0
- * weights, Q8_1 for Q4_1/Q5_1, Q8_K for Q4_K/Q6_K), each weight block is dotted with its
+ * weights, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants Q4_K/Q5_K/Q6_K/Q3_K/Q2_K), each weight
+ * block is dotted with its
  * activation block in integers, and the blocks are scaled and summed in f32 in a fixed order
  * (matmul-q8act-kern.h documents it), so a row's result never depends on T, on the other rows
  * or on the thread count. Declared for matmul.c (the dispatch), matmul-q8act.c (generic build
@@ -36,6 +37,9 @@ typedef float zs_ka_f32 __attribute__((vector_size(32)));
 #define ZS_KA_Q5_1 5
 #define ZS_KA_Q4_K 6
 #define ZS_KA_Q6_K 7
+#define ZS_KA_Q5_K 8
+#define ZS_KA_Q3_K 9
+#define ZS_KA_Q2_K 10
 /* the eight chains of an output summed pairwise (matmul-q8act-kern.h) */
 static inline float zs_ka_tree(const float *a) {
     return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
@@ -51,7 +55,7 @@ enum { ZS_QUANT_ACT_Q8 = 0, ZS_QUANT_ACT_F32 = 1 };
  * returns the mode in force before the call (the environment's on the first call) */
 int zs_op_matmul_quant_act(int mode);
 
-/* the weight formats with an integer kernel (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K) */
+/* the weight formats with an integer kernel (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, Q5_K, Q3_K, Q2_K) */
 int zs_matmul_q8act_supports(zs_dtype wdt);
 
 /* y[T,out] = x[T,in] · Wᵀ by the integer path (no bias). Returns 0, or ZS_EINVAL (nothing
@@ -91,6 +95,9 @@ void zs_q8a_block_q5_0_generic(float *y, int ldy, const zs_q8a *a, int t0, int T
 void zs_q8a_block_q5_1_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q4_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q6_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q5_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q3_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q2_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q8_0_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q4_0_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q4_1_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
@@ -98,6 +105,9 @@ void zs_q8a_block_q5_0_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, c
 void zs_q8a_block_q5_1_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q4_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q6_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q5_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q3_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q2_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q8_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q4_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q4_1_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
@@ -105,6 +115,9 @@ void zs_q8a_block_q5_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T,
 void zs_q8a_block_q5_1_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q4_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 void zs_q8a_block_q6_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q5_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q3_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+void zs_q8a_block_q2_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 /* the kernel zs_matmul_q8act runs for wdt on this CPU (AVX-512VL/BW+VNNI, else AVX2+FMA+F16C,
  * when present); NULL if none */
 zs_q8a_fn zs_q8a_pick(zs_dtype wdt);

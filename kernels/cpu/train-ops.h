@@ -25,7 +25,7 @@
 #include "attention.h" /* zs_att_params: scale, soft-cap and sliding window, as the inference attention */
 #include "tensor.h"
 
-/* Rows of W converted per block when W is not f32 (f16/bf16, or a block format Q8_0 .. Q6_K, whose
+/* Rows of W converted per block when W is not f32 (f16/bf16, or a block format Q8_0 .. Q2_K, whose
  * rows are whole blocks: in a multiple of the block): a scratch of ZS_MATMUL_BWD_BLOCK * in floats
  * is needed then (none for f32 weights). */
 #define ZS_MATMUL_BWD_BLOCK 256
