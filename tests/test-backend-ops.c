@@ -15,7 +15,8 @@
  * context, the cache before every window NaN and its table entries naming a block of NaN; with
  * all off the plain kernels' bits), the
  * refusals and their reasons (zs_cuda_take_error, zs_dev_error), and the cuBLAS matrix product
- * (f32, f16, bf16). Block-format weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K; random blocks,
+ * (f32, f16, bf16). Block-format weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, Q5_K, Q3_K,
+ * Q2_K; random blocks,
  * matmul-quant.cu through zs_dev_gemm): decode (T = 1, 3, 8: the fused kernel) must give
  * zs_op_matmul's bits, also with beta 1 and for a row alone against the same row in a batch;
  * prefill (T = 9, 64, and 64 over 40000 rows, more than one 64 MiB chunk of bf16 weights: x and
@@ -1023,7 +1024,8 @@ static void test_gemm(void) {
 
 /* ---- block-format weights (matmul-quant.cu, embed.cu) ---- */
 
-static const zs_dtype QDTS[7] = {ZS_Q8_0, ZS_Q4_0, ZS_Q4_1, ZS_Q5_0, ZS_Q5_1, ZS_Q4_K, ZS_Q6_K};
+static const zs_dtype QDTS[] = {ZS_Q8_0, ZS_Q4_0, ZS_Q4_1, ZS_Q5_0, ZS_Q5_1, ZS_Q4_K, ZS_Q6_K, ZS_Q5_K, ZS_Q3_K, ZS_Q2_K};
+#define NQDTS (int)(sizeof QDTS / sizeof QDTS[0])
 
 /* n weights of dt as random bytes (every nibble, fifth-bit and scale pattern) with small f16
  * scales (and mins) of either sign */
@@ -1031,11 +1033,13 @@ static uint8_t *rand_blocks(zs_dtype dt, size_t n) {
     size_t bytes = zs_dtype_bytes(dt, n), bb = zs_dtype_size(dt);
     uint8_t *W = malloc(bytes + 4);
     for (size_t i = 0; i < bytes; i++) W[i] = (uint8_t)urand(256);
-    int kq = dt == ZS_Q4_K || dt == ZS_Q6_K;
+    int kq = zs_dtype_block(dt) == 256;
+    int d_at = dt == ZS_Q6_K ? 208 : dt == ZS_Q3_K ? 108 : dt == ZS_Q2_K ? 80 : 0;
+    int m_at = dt == ZS_Q2_K ? 82 : dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K || dt == ZS_Q5_K ? 2 : -1;
     for (size_t b = 0; b < bytes / bb; b++) {
         uint16_t d = zs_f32_to_f16(frand() * (kq ? 0.002f : 0.02f)), m = zs_f32_to_f16(frand() * 0.05f);
-        memcpy(W + b * bb + (dt == ZS_Q6_K ? 208 : 0), &d, 2);
-        if (dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K) memcpy(W + b * bb + 2, &m, 2);
+        memcpy(W + b * bb + d_at, &d, 2);
+        if (m_at >= 0) memcpy(W + b * bb + m_at, &m, 2);
     }
     return W;
 }
@@ -1136,7 +1140,7 @@ static void test_qembed(zs_dtype dt) {
 }
 
 static void test_qmatmul(void) {
-    for (int q = 0; q < 7; q++) {
+    for (int q = 0; q < NQDTS; q++) {
         zs_dtype dt = QDTS[q];
         qmatmul_decode(dt, 1, 1024, 300); /* 300 rows: the last kernel block is partly empty */
         qmatmul_decode(dt, 1, 256, 1);

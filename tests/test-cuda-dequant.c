@@ -1,7 +1,7 @@
 /* test-cuda-dequant.c — the device dequantization of kernels/cuda/dequant.h, checked on the host
  * in every build (a GPU or not, CUDA or not): the header is plain C, shared by matmul-quant.cu and
  * embed.cu, and compiled here by gcc. For every block format (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
- * Q6_K), over random blocks (every nibble, fifth bit and 6-bit scale pattern; f16 scales of both
+ * Q6_K, Q5_K, Q3_K, Q2_K), over random blocks (every nibble, fifth bit and scale pattern; f16 scales of both
  * signs, subnormal and zero ones too):
  *   - the row size the kernels step by is zs_dtype_bytes of the row;
  *   - every weight zs_dq_at gives (the embedding lookup), and every weight of an emulation of
@@ -30,7 +30,7 @@ static uint32_t urand(void) {
 }
 static float frand(void) { return (float)(urand() >> 8) / 8388608.0f - 1.0f; } /* [-1, 1) */
 
-static const zs_dtype QF[] = {ZS_Q8_0, ZS_Q4_0, ZS_Q4_1, ZS_Q5_0, ZS_Q5_1, ZS_Q4_K, ZS_Q6_K};
+static const zs_dtype QF[] = {ZS_Q8_0, ZS_Q4_0, ZS_Q4_1, ZS_Q5_0, ZS_Q5_1, ZS_Q4_K, ZS_Q6_K, ZS_Q5_K, ZS_Q3_K, ZS_Q2_K};
 #define NQF (int)(sizeof QF / sizeof QF[0])
 
 /* an f16 scale: mostly small normal values of either sign, sometimes subnormal or zero */
@@ -48,10 +48,11 @@ static uint8_t *rand_blocks(zs_dtype dt, size_t n) {
     for (size_t i = 0; i < bytes; i++) W[i] = (uint8_t)urand();
     for (size_t b = 0; b < bytes / bb; b++) {
         uint8_t *p = W + b * bb;
-        uint16_t d = rand_scale(dt == ZS_Q4_K || dt == ZS_Q6_K ? 0.002f : 0.02f), m = rand_scale(0.05f);
-        int d_at = dt == ZS_Q6_K ? 208 : 0, has_m = dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K;
+        uint16_t d = rand_scale(zs_dtype_block(dt) == 256 ? 0.002f : 0.02f), m = rand_scale(0.05f);
+        int d_at = dt == ZS_Q6_K ? 208 : dt == ZS_Q3_K ? 108 : dt == ZS_Q2_K ? 80 : 0;
+        int m_at = dt == ZS_Q2_K ? 82 : dt == ZS_Q4_1 || dt == ZS_Q5_1 || dt == ZS_Q4_K || dt == ZS_Q5_K ? 2 : -1;
         memcpy(p + d_at, &d, 2);
-        if (has_m) memcpy(p + 2, &m, 2);
+        if (m_at >= 0) memcpy(p + m_at, &m, 2);
     }
     return W;
 }

@@ -81,7 +81,7 @@ typedef struct {
 
 typedef struct {
     zs_dtype weight_dtype;     /* storage dtype of matrices; ZS_DTYPE_COUNT = as stored in the checkpoint;
-                                  ZS_Q8_0 .. ZS_Q6_K quantize at load (matrices whose rows are not a multiple
+                                  ZS_Q8_0 .. ZS_Q2_K quantize at load (matrices whose rows are not a multiple
                                   of the block stay 16-bit; norms and biases are f32 whatever is asked) */
     int quant_mix;             /* ZS_QUANT_MIX_Q4_K_M (quant-mix.h; with weight_dtype ZS_Q4_K): each matrix
                                   gets llama.cpp's Q4_K_M choice, zs_quant_mix_q4_k_m; 0: weight_dtype for all */
@@ -132,7 +132,7 @@ const char *zs_model_dir(const zs_model *m);
 const char *zs_model_fingerprint(const zs_model *m);
 size_t zs_model_param_count(const zs_model *m);
 size_t zs_model_weight_bytes(const zs_model *m);   /* bytes of all buckets (data + resident) */
-/* the block format (ZS_Q8_0 .. ZS_Q6_K) some matrix is stored in, or ZS_DTYPE_COUNT when every slot holds
+/* the block format (ZS_Q8_0 .. ZS_Q2_K) some matrix is stored in, or ZS_DTYPE_COUNT when every slot holds
  * an element type; training refuses a quantized model */
 zs_dtype zs_model_quant_dtype(const zs_model *m);
 /* Resident buffers owned by the model (after zs_model_load_resident; NULL before). */

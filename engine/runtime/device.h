@@ -58,7 +58,7 @@ int  zs_dev_error(const char *what);
 
 /* y[T,out] (f32) = x[T,in] . W[out,in]^T + beta * y, on the compute queue; x and W in wdt
  * (f32: fp32 math, no TF32; f16/bf16: tensor cores with fp32 accumulation). A block format wdt
- * (ZS_Q8_0 .. ZS_Q6_K, the bytes as stored; in whole blocks) takes x in f32: for T <= 8
+ * (ZS_Q8_0 .. ZS_Q2_K, the bytes as stored; in whole blocks) takes x in f32: for T <= 8
  * (ZS_CUDA_QGEMV_MAX_T) a fused kernel dequantizes each weight in registers and gives the bits of
  * zs_op_matmul, whatever T; for larger T, x and the dequantized weights are rounded to bf16 and
  * multiplied by cuBLAS with fp32 accumulation (the weights a chunk of rows at a time, into a

@@ -4,7 +4,7 @@
  * with the pieces of Qwen3, Gemma 2/3, Phi-3 and Mistral, and GPT-2), with weights handed out as
  * device pointers by the weight source, activations and the KV cache in device memory, matrix
  * products in cuBLAS (tensor cores for f16/bf16 weights, fp32 accumulation) or, for block-format
- * weights (Q8_0 .. Q6_K, as stored), zs_dev_gemm's fused kernel (decode) and bf16 cuBLAS path
+ * weights (Q8_0 .. Q2_K, as stored), zs_dev_gemm's fused kernel (decode) and bf16 cuBLAS path
  * (prefill), and every other op a kernel of kernels/cuda. A batch with a LoRA adapter on any row
  * (zs_batch.lora) is refused with ZS_EUNSUPPORTED: adapters run on the CPU forward only, so far; so
  * is the hidden-state output (zs_batch.hidden: embeddings run on the CPU device for now).

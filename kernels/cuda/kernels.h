@@ -10,7 +10,7 @@
  * LayerNorm), rope.cu (default, given and per-token frequencies, attention factor), act.cu (GELU,
  * SwiGLU, GeGLU, soft-capping, scaling, add, bias, softmax, argmax), attention.cu (paged KV store
  * and causal attention with GQA, a score scale, soft-capping, a sliding window and token trees),
- * matmul-quant.cu (products over ggml block weights, ZS_Q8_0 .. ZS_Q6_K),
+ * matmul-quant.cu (products over ggml block weights, ZS_Q8_0 .. ZS_Q2_K),
  * backward.cu (the backward of all of these for training), launch.cu (the per-thread launch
  * error). */
 #ifndef ZS_CUDA_KERNELS_H
@@ -39,7 +39,7 @@ int zs_cuda_read_probe(const void *src, size_t bytes, unsigned *sink, void *stre
 
 /* embed.cu: out[t, :] = tok[ids[t], :] (+ pos_tab[pos[t], :] when pos_tab != NULL), as f32;
  * tables in dtype tdt / pdt, rows of d elements: f32/f16/bf16, or a block format (ZS_Q8_0 ..
- * ZS_Q6_K; d whole blocks), dequantized with zs_to_f32's arithmetic (dequant.h). */
+ * ZS_Q2_K; d whole blocks), dequantized with zs_to_f32's arithmetic (dequant.h). */
 int zs_cuda_embed(float *out, const void *tok, int tdt, const int32_t *ids, const void *pos_tab,
                   int pdt, const int32_t *pos, int T, int d, void *stream);
 
@@ -176,7 +176,8 @@ int zs_cuda_attention_mode(void);
 const char *zs_cuda_attention_mode_name(int mode); /* "auto", "simple", "tiled" */
 
 /* matmul-quant.cu — y = x . W^T over W[R, in] in a block format wdt (ZS_Q8_0, ZS_Q4_0, ZS_Q4_1,
- * ZS_Q5_0, ZS_Q5_1: blocks of 32; ZS_Q4_K, ZS_Q6_K: super-blocks of 256; in whole blocks), the
+ * ZS_Q5_0, ZS_Q5_1: blocks of 32; the K-quants ZS_Q4_K, ZS_Q6_K, ZS_Q5_K, ZS_Q3_K, ZS_Q2_K:
+ * super-blocks of 256; in whole blocks), the
  * bytes as stored (tensor.h), rows of zs_dtype_bytes(wdt, in) bytes back to back at any byte
  * alignment.
  * zs_cuda_qgemv: the fused kernel for a few tokens (1 <= T <= ZS_CUDA_QGEMV_MAX_T): x [T, in] f32

@@ -1,5 +1,5 @@
 // matmul-quant.cu — matrix products over ggml block weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-// Q4_K, Q6_K, read as stored): the fused dequantize-and-dot kernel of decode, and the
+// Q4_K, Q6_K, Q5_K, Q3_K, Q2_K, read as stored): the fused dequantize-and-dot kernel of decode, and the
 // dequantization of rows into f32/f16/bf16 that prefill hands to cuBLAS (kernels.h).
 //
 // The decode kernel keeps the CPU kernel's order (kernels/cpu/matmul-quant-kern.h), so its
@@ -106,6 +106,9 @@ static int check_rows(const char *who, int wdt, int in) {
     case ZS_Q5_0: ZS_LAUNCH(KERNEL<ZS_Q5_0>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
     case ZS_Q5_1: ZS_LAUNCH(KERNEL<ZS_Q5_1>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
     case ZS_Q4_K: ZS_LAUNCH(KERNEL<ZS_Q4_K>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
+    case ZS_Q5_K: ZS_LAUNCH(KERNEL<ZS_Q5_K>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
+    case ZS_Q3_K: ZS_LAUNCH(KERNEL<ZS_Q3_K>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
+    case ZS_Q2_K: ZS_LAUNCH(KERNEL<ZS_Q2_K>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;          \
     default: ZS_LAUNCH(KERNEL<ZS_Q6_K>, GRID, BLOCK, 0, STREAM, __VA_ARGS__); break;               \
     }
 
