@@ -1,8 +1,9 @@
 /* test-quant-k.c — the K-quant quantizers (engine/base/quant-k.c) and the Q4_K_M mix
- * (engine/model/quant-mix.c, --weight-dtype q4_k / q6_k / q4_k_m at load):
- *   - zs_quantize_q4_k / q6_k give ggml's own bytes (ggml_quantize_chunk, i.e.
- *     quantize_row_q4_K_ref / q6_K_ref, from llama-cpp-python's libggml-base, written by
- *     tests/ref/make_qk_ref.py into tests/ref/qk-quant-ref.bin) bit for bit on its rows (normal
+ * (engine/model/quant-mix.c, --weight-dtype q4_k / q6_k / q5_k / q3_k / q2_k / q4_k_m at load):
+ *   - zs_quantize_q4_k / q6_k / q5_k / q3_k / q2_k give ggml's own bytes (ggml_quantize_chunk, i.e.
+ *     quantize_row_q4_K_ref / q6_K_ref / q5_K_ref / q3_K_ref / q2_K_ref, from llama-cpp-python
+ *     0.3.36's libggml-base, written by tests/ref/make_qk_ref.py into tests/ref/qk-quant-ref.bin)
+ *     bit for bit on its rows (normal
  *     at several scales, outliers, zeros, tiny values, constant rows, rows of 256 and 512), and
  *     zs_to_f32 gives ggml's dequantized values of those bytes bit for bit; on 2048 more generated
  *     super-blocks (made here again bit for bit) the FNV-1a hashes of both bytes and values are
@@ -36,6 +37,22 @@ static int first_diff(const uint8_t *a, const uint8_t *b, size_t nb, size_t bb) 
     return -1;
 }
 
+/* the file's types, as ggml numbers them */
+#define MAX_TYPES 8
+static uint32_t g_ntypes;
+static zs_dtype g_types[MAX_TYPES];
+
+static zs_dtype from_ggml(uint32_t t) {
+    return t == 12 ? ZS_Q4_K : t == 14 ? ZS_Q6_K : t == 13 ? ZS_Q5_K : t == 11 ? ZS_Q3_K : t == 10 ? ZS_Q2_K
+                                                                                                      : ZS_DTYPE_COUNT;
+}
+
+/* rms error / rms of the round trip of normal rows, per format: what ggml's quantizers give
+ * (measured: Q4_K 0.067, Q6_K 0.017, Q5_K 0.036, Q3_K 0.148, Q2_K 0.288), with headroom */
+static double round_trip_bound(zs_dtype dt) {
+    return dt == ZS_Q4_K ? 0.09 : dt == ZS_Q6_K ? 0.025 : dt == ZS_Q5_K ? 0.05 : dt == ZS_Q3_K ? 0.19 : 0.34;
+}
+
 static void check_rows(FILE *f, uint32_t *nb_out) {
     uint32_t nr = 0, len[64];
     int ok = fread(&nr, 4, 1, f) == 1 && nr > 0 && nr <= 64 && fread(len, 4, nr, f) == nr;
@@ -47,13 +64,16 @@ static void check_rows(FILE *f, uint32_t *nb_out) {
     CHECK(ok, "qk-quant-ref.bin: row table");
     if (!ok) return;
     size_t nb = n / 256;
-    *nb_out = (uint32_t)nb;
     float *x = malloc(n * 4), *y = malloc(n * 4), *want_y = malloc(n * 4);
     uint8_t *want = malloc(nb * ZS_Q6_K_BYTES), *got = malloc(nb * ZS_Q6_K_BYTES);
-    ok = fread(x, 4, n, f) == n;
-    const zs_dtype dts[2] = {ZS_Q4_K, ZS_Q6_K};
-    for (int k = 0; ok && k < 2; k++) {
-        zs_dtype dt = dts[k];
+    uint32_t ids[MAX_TYPES];
+    ok = fread(x, 4, n, f) == n && fread(&g_ntypes, 4, 1, f) == 1 && g_ntypes >= 1 && g_ntypes <= MAX_TYPES &&
+         fread(ids, 4, g_ntypes, f) == g_ntypes;
+    for (uint32_t k = 0; ok && k < g_ntypes; k++) ok = (g_types[k] = from_ggml(ids[k])) != ZS_DTYPE_COUNT;
+    CHECK(ok && g_ntypes == 5, "qk-quant-ref.bin: inputs and the table of the 5 K-quant types");
+    if (ok) *nb_out = (uint32_t)nb;
+    for (uint32_t k = 0; ok && k < g_ntypes; k++) {
+        zs_dtype dt = g_types[k];
         const char *dn = zs_dtype_name(dt);
         size_t bb = zs_dtype_size(dt);
         ok = fread(want, bb, nb, f) == nb && fread(want_y, 4, n, f) == n;
@@ -92,7 +112,7 @@ static void check_rows(FILE *f, uint32_t *nb_out) {
         }
         double rel = sqrt(e2 / x2);
         fprintf(stderr, "test-quant-k: %s round trip of normal rows: rms error / rms = %.4f\n", dn, rel);
-        CHECK(rel < (dt == ZS_Q4_K ? 0.09 : 0.025), "%s round trip within its bound (%.4f)", dn, rel);
+        CHECK(rel < round_trip_bound(dt), "%s round trip within its bound (%.4f < %.3f)", dn, rel, round_trip_bound(dt));
     }
     free(x); free(y); free(want_y); free(want); free(got);
 }
@@ -124,18 +144,17 @@ static void gen_hashed(float *x, uint32_t seed, size_t nb) {
 static void check_hashed(FILE *f) {
     char magic[4];
     uint32_t seed = 0, nb = 0;
-    uint64_t want[4];
+    uint64_t want[2 * MAX_TYPES];
     int ok = fread(magic, 1, 4, f) == 4 && !memcmp(magic, "ZSQH", 4) && fread(&seed, 4, 1, f) == 1 &&
-             fread(&nb, 4, 1, f) == 1 && nb > 0 && nb <= 65536 && fread(want, 8, 4, f) == 4;
+             fread(&nb, 4, 1, f) == 1 && nb > 0 && nb <= 65536 && fread(want, 8, 2 * g_ntypes, f) == 2 * g_ntypes;
     CHECK(ok, "qk-quant-ref.bin: hashed section");
     if (!ok) return;
     size_t n = (size_t)nb * 256;
     float *x = malloc(n * 4), *y = malloc(n * 4);
     uint8_t *q = malloc((size_t)nb * ZS_Q6_K_BYTES);
     gen_hashed(x, seed, nb);
-    const zs_dtype dts[2] = {ZS_Q4_K, ZS_Q6_K};
-    for (int k = 0; k < 2; k++) {
-        zs_dtype dt = dts[k];
+    for (uint32_t k = 0; k < g_ntypes; k++) {
+        zs_dtype dt = g_types[k];
         int rc = zs_quantize(dt, q, x, n);
         CHECK(rc == 0, "quantize %s: %s", zs_dtype_name(dt), zs_errmsg());
         uint64_t hq = fnv1a64(q, zs_dtype_bytes(dt, n));
@@ -164,13 +183,29 @@ static void check_reference(void) {
     /* the API around it */
     float x[512] = {0};
     uint8_t q[2 * ZS_Q6_K_BYTES];
-    CHECK(zs_dtype_can_quantize(ZS_Q4_K) && zs_dtype_can_quantize(ZS_Q6_K), "K-quants can be quantized into");
+    CHECK(zs_dtype_can_quantize(ZS_Q4_K) && zs_dtype_can_quantize(ZS_Q6_K) && zs_dtype_can_quantize(ZS_Q5_K) &&
+              zs_dtype_can_quantize(ZS_Q3_K) && zs_dtype_can_quantize(ZS_Q2_K),
+          "K-quants can be quantized into");
+    CHECK(zs_dtype_size(ZS_Q5_K) == 176 && zs_dtype_size(ZS_Q3_K) == 110 && zs_dtype_size(ZS_Q2_K) == 84 &&
+              zs_dtype_block(ZS_Q5_K) == 256 && zs_dtype_block(ZS_Q3_K) == 256 && zs_dtype_block(ZS_Q2_K) == 256 &&
+              !strcmp(zs_dtype_name(ZS_Q5_K), "Q5_K") && !strcmp(zs_dtype_name(ZS_Q3_K), "Q3_K") &&
+              !strcmp(zs_dtype_name(ZS_Q2_K), "Q2_K"),
+          "Q5_K, Q3_K, Q2_K: 176, 110, 84 bytes per 256, their names");
     CHECK_ERR(zs_quantize(ZS_Q4_K, q, x, 300), "300 values", "Q4_K", "256");
     CHECK_ERR(zs_quantize(ZS_Q6_K, q, x, 32), "Q6_K");
-    CHECK(zs_quantize(ZS_Q6_K, q, x, 512) == 0, "Q6_K of 512 zeros");
-    int zero = 1;
-    for (size_t i = 0; i < 2 * ZS_Q6_K_BYTES; i++) zero &= q[i] == 0;
-    CHECK(zero, "Q6_K of zeros: all-zero blocks");
+    CHECK_ERR(zs_quantize(ZS_Q2_K, q, x, 288), "Q2_K", "256");
+    const zs_dtype zt[] = {ZS_Q6_K, ZS_Q5_K, ZS_Q3_K, ZS_Q2_K};
+    for (int k = 0; k < 4; k++) {
+        memset(q, 0x55, sizeof q);
+        CHECK(zs_quantize(zt[k], q, x, 512) == 0, "%s of 512 zeros", zs_dtype_name(zt[k]));
+        float y[512];
+        zs_to_f32(y, q, zt[k], 512);
+        int zero = 1;
+        for (size_t i = 0; i < 512; i++) zero &= y[i] == 0;
+        if (zt[k] == ZS_Q6_K)
+            for (size_t i = 0; i < 2 * ZS_Q6_K_BYTES; i++) zero &= q[i] == 0;
+        CHECK(zero, "%s of zeros: dequantizes to 0%s", zs_dtype_name(zt[k]), zt[k] == ZS_Q6_K ? " (all-zero blocks)" : "");
+    }
 }
 
 /* ---- the mix ---- */
@@ -317,7 +352,8 @@ static void check_engine(const char *tmp) {
     /* logits close to f32's */
     const struct { zs_dtype dt; int mix; const char *name; double tol; } Q[] = {
         {ZS_Q4_K, ZS_QUANT_MIX_Q4_K_M, "q4_k_m", 0.2}, {ZS_Q4_K, 0, "q4_k", 0.25}, {ZS_Q6_K, 0, "q6_k", 0.07},
-        {ZS_Q4_0, 0, "q4_0", 0.3}, {ZS_Q8_0, 0, "q8_0", 0.03}};
+        {ZS_Q4_0, 0, "q4_0", 0.3}, {ZS_Q8_0, 0, "q8_0", 0.03}, {ZS_Q5_K, 0, "q5_k", 0.14}, {ZS_Q3_K, 0, "q3_k", 0.5},
+        {ZS_Q2_K, 0, "q2_k", 0.85}};
     for (size_t k = 0; k < sizeof Q / sizeof Q[0]; k++) {
         if (k == 0) memcpy(lg, lq, nl * 4);
         else {

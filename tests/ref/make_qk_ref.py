@@ -1,34 +1,38 @@
 #!/usr/bin/env python3
-"""make_qk_ref.py — the Q4_K and Q6_K quantizer reference of tests/test-quant-k.c.
+"""make_qk_ref.py — the K-quant quantizer reference of tests/test-quant-k.c: Q4_K, Q6_K, Q5_K, Q3_K
+and Q2_K.
 
 Writes tests/ref/qk-quant-ref.bin (little-endian throughout):
   b"ZSQK", uint32 n_rows, uint32 n_rows row lengths (256 or 512; nb = their sum / 256 super-blocks),
   the nb*256 float32 inputs (the rows one after another),
-  the nb*144 bytes of Q4_K and the nb*256 float32 values ggml dequantizes them to,
-  the nb*210 bytes of Q6_K and the nb*256 float32 values ggml dequantizes them to.
-The bytes are ggml's own: ggml_quantize_chunk (GGML_TYPE_Q4_K = 12, GGML_TYPE_Q6_K = 14, no
-importance matrix, so quantize_row_q4_K_ref / quantize_row_q6_K_ref) from libggml-base, one call
-per row, and the values its dequantize_row_q4_K / dequantize_row_q6_K, called through ctypes.
+  uint32 n_types, the n_types ggml type ids (GGML_TYPE_Q4_K = 12, Q6_K = 14, Q5_K = 13, Q3_K = 11,
+  Q2_K = 10, in that order), then per type the nb*bytes of its super-blocks (144, 210, 176, 110,
+  84 bytes) and the nb*256 float32 values ggml dequantizes them to.
+The bytes are ggml's own: ggml_quantize_chunk (no importance matrix, so quantize_row_q4_K_ref /
+q6_K_ref / q5_K_ref / q3_K_ref / q2_K_ref) from libggml-base, one call per row, and the values its
+dequantize_row_q4_K / q6_K / q5_K / q3_K / q2_K, called through ctypes.
 The rows are deterministic: random normal at several scales, rows with outliers, zeros, tiny
 values (an f16-subnormal and an underflowing d), all-positive and constant rows, groups of very
 different size in one super-block, exact ties, one-hot rows.
 Then a section for many more super-blocks than the file could hold: b"ZSQH", uint32 seed, uint32
-nb2, and four uint64 FNV-1a hashes: of the Q4_K bytes, of their dequantized float32 values, of the
-Q6_K bytes and of theirs, for nb2 super-blocks of generated inputs that the C test makes again bit
+nb2, and two uint64 FNV-1a hashes per type (in the order above): of its bytes and of their
+dequantized float32 values, for nb2 super-blocks of generated inputs that the C test makes again bit
 for bit (gen_hashed below: integers from a counter hash (lowbias32) scaled by powers of two, so
 every value is exact in f32; per super-block and per 16 a random exponent, some zero groups, some
 outliers).
 
 Needs numpy and llama-cpp-python (for its bundled libggml-base; only to regenerate the file,
 make test reads the .bin):
-  python3 -m venv /tmp/lcp && /tmp/lcp/bin/pip install numpy==2.4.6 llama-cpp-python==0.3.16
+  python3 -m venv /tmp/lcp && /tmp/lcp/bin/pip install numpy==2.4.6 llama-cpp-python==0.3.36
   /tmp/lcp/bin/python tests/ref/make_qk_ref.py          # from the repository root
 """
 import ctypes, glob, os, struct
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GGML_TYPE_Q4_K, GGML_TYPE_Q6_K = 12, 14
+# (ggml type id, bytes per super-block, dequantizer name) in the file's order
+TYPES = [(12, 144, 'dequantize_row_q4_K'), (14, 210, 'dequantize_row_q6_K'), (13, 176, 'dequantize_row_q5_K'),
+         (11, 110, 'dequantize_row_q3_K'), (10, 84, 'dequantize_row_q2_K')]
 
 
 def load_ggml():
@@ -41,7 +45,8 @@ def load_ggml():
     g.ggml_quantize_chunk.restype = ctypes.c_size_t
     g.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                       ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    for fn in (g.dequantize_row_q4_K, g.dequantize_row_q6_K):
+    for _, _, name in TYPES:
+        fn = getattr(g, name)
         fn.restype = None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     return g
@@ -121,7 +126,8 @@ def main():
     x = np.ascontiguousarray(np.concatenate(rs).astype('<f4'))
     nb = x.size // 256
     res = []
-    for qt, bb, deq in [(GGML_TYPE_Q4_K, 144, g.dequantize_row_q4_K), (GGML_TYPE_Q6_K, 210, g.dequantize_row_q6_K)]:
+    for qt, bb, dname in TYPES:
+        deq = getattr(g, dname)
         q = np.zeros(nb * bb, np.uint8)
         off_x = off_q = 0
         for r in rs:  # one call per row
@@ -137,6 +143,7 @@ def main():
     with open(path, 'wb') as f:
         f.write(b'ZSQK' + struct.pack('<I', len(rs)) + struct.pack('<%dI' % len(rs), *[r.size for r in rs]))
         f.write(x.tobytes())
+        f.write(struct.pack('<I', len(TYPES)) + struct.pack('<%dI' % len(TYPES), *[t[0] for t in TYPES]))
         for q, y in res:
             f.write(q.tobytes())
             f.write(y.tobytes())
@@ -144,12 +151,13 @@ def main():
         xh = np.ascontiguousarray(gen_hashed(seed, nb2))
         assert np.all(np.isfinite(xh))
         hs = []
-        for qt, bb, deq in [(GGML_TYPE_Q4_K, 144, g.dequantize_row_q4_K), (GGML_TYPE_Q6_K, 210, g.dequantize_row_q6_K)]:
+        for qt, bb, dname in TYPES:
+            deq = getattr(g, dname)
             q = quantize(g, qt, bb, xh, 1024)
             y = np.zeros(xh.size, '<f4')
             deq(q.ctypes.data, y.ctypes.data, xh.size)
             hs += [fnv1a64(q.tobytes()), fnv1a64(y.tobytes())]
-        f.write(b'ZSQH' + struct.pack('<II', seed, nb2) + struct.pack('<4Q', *hs))
+        f.write(b'ZSQH' + struct.pack('<II', seed, nb2) + struct.pack('<%dQ' % len(hs), *hs))
         print('hashed: seed %d, %d super-blocks, input FNV %016x, hashes %s' %
               (seed, nb2, fnv1a64(xh.tobytes()), ' '.join('%016x' % h for h in hs)))
     print('%s: %d rows, %d super-blocks, %d bytes' % (path, len(rs), nb, os.path.getsize(path)))
