@@ -1,6 +1,7 @@
 /* test-moe-gguf.c — the mixtures of experts through `zeroserve convert` against llama.cpp on the same
- * GGUF weights. tests/ref/moe-llamacpp/ref.json holds llama.cpp's own outputs (llama-cpp-python==0.3.16,
- * made by tests/ref/moe-llamacpp/make_ref.py): for Mixtral (written as llama with experts; 8 experts,
+ * GGUF weights. tests/ref/moe-llamacpp/ref.json holds llama.cpp's own outputs (llama-cpp-python==0.3.16;
+ * the q4_k_m cases 0.3.36, whose llama-quantize makes the same file byte for byte; made by
+ * tests/ref/moe-llamacpp/make_ref.py): for Mixtral (written as llama with experts; 8 experts,
  * top-2), Qwen2-MoE (16 experts, top-4, a shared expert with its gate; also with a tied head, which
  * convert writes as a copy), Qwen3-MoE (16, top-4, renormalised, head_dim 128 != dim / heads) and OLMoE
  * (16, top-4, q/k norms over the whole projection), random checkpoints made here with init-model's
@@ -19,7 +20,7 @@
  *   - the reference covers the four architectures, each with an f32 case that has features;
  * and, without the reference, the conversion rules themselves (gguf-convert.h): the stacked 3-D expert
  * tensors' dims, the types (routers F32; the shared gate a matrix for q8_0, 1-D F32 for the
- * llama-quantize types; llama-quantize's 8-expert rules and ffn_down_exps as ffn_down under q4_k_m),
+ * llama-quantize types; llama-quantize's 8-expert rules (attn_output Q5_K) and ffn_down_exps as ffn_down under q4_k_m),
  * the copied head of a tied Qwen2-MoE, and the refusals of what llama.cpp cannot represent (a dense
  * layer, a renormalisation other than the architecture's, OLMoE's clip_qkv and grouped KV heads,
  * Qwen3-MoE's attention biases).
@@ -113,7 +114,7 @@ static void test_rules(const char *tmp) {
 #define N(fmt) (snprintf(nm, sizeof nm, fmt, l), nm)
             CHECK_T(c, "mixtral q4_k_m", N("blk.%d.attn_k.weight"), ZS_GGML_Q8_0, 2);
             CHECK_T(c, "mixtral q4_k_m", N("blk.%d.attn_v.weight"), ZS_GGML_Q8_0, 2);
-            CHECK_T(c, "mixtral q4_k_m", N("blk.%d.attn_output.weight"), ZS_GGML_Q6_K, 2);
+            CHECK_T(c, "mixtral q4_k_m", N("blk.%d.attn_output.weight"), ZS_GGML_Q5_K, 2);
             CHECK_T(c, "mixtral q4_k_m", N("blk.%d.attn_q.weight"), ZS_GGML_Q4_K, 2);
             CHECK_T(c, "mixtral q4_k_m", N("blk.%d.ffn_gate_inp.weight"), ZS_GGML_F32, 2);
             CHECK_T(c, "mixtral q4_k_m", N("blk.%d.ffn_gate_exps.weight"), ZS_GGML_Q4_K, 3);
@@ -122,7 +123,7 @@ static void test_rules(const char *tmp) {
             CHECK(!find_t(c, N("blk.%d.ffn_down.weight")), "mixtral: a dense ffn_down");
 #undef N
         }
-        CHECK(zs_quant_mix_q4_k_m(1, ZS_R_WO, 4, 256, ZS_QMIX_EXPERTS8) == ZS_Q6_K &&
+        CHECK(zs_quant_mix_q4_k_m(1, ZS_R_WO, 4, 256, ZS_QMIX_EXPERTS8) == ZS_Q5_K &&
                   zs_quant_mix_q4_k_m(1, ZS_R_WO, 4, 288, ZS_QMIX_EXPERTS8) == ZS_Q5_1 &&
                   zs_quant_mix_q4_k_m(1, ZS_R_WK, 4, 100, ZS_QMIX_EXPERTS8) == ZS_F16 &&
                   zs_quant_mix_q4_k_m(1, ZS_R_WV, 4, 256, 0) == ZS_Q4_K &&

@@ -7,13 +7,16 @@
  *     at several scales, outliers, zeros, tiny values, constant rows, rows of 256 and 512), and
  *     zs_to_f32 gives ggml's dequantized values of those bytes bit for bit; on 2048 more generated
  *     super-blocks (made here again bit for bit) the FNV-1a hashes of both bytes and values are
- *     ggml's; the round trip is within a few percent; n not a multiple of 256 is refused;
- *   - zs_quant_mix_q4_k_m is llama.cpp's llama_tensor_get_type for Q4_K_M: use_more_bits's
- *     layers (a 32-layer table written out here), output/tied table Q6_K, fallbacks Q5_0 / Q8_0 /
- *     F16, norms F32;
+ *     ggml's; the round trip is within each format's bound (Q6_K 2.5%, Q2_K 34%); n not a
+ *     multiple of 256 is refused;
+ *   - zs_quant_mix_q4_k_m is llama.cpp's llama_tensor_get_type for Q4_K_M (llama-cpp-python
+ *     0.3.36's): use_more_bits's layers (a 32-layer table written out here), output/tied table
+ *     Q6_K, fallbacks Q5_0 / Q5_1 / Q8_0 / F16, norms F32, a fused attn_qkv under attn_v's rule,
+ *     8 experts' attn_output Q5_K, the 70B rule (attn_v Q5_K) and which models it applies to;
  *   - through the engine, a generated Llama (2 layers, dim 256, built here): the q4_k_m layout
  *     (per-layer attn_v/ffn_down, tied table Q6_K; untied: LM head Q6_K, table Q4_K; rows of 320:
- *     Q5_0/Q8_0), prefill logits of q4_k_m, q4_k and q6_k close to f32's, and q4_k_m's bitwise
+ *     Q5_0/Q8_0), prefill logits of q4_k_m, q4_k, q6_k, q5_k, q3_k and q2_k close to f32's (each
+ *     within its tolerance), and q4_k_m's bitwise
  *     the same over 2 ranks with cpu offload. */
 #include "common.h"
 #include "device.h"
@@ -241,9 +244,34 @@ static void check_mix(void) {
               zs_quant_mix_q4_k_m(5, ZS_R_W_DOWN, 32, 11008 + 32, 0) == ZS_Q5_0 &&
               zs_quant_mix_q4_k_m(5, ZS_R_W_DOWN, 32, 11008 + 16, 0) == ZS_F16,
           "fallbacks: Q6_K -> Q8_0, Q4_K -> Q5_0, rows not of 32 -> F16");
-    CHECK(zs_quant_mix_q4_k_m(4, ZS_R_WQ, 12, 768, ZS_QMIX_FUSED_QKV) == ZS_Q6_K &&
-              zs_quant_mix_q4_k_m(4, ZS_R_WV, 12, 768, ZS_QMIX_FUSED_QKV) == ZS_Q6_K,
-          "GPT-2's fused attn_qkv: Q6_K (llama.cpp's Q5_K, which the engine lacks)");
+    /* llama.cpp 0.3.36 counts attn_qkv among the attn_v-like tensors: attn_v's rule (12 layers:
+     * use_more_bits picks 0, 3, 6, 9, 10, 11) */
+    int fq = 1;
+    for (int r = ZS_R_WQ; r <= ZS_R_WV; r++)
+        fq &= zs_quant_mix_q4_k_m(3, r, 12, 768, ZS_QMIX_FUSED_QKV) == ZS_Q6_K &&
+              zs_quant_mix_q4_k_m(4, r, 12, 768, ZS_QMIX_FUSED_QKV) == ZS_Q4_K &&
+              zs_quant_mix_q4_k_m(4, r, 12, 768, ZS_QMIX_FUSED_QKV | ZS_QMIX_EXPERTS8) == ZS_Q8_0;
+    CHECK(fq && ZS_R_WK == ZS_R_WQ + 1 && ZS_R_WV == ZS_R_WQ + 2,
+          "fused attn_qkv (GPT-2, Phi-3): attn_v's rule, Q6_K in layer 3 of 12, Q4_K in layer 4, Q8_0 with 8 experts");
+    CHECK(zs_quant_mix_q4_k_m(1, ZS_R_WO, 4, 256, ZS_QMIX_EXPERTS8) == ZS_Q5_K &&
+              zs_quant_mix_q4_k_m(1, ZS_R_WO, 4, 288, ZS_QMIX_EXPERTS8) == ZS_Q5_1 &&
+              zs_quant_mix_q4_k_m(1, ZS_R_WO, 4, 100, ZS_QMIX_EXPERTS8) == ZS_F16 &&
+              zs_quant_mix_q4_k_m(1, ZS_R_WO, 4, 256, 0) == ZS_Q4_K,
+          "8 experts: attn_output Q5_K (rows of 288: Q5_1, of 100: F16)");
+    /* the 70B rule: attn_v Q4_K -> Q5_K (80 layers: use_more_bits picks 0..9, 12, 15, ..., 70..79) */
+    CHECK(zs_quant_mix_is_70b(ZS_FAM_LLAMA, 80, 64, 8, 0) && !zs_quant_mix_is_70b(ZS_FAM_LLAMA, 80, 64, 64, 0) &&
+              !zs_quant_mix_is_70b(ZS_FAM_LLAMA, 32, 32, 8, 0) && !zs_quant_mix_is_70b(ZS_FAM_MIXTRAL, 80, 32, 8, 8) &&
+              zs_quant_mix_is_70b(ZS_FAM_MIXTRAL, 80, 32, 8, 4) && zs_quant_mix_is_70b(ZS_FAM_QWEN2, 80, 64, 64, 0) &&
+              zs_quant_mix_is_70b(ZS_FAM_MISTRAL, 80, 64, 8, 0) && !zs_quant_mix_is_70b(ZS_FAM_QWEN3, 80, 64, 8, 0) &&
+              !zs_quant_mix_is_70b(ZS_FAM_GEMMA2, 80, 64, 8, 0),
+          "llama.cpp's 70B: llama's architecture with 80 layers and grouped KV heads (not 8 experts), qwen2 with 80");
+    CHECK(zs_quant_mix_q4_k_m(10, ZS_R_WV, 80, 8192, ZS_QMIX_70B) == ZS_Q5_K &&
+              zs_quant_mix_q4_k_m(12, ZS_R_WV, 80, 8192, ZS_QMIX_70B) == ZS_Q6_K &&
+              zs_quant_mix_q4_k_m(10, ZS_R_WV, 80, 8192 + 32, ZS_QMIX_70B) == ZS_Q5_1 &&
+              zs_quant_mix_q4_k_m(10, ZS_R_WV, 80, 8192, 0) == ZS_Q4_K &&
+              zs_quant_mix_q4_k_m(10, ZS_R_WK, 80, 8192, ZS_QMIX_70B) == ZS_Q4_K &&
+              zs_quant_mix_q4_k_m(10, ZS_R_W_DOWN, 80, 28672, ZS_QMIX_70B) == ZS_Q4_K,
+          "70B: attn_v Q5_K where it would be Q4_K (Q5_1 for rows not of 256), Q6_K kept; other matrices as before");
     CHECK(zs_quant_mix_q4_k_m(3, ZS_R_ATTN_NORM_W, 32, 4096, 0) == ZS_F32 &&
               zs_quant_mix_q4_k_m(3, ZS_R_BQ, 32, 4096, 0) == ZS_F32 && zs_quant_mix_q4_k_m(32, ZS_R_OUT_NORM_W, 32, 4096, 0) == ZS_F32,
           "norms and biases: F32");

@@ -94,6 +94,9 @@ static zs_dtype dtype_of(zs_ggml_type t) {
     case ZS_GGML_Q5_1: return ZS_Q5_1;
     case ZS_GGML_Q4_K: return ZS_Q4_K;
     case ZS_GGML_Q6_K: return ZS_Q6_K;
+    case ZS_GGML_Q5_K: return ZS_Q5_K;
+    case ZS_GGML_Q3_K: return ZS_Q3_K;
+    case ZS_GGML_Q2_K: return ZS_Q2_K;
     default: return ZS_DTYPE_COUNT;
     }
 }
@@ -116,7 +119,8 @@ static zs_ggml_type ggml_of(zs_dtype d) {
     static const zs_ggml_type map[ZS_DTYPE_COUNT] = {
         [ZS_F32] = ZS_GGML_F32,   [ZS_F16] = ZS_GGML_F16,   [ZS_BF16] = ZS_GGML_BF16, [ZS_Q8_0] = ZS_GGML_Q8_0,
         [ZS_Q4_0] = ZS_GGML_Q4_0, [ZS_Q4_1] = ZS_GGML_Q4_1, [ZS_Q5_0] = ZS_GGML_Q5_0, [ZS_Q5_1] = ZS_GGML_Q5_1,
-        [ZS_Q4_K] = ZS_GGML_Q4_K, [ZS_Q6_K] = ZS_GGML_Q6_K,
+        [ZS_Q4_K] = ZS_GGML_Q4_K, [ZS_Q6_K] = ZS_GGML_Q6_K, [ZS_Q5_K] = ZS_GGML_Q5_K, [ZS_Q3_K] = ZS_GGML_Q3_K,
+        [ZS_Q2_K] = ZS_GGML_Q2_K,
     };
     return (unsigned)d < ZS_DTYPE_COUNT ? map[d] : ZS_GGML_TYPE_COUNT;
 }
@@ -155,21 +159,27 @@ static zs_ggml_type pick_type(const zs_gguf_conv *c, int what, int layer, int ro
         }
         return ZS_GGML_Q8_0;
     case ZS_FTYPE_MOSTLY_Q4_K_M: { /* llama-quantize's mix, shared with the loader (quant-mix.h) */
+        const zs_model_config *g = &c->cfg;
         unsigned fl = (tied ? ZS_QMIX_TIED : 0) | (what == M_ATTN_QKV ? ZS_QMIX_FUSED_QKV : 0) |
-                      (c->cfg.n_experts == 8 ? ZS_QMIX_EXPERTS8 : 0);
+                      (g->n_experts == 8 ? ZS_QMIX_EXPERTS8 : 0) |
+                      (zs_quant_mix_is_70b(g->family, g->n_layers, g->n_heads, g->n_kv_heads, g->n_experts) ? ZS_QMIX_70B
+                                                                                                            : 0);
         zs_ggml_type t = ggml_of(zs_quant_mix_q4_k_m(layer, role, c->cfg.n_layers, cols, fl));
         int head = what == M_OUTPUT || (what == M_TOKEN && tied);
         if (t == ZS_GGML_F16) *note = "rows are not a multiple of 32: F16 (llama-quantize's last fallback)";
         else if (t == ZS_GGML_Q5_0) *note = "rows are not a multiple of 256: Q5_0 instead of Q4_K (llama-quantize's fallback)";
+        else if (t == ZS_GGML_Q5_1)
+            *note = x8 && role == ZS_R_WO ? "8 experts: attn_output Q5_1 (llama-quantize's fallback for Q5_K)"
+                                          : "rows are not a multiple of 256: Q5_1 instead of Q5_K (llama-quantize's fallback)";
         else if (head) *note = t == ZS_GGML_Q6_K ? "the output tensor: Q6_K (Q4_K_M mix)"
                                                  : "the output tensor: Q8_0 (Q4_K_M mix; rows are not a multiple of 256)";
-        else if (what == M_ATTN_QKV) *note = "fused attn_qkv: Q6_K (llama-quantize makes it Q5_K, which this build cannot make)";
-        else if (x8 && role == ZS_R_WO)
-            *note = t == ZS_GGML_Q6_K ? "8 experts: attn_output Q6_K (llama-quantize makes it Q5_K, which this build cannot make)"
-                                      : "8 experts: attn_output Q5_1 (llama-quantize's fallback for Q5_K)";
-        else if (x8 && (role == ZS_R_WK || role == ZS_R_WV) && t == ZS_GGML_Q8_0)
-            *note = "8 experts: Q8_0 (llama-quantize's rule for attn_k and attn_v)";
-        else if (t == ZS_GGML_Q6_K) *note = "Q4_K_M mix: Q6_K in this layer";
+        else if (x8 && role == ZS_R_WO) *note = "8 experts: attn_output Q5_K (llama-quantize's rule)";
+        else if (x8 && (role == ZS_R_WK || role == ZS_R_WV || what == M_ATTN_QKV) && t == ZS_GGML_Q8_0)
+            *note = "8 experts: Q8_0 (llama-quantize's rule for attn_k, attn_v and attn_qkv)";
+        else if (t == ZS_GGML_Q5_K) *note = "a 70B model: Q5_K (llama-quantize's attn_v rule)";
+        else if (t == ZS_GGML_Q6_K)
+            *note = what == M_ATTN_QKV ? "Q4_K_M mix: Q6_K in this layer (llama-quantize's attn_v rule, which takes attn_qkv)"
+                                       : "Q4_K_M mix: Q6_K in this layer";
         else if (t == ZS_GGML_Q8_0) *note = "rows are not a multiple of 256: Q8_0 instead of Q6_K (llama-quantize's fallback)";
         return t;
     }
@@ -182,9 +192,9 @@ static zs_ggml_type pick_type(const zs_gguf_conv *c, int what, int layer, int ro
         t = cols % 256 ? ZS_GGML_Q8_0 : ZS_GGML_Q6_K;
         *note = cols % 256 ? "the output tensor: Q8_0 (rows are not a multiple of 256; llama-quantize's rule)"
                            : "the output tensor: Q6_K (llama-quantize's rule)";
-    } else if (x8 && (role == ZS_R_WK || role == ZS_R_WV) && what != M_ATTN_QKV) {
-        t = ZS_GGML_Q8_0; /* llama-quantize: "for the 8-expert model, bumping this to Q8_0" */
-        *note = "8 experts: Q8_0 (llama-quantize's rule for attn_k and attn_v)";
+    } else if (x8 && (role == ZS_R_WK || role == ZS_R_WV || what == M_ATTN_QKV)) {
+        t = ZS_GGML_Q8_0; /* llama-quantize: "for the 8-expert model, bumping this to Q8_0" (attn_qkv is attn_v-like) */
+        *note = "8 experts: Q8_0 (llama-quantize's rule for attn_k, attn_v and attn_qkv)";
     }
     if (cols % blck(t)) {
         t = ZS_GGML_F16;

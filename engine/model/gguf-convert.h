@@ -66,19 +66,19 @@
  *   - Qwen2-MoE's shared-expert gate ffn_gate_inp_shexp ([dim, 1]): the file type's for f16, bf16,
  *     q8_0 (convert_hf_to_gguf.py quantizes it as a matrix), F32 for the llama-quantize types (a
  *     tensor of one row is 1-D to llama-quantize, which leaves it as the f32 conversion has it);
- *   - llama-quantize types with exactly 8 experts (its Mixtral rules): attn_v and attn_k Q8_0, and
- *     under q4_k_m attn_output Q5_K — here Q6_K (Q5_K is not made here; Q5_1 where llama-quantize
- *     falls back);
+ *   - llama-quantize types with exactly 8 experts (its Mixtral rules): attn_v, attn_k (and a fused
+ *     attn_qkv) Q8_0, and under q4_k_m attn_output Q5_K (Q5_1 where llama-quantize falls back);
  *   - q4_0 .. q5_1 and q4_k_m: output.weight, or token_embd.weight of a tied model, is Q6_K (Q8_0
  *     when its rows are not a multiple of 256), as llama-quantize does;
- *   - q4_k_m: llama-quantize's mix (quant-mix.h, the loader's too) — Q6_K for attn_v and ffn_down
- *     of the layers use_more_bits picks (the first and last eighth and every third between), Q4_K
- *     elsewhere; ffn_down_exps and ffn_down_shexp as ffn_down (llama-quantize matches "ffn_down" and
- *     takes the layer from the name), the other expert matrices Q4_K; GPT-2's and Phi-3's fused
- *     attn_qkv Q6_K (llama-quantize: Q5_K, which is not made here);
+ *   - q4_k_m: llama-quantize's mix (quant-mix.h, the loader's too; llama-cpp-python 0.3.36's
+ *     llama.cpp) — Q6_K for attn_v and ffn_down of the layers use_more_bits picks (the first and
+ *     last eighth and every third between), Q4_K elsewhere (attn_v Q5_K there for what llama.cpp
+ *     takes for a 70B model); ffn_down_exps and ffn_down_shexp as ffn_down (llama-quantize matches
+ *     "ffn_down" and takes the layer from the name), the other expert matrices Q4_K; GPT-2's and
+ *     Phi-3's fused attn_qkv as attn_v (llama-quantize counts it among the attn_v-like tensors);
  *   - rows that are not a multiple of the block: q8_0 .. q5_1 fall back to F16 (convert_hf_to_gguf
  *     .py's rule for q8_0; llama-quantize refuses such tensors for these types); K-quants as
- *     llama-quantize does, Q4_K -> Q5_0 and Q6_K -> Q8_0, then F16.
+ *     llama-quantize does, Q4_K -> Q5_0, Q5_K -> Q5_1 and Q6_K -> Q8_0, then F16.
  * Values are read as f32 from the checkpoint (F32, F16 or BF16) and converted once: quantizing
  * from the checkpoint's own values, as llama-quantize does from an f32 conversion.
  *

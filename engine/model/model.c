@@ -1,7 +1,7 @@
 /* model.c — opening a checkpoint as a model: the bucket layout of each architecture (with the
  * host embedding lookup tables of inference models; the experts of a mixture of experts each a
  * bucket of their own), the mapping from Hugging Face tensor names (a safetensors directory) or
- * llama.cpp tensor names (a GGUF file with F32/F16/BF16 tensors, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q6_K
+ * llama.cpp tensor names (a GGUF file with F32/F16/BF16 tensors, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 and K-quant (Q2_K .. Q6_K)
  * matrices, each kept as stored; stacked expert tensors cut into one slice per expert) to roles,
  * validation of every tensor, packing buckets, and the pass order. */
 #include "model.h"
@@ -258,8 +258,12 @@ static void build_layouts(zs_model *m) {
     if (gpt2) slot_set(H, ZS_R_OUT_NORM_B, ZS_F32, 1, d, 1);
     if (!c->tied_embeddings) slot_set(H, ZS_R_LM_HEAD, WD(m->head, ZS_R_LM_HEAD), 2, c->vocab_size, d);
     if (m->opts.quant_mix == ZS_QUANT_MIX_Q4_K_M) { /* llama.cpp's Q4_K_M: each matrix its own format */
-        unsigned fl = (c->tied_embeddings ? ZS_QMIX_TIED : 0u) | (gpt2 ? ZS_QMIX_FUSED_QKV : 0u) |
-                      (c->n_experts == 8 ? ZS_QMIX_EXPERTS8 : 0u);
+        /* GPT-2's and Phi-3's q, k and v are one attn_qkv tensor in llama.cpp's files */
+        unsigned fl = (c->tied_embeddings ? ZS_QMIX_TIED : 0u) |
+                      (gpt2 || c->family == ZS_FAM_PHI3 ? ZS_QMIX_FUSED_QKV : 0u) |
+                      (c->n_experts == 8 ? ZS_QMIX_EXPERTS8 : 0u) |
+                      (zs_quant_mix_is_70b(c->family, c->n_layers, c->n_heads, c->n_kv_heads, c->n_experts)
+                           ? ZS_QMIX_70B : 0u);
         for (int b = 0; b < m->n_buckets; b++) {
             /* quant-mix.h's layer: -1 embeddings, the block, n_layers the head; an expert is its layer's
              * gate / up / down (as llama.cpp's ffn_*_exps); the router is not in the mix (kept) */
@@ -308,9 +312,9 @@ static int find_gguf(zs_model *m, const char *name, int ndim, const int64_t *sha
         int quant = zs_gguf_type_block((int)g->type, &be, &bb) == 0 && be > 1;
         if (quant)
             return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' has type %s: quantized GGUF tensors are "
-                          "not supported yet (only F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)", path, name, tn ? tn : "?");
+                          "not supported yet (only F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)", path, name, tn ? tn : "?");
         return zs_err(ZS_EUNSUPPORTED, "%s: tensor '%s' has type %s, which cannot hold weights "
-                      "(only F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K)", path, name, tn ? tn : "?");
+                      "(only F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)", path, name, tn ? tn : "?");
     }
     /* quantized blocks must be whole rows of a matrix (packing reads rows, never single elements; a
      * stacked expert tensor [n_expert, out, in] is rows too) */
@@ -650,7 +654,9 @@ static int open_gguf(zs_model *m, const char *path) {
                  : g->type == ZS_GGML_BF16 ? ZS_BF16 : g->type == ZS_GGML_Q8_0 ? ZS_Q8_0
                  : g->type == ZS_GGML_Q4_0 ? ZS_Q4_0 : g->type == ZS_GGML_Q4_1 ? ZS_Q4_1
                  : g->type == ZS_GGML_Q5_0 ? ZS_Q5_0 : g->type == ZS_GGML_Q5_1 ? ZS_Q5_1
-                 : g->type == ZS_GGML_Q4_K ? ZS_Q4_K : g->type == ZS_GGML_Q6_K ? ZS_Q6_K : ZS_DTYPE_COUNT;
+                 : g->type == ZS_GGML_Q4_K ? ZS_Q4_K : g->type == ZS_GGML_Q6_K ? ZS_Q6_K
+                 : g->type == ZS_GGML_Q5_K ? ZS_Q5_K : g->type == ZS_GGML_Q3_K ? ZS_Q3_K
+                 : g->type == ZS_GGML_Q2_K ? ZS_Q2_K : ZS_DTYPE_COUNT;
         t->ndim = g->n_dims;
         for (int k = 0; k < g->n_dims; k++) t->shape[k] = g->ne[g->n_dims - 1 - k];
         t->data = g->data;
