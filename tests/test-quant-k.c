@@ -17,10 +17,15 @@
  *     (per-layer attn_v/ffn_down, tied table Q6_K; untied: LM head Q6_K, table Q4_K; rows of 320:
  *     Q5_0/Q8_0), prefill logits of q4_k_m, q4_k, q6_k, q5_k, q3_k and q2_k close to f32's (each
  *     within its tolerance), and q4_k_m's bitwise
- *     the same over 2 ranks with cpu offload. */
+ *     the same over 2 ranks with cpu offload;
+ *   - GGUF files: the untied Llama converted to f32 and rewritten with its matrices in Q5_K, Q3_K
+ *     or Q2_K (our quantizer) read back with those types, and the engine on each file as stored
+ *     gives the logits of --weight-dtype q5_k / q3_k / q2_k on the directory bit for bit. */
 #include "common.h"
+#include "convert.h"
 #include "device.h"
 #include "engine.h"
+#include "gguf.h"
 #include "init-model.h"
 #include "quant-mix.h"
 #include "testutil.h"
@@ -458,6 +463,111 @@ done:
     free(ref); free(lg); free(lq);
 }
 
+/* ---- GGUF files of K-quant tensors ---- */
+
+static uint32_t ggml_of(zs_dtype dt) {
+    return dt == ZS_Q5_K ? ZS_GGML_Q5_K : dt == ZS_Q3_K ? ZS_GGML_Q3_K : dt == ZS_Q2_K ? ZS_GGML_Q2_K
+         : dt == ZS_Q4_K ? ZS_GGML_Q4_K : ZS_GGML_Q6_K;
+}
+
+/* Rewrites the f32 GGUF at src as dst with every matrix whose rows are whole super-blocks in qt
+ * (our quantizer), the rest unchanged: the header is copied with each such tensor's type and
+ * offset patched in place (the same field sizes), the data laid out again. */
+static int write_k_gguf(const char *src, const char *dst, zs_dtype qt) {
+    zs_gguf *g;
+    if (zs_gguf_open(src, &g) < 0) return -1;
+    FILE *f = fopen(src, "rb");
+    size_t hl = zs_gguf_data_offset(g), al = zs_gguf_alignment(g), nt = zs_gguf_tensor_count(g);
+    uint8_t *hdr = malloc(hl);
+    int ok = f && hdr && fread(hdr, 1, hl, f) == hl;
+    if (f) fclose(f);
+    size_t cap = 0;
+    for (size_t i = 0; i < nt; i++) cap += zs_gguf_tensor_at(g, i)->nbytes + al;
+    uint8_t *data = calloc(1, cap + 1);
+    size_t off = 0;
+    for (size_t i = 0; ok && i < nt; i++) {
+        const zs_gguf_tensor *t = zs_gguf_tensor_at(g, i);
+        size_t ln = strlen(t->name), p = 0;
+        for (size_t q = 8; q + ln <= hl && !p; q++) {
+            uint64_t l;
+            memcpy(&l, hdr + q - 8, 8);
+            if (l == ln && !memcmp(hdr + q, t->name, ln)) p = q + ln;
+        }
+        ok = p > 0;
+        if (!ok) break;
+        int quant = t->type == ZS_GGML_F32 && t->n_dims == 2 && t->ne[0] % ZS_QK_K == 0;
+        uint32_t type = quant ? ggml_of(qt) : (uint32_t)t->type;
+        uint64_t o = off;
+        memcpy(hdr + p + 4 + 8 * (size_t)t->n_dims, &type, 4);
+        memcpy(hdr + p + 8 + 8 * (size_t)t->n_dims, &o, 8);
+        size_t nb = quant ? zs_dtype_bytes(qt, t->nbytes / 4) : t->nbytes;
+        if (quant) ok = zs_quantize(qt, data + off, t->data, t->nbytes / 4) == 0;
+        else memcpy(data + off, t->data, t->nbytes);
+        off = ZS_ALIGN_UP(off + nb, al);
+    }
+    zs_gguf_close(g);
+    f = ok ? fopen(dst, "wb") : NULL;
+    ok = f && fwrite(hdr, 1, hl, f) == hl && fwrite(data, 1, off, f) == off;
+    if (f && fclose(f) != 0) ok = 0;
+    free(hdr);
+    free(data);
+    return ok ? 0 : -1;
+}
+
+/* the untied generated Llama as an f32 GGUF (zeroserve convert), rewritten with its matrices in
+ * Q5_K, Q3_K, Q2_K: the reader takes the types, and the engine on the file as stored gives the
+ * logits of --weight-dtype on the directory bit for bit */
+static void check_gguf(const char *tmp) {
+    char dir[4200], f32[4200], dst[4200];
+    snprintf(dir, sizeof dir, "%s/untied", tmp);
+    snprintf(f32, sizeof f32, "%s/untied-f32.gguf", tmp);
+    zs_convert_opts co = {dir, f32, ZS_FTYPE_ALL_F32, "k", NULL, NULL};
+    zs_convert_result cr = {0};
+    int rc = zs_convert_run(&co, &cr);
+    CHECK(rc == 0, "convert the untied model to an f32 GGUF: %s", zs_errmsg());
+    if (cr.plan) zs_gguf_conv_close(cr.plan);
+    if (rc < 0) return;
+    size_t nl = (size_t)NP * 512;
+    float *a = malloc(nl * 4), *b = malloc(nl * 4);
+    const zs_dtype K[] = {ZS_Q5_K, ZS_Q3_K, ZS_Q2_K};
+    for (int k = 0; k < 3; k++) {
+        const char *dn = zs_dtype_name(K[k]);
+        snprintf(dst, sizeof dst, "%s/untied-%s.gguf", tmp, dn);
+        rc = write_k_gguf(f32, dst, K[k]);
+        CHECK(rc == 0, "write a %s GGUF", dn);
+        if (rc < 0) continue;
+        zs_gguf *g = NULL;
+        rc = zs_gguf_open(dst, &g);
+        CHECK(rc == 0, "%s GGUF: open: %s", dn, zs_errmsg());
+        if (rc == 0) {
+            const zs_gguf_tensor *t = zs_gguf_find_tensor(g, "blk.1.ffn_down.weight");
+            CHECK(t && t->type == ggml_of(K[k]) && t->nbytes == zs_dtype_bytes(K[k], (size_t)(t->ne[0] * t->ne[1])) &&
+                      !strcmp(zs_gguf_type_name((int)t->type), dn),
+                  "%s GGUF: ffn_down read back as %s, %zu bytes", dn, t ? zs_gguf_type_name((int)t->type) : "?",
+                  t ? (size_t)t->nbytes : (size_t)0);
+            zs_gguf_close(g);
+        }
+        zs_engine *e;
+        rc = open_engine(dir, K[k], 0, 1, ZS_OFFLOAD_NONE, &e);
+        CHECK(rc == 0, "%s: open the directory: %s", dn, zs_errmsg());
+        if (rc < 0) continue;
+        rc = prefill(e, a);
+        zs_engine_free(e);
+        if (rc == 0) rc = open_engine(dst, ZS_DTYPE_COUNT, 0, 1, ZS_OFFLOAD_NONE, &e);
+        CHECK(rc == 0, "%s GGUF: open as stored: %s", dn, zs_errmsg());
+        if (rc < 0) continue;
+        CHECK(slot_dt(e, 1, ZS_R_WQ) == K[k] && slot_dt(e, 2, ZS_R_W_DOWN) == K[k] && slot_dt(e, -1, ZS_R_LM_HEAD) == K[k],
+              "%s GGUF: the matrices as stored (%s, %s, %s)", dn, zs_dtype_name(slot_dt(e, 1, ZS_R_WQ)),
+              zs_dtype_name(slot_dt(e, 2, ZS_R_W_DOWN)), zs_dtype_name(slot_dt(e, -1, ZS_R_LM_HEAD)));
+        rc = prefill(e, b);
+        zs_engine_free(e);
+        CHECK(rc == 0 && !memcmp(a, b, nl * 4),
+              "%s GGUF as stored: the logits of --weight-dtype %s on the directory, bit for bit", dn, dn);
+    }
+    free(a);
+    free(b);
+}
+
 int main(void) {
     check_reference();
     check_mix();
@@ -467,6 +577,7 @@ int main(void) {
         return tu_finish("test-quant-k");
     }
     check_engine(tmp);
+    check_gguf(tmp);
     tu_rmdir(tmp);
     return tu_finish("test-quant-k");
 }
