@@ -20,7 +20,7 @@ void zs_engine_flags_init(zs_engine_flags *f) {
 int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
     zs_opt t[ZS_ENGINE_FLAG_COUNT] = {
         {"model", ZS_OPT_STR, &f->model, "model directory (Hugging Face layout)  [required]"},
-        {"weight-dtype", ZS_OPT_STR, &f->weight_dtype, "auto (as stored) | f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k | q6_k | q4_k_m (llama.cpp's mix; quantized at load)"},
+        {"weight-dtype", ZS_OPT_STR, &f->weight_dtype, "auto (as stored) | f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q2_k | q3_k | q4_k | q5_k | q6_k | q4_k_m (llama.cpp's mix; quantized at load)"},
         {"kv-dtype", ZS_OPT_STR, &f->kv_dtype, "KV cache elements: f32 (default) | f16 | bf16 (half the bytes, twice the positions)"},
         {"context", ZS_OPT_INT, &f->context, "context length (default: the model's)"},
         {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
@@ -48,13 +48,13 @@ int zs_engine_flags_weight_dtype(const char *flag, const char *v, zs_model_opts 
     mo->quant_mix = ZS_QUANT_MIX_NONE;
     if (!v || !strcmp(v, "auto")) return 0;
     if (!strcmp(v, "q4_k_m") || !strcmp(v, "Q4_K_M")) {
-        mo->weight_dtype = ZS_Q4_K; /* llama.cpp's Q4_K_M: Q4_K with Q6_K where it keeps more bits */
+        mo->weight_dtype = ZS_Q4_K; /* llama.cpp's Q4_K_M: Q4_K with Q5_K/Q6_K where it keeps more bits */
         mo->quant_mix = ZS_QUANT_MIX_Q4_K_M;
         return 0;
     }
     if (zs_dtype_parse(v, &mo->weight_dtype) < 0)
-        return zs_err(ZS_EINVAL, "%s: '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k, "
-                      "q4_k_m", flag, v);
+        return zs_err(ZS_EINVAL, "%s: '%s' is not one of auto, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, "
+                      "q4_k, q5_k, q6_k, q4_k_m", flag, v);
     return 0;
 }
 

@@ -1,7 +1,7 @@
 #!/bin/sh
 # End-to-end check of the K-quants made at load through the command line: a random Llama whose
 # rows are whole super-blocks (2 layers, dim 256, ffn 512; built here, a second) runs
-# `generate --weight-dtype q4_k_m` (and q4_k, q6_k), and the logits of the first generated
+# `generate --weight-dtype q4_k_m` (and q4_k, q6_k, q5_k, q3_k, q2_k), and the logits of the first generated
 # position (the same prompt for all) are close to f32's; a bad --weight-dtype names q4_k_m among
 # the accepted ones.
 # shellcheck source=tests/lib/e2e.sh
@@ -28,7 +28,7 @@ cmp_logits() {
   paste "$T/a.txt" "$T/b.txt" | awk '{d=$2-$1; e+=d*d; r+=$1*$1; if (d<0) d=-d; if (d>m) m=d; n++}
     END {if (n != 512 || r == 0) print "bad", n; else printf "%.4f %.4f\n", sqrt(e/r), m}'
 }
-for q in q4_k_m:0.25 q4_k:0.3 q6_k:0.08; do
+for q in q4_k_m:0.25 q4_k:0.3 q6_k:0.08 q5_k:0.15 q3_k:0.6 q2_k:0.85; do
   dt=${q%%:*}; tol=${q#*:}
   gen "$dt"; rc=$?
   check "generate --weight-dtype $dt: exit 0, text out" '[ $rc = 0 ] && [ -s "$T/out-$dt.txt" ] && [ -s "$T/lg-$dt.bin" ]'

@@ -150,7 +150,7 @@ static void layout_finish(zs_bucket_layout *L, int64_t threshold, unsigned force
 }
 
 /* the storage dtype of matrix `role` of bucket b: wd, or as stored (a checkpoint of mixed formats,
- * e.g. Q4_K_M's Q4_K and Q6_K with F16 fallbacks, keeps each matrix's own: "as stored" never
+ * e.g. Q4_K_M's Q4_K, Q5_K and Q6_K with fallbacks, keeps each matrix's own: "as stored" never
  * converts at load; without a source tensor, wd when that is a block of 32, else bf16) */
 static zs_dtype matrix_dtype(const zs_model *m, int b, int role, zs_dtype wd) {
     if (!m->as_stored) return wd;

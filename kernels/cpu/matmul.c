@@ -100,7 +100,7 @@ static inline zs_v8 zs_gq51_w8(const uint8_t *b, int s, zs_v8 dv, zs_v8 mv) {
     }
     return r;
 }
-/* Q4_K and Q6_K: the group's scales (once per group of 32), then its weights */
+/* Q4_K (and Q5_K, the same scales) and Q6_K: the group's scales (once per group of 32), then its weights */
 static inline void zs_q4k_sm(const uint8_t *q, int j, int *sc, int *m) { /* get_scale_min_k4 */
     if (j < 4) {
         *sc = q[j] & 63;
