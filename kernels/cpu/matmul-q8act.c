@@ -6,7 +6,6 @@
  * over the pool (kernels/cpu/pool.c). */
 #include "matmul-q8act.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
