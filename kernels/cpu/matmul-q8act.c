@@ -1,9 +1,9 @@
 /* matmul-q8act.c — the integer path of zs_op_matmul over block weights (matmul-q8act.h): the
  * mode switch (ZS_QUANT_ACT), the activation quantizers (llama.cpp's Q8_0, Q8_1 and Q8_K
  * rounding), the generic build of the block kernels (matmul-q8act-kern.h, lane by lane in plain
- * C; the AVX2 build in matmul-q8act-avx2.c gives the same bits), and the driver that quantizes a
- * call's activations once into a per-thread scratch buffer and spreads blocks of weight rows
- * over the pool (kernels/cpu/pool.c). */
+ * C; the AVX2 and AVX-512 builds, matmul-q8act-avx2.c and -avx512.c, give the same bits), the
+ * run-time choice of build, and the driver that quantizes a call's activations once into a
+ * per-thread scratch buffer (scratch.c) and spreads blocks of weight rows over the pool. */
 #include "matmul-q8act.h"
 
 #include <stdatomic.h>
