@@ -15,8 +15,8 @@
  * multiply-adds are in flight; else 4 rows × 2 tokens, the widened weights of a k step serving
  * both tokens, then 4 × 1 and 1 × 1 for what is left) only interleave independent accumulators,
  * so an element's value never depends on T, on which rows or tokens share the call, or on the
- * thread that runs its block. KERN16_T4 (a build with 32 vector registers) adds a tile of 4 rows ×
- * 4 tokens. Not a public header.
+ * thread that runs its block. KERN16_T4 (a build with 32 vector registers) adds tiles of 4 rows ×
+ * 4 tokens with k in chunks (matmul-kc4.h). Not a public header.
  *
  * The including file defines, then #undefs after each inclusion:
  *   KERN16_NAME(x)     the name of the kernel's functions
@@ -36,60 +36,23 @@ static inline float KERN16_NAME(hsum)(zs_v8 a) {
 static inline zs_v8 KERN16_NAME(ldx)(const float *p) { return *(const zs_v8u *)p; }
 
 #ifdef KERN16_T4
-#include "scratch.h"
-/* rows 0..R4-1 × tokens 0..T4-1 (multiples of 4) in 4 × 4 tiles, k in chunks of 512 so that a
- * tile's weights stay in L1 while every token tile passes; the accumulators wait in A between
- * chunks (a store and a load change no value, so the order and bits are the tiles' above).
- * Returns 0 when no scratch buffer can be had (nothing written). */
-static int KERN16_NAME(kc4)(float *y, int ldy, const float *x, int T4, int in, const uint16_t *W, int R4) {
-    int k8 = in & ~7, nt = T4 / 4, nr = R4 / 4;
-    zs_v8 *A = zs_scratch_get(ZS_SCRATCH_MM, (size_t)nr * nt * 16 * sizeof(zs_v8));
-    if (!A) return 0;
-    for (int kc = 0; kc < k8; kc += 512) {
-        int ke = kc + 512 < k8 ? kc + 512 : k8;
-        for (int jr = 0; jr < nr; jr++) {
-            const uint16_t *wr[4];
-            for (int r = 0; r < 4; r++) wr[r] = W + (size_t)(4 * jr + r) * in;
-            for (int tt = 0; tt < nt; tt++) {
-                zs_v8 *At = A + ((size_t)jr * nt + tt) * 16, acc[4][4];
-                const float *xr[4];
-#pragma GCC unroll 4
-                for (int u = 0; u < 4; u++) {
-                    xr[u] = x + (size_t)(4 * tt + u) * in;
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) acc[r][u] = kc ? At[4 * r + u] : (zs_v8){0};
-                }
-                for (int k = kc; k < ke; k += 8) {
-                    zs_v8 wv[4];
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) wv[r] = KERN16_W8(wr[r] + k);
-#pragma GCC unroll 4
-                    for (int u = 0; u < 4; u++) {
-                        zs_v8 xv = KERN16_NAME(ldx)(xr[u] + k);
-#pragma GCC unroll 4
-                        for (int r = 0; r < 4; r++) acc[r][u] = KERN16_FMA8(wv[r], xv, acc[r][u]);
-                    }
-                }
-#pragma GCC unroll 4
-                for (int u = 0; u < 4; u++)
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) At[4 * r + u] = acc[r][u];
-            }
-        }
-    }
-    for (int jr = 0; jr < nr; jr++)
-        for (int tt = 0; tt < nt; tt++)
-            for (int r = 0; r < 4; r++) {
-                const uint16_t *wrr[1] = {W + (size_t)(4 * jr + r) * in};
-                for (int u = 0; u < 4; u++) {
-                    const float *xu = x + (size_t)(4 * tt + u) * in;
-                    float s = k8 ? KERN16_NAME(hsum)(A[((size_t)jr * nt + tt) * 16 + 4 * r + u]) : 0.0f;
-                    for (int k = k8; k < in; k++) s = __builtin_fmaf(KERN16_W1(wrr[0] + k), xu[k], s);
-                    y[(size_t)(4 * tt + u) * ldy + 4 * jr + r] = s;
-                }
-            }
-    return 1;
-}
+#define KC_NAME KERN16_NAME(kc4)
+#define KC_WT uint16_t
+#define KC_W8(p) KERN16_W8(p)
+#define KC_W1(p) KERN16_W1(p)
+#define KC_X8(p) KERN16_NAME(ldx)(p)
+#define KC_ACC(w, x, a) KERN16_FMA8((w), (x), (a))
+#define KC_MADD(w, x, s) __builtin_fmaf((w), (x), (s))
+#define KC_HSUM(v) KERN16_NAME(hsum)(v)
+#include "matmul-kc4.h"
+#undef KC_NAME
+#undef KC_WT
+#undef KC_W8
+#undef KC_W1
+#undef KC_X8
+#undef KC_ACC
+#undef KC_MADD
+#undef KC_HSUM
 #endif
 
 /* y[t*ldy + j] = dot(W[j*in ..], x[t*in ..]) for t < T, j < R. */
@@ -122,36 +85,6 @@ static void KERN16_NAME(block)(float *y, int ldy, const float *x, int T, int in,
     for (; j + 4 <= R; j += 4) {
         const uint16_t *w0 = W + (size_t)j * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
         int t = j < r4 ? t4 : 0;
-#ifdef KERN16_T4
-        /* 4 rows × 4 tokens: each widened weight serves 4 tokens (a build with 32 registers) */
-        for (; t + 4 <= T; t += 4) {
-            const float *xr[4] = {x + (size_t)t * in, x + (size_t)(t + 1) * in, x + (size_t)(t + 2) * in,
-                                  x + (size_t)(t + 3) * in};
-            const uint16_t *wr[4] = {w0, w1, w2, w3};
-            zs_v8 acc[4][4];
-#pragma GCC unroll 4
-            for (int u = 0; u < 4; u++)
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) acc[r][u] = (zs_v8){0};
-            for (int k = 0; k < k8; k += 8) {
-                zs_v8 wv[4];
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) wv[r] = KERN16_W8(wr[r] + k);
-#pragma GCC unroll 4
-                for (int u = 0; u < 4; u++) {
-                    zs_v8 xv = KERN16_NAME(ldx)(xr[u] + k);
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) acc[r][u] = KERN16_FMA8(wv[r], xv, acc[r][u]);
-                }
-            }
-            for (int u = 0; u < 4; u++)
-                for (int r = 0; r < 4; r++) {
-                    float s = KERN16_NAME(hsum)(acc[r][u]);
-                    for (int k = k8; k < in; k++) s = __builtin_fmaf(KERN16_W1(wr[r] + k), xr[u][k], s);
-                    y[(size_t)(t + u) * ldy + j + r] = s;
-                }
-        }
-#endif
         for (; t + 2 <= T; t += 2) {
             const float *xa = x + (size_t)t * in, *xb = xa + in;
             zs_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};

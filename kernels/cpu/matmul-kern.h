@@ -3,8 +3,8 @@
  * one dot product with its own 8-lane accumulator, advanced over k in steps of 8 in order, then
  * summed lane by lane in a fixed order, then the k tail added in order. Micro-tiles only
  * interleave independent accumulators, so an element's value never depends on which other rows
- * or tokens share the call. KERN_T4 (defined by a build with 32 vector registers) adds a tile of
- * 4 rows × 4 tokens. Not a public header. */
+ * or tokens share the call. KERN_T4 (defined by a build with 32 vector registers) adds tiles of
+ * 4 rows × 4 tokens with k in chunks (matmul-kc4.h). Not a public header. */
 #include <stddef.h>
 
 typedef float zs_v8 __attribute__((vector_size(32)));
@@ -20,60 +20,23 @@ static inline float KERN_NAME(madd)(float a, float b, float c) { return __builti
 static inline zs_v8 KERN_NAME(ld)(const float *p) { return *(const zs_v8u *)p; }
 
 #ifdef KERN_T4
-#include "scratch.h"
-/* rows 0..R4-1 × tokens 0..T4-1 (multiples of 4) in 4 × 4 tiles, k in chunks of 512 so that a
- * tile's weights stay in L1 while every token tile passes; the accumulators wait in A between
- * chunks (a store and a load change no value, so the order and bits are the tiles' above).
- * Returns 0 when no scratch buffer can be had (nothing written). */
-static int KERN_NAME(kc4)(float *y, int ldy, const float *x, int T4, int in, const float *W, int R4) {
-    int k8 = in & ~7, nt = T4 / 4, nr = R4 / 4;
-    zs_v8 *A = zs_scratch_get(ZS_SCRATCH_MM, (size_t)nr * nt * 16 * sizeof(zs_v8));
-    if (!A) return 0;
-    for (int kc = 0; kc < k8; kc += 512) {
-        int ke = kc + 512 < k8 ? kc + 512 : k8;
-        for (int jr = 0; jr < nr; jr++) {
-            const float *wr[4];
-            for (int r = 0; r < 4; r++) wr[r] = W + (size_t)(4 * jr + r) * in;
-            for (int tt = 0; tt < nt; tt++) {
-                zs_v8 *At = A + ((size_t)jr * nt + tt) * 16, acc[4][4];
-                const float *xr[4];
-#pragma GCC unroll 4
-                for (int u = 0; u < 4; u++) {
-                    xr[u] = x + (size_t)(4 * tt + u) * in;
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) acc[r][u] = kc ? At[4 * r + u] : (zs_v8){0};
-                }
-                for (int k = kc; k < ke; k += 8) {
-                    zs_v8 wv[4];
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) wv[r] = KERN_NAME(ld)(wr[r] + k);
-#pragma GCC unroll 4
-                    for (int u = 0; u < 4; u++) {
-                        zs_v8 xv = KERN_NAME(ld)(xr[u] + k);
-#pragma GCC unroll 4
-                        for (int r = 0; r < 4; r++) acc[r][u] += wv[r] * xv;
-                    }
-                }
-#pragma GCC unroll 4
-                for (int u = 0; u < 4; u++)
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) At[4 * r + u] = acc[r][u];
-            }
-        }
-    }
-    for (int jr = 0; jr < nr; jr++)
-        for (int tt = 0; tt < nt; tt++)
-            for (int r = 0; r < 4; r++) {
-                const float *wrr[1] = {W + (size_t)(4 * jr + r) * in};
-                for (int u = 0; u < 4; u++) {
-                    const float *xu = x + (size_t)(4 * tt + u) * in;
-                    float s = k8 ? KERN_NAME(hsum)(A[((size_t)jr * nt + tt) * 16 + 4 * r + u]) : 0.0f;
-                    for (int k = k8; k < in; k++) s = KERN_NAME(madd)((wrr[0][k]), xu[k], s);
-                    y[(size_t)(4 * tt + u) * ldy + 4 * jr + r] = s;
-                }
-            }
-    return 1;
-}
+#define KC_NAME KERN_NAME(kc4)
+#define KC_WT float
+#define KC_W8(p) KERN_NAME(ld)(p)
+#define KC_W1(p) (*(p))
+#define KC_X8(p) KERN_NAME(ld)(p)
+#define KC_ACC(w, x, a) ((a) + (w) * (x))
+#define KC_MADD(w, x, s) KERN_NAME(madd)((w), (x), (s))
+#define KC_HSUM(v) KERN_NAME(hsum)(v)
+#include "matmul-kc4.h"
+#undef KC_NAME
+#undef KC_WT
+#undef KC_W8
+#undef KC_W1
+#undef KC_X8
+#undef KC_ACC
+#undef KC_MADD
+#undef KC_HSUM
 #endif
 
 /* y[t*ldy + j] = dot(W[j*in ..], x[t*in ..]) for t < T, j < R. */
@@ -86,36 +49,6 @@ static void KERN_NAME(block)(float *y, int ldy, const float *x, int T, int in, c
     for (; j + 4 <= R; j += 4) {
         const float *w0 = W + (size_t)j * in, *w1 = w0 + in, *w2 = w1 + in, *w3 = w2 + in;
         int t = j < r4 ? t4 : 0;
-#ifdef KERN_T4
-        /* 4 rows × 4 tokens: 16 accumulators, for a build with 32 vector registers */
-        for (; t + 4 <= T; t += 4) {
-            const float *xr[4] = {x + (size_t)t * in, x + (size_t)(t + 1) * in, x + (size_t)(t + 2) * in,
-                                  x + (size_t)(t + 3) * in};
-            const float *wr[4] = {w0, w1, w2, w3};
-            zs_v8 acc[4][4];
-#pragma GCC unroll 4
-            for (int u = 0; u < 4; u++)
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) acc[r][u] = (zs_v8){0};
-            for (int k = 0; k < k8; k += 8) {
-                zs_v8 wv[4];
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) wv[r] = KERN_NAME(ld)(wr[r] + k);
-#pragma GCC unroll 4
-                for (int u = 0; u < 4; u++) {
-                    zs_v8 xv = KERN_NAME(ld)(xr[u] + k);
-#pragma GCC unroll 4
-                    for (int r = 0; r < 4; r++) acc[r][u] += wv[r] * xv;
-                }
-            }
-            for (int u = 0; u < 4; u++)
-                for (int r = 0; r < 4; r++) {
-                    float s = KERN_NAME(hsum)(acc[r][u]);
-                    for (int k = k8; k < in; k++) s = KERN_NAME(madd)(wr[r][k], xr[u][k], s);
-                    y[(size_t)(t + u) * ldy + j + r] = s;
-                }
-        }
-#endif
         for (; t + 2 <= T; t += 2) {
             const float *xa = x + (size_t)t * in, *xb = xa + in;
             zs_v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};

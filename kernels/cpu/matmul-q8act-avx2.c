@@ -21,15 +21,6 @@
     void zs_q8a_block_##f##_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R) { \
         zs_ka_avx2_##f##_block(y, ldy, a, t0, T, W, R);                                                \
     }
-ZS_KA_WRAP(q8_0)
-ZS_KA_WRAP(q4_0)
-ZS_KA_WRAP(q4_1)
-ZS_KA_WRAP(q5_0)
-ZS_KA_WRAP(q5_1)
-ZS_KA_WRAP(q4_k)
-ZS_KA_WRAP(q6_k)
-ZS_KA_WRAP(q5_k)
-ZS_KA_WRAP(q3_k)
-ZS_KA_WRAP(q2_k)
+ZS_KA_FORMATS(ZS_KA_WRAP)
 #undef ZS_KA_WRAP
 #pragma GCC pop_options

@@ -88,36 +88,14 @@ void zs_q8a_quantize_row(zs_q8a *a, int kind, int t, const float *x);
 /* the block kernels: y[t*ldy + j] = dot(row j of W, row t0 + t of a) for t < T, j < R, W rows of
  * a->in weights as stored */
 typedef void (*zs_q8a_fn)(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q8_0_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q4_0_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q4_1_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q5_0_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q5_1_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q4_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q6_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q5_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q3_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q2_k_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q8_0_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q4_0_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q4_1_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q5_0_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q5_1_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q4_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q6_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q5_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q3_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q2_k_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q8_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q4_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q4_1_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q5_0_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q5_1_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q4_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q6_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q5_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q3_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
-void zs_q8a_block_q2_k_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+/* the formats with a kernel, for the lists below */
+#define ZS_KA_FORMATS(X) X(q8_0) X(q4_0) X(q4_1) X(q5_0) X(q5_1) X(q4_k) X(q6_k) X(q5_k) X(q3_k) X(q2_k)
+#define ZS_KA_DECL(f)                                                                                 \
+    void zs_q8a_block_##f##_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R); \
+    void zs_q8a_block_##f##_avx2(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);    \
+    void zs_q8a_block_##f##_avx512(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
+ZS_KA_FORMATS(ZS_KA_DECL)
+#undef ZS_KA_DECL
 /* the kernel zs_matmul_q8act runs for wdt on this CPU (AVX-512VL/BW+VNNI, else AVX2+FMA+F16C,
  * when present); NULL if none */
 zs_q8a_fn zs_q8a_pick(zs_dtype wdt);
