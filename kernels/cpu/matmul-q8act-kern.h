@@ -51,7 +51,8 @@
  *   KA_TR, KA_TT, KA_DR  the tile shapes (at most 4 × 4)
  *   KA_PACK           1: rows in whole panels of 8 go to the packed kernel (matmul-q8act-pack.h,
  *                     included next) when T >= 4
- *   KA_DEC8           1: decode runs 8 rows at a time in matmul-q8act-pack.h's kernel */
+ *   KA_DEC            1: decode (T = 1) runs matmul-q8act-pack.h's kernel (a row at a time, 8
+ *                     blocks at once) */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -220,8 +221,8 @@ static inline __attribute__((always_inline)) void KA_NAME(tile)(float *y, int ld
 #if KA_PACK
 static int KA_NAME(packed)(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R);
 #endif
-#if KA_DEC8
-static int KA_NAME(dec8)(float *y, const zs_q8a *a, int t, const uint8_t *W, int R);
+#if KA_DEC
+static int KA_NAME(dec)(float *y, const zs_q8a *a, int t, const uint8_t *W, int R);
 #endif
 
 static void KA_NAME(block)(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R) {
@@ -232,8 +233,8 @@ static void KA_NAME(block)(float *y, int ldy, const zs_q8a *a, int t0, int T, co
     if (T >= 4) j = KA_NAME(packed)(y, ldy, a, t0, T, W, R);
 #endif
     if (T == 1) {
-#if KA_DEC8
-        j = KA_NAME(dec8)(y, a, t0, W, R);
+#if KA_DEC
+        j = KA_NAME(dec)(y, a, t0, W, R);
 #endif
         for (; j + KA_DR <= R; j += KA_DR) KA_NAME(tile)(y + j, ldy, a, t0, W + (size_t)j * rb, rb, nsb, KA_DR, 1);
         for (; j < R; j++) KA_NAME(tile)(y + j, ldy, a, t0, W + (size_t)j * rb, rb, nsb, 1, 1);

@@ -12,9 +12,12 @@
  *   S = Σ_h sc_h · (Σ_{i ∈ h} u_i·q_i − PK_OFF · Σ_{i ∈ h} q_i)     (h: the scale groups)
  * so the results are the row kernel's bits. 2 panels × KA_PT tokens are computed together.
  *
- * KA_DEC8 adds the decode kernel over the blocks as stored (one activation row: nothing to
- * repack for), 8 rows at a time. */
+ * KA_DEC adds the decode kernel over the blocks as stored (one activation row: nothing to
+ * repack for): one row at a time, 8 blocks at once. */
 
+#if (KA_PACK || KA_DEC) && KA_FMT >= ZS_KA_Q5_K
+#error "the packed and decode kernels know Q8_0 .. Q6_K only"
+#endif
 #define PK_BYTES (KA_FMT == ZS_KA_Q8_0 ? 34 : KA_FMT == ZS_KA_Q4_0 ? 18 : KA_FMT == ZS_KA_Q4_1 ? 20 : \
                   KA_FMT == ZS_KA_Q5_0 ? 22 : KA_FMT == ZS_KA_Q5_1 ? 24 : KA_FMT == ZS_KA_Q4_K ? 144 : 210)
 #define PK_NG (KA_FMT == ZS_KA_Q4_K || KA_FMT == ZS_KA_Q6_K ? 8 : 1)
@@ -262,7 +265,7 @@ static int KA_NAME(packed)(float *y, int ldy, const zs_q8a *a, int t0, int T, co
 }
 #endif
 
-#if KA_DEC8
+#if KA_DEC
 /* decode (one activation row): one weight row at a time (a single stream: measured faster than
  * 8 rows side by side), 8 blocks at a time, their integer lanes reduced across blocks into one
  * vector of the 8 blocks' S, then the row's chain over them in order */
@@ -353,7 +356,7 @@ static inline __attribute__((always_inline)) void KA_NAME(drow)(float *y, const 
     *y = v;
 }
 
-static int KA_NAME(dec8)(float *y, const zs_q8a *a, int t, const uint8_t *W, int R) {
+static int KA_NAME(dec)(float *y, const zs_q8a *a, int t, const uint8_t *W, int R) {
     int nsb = a->nb;
     size_t rb = (size_t)nsb * PK_BYTES;
     /* the offset's lane sums of the activation blocks, once for all rows */

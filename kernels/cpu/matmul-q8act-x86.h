@@ -151,7 +151,7 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q2k)(const uint8_t 
 #define KA_ISUM(v) ZS_AKA(isum)(v)
 #define KA_DR ZS_AKA_DR
 #define KA_PT ZS_AKA_PT
-#define KA_DEC8 1
+#define KA_DEC 1
 #define KA_TR ZS_AKA_TR32
 #define KA_TT ZS_AKA_TT32
 #define KA_PACK ZS_AKA_VNNI /* u + 128 would saturate maddubs */
@@ -217,11 +217,11 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q2k)(const uint8_t 
 #undef KA_NAME
 #undef KA_FMT
 #undef KA_W
-/* Q5_K, Q3_K, Q2_K: the row kernel alone (no packed prefill or 8-row decode kernel for them yet) */
+/* Q5_K, Q3_K, Q2_K: the row kernel alone (no packed prefill or decode kernel for them yet) */
 #undef KA_PACK
-#undef KA_DEC8
+#undef KA_DEC
 #define KA_PACK 0
-#define KA_DEC8 0
+#define KA_DEC 0
 #define KA_NAME(x) ZS_AKA(q5_k_##x)
 #define KA_FMT ZS_KA_Q5_K
 #define KA_W(b, g) ZS_AKA(q5k)((b), (g))
@@ -256,5 +256,5 @@ static inline __attribute__((always_inline)) zs_ka_i8 ZS_AKA(q2k)(const uint8_t 
 #undef KA_TT
 #undef KA_DR
 #undef KA_PT
-#undef KA_DEC8
+#undef KA_DEC
 #undef KA_PACK

@@ -234,7 +234,7 @@ static inline zs_ka_i8 zs_gka_q2k(const uint8_t *b, int g) {
 #define KA_TT 4
 #define KA_DR 1
 #define KA_PACK 0
-#define KA_DEC8 0
+#define KA_DEC 0
 #define KA_NAME(x) zs_ka_generic_q8_0_##x
 #define KA_FMT ZS_KA_Q8_0
 #define KA_W(b, g) zs_gka_q8_0(b)
@@ -318,7 +318,7 @@ static inline zs_ka_i8 zs_gka_q2k(const uint8_t *b, int g) {
 #undef KA_TT
 #undef KA_DR
 #undef KA_PACK
-#undef KA_DEC8
+#undef KA_DEC
 
 #define ZS_KA_WRAP(f)                                                                                 \
     void zs_q8a_block_##f##_generic(float *y, int ldy, const zs_q8a *a, int t0, int T, const uint8_t *W, int R) { \
