@@ -4,7 +4,7 @@
  *
  * For T >= 4 activation rows, weight rows are taken 8 at a time (a panel) and repacked once
  * per call into a scratch buffer, as ggml's repack.cpp does with its stored blocks: the block
- * values become unsigned bytes (plus KA_UOFF), interleaved four bytes per row, so that one
+ * values become unsigned bytes (plus PK_UOFF), interleaved four bytes per row, so that one
  * 32-byte load holds the same four values of 8 rows and one vpdpbusd (or maddubs + madd)
  * against four broadcast activation bytes advances 8 rows at once; the scales and mins of the
  * 8 rows sit beside them as vectors. Each output lane is then one row's chain of matmul-q8act-
