@@ -230,8 +230,8 @@ static inline zs_ka_i8 zs_gka_q2k(const uint8_t *b, int g) {
 #define KA_MN2(p) zs_gka_mn2(p)
 #define KA_MSUM(v, bs) zs_gka_msum((v), (bs))
 #define KA_ISUM(v) zs_gka_isum(v)
-#define KA_TR 2
-#define KA_TT 4
+#define KA_TR 1 /* the generic build: one row × one activation row (code size over speed: x86 runs the other builds) */
+#define KA_TT 1
 #define KA_DR 1
 #define KA_PACK 0
 #define KA_DEC 0
