@@ -26,6 +26,17 @@ static inline int qk_round(float x) {
 
 static inline int qk_clamp(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
+/* the first of the n values with the largest magnitude (ggml's max for make_qx/q3_quants) */
+static inline float qk_signed_max(const float *x, int n) {
+    float amax = 0, max = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    return max;
+}
+
 /* ---- Q4_K, Q5_K, Q2_K: levels with a scale and a min ---- */
 
 /* Levels 0..nmax with a scale and a min for one group of n (<= 32) weighted values (ggml's
@@ -181,15 +192,8 @@ void zs_quantize_q5_k(void *dst, const float *src, size_t n) { quantize_q45_k(ds
  * better. L gets level + 32 (0..63); an all-zero group gets L = 0 and scale 0. */
 ZS_QK_EXACT static float qk6_fit(const float *x, int8_t *L) {
     enum { N = 16, NMAX = 32 };
-    float amax = 0, max = 0;
-    for (int i = 0; i < N; i++) {
-        float a = fabsf(x[i]);
-        if (a > amax) {
-            amax = a;
-            max = x[i];
-        }
-    }
-    if (amax < 1e-15f) {
+    float max = qk_signed_max(x, N);
+    if (fabsf(max) < 1e-15f) {
         memset(L, 0, N);
         return 0.0f;
     }
@@ -289,15 +293,8 @@ static void qk_pack2(uint8_t *qs, const uint8_t *L) {
  * sumlx/suml2; an all-zero group gets L = 0 and scale 0. */
 ZS_QK_EXACT static float qk3_fit(const float *x, int8_t *L) {
     enum { N = 16, NMAX = 4 };
-    float amax = 0, max = 0;
-    for (int i = 0; i < N; i++) {
-        float a = fabsf(x[i]);
-        if (a > amax) {
-            amax = a;
-            max = x[i];
-        }
-    }
-    if (amax < 1e-15f) {
+    float max = qk_signed_max(x, N);
+    if (fabsf(max) < 1e-15f) {
         memset(L, 0, N);
         return 0.0f;
     }
@@ -346,15 +343,9 @@ ZS_QK_EXACT void zs_quantize_q3_k(void *dst, const float *src, size_t n) {
         const float *x = src;
         int8_t L[ZS_QK_K];
         uint8_t *hmask = o, *qs = o + 32, *sc = o + 96;
-        float scales[16], max_scale = 0, amax = 0;
-        for (int g = 0; g < 16; g++) {
-            scales[g] = qk3_fit(x + 16 * g, L + 16 * g);
-            float a = fabsf(scales[g]);
-            if (a > amax) {
-                amax = a;
-                max_scale = scales[g];
-            }
-        }
+        float scales[16];
+        for (int g = 0; g < 16; g++) scales[g] = qk3_fit(x + 16 * g, L + 16 * g);
+        float max_scale = qk_signed_max(scales, 16);
         memset(sc, 0, 12);
         uint16_t hd;
         if (max_scale != 0) {
