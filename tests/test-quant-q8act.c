@@ -283,7 +283,7 @@ static void check_one(int f, int T, int in, int out) {
     /* the kernels directly, on activations the driver's quantizer wrote */
     int kind = zs_q8a_kind(dt), nb = in / zs_dtype_block(dt);
     zs_q8a a = {malloc((size_t)T * in), malloc((size_t)T * nb * 4), malloc((size_t)T * nb * 4),
-                malloc((size_t)T * in / 16 * 2 + 2), in, nb};
+                malloc((size_t)T * in / 16 * 2 + 2), in, nb, NULL}; /* no qsum: the kernels sum the blocks */
     for (int t = 0; t < T; t++) zs_q8a_quantize_row(&a, kind, t, x + (size_t)t * in);
     memset(y, 0, (size_t)T * out * 4);
     GEN[f](y, out, &a, 0, T, W, out);

@@ -229,9 +229,12 @@ static int KA_NAME(packed)(float *y, int ldy, const zs_q8a *a, int t0, int T, co
         int32_t *c = corr + (size_t)t * ncorr;
         const int8_t *q = a->q + (size_t)(t0 + t) * a->in;
         if (!PK_K) {
+            const int32_t *qs = a->qsum ? a->qsum + (size_t)(t0 + t) * a->nb : NULL;
             for (int b = 0; b < nsb; b++) {
                 int s = 0;
-                for (int i = 0; i < 32; i++) s += q[32 * b + i];
+                if (qs) s = qs[b];
+                else
+                    for (int i = 0; i < 32; i++) s += q[32 * b + i];
                 c[b] = -PK_OFF * s;
             }
         } else {

@@ -53,7 +53,7 @@ int zs_q8a_kind(zs_dtype wdt) {
 /* round to nearest, ties to even, for |v| < 2^22 (ggml's nearest_int; _mm256_round_ps's
  * nearest mode gives the same for these values); v is one rounded product, never fused with
  * the addition (hence fp-contract off) */
-__attribute__((optimize("fp-contract=off"))) static void q8_block32(const float *x, int8_t *q, float *dq, float *sq) {
+__attribute__((optimize("fp-contract=off"))) static void q8_block32(const float *x, int8_t *q, float *dq, float *sq, int32_t *isum) {
     float amax = 0.0f;
     for (int i = 0; i < 32; i++) {
         float ax = __builtin_fabsf(x[i]);
@@ -71,6 +71,7 @@ __attribute__((optimize("fp-contract=off"))) static void q8_block32(const float 
     }
     *dq = zs_f16_to_f32(zs_f32_to_f16(d));
     if (sq) *sq = zs_f16_to_f32(zs_f32_to_f16(d * (float)sum));
+    if (isum) *isum = sum;
 }
 
 __attribute__((optimize("fp-contract=off"))) static void q8k_block(const float *x, int8_t *q, float *dq, int16_t *bs) {
@@ -113,7 +114,8 @@ void zs_q8a_quantize_row(zs_q8a *a, int kind, int t, const float *x) {
         return;
     }
     float *s = kind == ZS_Q8A_Q8_1 ? a->s + (size_t)t * a->nb : NULL;
-    for (int b = 0; b < a->nb; b++) q8_block32(x + 32 * b, q + 32 * b, d + b, s ? s + b : NULL);
+    int32_t *qs = a->qsum ? a->qsum + (size_t)t * a->nb : NULL;
+    for (int b = 0; b < a->nb; b++) q8_block32(x + 32 * b, q + 32 * b, d + b, s ? s + b : NULL, qs ? qs + b : NULL);
 }
 
 /* ---- the generic kernels ---- */
@@ -391,9 +393,11 @@ int zs_matmul_q8act(float *y, const float *x, int T, int in, const void *W, zs_d
     if (kind < 0 || !fn || blk <= 0 || in <= 0 || in % blk || T < 0 || out < 0) return ZS_EINVAL;
     if (T == 0 || out == 0) return 0;
     int nb = in / blk;
-    /* q (T·in, 64-aligned), d (T·nb), s (T·nb, Q8_1), bs (T·in/16, Q8_K) */
+    /* q (T·in, 64-aligned), d (T·nb), s (T·nb, Q8_1), bs (T·in/16, Q8_K), qsum (T·nb, not Q8_K:
+     * the packed kernels' offsets, summed once here rather than by every task) */
     size_t nq = ((size_t)T * in + 63) & ~(size_t)63, nd = (size_t)T * nb;
-    size_t bytes = nq + nd * 4 + (kind == ZS_Q8A_Q8_1 ? nd * 4 : 0) + (kind == ZS_Q8A_Q8_K ? (size_t)T * (in / 16) * 2 : 0);
+    size_t bytes = nq + nd * 4 + (kind == ZS_Q8A_Q8_1 ? nd * 4 : 0) +
+                   (kind == ZS_Q8A_Q8_K ? (size_t)T * (in / 16) * 2 : nd * 4);
     uint8_t *buf = zs_scratch_get(ZS_SCRATCH_Q8A, bytes);
     if (!buf) return ZS_ENOMEM;
     q8a_job j = {0};
@@ -415,6 +419,7 @@ int zs_matmul_q8act(float *y, const float *x, int T, int in, const void *W, zs_d
         p += nd * 4;
     }
     if (kind == ZS_Q8A_Q8_K) j.a.bs = (int16_t *)p;
+    else j.a.qsum = (int32_t *)p;
     int threads = zs_pool_threads();
     /* the activations, once (rows in parallel when there are enough of them) */
     int big = (size_t)out * (size_t)in * (size_t)T >= ((size_t)1 << 20);

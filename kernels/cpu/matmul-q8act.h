@@ -71,6 +71,7 @@ typedef struct {
     float *s;     /* Q8_1 only, T × nb: f32 of the stored fp16 s = fp16(d · Σq) */
     int16_t *bs;  /* Q8_K only, T × in/16: the sums of 16 values */
     int in, nb;
+    int32_t *qsum; /* Q8_0/Q8_1, optional (NULL: not kept), T × nb: each block's Σq */
 } zs_q8a;
 
 enum { ZS_Q8A_Q8_0 = 0, ZS_Q8A_Q8_1 = 1, ZS_Q8A_Q8_K = 2 };
