@@ -422,9 +422,10 @@ static void run_share(void) {
         j.e = e;
         j.s = s;
         /* the load starts first, 8 requests of different lengths resubmitted as soon as they end,
-         * so that the engine never idles while it lasts */
+         * so that the engine never idles while it lasts (long enough that a poller kept off the CPU
+         * for a few ms by a busy machine does not let all 8 finish) */
         static req_t q[8];
-        for (int i = 0; i < 8; i++) submit_n(s, &q[i], i, 10 + 3 * i);
+        for (int i = 0; i < 8; i++) submit_n(s, &q[i], i, 40 + 3 * i);
         pthread_t th;
         pthread_create(&th, NULL, job_main, &j);
         int k2 = 8;
@@ -434,7 +435,7 @@ static void run_share(void) {
                 pthread_mutex_lock(&q[i].mu);
                 int d = q[i].done;
                 pthread_mutex_unlock(&q[i].mu);
-                if (d) submit_n(s, &q[i], k2++, 10 + 3 * i);
+                if (d) submit_n(s, &q[i], k2++, 40 + 3 * i);
             }
             struct timespec ts = {0, 20000};
             nanosleep(&ts, NULL);
