@@ -11,8 +11,11 @@
 # must leave #js-errors (the page's uncaught errors) empty. Screenshots of the fine-tuning and
 # engine views go to $BUILD/test-artifacts/playground-{finetune,engine}.png.
 #
-# Headless Chromium runs the page in virtual time (--virtual-time-budget): timers jump ahead,
-# and only network fetches take real time. So the page is loaded once to start a job, the job is
+# The chat and completion views are loaded in real time over the DevTools protocol
+# (tests/lib/cdp.sh) until the page says its request is done: Chromium's virtual time stops
+# waiting once a streamed response has arrived, before the page has read it. The other views run
+# in virtual time (--virtual-time-budget): timers jump ahead, and only network fetches take real
+# time. So the page is loaded once to start a job, the job is
 # followed through the API in real time, and the page is loaded again (?job=ID) to check what it
 # draws from the job's events: nothing depends on how fast the job trains.
 #
@@ -24,6 +27,8 @@
 # shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 zs_bash "$@"
+# shellcheck source=tests/lib/cdp.sh
+. "$(dirname "$0")/lib/cdp.sh"
 set -u
 ART=$BUILD/test-artifacts
 case $ART in /*) ;; *) ART=$ROOT/$ART;; esac
@@ -61,16 +66,16 @@ dom() {
     chrome "$NDOM" "$1" --dump-dom "$U$2" >"$DOM"
     [ -s "$DOM" ] || { echo "# chromium printed no DOM for $2:"; tail -n 20 "$T/chrome-$NDOM.log"; }
 }
-# dom_done PATH: dom PATH until the page's chat request has finished in the dump (3 loads at
-# most): when the server has sent the whole stream, virtual time may run out before the page has
-# read it (seen once under load), which says nothing about the page
+# dom_done PATH: load PATH in real time (tests/lib/cdp.sh) until the page's chat request has
+# finished (body[data-state] set), 60 s at most; DOM=the page then
 dom_done() {
-    local i
-    for i in 1 2 3; do
-        dom 15000 "$1"
-        [ "$(attr data-state)" = "done" ] && return 0
-        echo "# load $i of $1: data-state '$(attr data-state)': the dump came before the page read the stream"
-    done
+    NDOM=$((NDOM + 1))
+    DOM=$T/dom-$NDOM.html
+    local rc=0
+    zs_cdp_dom "$U$1" 'document.body.dataset.state' 60000 "$DOM" || rc=$?
+    [ $rc = 0 ] && return 0
+    echo "# $1: data-state '$(attr data-state)' (rc $rc: 1 timed out, 2 chromium failed); chromium's log:"
+    tail -n 20 "$DOM.log"
     return 1
 }
 # shot BUDGET_MS FILE PATH
