@@ -400,3 +400,18 @@ int zs_kv_max_seqs(const zs_kvcache *kv) { return kv->max_seqs; }
 int zs_kv_used_blocks(const zs_kvcache *kv) { return kv->n_blocks - kv->n_free - zs_kv_cached_blocks(kv); }
 int zs_kv_total_blocks(const zs_kvcache *kv) { return kv->n_blocks; }
 int zs_kv_max_len(const zs_kvcache *kv) { return kv->max_len; }
+
+int zs_kv_seq_units(const zs_kvcache *kv, int seq, const int **units) {
+    const kv_seq *s = &kv->seqs[seq];
+    *units = kv->ring ? s->phys : s->blocks;
+    return kv->ring ? s->n_phys : s->n_blocks;
+}
+
+void *zs_kv_block_data(zs_kvcache *kv, int layer, int b) {
+    if (!kv->pool[layer]) return NULL;
+    return kv->pool[layer] + (size_t)b * zs_kv_block_layer_bytes(kv);
+}
+
+size_t zs_kv_block_layer_bytes(const zs_kvcache *kv) { return 2 * ZS_KV_BLOCK * (size_t)kv->kv_dim * kv->esize; }
+int zs_kv_layers(const zs_kvcache *kv) { return kv->n_layers; }
+int zs_kv_avail_blocks(const zs_kvcache *kv) { return kv->n_free + (kv->prefix ? kv->n_lru : 0); }

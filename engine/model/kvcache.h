@@ -80,6 +80,18 @@ void zs_kv_copy(zs_kvcache *kv, int layer, int seq, int from, int to);
 const int *zs_kv_seq_blocks(const zs_kvcache *kv, int seq);
 int zs_kv_max_seqs(const zs_kvcache *kv);
 
+/* The blocks that hold a sequence's K/V, each once: its table's blocks, or with a window its ring
+ * (table index j in units[j % ring]); *units points into the cache (valid until the sequence
+ * changes). Returns how many. Swapping (kvswap.h) saves and restores them in this order. */
+int zs_kv_seq_units(const zs_kvcache *kv, int seq, const int **units);
+/* Layer layer's K and V of block b (2 * ZS_KV_BLOCK * kv_dim elements: K rows, then V rows), and
+ * its bytes; NULL without host pools. */
+void *zs_kv_block_data(zs_kvcache *kv, int layer, int b);
+size_t zs_kv_block_layer_bytes(const zs_kvcache *kv);
+int zs_kv_layers(const zs_kvcache *kv);
+/* Blocks a reserve can take now: free ones and cached ones nobody holds. */
+int zs_kv_avail_blocks(const zs_kvcache *kv);
+
 /* Blocks held by open sequences (cached blocks nobody holds are not counted). */
 int zs_kv_used_blocks(const zs_kvcache *kv);
 int zs_kv_total_blocks(const zs_kvcache *kv);
