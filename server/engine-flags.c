@@ -15,6 +15,7 @@ void zs_engine_flags_init(zs_engine_flags *f) {
     f->max_live_bytes = -1;
     f->persist_threshold = -1;
     f->expert_cache_bytes = -1;
+    f->kv_bytes = -1;
 }
 
 int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
@@ -22,6 +23,9 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
         {"model", ZS_OPT_STR, &f->model, "model directory (Hugging Face layout)  [required]"},
         {"weight-dtype", ZS_OPT_STR, &f->weight_dtype, "auto (as stored) | f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q2_k | q3_k | q4_k | q5_k | q6_k | q4_k_m (llama.cpp's mix; quantized at load)"},
         {"kv-dtype", ZS_OPT_STR, &f->kv_dtype, "KV cache elements: f32 (default) | f16 | bf16 (half the bytes, twice the positions)"},
+        {"kv-bytes", ZS_OPT_I64, &f->kv_bytes, "KV cache memory per rank, in bytes (default: max-seqs full contexts, at most 1 GiB)"},
+        {"kv-offload", ZS_OPT_STR, &f->kv_offload, "where sequences preempted from a full KV cache go: none (default: requests wait) | cpu | nvme"},
+        {"kv-nvme-path", ZS_OPT_STR, &f->kv_nvme_path, "directory of the KV cache's NVMe tier (--kv-offload nvme)"},
         {"context", ZS_OPT_INT, &f->context, "context length (default: the model's)"},
         {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
         {"device", ZS_OPT_STR, &f->device, "cpu | cuda (default: cuda when a device is visible)"},
@@ -127,6 +131,16 @@ int zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo) {
             return zs_err(ZS_EINVAL, "--kv-dtype: '%s' is not one of f32, f16, bf16", f->kv_dtype);
         eo->kv_dtype = kt;
     }
+    if (f->kv_bytes != -1 && f->kv_bytes <= 0) return zs_err(ZS_EINVAL, "--kv-bytes must be positive");
+    if (f->kv_bytes > 0) eo->kv_bytes = (size_t)f->kv_bytes;
+    eo->kv_offload = ZS_OFFLOAD_NONE;
+    if (f->kv_offload && zs_offload_parse(f->kv_offload, &eo->kv_offload) < 0)
+        return zs_err(ZS_EINVAL, "--kv-offload: '%s' is not one of none, cpu, nvme", f->kv_offload);
+    if (f->kv_nvme_path && eo->kv_offload != ZS_OFFLOAD_NVME)
+        return zs_err(ZS_EINVAL, "--kv-nvme-path is for --kv-offload nvme");
+    if (eo->kv_offload == ZS_OFFLOAD_NVME && !f->kv_nvme_path)
+        return zs_err(ZS_EINVAL, "--kv-offload nvme needs --kv-nvme-path DIR");
+    eo->kv_nvme_path = f->kv_nvme_path;
     /* precision: --weight-dtype, else bf16/fp16 from the config, else as stored */
     ZS_CHECK(zs_engine_flags_weight_dtype("--weight-dtype", f->weight_dtype, &eo->model));
     int as_stored = !f->weight_dtype || !strcmp(f->weight_dtype, "auto");

@@ -109,6 +109,9 @@ static int cmd_generate(int argc, char **argv) {
     eo.max_seqs = 1;
     ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
     eo.model.embed_lookup = 1; /* an inference engine: embedding rows from host tables */
+    if (eo.kv_offload != ZS_OFFLOAD_NONE)
+        zs_log_warn("--kv-offload: generate runs one sequence, which never gives up its room; the tier stays unused "
+                    "(it serves `serve`)");
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
     if (zs_cluster_follower()) {
@@ -248,6 +251,9 @@ static int cmd_bench(int argc, char **argv) {
     if (bo.speculative && (bo.moe || bo.lora_adapters))
         return zs_err(ZS_EINVAL, "--speculative does not combine with --moe or --lora");
     if (bo.speculative) return zs_bench_spec(&bo);
+    if (bo.engine.kv_offload != ZS_OFFLOAD_NONE)
+        zs_log_warn("--kv-offload: this bench places its sequences itself and never preempts them; the tier stays "
+                    "unused (it serves `serve` and `bench --speculative`)");
     if (bo.moe) return zs_bench_moe(&bo);
     if (bo.lora_adapters) return zs_bench_lora(&bo);
     if (bo.engine.ranks > 1 || bo.engine.gather.tier != ZS_OFFLOAD_NONE) return zs_bench_offload(&bo);

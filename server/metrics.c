@@ -191,6 +191,14 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     outf(&b, "zeroserve_prefix_cache_hit_tokens_total %llu\n", (unsigned long long)st.prefix_hit_tokens);
     head(&b, "zeroserve_prefix_cache_evictions_total", "counter", "Cached KV blocks given to other sequences.");
     outf(&b, "zeroserve_prefix_cache_evictions_total %llu\n", (unsigned long long)st.prefix_evictions);
+    head(&b, "zeroserve_kv_preemptions_total", "counter", "Sequences preempted from a full KV cache (--kv-offload), by how: swap (to the tier) or recompute.");
+    outf(&b, "zeroserve_kv_preemptions_total{how=\"swap\"} %llu\n", (unsigned long long)st.kv_swap_outs);
+    outf(&b, "zeroserve_kv_preemptions_total{how=\"recompute\"} %llu\n", (unsigned long long)st.kv_recomputes);
+    head(&b, "zeroserve_kv_swap_blocks_total", "counter", "KV blocks swapped out to the tier and back in.");
+    outf(&b, "zeroserve_kv_swap_blocks_total{dir=\"out\"} %llu\n", (unsigned long long)st.kv_swap_out_blocks);
+    outf(&b, "zeroserve_kv_swap_blocks_total{dir=\"in\"} %llu\n", (unsigned long long)st.kv_swap_in_blocks);
+    head(&b, "zeroserve_kv_preempted_sequences", "gauge", "Sequences preempted now, waiting to resume.");
+    outf(&b, "zeroserve_kv_preempted_sequences %d\n", st.kv_preempted_now);
     head(&b, "zeroserve_constrained_tokens_total", "counter", "Tokens sampled under a structured-output grammar mask.");
     outf(&b, "zeroserve_constrained_tokens_total %llu\n", (unsigned long long)st.constrained_tokens);
 

@@ -240,6 +240,8 @@ int zs_cmd_perplexity(int argc, char **argv) {
     eo.max_context = ef.context > 0 ? ef.context : PPL_DEFAULT_CONTEXT; /* the engine caps it at the model's */
     eo.max_batch_tokens = PPL_CHUNK;
     eo.model.embed_lookup = 1;
+    if (eo.kv_offload != ZS_OFFLOAD_NONE)
+        zs_log_warn("--kv-offload: perplexity runs one sequence, which never gives up its room; the tier stays unused");
     zs_engine *e;
     if ((rc = zs_engine_open(&eo, &e)) < 0) { free(text); return rc; }
     if (zs_cluster_follower()) {

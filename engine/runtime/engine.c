@@ -12,6 +12,7 @@
 #include "common.h"
 #include "device.h"
 #include "gguf.h"
+#include "kvswap.h"
 #include "stop.h"
 
 int zs_model_path_is_file(const char *p) {
@@ -138,6 +139,7 @@ struct zs_engine {
     zs_tokenizer *tok;
     zs_world *world;
     zs_kvcache *kv;
+    zs_kvtier **kvt; /* [ranks of this process] the KV tier below memory (kv_offload), or NULL */
     int context;
     int device;
 };
@@ -154,6 +156,7 @@ void zs_engine_opts_default(zs_engine_opts *o) {
 zs_model *zs_engine_model(zs_engine *e) { return e->model; }
 zs_tokenizer *zs_engine_tokenizer(zs_engine *e) { return e->tok; }
 zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
+zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank) { return e->kvt ? e->kvt[rank] : NULL; }
 zs_world *zs_engine_world(zs_engine *e) { return e->world; }
 int zs_engine_device(const zs_engine *e) { return e->device; }
 int zs_engine_context(const zs_engine *e) { return e->context; }
@@ -192,6 +195,19 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
         goto fail;
     }
     if (n_blocks < 1) n_blocks = 1;
+    if (o->kv_offload != ZS_OFFLOAD_NONE && o->kv_offload != ZS_OFFLOAD_CPU && o->kv_offload != ZS_OFFLOAD_NVME) {
+        rc = zs_err(ZS_EINVAL, "--kv-offload: %d is not none, cpu or nvme", o->kv_offload);
+        goto fail;
+    }
+    if (o->kv_offload != ZS_OFFLOAD_NONE && e->device == ZS_DEVICE_CUDA) {
+        rc = zs_err(ZS_EUNSUPPORTED, "--kv-offload %s: KV blocks on a CUDA device do not move to a lower tier yet (only "
+                    "with --device cpu)", o->kv_offload == ZS_OFFLOAD_CPU ? "cpu" : "nvme");
+        goto fail;
+    }
+    if (o->kv_offload == ZS_OFFLOAD_NVME && (!o->kv_nvme_path || !*o->kv_nvme_path)) {
+        rc = zs_err(ZS_EINVAL, "--kv-offload nvme needs --kv-nvme-path DIR");
+        goto fail;
+    }
     zs_log_info("KV cache: %d blocks of %d positions per rank (%.1f MiB of %s)", n_blocks, ZS_KV_BLOCK,
                 (double)zs_kv_block_bytes(c->n_layers, kvd, o->kv_dtype) * n_blocks / (1 << 20),
                 zs_dtype_name(o->kv_dtype));
@@ -220,6 +236,20 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     }
     if ((rc = zs_world_open(e->model, &wo, &e->world)) < 0) goto fail;
     e->kv = zs_world_kv(e->world, 0);
+    if (o->kv_offload != ZS_OFFLOAD_NONE) {
+        int n = zs_world_ranks(e->world);
+        if (!(e->kvt = calloc((size_t)n, sizeof *e->kvt))) {
+            rc = zs_err(ZS_ENOMEM, "out of memory");
+            goto fail;
+        }
+        for (int r = 0; r < n; r++)
+            if ((rc = zs_kvtier_open(o->kv_offload == ZS_OFFLOAD_CPU ? ZS_KVTIER_CPU : ZS_KVTIER_NVME, o->kv_nvme_path, zs_kv_swap_rec_bytes(zs_world_kv(e->world, r)),
+                                     &e->kvt[r])) < 0)
+                goto fail;
+        zs_log_info("KV offload: sequences preempted to %s%s%s when the cache is full",
+                    o->kv_offload == ZS_OFFLOAD_CPU ? "host memory" : "NVMe",
+                    o->kv_offload == ZS_OFFLOAD_NVME ? " under " : "", o->kv_offload == ZS_OFFLOAD_NVME ? o->kv_nvme_path : "");
+    }
     *out = e;
     return 0;
 fail:
@@ -229,6 +259,8 @@ fail:
 
 void zs_engine_free(zs_engine *e) {
     if (!e) return;
+    for (int r = 0; e->kvt && e->world && r < zs_world_ranks(e->world); r++) zs_kvtier_free(e->kvt[r]);
+    free(e->kvt);
     zs_world_free(e->world);
     zs_tokenizer_free(e->tok);
     zs_model_free(e->model);

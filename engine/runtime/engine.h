@@ -32,7 +32,12 @@ typedef struct {
     int max_seqs;          /* KV sequence slots (default 8) */
     int max_batch_tokens;  /* tokens per forward call (default 256) */
     int max_context;       /* 0 = the model's max_position_embeddings */
-    size_t kv_bytes;       /* 0 = enough for max_seqs full contexts, capped at 1 GiB */
+    size_t kv_bytes;       /* KV cache memory of a rank (--kv-bytes); 0 = enough for max_seqs
+                              full contexts, capped at 1 GiB */
+    int kv_offload;        /* --kv-offload: ZS_OFFLOAD_NONE (0, default) | _CPU | _NVME: where the
+                              scheduler swaps preempted sequences when the cache is full (CPU
+                              device only for now) */
+    const char *kv_nvme_path; /* --kv-nvme-path: the directory of the NVMe tier's files */
     zs_dtype kv_dtype;     /* KV cache elements: ZS_F32 (default, 0), ZS_F16 or ZS_BF16 (half the
                               bytes per position, so twice the positions in kv_bytes) */
     int ranks;             /* rank threads (default 1) */
@@ -57,6 +62,8 @@ void zs_engine_free(zs_engine *e);
 zs_model *zs_engine_model(zs_engine *e);
 zs_tokenizer *zs_engine_tokenizer(zs_engine *e);
 zs_kvcache *zs_engine_kv(zs_engine *e);   /* rank 0's cache */
+/* The tier below memory of rank `rank`'s KV cache (kv_offload), or NULL without one. */
+struct zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank);
 zs_world *zs_engine_world(zs_engine *e);
 int  zs_engine_device(const zs_engine *e);            /* ZS_DEVICE_CPU or ZS_DEVICE_CUDA */
 int  zs_engine_context(const zs_engine *e);

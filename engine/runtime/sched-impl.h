@@ -1,10 +1,10 @@
 /* sched-impl.h — the scheduler's insides, shared by its rooms: sched.c (the loop: admission,
  * batches, steps), sched-submit.c (a request from its parameters), sched-req.c (a request's end:
  * finish, free, counters), sched-sample.c, sched-constrain.c, sched-embed.c, sched-prefix.c,
- * sched-train.c and sched-spec.c. Not a public header. The rooms form a DAG: sched.c calls them;
+ * sched-train.c, sched-spec.c and sched-kv.c. Not a public header. The rooms form a DAG: sched.c calls them;
  * sched-submit calls sched-constrain, sched-embed, sched-prefix and sched-req; sched-sample calls
  * sched-constrain and sched-req; sched-embed calls sched-req; sched-spec calls sched-constrain and
- * sched-sample; the rest call no other room (none calls sched.c).
+ * sched-sample; sched-kv calls sched-req; the rest call no other room (none calls sched.c).
  * Thread-safety: fields marked "mu" are guarded by zs_sched.mu; the rest belong to the engine
  * thread once the request is submitted (set before that by zs_sched_submit). */
 #ifndef ZS_SCHED_IMPL_H
@@ -16,7 +16,7 @@
 #include "sched.h"
 #include "stop.h"
 
-enum { RQ_WAITING = 0, RQ_RUNNING = 1 };
+enum { RQ_WAITING = 0, RQ_RUNNING = 1, RQ_PREEMPTED = 2 };
 /* a constrained request's phases (sched-constrain.c) */
 enum { PH_TRIGGER = 0, PH_PREFIX = 1, PH_VALUE = 2, PH_SUFFIX = 3 };
 
@@ -56,6 +56,11 @@ struct zs_request {
     int rank;                             /* running: its rank */
     int seq;                              /* running: its KV sequence on that rank */
     int n_done;                           /* prompt tokens computed (or taken from the cache) */
+    int n_ctx;                            /* positions prefilled before it decodes: n_prompt, or after a
+                                             preemption by recompute its prompt and generated tokens
+                                             but the last (sched-kv.c) */
+    uint64_t admit_no;                    /* admission order (the youngest are preempted first) */
+    struct zs_kv_swapped *sw;             /* preempted: its K/V in the tier, or NULL (recomputed) */
     int n_gen;                            /* tokens generated */
     int32_t last_tok;                     /* the token the next decode row feeds */
     int32_t draft[ZS_SPEC_MAX_TOKENS];    /* this step's drafts after last_tok (sched-spec.c) */
@@ -124,6 +129,11 @@ struct zs_sched {
     zs_train_job *tr_riding;              /* the work whose rider is in the current step */
     int tr_nospec;                        /* the gathers' speculation is off (work queued) */
     zs_request *waiting, *waiting_tail;   /* taken from the inbox, not yet admitted */
+    struct zs_kvtier **kvt;               /* sched-kv.c: each rank's KV tier (--kv-offload), or NULL: whole
+                                             reservations, no preemption */
+    zs_request *preempted, *preempted_tail; /* sched-kv.c: preempted, to resume in this order */
+    uint64_t admit_seq;                   /* admissions so far (zs_request.admit_no) */
+    int kv_tier_warned;                   /* the tier failed once (logged) */
     zs_sched_rank *rb;                    /* per rank */
     zs_sched_stats st;                    /* mu: the counters (queued/running/gather filled on read) */
     zs_spec *spec;                        /* the draft proposer, or NULL (borrowed) */
@@ -182,6 +192,18 @@ void zs_sched_embed_finish(zs_sched *s, zs_request *r);
 /* sched-prefix.c: the prefix cache's keys and publishing. */
 int  zs_sched_prefix_hash(zs_sched *s, zs_request *r, const zs_req_params *p);  /* at submit */
 void zs_sched_prefix_publish(zs_sched *s, int rank);                         /* after a step */
+
+/* sched-kv.c: growing reservations and preemption with a KV tier. Engine thread. */
+void zs_sched_kv_init(zs_sched *s);
+/* The KV length r must hold for its next step (its whole length without a tier). */
+int  zs_sched_kv_need(const zs_sched *s, const zs_request *r);
+/* Before a step: every running sequence gets room for it, the youngest preempted as needed. */
+void zs_sched_kv_grow(zs_sched *s);
+/* Resumes preempted requests (oldest preemption first); 1 while any is left. */
+int  zs_sched_kv_resume(zs_sched *s);
+/* Ends the preempted requests that were cancelled or failed (all of them when stop). */
+void zs_sched_kv_reap(zs_sched *s, int stop);
+int  zs_sched_kv_preempted(const zs_sched *s);
 
 /* sched-spec.c: speculative decoding's plan and counters. */
 int  zs_sched_spec_init(zs_sched *s, const zs_sched_opts *o);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "kvswap.h"
 #include "sched-impl.h"
 
 static const double lat_bounds[ZS_SCHED_LAT_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -56,6 +57,11 @@ void zs_sreq_finish(zs_sched *s, zs_request *r, int reason, const char *text, si
                 b->n_running--;
                 break;
             }
+    }
+    if (r->state == RQ_PREEMPTED) {
+        zs_kv_swapped_free(r->sw, s->kvt ? s->kvt[r->rank] : NULL);
+        r->sw = NULL;
+        zs_spec_release(s->spec, (uintptr_t)r);
     }
     r->sink.on_done(r->sink.ud, reason, text, len, r->n_prompt, r->n_gen, err, msg ? msg : "");
     pthread_mutex_lock(&s->mu);

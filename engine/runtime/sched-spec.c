@@ -197,7 +197,7 @@ static void plan_trees(zs_sched *s, const int *base, const int *room) {
         for (int j = 0; j < b->n_running; j++) {
             zs_request *r = b->running[j];
             r->n_draft = r->n_forced = r->tree = 0;
-            if (r->embed || r->n_done < r->n_prompt || r->max_tokens - r->n_gen - 1 <= 0) continue;
+            if (r->embed || r->n_done < r->n_ctx || r->max_tokens - r->n_gen - 1 <= 0) continue;
             dec[i]++;
             int cap = ZS_MIN(ZS_SPEC_MAX_TOKENS, r->max_tokens - r->n_gen - 1);
             int f = zs_sched_con_forced(r, r->draft, ZS_MIN(cap, left[i]));
@@ -277,7 +277,7 @@ void zs_sched_spec_plan(zs_sched *s, const int *base, const int *room) {
             zs_request *r = b->running[j];
             r->n_draft = r->n_forced = r->tree = 0;
             /* a decode row, and room after it in the sequence's reservation for drafts */
-            if (r->embed || r->n_done < r->n_prompt || r->max_tokens - r->n_gen - 1 <= 0) continue;
+            if (r->embed || r->n_done < r->n_ctx || r->max_tokens - r->n_gen - 1 <= 0) continue;
             dec[nd++] = r;
         }
         choose(s, dec, nd, base[i], room[i], k);

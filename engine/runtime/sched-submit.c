@@ -61,6 +61,7 @@ static int req_new(zs_sched *s, const zs_req_params *p, const zs_req_sink *sink,
         return rc;
     }
     r->n_prompt = p->n_prompt;
+    r->n_ctx = p->n_prompt;
     r->max_tokens = p->embed ? 0 : p->max_tokens;
     r->embed = p->embed != 0;
     r->pooling = p->pooling;

@@ -1,7 +1,9 @@
 /* sched.c — the request scheduler's loop (DESIGN.md §4). One engine thread owns the engine. At
  * every step it takes what was submitted, ends what was cancelled or failed, admits waiting
  * requests (FIFO, up to max_seqs running, KV blocks permitting: a request reserves room for its
- * whole prompt and max_tokens at admission, so a running sequence never runs out of blocks),
+ * whole prompt and max_tokens at admission, so a running sequence never runs out of blocks; with
+ * a KV tier, --kv-offload, it reserves as it grows and the youngest are preempted and resumed
+ * first: sched-kv.c),
  * builds each rank's batch of at most max_batch_tokens tokens — one decode token per running
  * sequence first, then prompt chunks of new ones, oldest first — runs it as one step of all
  * ranks, and hands each row back to its request's room: prompt progress and the prefix cache
@@ -30,6 +32,7 @@ static void unqueue_head(zs_sched *s, zs_request *r) {
 
 /* Admits waiting requests onto ranks (FIFO; stops at the first that does not fit). */
 static void admit(zs_sched *s) {
+    if (zs_sched_kv_resume(s)) return; /* preempted requests first */
     while (s->waiting) {
         zs_request *r = s->waiting;
         /* the prompt's full blocks that may come from the cache: all but the last token are
@@ -48,13 +51,22 @@ static void admit(zs_sched *s) {
         }
         if (best < 0 || total >= s->max_seqs) return;
         zs_kvcache *kv = zs_world_kv(s->w, best);
+        /* with a tier, a request that could not run alone even with the whole cache is refused at
+         * once (it fits nowhere: sequences are swapped whole); otherwise it waits for room */
+        int full_blocks = (r->n_prompt + r->max_tokens + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+        if (s->kvt && full_blocks > zs_kv_total_blocks(kv) && !zs_kv_ring(kv)) {
+            unqueue_head(s, r);
+            zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, ZS_ENOSPC, "the KV cache is too small for this request");
+            continue;
+        }
         int seq;
         if (zs_kv_seq_open(kv, &seq) < 0) return;
         int shared = n_share > 0 ? zs_kv_seq_share(kv, seq, r->bh, n_share) : 0;
-        /* room for the whole request up front: a running sequence never runs out of blocks */
-        if (zs_kv_seq_reserve(kv, seq, r->n_prompt + r->max_tokens) < 0) {
+        /* without a tier, room for the whole request up front: a running sequence never runs out
+         * of blocks; with one, room for its prompt and first token (sched-kv.c grows it) */
+        if (zs_kv_seq_reserve(kv, seq, zs_sched_kv_need(s, r)) < 0) {
             zs_kv_seq_close(kv, seq);
-            if (total == 0) { /* cannot fit even alone: fail it rather than wait forever */
+            if (total == 0 && !s->kvt) { /* cannot fit even alone: fail it rather than wait forever */
                 unqueue_head(s, r);
                 zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, ZS_ENOSPC, "the KV cache is too small for this request");
                 continue;
@@ -63,6 +75,7 @@ static void admit(zs_sched *s) {
         }
         unqueue_head(s, r);
         r->state = RQ_RUNNING;
+        r->admit_no = ++s->admit_seq;
         r->rank = best;
         r->seq = seq;
         r->n_done = shared * ZS_KV_BLOCK;
@@ -89,15 +102,15 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
         int dec = 0, prompt = 0, finals = 0;
         for (int j = 0; j < b->n_running; j++) {
             zs_request *r = b->running[j];
-            if (r->n_done >= r->n_prompt) dec++;
+            if (r->n_done >= r->n_ctx) dec++;
         }
         dec = ZS_MIN(dec, s->max_batch);
         for (int j = 0; j < b->n_running && dec + prompt < s->max_batch; j++) {
             zs_request *r = b->running[j];
-            if (r->n_done >= r->n_prompt) continue;
-            int c = ZS_MIN(r->n_prompt - r->n_done, s->max_batch - dec - prompt);
+            if (r->n_done >= r->n_ctx) continue;
+            int c = ZS_MIN(r->n_ctx - r->n_done, s->max_batch - dec - prompt);
             prompt += c;
-            finals += r->n_done + c == r->n_prompt && !r->embed;
+            finals += r->n_gen == 0 && r->n_done + c == r->n_ctx && !r->embed;
         }
         base[i] = dec + prompt;
         room[i] = ZS_MIN(s->max_batch - base[i], b->logit_rows - dec - finals);
@@ -111,7 +124,7 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
          * attending to its path: zs_batch.tree); and the moves of the last tree's accepted path */
         for (int j = 0; j < b->n_running && n < s->max_batch; j++) {
             zs_request *r = b->running[j];
-            if (r->n_done < r->n_prompt) continue;
+            if (r->n_done < r->n_ctx) continue;
             int nd = s->spec_on ? r->n_draft : 0, p = r->n_prompt + r->n_gen - 1, root = n, depth[ZS_SPEC_MAX_TOKENS];
             for (int d = 0; d <= nd; d++) {
                 int pa = d == 0 ? -1 : r->dpar[d - 1];
@@ -134,8 +147,8 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
         /* then prompt chunks, oldest first, up to the token budget */
         for (int j = 0; j < b->n_running && n < s->max_batch; j++) {
             zs_request *r = b->running[j];
-            if (r->n_done >= r->n_prompt) continue;
-            int c = ZS_MIN(r->n_prompt - r->n_done, s->max_batch - n);
+            if (r->n_done >= r->n_ctx) continue;
+            int c = ZS_MIN(r->n_ctx - r->n_done, s->max_batch - n);
             for (int k = 0; k < c; k++) {
                 b->tok[n + k] = r->prompt[r->n_done + k];
                 b->pos[n + k] = b->slot[n + k] = r->n_done + k;
@@ -146,7 +159,7 @@ static int build_batches(zs_sched *s, zs_batch *bs, float **lg) {
             }
             any_lora |= r->lora != NULL;
             any_embed |= r->embed;
-            if (r->n_done + c == r->n_prompt && !r->embed) {
+            if (r->n_gen == 0 && r->n_done + c == r->n_ctx && !r->embed) { /* not a recompute's last row */
                 b->lidx[n + c - 1] = nl;
                 b->row_req[nl++] = r;
             }
@@ -176,6 +189,7 @@ static void publish_kv(zs_sched *s) {
     s->st.kv_total = total;
     s->st.kv_cached = cached;
     s->st.prefix_evictions = ev;
+    s->st.kv_preempted_now = zs_sched_kv_preempted(s);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -231,7 +245,7 @@ static void step_done(zs_sched *s, int i, const zs_batch *bt) {
     for (int k = 0; k < bt->n; k++)
         for (int j = 0; j < b->n_running; j++) {
             zs_request *r = b->running[j];
-            if (r->seq == bt->seq[k] && r->n_done < r->n_prompt && bt->pos[k] == r->n_done) {
+            if (r->seq == bt->seq[k] && r->n_done < r->n_ctx && bt->pos[k] == r->n_done) {
                 if (r->embed) zs_sched_embed_row(s, r, bt->hidden + (size_t)k * s->dim);
                 r->n_done++;
                 prompt_tokens++;
@@ -265,21 +279,21 @@ static void step_done(zs_sched *s, int i, const zs_batch *bt) {
  * work then waits a step, so that it adds nothing to time to first token (its share is kept over
  * the following steps). */
 static int first_tokens(zs_sched *s) {
-    if (s->waiting) return 1;
+    if (s->waiting || s->preempted) return 1;
     for (int i = 0; i < s->nranks; i++)
         for (int j = 0; j < s->rb[i].n_running; j++)
-            if (s->rb[i].running[j]->n_done < s->rb[i].running[j]->n_prompt) return 1;
+            if (s->rb[i].running[j]->n_done < s->rb[i].running[j]->n_ctx) return 1;
     return 0;
 }
 
 /* Whether another serving step surely follows this one: a request is waiting, or one running
  * still has prompt to compute or more than one token to go (EOS may still end it sooner). */
 static int more_steps(zs_sched *s) {
-    if (s->waiting) return 1;
+    if (s->waiting || s->preempted) return 1;
     for (int i = 0; i < s->nranks; i++)
         for (int j = 0; j < s->rb[i].n_running; j++) {
             const zs_request *r = s->rb[i].running[j];
-            if (r->embed ? r->n_done + s->max_batch < r->n_prompt : r->n_done < r->n_prompt || r->max_tokens - r->n_gen > 1)
+            if (r->embed ? r->n_done + s->max_batch < r->n_prompt : r->n_done < r->n_ctx || r->max_tokens - r->n_gen > 1)
                 return 1;
         }
     pthread_mutex_lock(&s->mu);
@@ -297,7 +311,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_lock(&s->mu);
         int busy = 0;
         for (int i = 0; i < s->nranks; i++) busy += s->rb[i].n_running;
-        while (!s->stop && !s->inbox && !s->waiting && !busy && !zs_sched_train_pending(s))
+        while (!s->stop && !s->inbox && !s->waiting && !s->preempted && !busy && !zs_sched_train_pending(s))
             pthread_cond_wait(&s->cv, &s->mu);
         /* take the inbox */
         if (s->inbox) {
@@ -310,8 +324,10 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&s->mu);
 
         reap(s, stop);
+        zs_sched_kv_reap(s, stop);
         if (stop) break;
 
+        zs_sched_kv_grow(s);
         admit(s);
         publish_kv(s);
         zs_sched_train_speculation(s);
@@ -377,6 +393,7 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
     for (int i = 0; i < s->nranks; i++) s->st.kv_total += zs_kv_total_blocks(zs_world_kv(s->w, i));
     if (s->max_batch < s->per_rank) s->per_rank = s->max_batch; /* one decode token each */
     s->prefix = !(o && o->no_prefix_cache);
+    zs_sched_kv_init(s);
     zs_sched_train_init(s, o);
     s->tr_fuse = !(o && o->train_no_fuse);
     int src = zs_sched_spec_init(s, o);
@@ -520,6 +537,7 @@ void zs_sched_free(zs_sched *s) {
         free(s->rb[i].moves);
     }
     free(s->rb);
+    free(s->kvt);
     zs_sched_spec_free(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

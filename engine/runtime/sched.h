@@ -98,6 +98,10 @@ typedef struct {
     int kv_cached;                   /* unreferenced blocks kept by the prefix cache (evictable) */
     /* prefix cache: full prompt blocks looked up at admission, found, and their tokens */
     uint64_t prefix_lookup_blocks, prefix_hit_blocks, prefix_hit_tokens, prefix_evictions;
+    /* KV tier (--kv-offload, sched-kv.c): sequences preempted (by swapping out or by recompute),
+     * blocks swapped out and back in, and requests preempted now */
+    uint64_t kv_preempted, kv_swap_outs, kv_recomputes, kv_swap_out_blocks, kv_swap_in_blocks;
+    int kv_preempted_now;
     uint64_t constrained_tokens;     /* tokens sampled under a grammar mask */
     uint64_t steps;                  /* engine steps run */
     uint64_t prompt_tokens, generated_tokens;  /* prompt tokens computed (not cached); tokens sampled */

@@ -1,0 +1,184 @@
+/* sched-kv.c — the KV cache's room when it has a tier below memory (--kv-offload): sequences
+ * reserve blocks as they grow instead of their whole length at admission, and when a running
+ * sequence cannot grow, the youngest ones are preempted: swapped out to the tier (kvswap.h) and
+ * resumed later bit for bit, or, when the tier cannot take them (a full disk), recomputed: their
+ * prompt and generated tokens are prefilled again (the kernels are batch-invariant, so the
+ * recomputed K/V are the same bits). Preempted requests resume first-preempted first, before any
+ * new request is admitted. Without a tier the scheduler reserves whole requests (sched.c) and
+ * none of this runs. */
+#include <string.h>
+
+#include "common.h"
+#include "kvswap.h"
+#include "sched-impl.h"
+
+void zs_sched_kv_init(zs_sched *s) {
+    s->kvt = NULL;
+    if (!zs_engine_kv_tier(s->e, 0)) return;
+    s->kvt = calloc((size_t)s->nranks, sizeof *s->kvt);
+    if (!s->kvt) return; /* no tier: whole reservations */
+    for (int i = 0; i < s->nranks; i++) s->kvt[i] = zs_engine_kv_tier(s->e, i);
+}
+
+int zs_sched_kv_need(const zs_sched *s, const zs_request *r) {
+    int full = r->n_prompt + r->max_tokens;
+    if (!s->kvt) return full;
+    /* the position the next decode token goes to, then its drafts */
+    int p = r->n_done < r->n_ctx ? r->n_ctx : r->n_prompt + r->n_gen - 1;
+    return ZS_MIN(full, p + 1 + (s->spec_on ? ZS_SPEC_MAX_TOKENS : 0));
+}
+
+static void unlink_running(zs_sched *s, zs_request *r) {
+    zs_sched_rank *b = &s->rb[r->rank];
+    for (int i = 0; i < b->n_running; i++)
+        if (b->running[i] == r) {
+            memmove(&b->running[i], &b->running[i + 1], (size_t)(b->n_running - i - 1) * sizeof(zs_request *));
+            b->n_running--;
+            return;
+        }
+}
+
+/* r out of the cache: swapped to the tier, else set up to be recomputed; queued to resume */
+static void preempt(zs_sched *s, zs_request *r) {
+    zs_kvcache *kv = zs_world_kv(s->w, r->rank);
+    zs_kv_swapped *sw = NULL;
+    int blocks = 0;
+    const int *units;
+    blocks = zs_kv_seq_units(kv, r->seq, &units);
+    if (zs_kv_swap_out(kv, r->seq, s->kvt[r->rank], &sw) < 0) {
+        if (!s->kv_tier_warned) {
+            zs_log_warn("KV offload: %s; preempted sequences are recomputed instead (serving goes on from memory)",
+                        zs_errmsg());
+            s->kv_tier_warned = 1;
+        }
+        zs_kv_seq_close(kv, r->seq);
+        /* everything before the next decode position is prefilled again; drafts and pending
+         * moves of a verified tree are void (the recomputed K/V are in place already) */
+        if (r->n_done >= r->n_ctx) r->n_ctx = r->n_prompt + r->n_gen - 1;
+        r->n_done = 0;
+        r->n_moves = 0;
+        r->n_draft = 0;
+    }
+    r->sw = sw;
+    r->seq = -1;
+    r->state = RQ_PREEMPTED;
+    unlink_running(s, r);
+    r->next = NULL;
+    if (s->preempted_tail) s->preempted_tail->next = r;
+    else s->preempted = r;
+    s->preempted_tail = r;
+    pthread_mutex_lock(&s->mu);
+    if (sw) {
+        s->st.kv_swap_outs++;
+        s->st.kv_swap_out_blocks += (uint64_t)blocks;
+    } else {
+        s->st.kv_recomputes++;
+    }
+    s->st.kv_preempted++;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* the youngest running request of rank i that may be preempted (not an embedding), or NULL */
+static zs_request *youngest(zs_sched *s, int i) {
+    zs_request *y = NULL;
+    for (int j = 0; j < s->rb[i].n_running; j++) {
+        zs_request *r = s->rb[i].running[j];
+        if (!r->embed && (!y || r->admit_no > y->admit_no)) y = r;
+    }
+    return y;
+}
+
+void zs_sched_kv_grow(zs_sched *s) {
+    if (!s->kvt) return;
+    for (int i = 0; i < s->nranks; i++) {
+        zs_kvcache *kv = zs_world_kv(s->w, i);
+        /* oldest first: they keep their room, the youngest give theirs up */
+        for (int j = 0; j < s->rb[i].n_running;) {
+            zs_request *r = s->rb[i].running[j];
+            int need = zs_sched_kv_need(s, r);
+            if (zs_kv_seq_len(kv, r->seq) >= need || zs_kv_seq_reserve(kv, r->seq, need) == 0) {
+                j++;
+                continue;
+            }
+            zs_request *v = youngest(s, i);
+            if (!v) break; /* only embeddings: they hold whole prompts already */
+            preempt(s, v);
+            if (v == r) continue; /* running[j] is the next one now */
+            for (j = 0; j < s->rb[i].n_running && s->rb[i].running[j] != r; j++) {}
+        }
+    }
+}
+
+/* Resumes preempted requests in the order they were preempted; returns 1 while any is left (new
+ * requests wait behind them). */
+int zs_sched_kv_resume(zs_sched *s) {
+    while (s->preempted) {
+        zs_request *r = s->preempted;
+        zs_sched_rank *b = &s->rb[r->rank];
+        zs_kvcache *kv = zs_world_kv(s->w, r->rank);
+        if (b->n_running >= s->per_rank) return 1;
+        int seq, rc, blocks = r->sw ? zs_kv_swapped_blocks(r->sw) : 0;
+        /* back only with room for its next step too: else the oldest running would preempt it
+         * again at once */
+        int need = (zs_sched_kv_need(s, r) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+        if (zs_kv_ring(kv)) need = ZS_MIN(need, zs_kv_ring(kv));
+        if (zs_kv_avail_blocks(kv) < ZS_MAX(blocks, need)) return 1;
+        if (r->sw) {
+            rc = zs_kv_swap_in(kv, r->sw, s->kvt[r->rank], &seq);
+            if (rc == ZS_EBUSY || rc == ZS_ENOSPC) return 1;
+            if (rc == 0) r->sw = NULL;
+            /* moves of a verified tree apply to the sequence's new slot */
+            for (int m = 0; rc == 0 && m < r->n_moves; m++) r->moves[m].seq = seq;
+        } else {
+            if ((rc = zs_kv_seq_open(kv, &seq)) < 0) return 1;
+            int n_share = r->bh ? ZS_MIN(r->n_bh, (r->n_ctx - 1) / ZS_KV_BLOCK) : 0;
+            int shared = n_share > 0 ? zs_kv_seq_share(kv, seq, r->bh, n_share) : 0;
+            if (zs_kv_seq_reserve(kv, seq, zs_sched_kv_need(s, r)) < 0) {
+                zs_kv_seq_close(kv, seq);
+                return 1;
+            }
+            r->n_done = shared * ZS_KV_BLOCK;
+        }
+        s->preempted = r->next;
+        if (!s->preempted) s->preempted_tail = NULL;
+        r->next = NULL;
+        if (rc < 0) { /* the tier lost it (read error, checksum): the request fails, the rest go on */
+            char msg[300];
+            snprintf(msg, sizeof msg, "its KV cache could not be read back: %s", zs_errmsg());
+            zs_log_error("request preempted to the KV tier: %s", msg);
+            zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, rc, msg);
+            continue;
+        }
+        r->seq = seq;
+        r->state = RQ_RUNNING;
+        b->running[b->n_running++] = r;
+        if (blocks) {
+            pthread_mutex_lock(&s->mu);
+            s->st.kv_swap_in_blocks += (uint64_t)blocks;
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    return 0;
+}
+
+void zs_sched_kv_reap(zs_sched *s, int stop) {
+    for (zs_request **pp = &s->preempted; *pp;) {
+        zs_request *r = *pp;
+        if (stop || atomic_load(&r->cancelled) || atomic_load(&r->failed)) {
+            *pp = r->next;
+            r->next = NULL;
+            if (!stop && atomic_load(&r->failed)) zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, ZS_ECANCELLED, r->fail_msg);
+            else zs_sreq_finish(s, r, ZS_DONE_CANCELLED, "", 0, ZS_ECANCELLED, "cancelled");
+        } else {
+            pp = &r->next;
+        }
+    }
+    s->preempted_tail = NULL;
+    for (zs_request *r = s->preempted; r; r = r->next) s->preempted_tail = r;
+}
+
+int zs_sched_kv_preempted(const zs_sched *s) {
+    int n = 0;
+    for (const zs_request *r = s->preempted; r; r = r->next) n++;
+    return n;
+}
