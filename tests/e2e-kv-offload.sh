@@ -1,0 +1,71 @@
+#!/bin/sh
+# shellcheck shell=bash disable=SC2016,SC2034
+# e2e-kv-offload.sh — the KV cache's tier below memory through the server: `serve --kv-bytes N
+# --kv-offload nvme --kv-nvme-path DIR` on stories260K with room for 14 blocks (a request here
+# needs up to 13) answers 16 greedy completions queued at once exactly as a server whose cache
+# holds them all, /metrics counts the sequences it swapped out and back in, nothing is left preempted,
+# and the tier's file is gone from DIR (it is unlinked from the start). Bad flags are refused by
+# name: an unknown --kv-offload, nvme without a directory, a directory that does not exist,
+# --kv-nvme-path without nvme, --kv-bytes 0, and a --kv-bytes smaller than one context.
+# (shellcheck SC2016, SC2034: the bodies of check are single-quoted and evaluated there.)
+# shellcheck source=tests/lib/e2e.sh
+. "$(dirname "$0")/lib/e2e.sh"
+zs_bash "$@"
+zs_need curl jq
+zs_need_bin
+zs_model stories260K
+zs_tmpdir kvoff
+export ZS_DEVICE=${ZS_DEVICE:-cpu}
+
+refused() { # NAME WANT ARGS...: generate refuses the flags with a message containing WANT
+    local name=$1 want=$2 rc=0
+    shift 2
+    "$BIN" generate --model "$MODEL" --prompt hi --max-tokens 1 "$@" >/dev/null 2>"$T/err" || rc=$?
+    check "refused: $name" '[ $rc -ne 0 ] && grep -q -- "$want" "$T/err"' "$(head -c 300 "$T/err")"
+}
+refused "--kv-offload disk" "--kv-offload: 'disk'" --kv-offload disk
+refused "nvme without a directory" "needs --kv-nvme-path" --kv-offload nvme
+refused "a missing directory" "$T/none" --kv-offload nvme --kv-nvme-path "$T/none"
+refused "--kv-nvme-path without nvme" "is for --kv-offload nvme" --kv-nvme-path "$T"
+refused "--kv-bytes 0" "--kv-bytes must be positive" --kv-bytes 0
+refused "--kv-bytes below one context" "less than one full context" --kv-bytes 4096
+
+# 16 greedy completions of 60 tokens after prompts of 52..138 tokens (a sentence repeated 3..8
+# times), sent as one request so that they are all queued at once and must take turns
+prompts=$(for i in $(seq 0 15); do
+    s=""
+    for k in $(seq 0 $((2 + i % 6))); do s="$s Once upon a time, there was a little girl named Lily $k."; done
+    printf '%s\n' "$s"
+done | jq -Rsc 'split("\n")[:-1]')
+run_all() { # OUT: the 16 texts, one JSON string per line, in prompt order
+    zs_post /v1/completions "{\"prompt\": $prompts, \"max_tokens\": 60, \"temperature\": 0, \"ignore_eos\": true}" |
+        jq -c '[.choices[] | {index, text}] | sort_by(.index) | .[].text' >"$1"
+}
+
+zs_start_server "$T/ref.log" --model "$MODEL" --context 208 || zs_abort "reference server starts"
+run_all "$T/ref"
+zs_stop_server
+mkdir -p "$T/kv"
+# 14 blocks of 20480 bytes (5 layers x K and V x 16 positions x 64 values x 4 bytes)
+old_log=${ZS_LOG:-}
+ZS_LOG=info
+export ZS_LOG
+zs_start_server "$T/off.log" --model "$MODEL" --context 208 --kv-bytes $((14 * 20480)) --kv-offload nvme \
+    --kv-nvme-path "$T/kv" --max-seqs 16 || zs_abort "server with --kv-offload nvme starts"
+ZS_LOG=$old_log
+run_all "$T/off"
+same=$(paste -d '\n' "$T/ref" "$T/off" | awk 'NR % 2 { a = $0; next } $0 == a && a != "" { n++ } END { print n + 0 }')
+check "16 completions through a 14-block cache on NVMe: the same text as with room for all ($same/16)" \
+    '[ "$same" = 16 ] && [ "$(wc -l <"$T/ref")" = 16 ]' "$(diff "$T/ref" "$T/off" | head -5)"
+curl -s "$ZS_URL/metrics" >"$T/metrics"
+metric() { awk -v k="$1" '$1 == k { print $2 }' "$T/metrics"; }
+outs=$(metric 'zeroserve_kv_preemptions_total{how="swap"}')
+bin=$(metric 'zeroserve_kv_swap_blocks_total{dir="in"}')
+bout=$(metric 'zeroserve_kv_swap_blocks_total{dir="out"}')
+check "/metrics: sequences swapped out ($outs), every block back in ($bin = $bout), none preempted now" \
+    '[ "${outs:-0}" -gt 0 ] && [ "$bin" = "$bout" ] && [ "$(metric zeroserve_kv_preempted_sequences)" = 0 ]'
+check "the log says where preempted sequences go" 'grep -q "KV offload: sequences preempted to NVMe under $T/kv" "$T/off.log"'
+check "the tier's file is not visible in the directory" '[ -z "$(ls -A "$T/kv")" ]'
+zs_stop_server
+check "the server stops cleanly" '[ "$ZS_RC" = 0 ]'
+zs_done
