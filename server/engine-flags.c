@@ -16,6 +16,7 @@ void zs_engine_flags_init(zs_engine_flags *f) {
     f->persist_threshold = -1;
     f->expert_cache_bytes = -1;
     f->kv_bytes = -1;
+    f->kv_prefix_bytes = -1;
 }
 
 int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
@@ -25,7 +26,8 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
         {"kv-dtype", ZS_OPT_STR, &f->kv_dtype, "KV cache elements: f32 (default) | f16 | bf16 (half the bytes, twice the positions)"},
         {"kv-bytes", ZS_OPT_I64, &f->kv_bytes, "KV cache memory per rank, in bytes (default: max-seqs full contexts, at most 1 GiB)"},
         {"kv-offload", ZS_OPT_STR, &f->kv_offload, "where sequences preempted from a full KV cache go: none (default: requests wait) | cpu | nvme"},
-        {"kv-nvme-path", ZS_OPT_STR, &f->kv_nvme_path, "directory of the KV cache's NVMe tier (--kv-offload nvme)"},
+        {"kv-nvme-path", ZS_OPT_STR, &f->kv_nvme_path, "directory of the KV cache's NVMe tier (--kv-offload nvme); its prefix blocks stay there across restarts"},
+        {"kv-prefix-bytes", ZS_OPT_I64, &f->kv_prefix_bytes, "room for prefix-cache blocks in the KV tier (default: 4x --kv-bytes in host memory, 16 GiB on NVMe)"},
         {"context", ZS_OPT_INT, &f->context, "context length (default: the model's)"},
         {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
         {"device", ZS_OPT_STR, &f->device, "cpu | cuda (default: cuda when a device is visible)"},
@@ -141,6 +143,10 @@ int zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo) {
     if (eo->kv_offload == ZS_OFFLOAD_NVME && !f->kv_nvme_path)
         return zs_err(ZS_EINVAL, "--kv-offload nvme needs --kv-nvme-path DIR");
     eo->kv_nvme_path = f->kv_nvme_path;
+    if (f->kv_prefix_bytes != -1 && f->kv_prefix_bytes <= 0) return zs_err(ZS_EINVAL, "--kv-prefix-bytes must be positive");
+    if (f->kv_prefix_bytes > 0 && eo->kv_offload == ZS_OFFLOAD_NONE)
+        return zs_err(ZS_EINVAL, "--kv-prefix-bytes is for --kv-offload cpu or nvme");
+    if (f->kv_prefix_bytes > 0) eo->kv_prefix_bytes = (size_t)f->kv_prefix_bytes;
     /* precision: --weight-dtype, else bf16/fp16 from the config, else as stored */
     ZS_CHECK(zs_engine_flags_weight_dtype("--weight-dtype", f->weight_dtype, &eo->model));
     int as_stored = !f->weight_dtype || !strcmp(f->weight_dtype, "auto");

@@ -14,7 +14,7 @@
 typedef struct {
     const char *model, *weight_dtype, *offload, *nvme_path, *config, *device, *kv_dtype;
     const char *kv_offload, *kv_nvme_path; /* the KV cache's tier below memory */
-    int64_t kv_bytes;                      /* -1: unset */
+    int64_t kv_bytes, kv_prefix_bytes;     /* -1: unset */
     int ranks, verify, buffer_count, aio_queue_depth, context, zero_stage;
     int64_t max_live_bytes, persist_threshold, aio_block_size;
     int64_t expert_cache_bytes; /* mixtures of experts */
@@ -31,7 +31,7 @@ typedef struct {
 
 void zs_engine_flags_init(zs_engine_flags *f);
 /* Appends the flag descriptors to opts (room for ZS_ENGINE_FLAG_COUNT); returns the new count. */
-#define ZS_ENGINE_FLAG_COUNT 22
+#define ZS_ENGINE_FLAG_COUNT 23
 int  zs_engine_flags_table(zs_engine_flags *f, zs_opt *opts, int n);
 /* A --weight-dtype value (NULL or "auto": as stored; f32, f16, bf16, the block formats, q4_k_m)
  * into mo's weight_dtype and quant_mix; ZS_EINVAL naming flag and the choices. */

@@ -199,6 +199,16 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     outf(&b, "zeroserve_kv_swap_blocks_total{dir=\"in\"} %llu\n", (unsigned long long)st.kv_swap_in_blocks);
     head(&b, "zeroserve_kv_preempted_sequences", "gauge", "Sequences preempted now, waiting to resume.");
     outf(&b, "zeroserve_kv_preempted_sequences %d\n", st.kv_preempted_now);
+    head(&b, "zeroserve_prefix_tier_hit_blocks_total", "counter", "Prompt blocks taken back from the KV tier below memory (--kv-offload) instead of prefilled.");
+    outf(&b, "zeroserve_prefix_tier_hit_blocks_total %llu\n", (unsigned long long)st.prefix_tier_hit_blocks);
+    head(&b, "zeroserve_prefix_tier_stored_blocks_total", "counter", "Prefix blocks written down to the KV tier (evicted from memory, or written through to NVMe).");
+    outf(&b, "zeroserve_prefix_tier_stored_blocks_total %llu\n", (unsigned long long)st.prefix_tier_stored);
+    head(&b, "zeroserve_prefix_tier_dropped_blocks_total", "counter", "Prefix blocks in the KV tier that failed their checksum (a torn write) and were prefilled instead.");
+    outf(&b, "zeroserve_prefix_tier_dropped_blocks_total %llu\n", (unsigned long long)st.prefix_tier_dropped);
+    head(&b, "zeroserve_prefix_tier_blocks", "gauge", "Prefix blocks in the KV tier now.");
+    outf(&b, "zeroserve_prefix_tier_blocks %d\n", st.prefix_tier_held);
+    head(&b, "zeroserve_prefix_tier_restored_blocks", "gauge", "Prefix blocks the NVMe tier's file brought back at start.");
+    outf(&b, "zeroserve_prefix_tier_restored_blocks %d\n", st.prefix_tier_restored);
     head(&b, "zeroserve_constrained_tokens_total", "counter", "Tokens sampled under a structured-output grammar mask.");
     outf(&b, "zeroserve_constrained_tokens_total %llu\n", (unsigned long long)st.constrained_tokens);
 

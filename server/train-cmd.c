@@ -310,7 +310,7 @@ int zs_cmd_train(int argc, char **argv) {
     ZS_CHECK(zs_data_validate(data_path, 0, &n_examples));
     if (eo.kv_dtype != ZS_F32) /* training's attention keeps its own f32 activations, no KV cache */
         return zs_err(ZS_EINVAL, "--kv-dtype %s: training uses no KV cache (only f32 is accepted)", ef.kv_dtype);
-    if (ef.kv_bytes != -1 || ef.kv_offload)
+    if (ef.kv_bytes != -1 || ef.kv_offload || ef.kv_prefix_bytes != -1)
         return zs_err(ZS_EINVAL, "--kv-bytes / --kv-offload: training uses no KV cache");
     /* a full fine-tune needs the training layout (every table sharded, model.h); LoRA trains over
      * the base exactly as it is served (an inference model, any weight dtype) */

@@ -4,7 +4,10 @@
 # --kv-offload nvme --kv-nvme-path DIR` on stories260K with room for 14 blocks (a request here
 # needs up to 13) answers 16 greedy completions queued at once exactly as a server whose cache
 # holds them all, /metrics counts the sequences it swapped out and back in, nothing is left preempted,
-# and the tier's file is gone from DIR (it is unlinked from the start). Bad flags are refused by
+# and the swap file is not in DIR (it is unlinked from the start), only the prefix tier's. After a
+# restart the prefix blocks written through to DIR are back and a long prompt takes them (same
+# text); after kill -9 under load and a damaged record the server starts, drops the torn block by
+# its checksum (counted in /metrics, named in the log) and answers the same. Bad flags are refused by
 # name: an unknown --kv-offload, nvme without a directory, a directory that does not exist,
 # --kv-nvme-path without nvme, --kv-bytes 0, and a --kv-bytes smaller than one context.
 # (shellcheck SC2016, SC2034: the bodies of check are single-quoted and evaluated there.)
@@ -65,7 +68,41 @@ bout=$(metric 'zeroserve_kv_swap_blocks_total{dir="out"}')
 check "/metrics: sequences swapped out ($outs), every block back in ($bin = $bout), none preempted now" \
     '[ "${outs:-0}" -gt 0 ] && [ "$bin" = "$bout" ] && [ "$(metric zeroserve_kv_preempted_sequences)" = 0 ]'
 check "the log says where preempted sequences go" 'grep -q "KV offload: sequences preempted to NVMe under $T/kv" "$T/off.log"'
-check "the tier's file is not visible in the directory" '[ -z "$(ls -A "$T/kv")" ]'
+check "only the prefix tier's file is in the directory (the swap file is unlinked)" '[ "$(ls -A "$T/kv")" = prefix-rank0.kvt ]' \
+    "$(ls -A "$T/kv" | head -5)"
 zs_stop_server
 check "the server stops cleanly" '[ "$ZS_RC" = 0 ]'
+
+# a restart: the prefix blocks written through to NVMe are back, and the longest prompt (the 8th)
+# takes its leading blocks from them
+start_offload() { # LOG
+    zs_start_server "$1" --model "$MODEL" --context 208 --kv-bytes $((14 * 20480)) --kv-offload nvme \
+        --kv-nvme-path "$T/kv" --max-seqs 16
+}
+one() { # OUT: the 8th prompt alone
+    zs_post /v1/completions "{\"prompt\": $(jq -c '.[7]' <<<"$prompts"), \"max_tokens\": 60, \"temperature\": 0, \"ignore_eos\": true}" |
+        jq -c '.choices[0].text' >"$1"
+}
+start_offload "$T/re.log" || zs_abort "restart"
+one "$T/one"
+curl -s "$ZS_URL/metrics" >"$T/metrics"
+rest=$(metric zeroserve_prefix_tier_restored_blocks)
+hits=$(metric zeroserve_prefix_tier_hit_blocks_total)
+check "after a restart: $rest prefix blocks back from NVMe, $hits of them taken by the prompt, the same text" \
+    '[ "${rest:-0}" -gt 0 ] && [ "${hits:-0}" -gt 0 ] && [ "$(cat "$T/one")" = "$(sed -n 8p "$T/ref")" ]'
+# kill -9 while the 16 are being served (blocks being written), then a damaged first record (the
+# block every prompt here starts with): the next start serves the same text, the torn block dropped
+run_all "$T/killed" &
+sleep 0.3
+zs_stop_server -KILL
+wait
+printf '\132\245\132\245' | dd of="$T/kv/prefix-rank0.kvt" bs=1 seek=$((4096 + 64 + 100)) conv=notrunc 2>/dev/null
+start_offload "$T/torn.log" || zs_abort "start after kill -9"
+one "$T/one2"
+curl -s "$ZS_URL/metrics" >"$T/metrics"
+dropped=$(metric zeroserve_prefix_tier_dropped_blocks_total)
+check "after kill -9 and a torn block: the same text, $dropped block dropped by its checksum" \
+    '[ "$(cat "$T/one2")" = "$(sed -n 8p "$T/ref")" ] && [ "${dropped:-0}" -ge 1 ]' "$(cat "$T/one2")"
+check "the log names the torn block" 'grep -q "does not match its checksum" "$T/torn.log"'
+zs_stop_server
 zs_done

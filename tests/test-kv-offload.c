@@ -11,7 +11,9 @@
  *     needs up to 13: tokens and logprob bits are those of a cache that holds everything, with
  *     the tier in host memory, on NVMe, and on a "full disk" (a file size limit: preempted
  *     sequences are recomputed instead); sequences were swapped (or recomputed) in each run,
- *     and nothing is left held or swapped at the end; with speculative decoding (draft trees:
+ *     and nothing is left held or swapped at the end; evicted prefix blocks came back from the
+ *     tier in those runs (kvprefix: unit checks below too, with a persistent file reopened, a
+ *     torn record dropped and another model's file started over); with speculative decoding (draft trees:
  *     swapped sequences carry their pending K/V moves) greedy answers are those of plain decoding. */
 #include <pthread.h>
 #include <signal.h>
@@ -21,6 +23,7 @@
 #include "common.h"
 #include "config.h"
 #include "dsconfig.h"
+#include "kvprefix.h"
 #include "kvswap.h"
 #include "kvtier.h"
 #include "model.h"
@@ -47,17 +50,17 @@ static void test_tier(int kind) {
     fill(b, sizeof b, 2);
     struct iovec ia[2] = {{a, 1000}, {a + 1000, 4000}}, ib[1] = {{b, 5000}};
     int sa = -1, sb = -1;
-    CHECK(zs_kvtier_put(t, ia, 2, &sa) == 0 && zs_kvtier_put(t, ib, 1, &sb) == 0 && sa != sb, "%s: two puts", name);
+    CHECK(zs_kvtier_put(t, ia, 2, 11, &sa) == 0 && zs_kvtier_put(t, ib, 1, 12, &sb) == 0 && sa != sb, "%s: two puts", name);
     struct iovec ig[3] = {{got, 10}, {got + 10, 4090}, {got + 4100, 900}};
     CHECK(zs_kvtier_get(t, sa, ig, 3) == 0 && !memcmp(got, a, sizeof a), "%s: record a back bit for bit", name);
     CHECK(zs_kvtier_get(t, sb, ig, 3) == 0 && !memcmp(got, b, sizeof b), "%s: record b back bit for bit", name);
     struct iovec bad[1] = {{got, 4999}};
-    CHECK(zs_kvtier_put(t, bad, 1, &sa) == ZS_EINVAL && zs_kvtier_get(t, sb, bad, 1) == ZS_EINVAL, "%s: wrong size refused",
+    CHECK(zs_kvtier_put(t, bad, 1, 13, &sa) == ZS_EINVAL && zs_kvtier_get(t, sb, bad, 1) == ZS_EINVAL, "%s: wrong size refused",
           name);
     zs_kvtier_drop(t, sa);
     CHECK(zs_kvtier_get(t, sa, ig, 3) == ZS_EINVAL, "%s: a dropped slot is not read", name);
     int sc = -1;
-    CHECK(zs_kvtier_put(t, ib, 1, &sc) == 0 && sc == sa, "%s: the dropped slot is reused (%d)", name, sc);
+    CHECK(zs_kvtier_put(t, ib, 1, 14, &sc) == 0 && sc == sa, "%s: the dropped slot is reused (%d)", name, sc);
     zs_kvtier_stats st;
     zs_kvtier_stats_get(t, &st);
     CHECK(st.puts == 3 && st.gets == 2 && st.slots_used == 2, "%s: counters (%llu puts, %llu gets, %d used)", name,
@@ -71,7 +74,7 @@ static void test_tier(int kind) {
         signal(SIGXFSZ, SIG_IGN);
         CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0, "setrlimit");
         int sd = -1;
-        CHECK(zs_kvtier_put(t, ia, 2, &sd) == ZS_ENOSPC, "nvme: a put past the file size limit is ZS_ENOSPC: %s",
+        CHECK(zs_kvtier_put(t, ia, 2, 15, &sd) == ZS_ENOSPC, "nvme: a put past the file size limit is ZS_ENOSPC: %s",
               zs_errmsg());
         CHECK(strstr(zs_errmsg(), "full") != NULL, "the message says the disk is full: %s", zs_errmsg());
         setrlimit(RLIMIT_FSIZE, &old);
@@ -162,6 +165,107 @@ static void test_swap(int kind, int window) {
     CHECK(st.slots_used == 0, "no record left in the tier");
     zs_kv_seq_close(kv, s2);
     CHECK(zs_kv_used_blocks(kv) == 0, "nothing held");
+    zs_kvtier_free(t);
+    zs_kv_free(kv);
+}
+
+/* ---------- kvprefix ---------- */
+
+/* a cache of 6 blocks with the prefix cache on, over tier t; 3 published blocks of one prompt */
+static void prefix_seq(zs_kvcache *kv, const uint64_t *h, unsigned seed) {
+    int a;
+    CHECK(zs_kv_seq_open(kv, &a) == 0 && zs_kv_seq_reserve(kv, a, 48) == 0, "a prompt of 3 blocks");
+    seq_fill(kv, a, 48, 8, seed);
+    for (int j = 0; j < 3; j++) zs_kv_seq_publish(kv, a, j, h[j]);
+    zs_kv_seq_close(kv, a);
+}
+
+static void test_prefix(void) {
+    uint64_t h[3];
+    int32_t toks[48];
+    for (int i = 0; i < 48; i++) toks[i] = 7 + i;
+    for (int j = 0; j < 3; j++) h[j] = zs_kv_prefix_hash(j ? h[j - 1] : 0, 0, toks + 16 * j);
+    /* host memory: evicted blocks go down and come back bit for bit */
+    zs_kvcache *kv;
+    CHECK(zs_kv_init(2, 8, 6, 4, 512, &kv) == 0 && zs_kv_prefix_enable(kv) == 0, "kv");
+    zs_kvtier *t;
+    CHECK(zs_kvtier_open(ZS_KVTIER_CPU, NULL, zs_kv_swap_rec_bytes(kv), &t) == 0, "tier");
+    zs_kvprefix *p;
+    CHECK(zs_kvprefix_open(kv, t, 8, 0, &p) == 0, "prefix tier: %s", zs_errmsg());
+    prefix_seq(kv, h, 5);
+    int b;
+    CHECK(zs_kv_seq_open(kv, &b) == 0 && zs_kv_seq_reserve(kv, b, 96) == 0, "another sequence takes every block");
+    CHECK(zs_kv_prefix_lookup(kv, h, 3) == 0 && zs_kvprefix_lookup(p, h, 3) == 3, "the 3 cached blocks went down");
+    zs_kv_seq_close(kv, b);
+    int c;
+    CHECK(zs_kv_seq_open(kv, &c) == 0 && zs_kv_seq_share(kv, c, h, 3) == 0, "memory has none of them");
+    CHECK(zs_kvprefix_take(p, c, h, 3) == 3 && zs_kv_seq_len(kv, c) == 48, "all 3 taken back");
+    CHECK(seq_same(kv, c, 48, 8, 5, 0), "their K and V bit for bit");
+    CHECK(zs_kv_prefix_lookup(kv, h, 3) == 3, "and published in memory again");
+    zs_kv_seq_close(kv, c);
+    zs_kvprefix_stats ps;
+    zs_kvprefix_stats_get(p, &ps);
+    CHECK(ps.stored == 3 && ps.taken == 3 && ps.held == 3, "counters: %llu stored, %llu taken, %d held",
+          (unsigned long long)ps.stored, (unsigned long long)ps.taken, ps.held);
+    zs_kvprefix_free(p);
+    zs_kvtier_free(t);
+    zs_kv_free(kv);
+
+    /* a persistent file: written through, back after a "restart", torn records dropped */
+    CHECK(zs_kv_init(2, 8, 6, 4, 512, &kv) == 0 && zs_kv_prefix_enable(kv) == 0, "kv");
+    size_t rec = zs_kv_swap_rec_bytes(kv);
+    CHECK(zs_kvtier_open_persistent(g_dir, "prefix.kvt", rec, 42, &t) == 0, "persistent tier: %s", zs_errmsg());
+    CHECK(zs_kvprefix_open(kv, t, 8, 1, &p) == 0, "prefix tier");
+    int a;
+    CHECK(zs_kv_seq_open(kv, &a) == 0 && zs_kv_seq_reserve(kv, a, 48) == 0, "a prompt");
+    seq_fill(kv, a, 48, 8, 6);
+    for (int j = 0; j < 3; j++) {
+        zs_kv_seq_publish(kv, a, j, h[j]);
+        zs_kvprefix_publish(p, a, j, h[j]);
+    }
+    zs_kv_seq_close(kv, a);
+    zs_kvprefix_free(p);
+    zs_kvtier_free(t);
+    zs_kv_free(kv);
+    CHECK(zs_kv_init(2, 8, 6, 4, 512, &kv) == 0 && zs_kv_prefix_enable(kv) == 0, "a new cache (a restart)");
+    CHECK(zs_kvtier_open_persistent(g_dir, "prefix.kvt", rec, 42, &t) == 0 && zs_kvprefix_open(kv, t, 8, 1, &p) == 0,
+          "the file again");
+    zs_kvprefix_stats_get(p, &ps);
+    CHECK(ps.restored == 3 && zs_kvprefix_lookup(p, h, 3) == 3, "its 3 blocks are back (%d)", ps.restored);
+    CHECK(zs_kv_seq_open(kv, &c) == 0 && zs_kvprefix_take(p, c, h, 3) == 3 && seq_same(kv, c, 48, 8, 6, 0),
+          "and read back bit for bit");
+    zs_kv_seq_close(kv, c);
+    zs_kvprefix_free(p);
+    zs_kvtier_free(t);
+    /* a torn write: the second record's payload damaged on disk */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/prefix.kvt", g_dir);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL, "open the file");
+    if (f) {
+        size_t stride = (64 + rec + 4095) / 4096 * 4096;
+        fseek(f, (long)(4096 + stride + 64 + 100), SEEK_SET);
+        fputc(0x5a, f);
+        fputc(0xa5, f);
+        fclose(f);
+    }
+    zs_kv_free(kv);
+    CHECK(zs_kv_init(2, 8, 6, 4, 512, &kv) == 0 && zs_kv_prefix_enable(kv) == 0, "a new cache");
+    CHECK(zs_kvtier_open_persistent(g_dir, "prefix.kvt", rec, 42, &t) == 0 && zs_kvprefix_open(kv, t, 8, 1, &p) == 0,
+          "the damaged file opens");
+    CHECK(zs_kv_seq_open(kv, &c) == 0 && zs_kvprefix_take(p, c, h, 3) == 1 && zs_kv_seq_len(kv, c) == 16,
+          "the run stops at the torn block: 1 taken, the sequence holds 16 positions (%d)", zs_kv_seq_len(kv, c));
+    zs_kvprefix_stats_get(p, &ps);
+    CHECK(ps.dropped == 1 && zs_kvprefix_lookup(p, h + 1, 1) == 0, "the torn block is dropped");
+    zs_kv_seq_close(kv, c);
+    zs_kvprefix_free(p);
+    zs_kvtier_free(t);
+    /* another key (another model): the file starts over */
+    CHECK(zs_kvtier_open_persistent(g_dir, "prefix.kvt", rec, 43, &t) == 0 && zs_kvprefix_open(kv, t, 8, 1, &p) == 0,
+          "another key");
+    zs_kvprefix_stats_get(p, &ps);
+    CHECK(ps.restored == 0 && zs_kvprefix_lookup(p, h, 1) == 0, "nothing of the other model's comes back");
+    zs_kvprefix_free(p);
     zs_kvtier_free(t);
     zs_kv_free(kv);
 }
@@ -352,6 +456,9 @@ static void test_mixed(void) {
     CHECK(n == N_REQ, "full disk (recompute): the same tokens and logprob bits, %d/%d", n, N_REQ);
     CHECK(full.st.kv_recomputes > 0, "full disk: %llu recomputed, %llu swapped", (unsigned long long)full.st.kv_recomputes,
           (unsigned long long)full.st.kv_swap_outs);
+    CHECK(cpu.st.prefix_tier_hit_blocks > 0 && nvme.st.prefix_tier_hit_blocks > 0,
+          "prefix blocks came back from the tier (host %llu, NVMe %llu) with the same bits",
+          (unsigned long long)cpu.st.prefix_tier_hit_blocks, (unsigned long long)nvme.st.prefix_tier_hit_blocks);
     fprintf(stderr, "preemptions: host %llu (%llu blocks), nvme %llu (%llu blocks), full disk %llu swapped + %llu recomputed\n",
             (unsigned long long)cpu.st.kv_preempted, (unsigned long long)cpu.st.kv_swap_out_blocks,
             (unsigned long long)nvme.st.kv_preempted, (unsigned long long)nvme.st.kv_swap_out_blocks,
@@ -365,6 +472,7 @@ int main(void) {
     test_swap(ZS_KVTIER_CPU, 0);
     test_swap(ZS_KVTIER_NVME, 0);
     test_swap(ZS_KVTIER_NVME, 1);
+    test_prefix();
     test_mixed();
     tu_rmdir(g_dir);
     return tu_finish("test-kv-offload");

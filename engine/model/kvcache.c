@@ -37,6 +37,8 @@ struct zs_kvcache {
     int *table;
     int table_cap; /* power of two, >= 2 * n_blocks */
     uint64_t evictions;
+    zs_kv_evict_fn on_evict; /* zs_kv_set_evict_hook */
+    void *evict_ud;
 };
 
 static int kv_dtype_ok(zs_dtype t) { return t == ZS_F32 || t == ZS_F16 || t == ZS_BF16; }
@@ -212,6 +214,7 @@ static int block_take(zs_kvcache *kv) {
         b = kv->free_list[--kv->n_free];
     } else {
         b = kv->lru_head;
+        if (kv->on_evict) kv->on_evict(kv->evict_ud, b, kv->bhash[b]);
         lru_unlink(kv, b);
         table_remove(kv, b);
         kv->hashed[b] = 0;
@@ -415,3 +418,8 @@ void *zs_kv_block_data(zs_kvcache *kv, int layer, int b) {
 size_t zs_kv_block_layer_bytes(const zs_kvcache *kv) { return 2 * ZS_KV_BLOCK * (size_t)kv->kv_dim * kv->esize; }
 int zs_kv_layers(const zs_kvcache *kv) { return kv->n_layers; }
 int zs_kv_avail_blocks(const zs_kvcache *kv) { return kv->n_free + (kv->prefix ? kv->n_lru : 0); }
+
+void zs_kv_set_evict_hook(zs_kvcache *kv, zs_kv_evict_fn fn, void *ud) {
+    kv->on_evict = fn;
+    kv->evict_ud = ud;
+}

@@ -115,6 +115,11 @@ int zs_kv_seq_share(zs_kvcache *kv, int seq, const uint64_t *hashes, int n);
 /* Block index j of seq (full, written) is cached under hash (no-op when already cached, or when
  * hash is there already with another block). */
 void zs_kv_seq_publish(zs_kvcache *kv, int seq, int j, uint64_t hash);
+/* Called with a cached block and its prefix hash just before the cache evicts it (forgets it to
+ * give its room to a sequence): the block's K/V are still there to be kept lower down
+ * (kvprefix.h). NULL fn: none. */
+typedef void (*zs_kv_evict_fn)(void *ud, int block, uint64_t hash);
+void zs_kv_set_evict_hook(zs_kvcache *kv, zs_kv_evict_fn fn, void *ud);
 /* Cached blocks no sequence holds (evictable), and blocks evicted so far. */
 int zs_kv_cached_blocks(const zs_kvcache *kv);
 uint64_t zs_kv_evictions(const zs_kvcache *kv);

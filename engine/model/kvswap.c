@@ -38,7 +38,7 @@ int zs_kv_swap_out(zs_kvcache *kv, int seq, zs_kvtier *t, zs_kv_swapped **out) {
     int rc = 0, i = 0;
     for (; i < n && rc == 0; i++) {
         block_iov(kv, units[i], iov);
-        rc = zs_kvtier_put(t, iov, zs_kv_layers(kv), &sw->slots[i]);
+        rc = zs_kvtier_put(t, iov, zs_kv_layers(kv), 0, &sw->slots[i]);
     }
     free(iov);
     if (rc < 0) {

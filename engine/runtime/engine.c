@@ -12,8 +12,10 @@
 #include "common.h"
 #include "device.h"
 #include "gguf.h"
+#include "kvprefix.h"
 #include "kvswap.h"
 #include "stop.h"
+#include "store.h"
 
 int zs_model_path_is_file(const char *p) {
     struct stat sb;
@@ -140,6 +142,8 @@ struct zs_engine {
     zs_world *world;
     zs_kvcache *kv;
     zs_kvtier **kvt; /* [ranks of this process] the KV tier below memory (kv_offload), or NULL */
+    zs_kvtier **kvpt; /* [ranks] the prefix cache's tier (a file kept across restarts on NVMe) */
+    zs_kvprefix **kvp; /* [ranks] the prefix cache's blocks below memory */
     int context;
     int device;
 };
@@ -157,6 +161,53 @@ zs_model *zs_engine_model(zs_engine *e) { return e->model; }
 zs_tokenizer *zs_engine_tokenizer(zs_engine *e) { return e->tok; }
 zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
 zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank) { return e->kvt ? e->kvt[rank] : NULL; }
+zs_kvprefix *zs_engine_kv_prefix(zs_engine *e, int rank) { return e->kvp ? e->kvp[rank] : NULL; }
+
+/* The key of the prefix tier's file: everything that decides the K/V values of a prefix. */
+static uint64_t prefix_key(const zs_engine *e) {
+    char k[512];
+    const zs_model_config *c = zs_model_config_get(e->model);
+    snprintf(k, sizeof k, "zeroserve-kv-prefix-1|%s|w%d|m%d|kv%d|dev%d|l%d|h%d|d%d", zs_model_fingerprint(e->model),
+             (int)e->opts.model.weight_dtype, (int)e->opts.model.quant_mix, (int)e->opts.kv_dtype, e->device,
+             c->n_layers, c->n_kv_heads, c->head_dim);
+    uint64_t h = zs_checksum64(k, strlen(k));
+    return h ? h : 1;
+}
+
+/* Each rank's tiers below memory: one for swapped sequences, one for prefix blocks. */
+static int open_kv_tiers(zs_engine *e) {
+    const zs_engine_opts *o = &e->opts;
+    int n = zs_world_ranks(e->world), rc = 0;
+    e->kvt = calloc((size_t)n, sizeof *e->kvt);
+    e->kvpt = calloc((size_t)n, sizeof *e->kvpt);
+    e->kvp = calloc((size_t)n, sizeof *e->kvp);
+    if (!e->kvt || !e->kvpt || !e->kvp) return zs_err(ZS_ENOMEM, "out of memory");
+    int kind = o->kv_offload == ZS_OFFLOAD_CPU ? ZS_KVTIER_CPU : ZS_KVTIER_NVME;
+    for (int r = 0; r < n && rc == 0; r++) {
+        zs_kvcache *kv = zs_world_kv(e->world, r);
+        size_t rec = zs_kv_swap_rec_bytes(kv);
+        rc = zs_kvtier_open(kind, o->kv_nvme_path, rec, &e->kvt[r]);
+        if (rc == 0 && kind == ZS_KVTIER_NVME) {
+            char name[64];
+            snprintf(name, sizeof name, "prefix-rank%d.kvt", r);
+            rc = zs_kvtier_open_persistent(o->kv_nvme_path, name, rec, prefix_key(e), &e->kvpt[r]);
+        } else if (rc == 0) {
+            rc = zs_kvtier_open(kind, NULL, rec, &e->kvpt[r]);
+        }
+        /* room for prefix blocks: --kv-prefix-bytes, else 4x the cache in host memory, 16 GiB on NVMe */
+        size_t room = o->kv_prefix_bytes ? o->kv_prefix_bytes
+                      : kind == ZS_KVTIER_CPU ? 4 * rec * (size_t)zs_kv_total_blocks(kv) : (size_t)16 << 30;
+        size_t cap = room / rec;
+        if (rc == 0 && cap < 1) rc = zs_err(ZS_EINVAL, "--kv-prefix-bytes %zu: less than one KV block (%zu bytes)", room, rec);
+        if (rc == 0) rc = zs_kvprefix_open(kv, e->kvpt[r], cap > (1u << 30) ? 1 << 30 : (int)cap, kind == ZS_KVTIER_NVME, &e->kvp[r]);
+        if (rc == 0 && kind == ZS_KVTIER_NVME) {
+            zs_kvprefix_stats ps;
+            zs_kvprefix_stats_get(e->kvp[r], &ps);
+            if (ps.restored) zs_log_info("KV prefix tier: %d blocks back from %s/%s", ps.restored, o->kv_nvme_path, "prefix-rank*.kvt");
+        }
+    }
+    return rc;
+}
 zs_world *zs_engine_world(zs_engine *e) { return e->world; }
 int zs_engine_device(const zs_engine *e) { return e->device; }
 int zs_engine_context(const zs_engine *e) { return e->context; }
@@ -237,15 +288,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     if ((rc = zs_world_open(e->model, &wo, &e->world)) < 0) goto fail;
     e->kv = zs_world_kv(e->world, 0);
     if (o->kv_offload != ZS_OFFLOAD_NONE) {
-        int n = zs_world_ranks(e->world);
-        if (!(e->kvt = calloc((size_t)n, sizeof *e->kvt))) {
-            rc = zs_err(ZS_ENOMEM, "out of memory");
-            goto fail;
-        }
-        for (int r = 0; r < n; r++)
-            if ((rc = zs_kvtier_open(o->kv_offload == ZS_OFFLOAD_CPU ? ZS_KVTIER_CPU : ZS_KVTIER_NVME, o->kv_nvme_path, zs_kv_swap_rec_bytes(zs_world_kv(e->world, r)),
-                                     &e->kvt[r])) < 0)
-                goto fail;
+        if ((rc = open_kv_tiers(e)) < 0) goto fail;
         zs_log_info("KV offload: sequences preempted to %s%s%s when the cache is full",
                     o->kv_offload == ZS_OFFLOAD_CPU ? "host memory" : "NVMe",
                     o->kv_offload == ZS_OFFLOAD_NVME ? " under " : "", o->kv_offload == ZS_OFFLOAD_NVME ? o->kv_nvme_path : "");
@@ -259,7 +302,13 @@ fail:
 
 void zs_engine_free(zs_engine *e) {
     if (!e) return;
-    for (int r = 0; e->kvt && e->world && r < zs_world_ranks(e->world); r++) zs_kvtier_free(e->kvt[r]);
+    for (int r = 0; e->world && r < zs_world_ranks(e->world); r++) {
+        if (e->kvp) zs_kvprefix_free(e->kvp[r]);
+        if (e->kvpt) zs_kvtier_free(e->kvpt[r]);
+        if (e->kvt) zs_kvtier_free(e->kvt[r]);
+    }
+    free(e->kvp);
+    free(e->kvpt);
     free(e->kvt);
     zs_world_free(e->world);
     zs_tokenizer_free(e->tok);

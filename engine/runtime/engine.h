@@ -38,6 +38,8 @@ typedef struct {
                               scheduler swaps preempted sequences when the cache is full (CPU
                               device only for now) */
     const char *kv_nvme_path; /* --kv-nvme-path: the directory of the NVMe tier's files */
+    size_t kv_prefix_bytes; /* --kv-prefix-bytes: room for prefix blocks in the tier (0: 4x kv_bytes
+                               in host memory, 16 GiB on NVMe) */
     zs_dtype kv_dtype;     /* KV cache elements: ZS_F32 (default, 0), ZS_F16 or ZS_BF16 (half the
                               bytes per position, so twice the positions in kv_bytes) */
     int ranks;             /* rank threads (default 1) */
@@ -64,6 +66,8 @@ zs_tokenizer *zs_engine_tokenizer(zs_engine *e);
 zs_kvcache *zs_engine_kv(zs_engine *e);   /* rank 0's cache */
 /* The tier below memory of rank `rank`'s KV cache (kv_offload), or NULL without one. */
 struct zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank);
+/* The prefix cache's blocks below memory of rank `rank` (kv_offload), or NULL. */
+struct zs_kvprefix *zs_engine_kv_prefix(zs_engine *e, int rank);
 zs_world *zs_engine_world(zs_engine *e);
 int  zs_engine_device(const zs_engine *e);            /* ZS_DEVICE_CPU or ZS_DEVICE_CUDA */
 int  zs_engine_context(const zs_engine *e);

@@ -132,6 +132,7 @@ struct zs_sched {
     struct zs_kvtier **kvt;               /* sched-kv.c: each rank's KV tier (--kv-offload), or NULL: whole
                                              reservations, no preemption */
     zs_request *preempted, *preempted_tail; /* sched-kv.c: preempted, to resume in this order */
+    struct zs_kvprefix **kvp;             /* each rank's prefix blocks below memory, or NULL */
     uint64_t admit_seq;                   /* admissions so far (zs_request.admit_no) */
     int kv_tier_warned;                   /* the tier failed once (logged) */
     zs_sched_rank *rb;                    /* per rank */
@@ -194,7 +195,11 @@ int  zs_sched_prefix_hash(zs_sched *s, zs_request *r, const zs_req_params *p);  
 void zs_sched_prefix_publish(zs_sched *s, int rank);                         /* after a step */
 
 /* sched-kv.c: growing reservations and preemption with a KV tier. Engine thread. */
-void zs_sched_kv_init(zs_sched *s);
+int  zs_sched_kv_init(zs_sched *s);
+/* The prefix blocks of hashes[0..n) rank holds, leading ones: in its cache, then in its tier. */
+int  zs_sched_kv_prefix_lookup(zs_sched *s, int rank, const uint64_t *hashes, int n);
+/* An open, empty sequence takes them over (zs_kv_seq_share, then zs_kvprefix_take); how many. */
+int  zs_sched_kv_prefix_take(zs_sched *s, int rank, int seq, const uint64_t *hashes, int n);
 /* The KV length r must hold for its next step (its whole length without a tier). */
 int  zs_sched_kv_need(const zs_sched *s, const zs_request *r);
 /* Before a step: every running sequence gets room for it, the youngest preempted as needed. */
@@ -204,6 +209,8 @@ int  zs_sched_kv_resume(zs_sched *s);
 /* Ends the preempted requests that were cancelled or failed (all of them when stop). */
 void zs_sched_kv_reap(zs_sched *s, int stop);
 int  zs_sched_kv_preempted(const zs_sched *s);
+/* The prefix tiers' counters into st (under mu). */
+void zs_sched_kv_prefix_stats(const zs_sched *s, zs_sched_stats *st);
 
 /* sched-spec.c: speculative decoding's plan and counters. */
 int  zs_sched_spec_init(zs_sched *s, const zs_sched_opts *o);

@@ -9,15 +9,39 @@
 #include <string.h>
 
 #include "common.h"
+#include "kvprefix.h"
 #include "kvswap.h"
 #include "sched-impl.h"
 
-void zs_sched_kv_init(zs_sched *s) {
+int zs_sched_kv_init(zs_sched *s) {
     s->kvt = NULL;
-    if (!zs_engine_kv_tier(s->e, 0)) return;
+    s->kvp = NULL;
+    if (!zs_engine_kv_tier(s->e, 0)) return 0;
     s->kvt = calloc((size_t)s->nranks, sizeof *s->kvt);
-    if (!s->kvt) return; /* no tier: whole reservations */
-    for (int i = 0; i < s->nranks; i++) s->kvt[i] = zs_engine_kv_tier(s->e, i);
+    s->kvp = calloc((size_t)s->nranks, sizeof *s->kvp);
+    if (!s->kvt || !s->kvp) return zs_err(ZS_ENOMEM, "out of memory");
+    for (int i = 0; i < s->nranks; i++) {
+        s->kvt[i] = zs_engine_kv_tier(s->e, i);
+        s->kvp[i] = zs_engine_kv_prefix(s->e, i);
+    }
+    return 0;
+}
+
+int zs_sched_kv_prefix_lookup(zs_sched *s, int rank, const uint64_t *hashes, int n) {
+    int k = zs_kv_prefix_lookup(zs_world_kv(s->w, rank), hashes, n);
+    if (s->kvp && s->kvp[rank] && k < n) k += zs_kvprefix_lookup(s->kvp[rank], hashes + k, n - k);
+    return k;
+}
+
+int zs_sched_kv_prefix_take(zs_sched *s, int rank, int seq, const uint64_t *hashes, int n) {
+    int k = zs_kv_seq_share(zs_world_kv(s->w, rank), seq, hashes, n), t = 0;
+    if (s->kvp && s->kvp[rank] && k < n) t = zs_kvprefix_take(s->kvp[rank], seq, hashes, n);
+    if (t) {
+        pthread_mutex_lock(&s->mu);
+        s->st.prefix_tier_hit_blocks += (uint64_t)t;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return k + t;
 }
 
 int zs_sched_kv_need(const zs_sched *s, const zs_request *r) {
@@ -132,7 +156,7 @@ int zs_sched_kv_resume(zs_sched *s) {
         } else {
             if ((rc = zs_kv_seq_open(kv, &seq)) < 0) return 1;
             int n_share = r->bh ? ZS_MIN(r->n_bh, (r->n_ctx - 1) / ZS_KV_BLOCK) : 0;
-            int shared = n_share > 0 ? zs_kv_seq_share(kv, seq, r->bh, n_share) : 0;
+            int shared = n_share > 0 ? zs_sched_kv_prefix_take(s, r->rank, seq, r->bh, n_share) : 0;
             if (zs_kv_seq_reserve(kv, seq, zs_sched_kv_need(s, r)) < 0) {
                 zs_kv_seq_close(kv, seq);
                 return 1;
@@ -181,4 +205,18 @@ int zs_sched_kv_preempted(const zs_sched *s) {
     int n = 0;
     for (const zs_request *r = s->preempted; r; r = r->next) n++;
     return n;
+}
+
+void zs_sched_kv_prefix_stats(const zs_sched *s, zs_sched_stats *st) {
+    st->prefix_tier_stored = st->prefix_tier_dropped = 0;
+    st->prefix_tier_held = st->prefix_tier_restored = 0;
+    for (int i = 0; s->kvp && i < s->nranks; i++) {
+        zs_kvprefix_stats ps;
+        if (!s->kvp[i]) continue;
+        zs_kvprefix_stats_get(s->kvp[i], &ps);
+        st->prefix_tier_stored += ps.stored;
+        st->prefix_tier_dropped += ps.dropped;
+        st->prefix_tier_held += ps.held;
+        st->prefix_tier_restored += ps.restored;
+    }
 }

@@ -11,6 +11,7 @@
  * cache (an adapter's identity is not a stable key across unload and load). Off by itself with a
  * sliding-window ring (zs_kv_set_window). */
 #include "common.h"
+#include "kvprefix.h"
 #include "sched-impl.h"
 
 /* At submit: r->bh, the hash of each full prompt block (none when the cache is off or the request
@@ -33,6 +34,7 @@ void zs_sched_prefix_publish(zs_sched *s, int rank) {
         zs_request *r = b->running[j];
         while (r->bh && r->n_pub < r->n_bh && (r->n_pub + 1) * ZS_KV_BLOCK <= r->n_done) {
             zs_kv_seq_publish(zs_world_kv(s->w, rank), r->seq, r->n_pub, r->bh[r->n_pub]);
+            if (s->kvp && s->kvp[rank]) zs_kvprefix_publish(s->kvp[rank], r->seq, r->n_pub, r->bh[r->n_pub]);
             r->n_pub++;
         }
     }

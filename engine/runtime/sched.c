@@ -43,7 +43,7 @@ static void admit(zs_sched *s) {
             total += s->rb[i].n_running;
             if (s->rb[i].n_running >= s->per_rank) continue;
             /* the rank that holds most of the prefix, then the least loaded */
-            int hit = n_share > 0 ? zs_kv_prefix_lookup(zs_world_kv(s->w, i), r->bh, n_share) : 0;
+            int hit = n_share > 0 ? zs_sched_kv_prefix_lookup(s, i, r->bh, n_share) : 0;
             if (best < 0 || hit > best_hit || (hit == best_hit && s->rb[i].n_running < s->rb[best].n_running)) {
                 best = i;
                 best_hit = hit;
@@ -61,7 +61,7 @@ static void admit(zs_sched *s) {
         }
         int seq;
         if (zs_kv_seq_open(kv, &seq) < 0) return;
-        int shared = n_share > 0 ? zs_kv_seq_share(kv, seq, r->bh, n_share) : 0;
+        int shared = n_share > 0 ? zs_sched_kv_prefix_take(s, best, seq, r->bh, n_share) : 0;
         /* without a tier, room for the whole request up front: a running sequence never runs out
          * of blocks; with one, room for its prompt and first token (sched-kv.c grows it) */
         if (zs_kv_seq_reserve(kv, seq, zs_sched_kv_need(s, r)) < 0) {
@@ -190,6 +190,7 @@ static void publish_kv(zs_sched *s) {
     s->st.kv_cached = cached;
     s->st.prefix_evictions = ev;
     s->st.kv_preempted_now = zs_sched_kv_preempted(s);
+    zs_sched_kv_prefix_stats(s, &s->st);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -393,7 +394,12 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
     for (int i = 0; i < s->nranks; i++) s->st.kv_total += zs_kv_total_blocks(zs_world_kv(s->w, i));
     if (s->max_batch < s->per_rank) s->per_rank = s->max_batch; /* one decode token each */
     s->prefix = !(o && o->no_prefix_cache);
-    zs_sched_kv_init(s);
+    if (zs_sched_kv_init(s) < 0) {
+        free(s->kvt);
+        free(s->kvp);
+        free(s);
+        return ZS_ENOMEM;
+    }
     zs_sched_train_init(s, o);
     s->tr_fuse = !(o && o->train_no_fuse);
     int src = zs_sched_spec_init(s, o);
@@ -538,6 +544,7 @@ void zs_sched_free(zs_sched *s) {
     }
     free(s->rb);
     free(s->kvt);
+    free(s->kvp);
     zs_sched_spec_free(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

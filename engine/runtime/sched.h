@@ -102,6 +102,10 @@ typedef struct {
      * blocks swapped out and back in, and requests preempted now */
     uint64_t kv_preempted, kv_swap_outs, kv_recomputes, kv_swap_out_blocks, kv_swap_in_blocks;
     int kv_preempted_now;
+    /* the prefix cache's tier (kvprefix.h): blocks taken back from it at admission, written down,
+     * held there now, brought back by a persistent file at start, and dropped (failed checksum) */
+    uint64_t prefix_tier_hit_blocks, prefix_tier_stored, prefix_tier_dropped;
+    int prefix_tier_held, prefix_tier_restored;
     uint64_t constrained_tokens;     /* tokens sampled under a grammar mask */
     uint64_t steps;                  /* engine steps run */
     uint64_t prompt_tokens, generated_tokens;  /* prompt tokens computed (not cached); tokens sampled */
