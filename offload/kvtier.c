@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -320,6 +321,10 @@ int zs_kvtier_open_persistent(const char *dir, const char *name, size_t rec_byte
             if (t->fd < 0 && (!direct || errno != EINVAL)) break;
         }
         if (t->fd < 0) rc = open_err(dir);
+        /* one process at a time: another one's records would be overwritten under it */
+        if (rc == 0 && flock(t->fd, LOCK_EX | LOCK_NB) != 0)
+            rc = errno == EWOULDBLOCK ? zs_err(ZS_EBUSY, "%s: another process uses it", path)
+                                      : zs_err(ZS_EIO, "%s: cannot lock it (%s)", path, strerror(errno));
     }
     if (rc == 0 && !(t->stage = zs_aligned_alloc(ZS_STORE_ALIGN, t->stride))) rc = zs_err(ZS_ENOMEM, "kv tier: out of memory");
     struct stat sb;

@@ -16,7 +16,8 @@
  *   decides the K/V values: the model, its dtypes). Opened again with the same key, every record
  *   whose header is whole is back (a write torn by kill -9 either left no whole header, or its
  *   payload fails its checksum when read: ZS_ECHECKSUM, and the caller drops it); with another
- *   key or a damaged file header the file starts over empty (the log says why).
+ *   key or a damaged file header the file starts over empty (the log says why). The file is
+ *   locked (flock) while open: a second process gets ZS_EBUSY.
  *
  * Ownership: the tier owns its records and file. Thread-safety: none; one thread (the engine
  * thread) uses a tier. Different tiers may be used from different threads. */

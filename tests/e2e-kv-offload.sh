@@ -4,7 +4,8 @@
 # --kv-offload nvme --kv-nvme-path DIR` on stories260K with room for 14 blocks (a request here
 # needs up to 13) answers 16 greedy completions queued at once exactly as a server whose cache
 # holds them all, /metrics counts the sequences it swapped out and back in, nothing is left preempted,
-# and the swap file is not in DIR (it is unlinked from the start), only the prefix tier's. After a
+# and the swap file is not in DIR (it is unlinked from the start), only the prefix tier's (a
+# second server on the same DIR warns and keeps its own unlinked one). After a
 # restart the prefix blocks written through to DIR are back and a long prompt takes them (same
 # text); after kill -9 under load and a damaged record the server starts, drops the torn block by
 # its checksum (counted in /metrics, named in the log) and answers the same. Bad flags are refused by
@@ -68,8 +69,19 @@ bout=$(metric 'zeroserve_kv_swap_blocks_total{dir="out"}')
 check "/metrics: sequences swapped out ($outs), every block back in ($bin = $bout), none preempted now" \
     '[ "${outs:-0}" -gt 0 ] && [ "$bin" = "$bout" ] && [ "$(metric zeroserve_kv_preempted_sequences)" = 0 ]'
 check "the log says where preempted sequences go" 'grep -q "KV offload: sequences preempted to NVMe under $T/kv" "$T/off.log"'
-check "only the prefix tier's file is in the directory (the swap file is unlinked)" '[ "$(ls -A "$T/kv")" = prefix-rank0.kvt ]' \
-    "$(ls -A "$T/kv" | head -5)"
+PF=$(ls -A "$T/kv")
+check "only the prefix tier's file is in the directory (the swap file is unlinked): $PF" \
+    'case $PF in prefix-[0-9a-f]*-rank0.kvt) true;; *) false;; esac'
+# a second server on the same directory while this one runs: its prefix tier is a file of its own
+FIRST=$SPID
+FIRST_URL=$ZS_URL
+zs_start_server "$T/second.log" --model "$MODEL" --context 208 --kv-offload nvme --kv-nvme-path "$T/kv" ||
+    zs_abort "a second server on the same directory"
+check "a second server on the same directory warns and keeps its prefix blocks to itself" \
+    'grep -q "another process uses it" "$T/second.log" && [ "$(ls -A "$T/kv")" = "$PF" ]'
+zs_stop_server
+SPID=$FIRST
+ZS_URL=$FIRST_URL
 zs_stop_server
 check "the server stops cleanly" '[ "$ZS_RC" = 0 ]'
 
@@ -96,7 +108,7 @@ run_all "$T/killed" &
 sleep 0.3
 zs_stop_server -KILL
 wait
-printf '\132\245\132\245' | dd of="$T/kv/prefix-rank0.kvt" bs=1 seek=$((4096 + 64 + 100)) conv=notrunc 2>/dev/null
+printf '\132\245\132\245' | dd of="$T/kv/$PF" bs=1 seek=$((4096 + 64 + 100)) conv=notrunc 2>/dev/null
 start_offload "$T/torn.log" || zs_abort "start after kill -9"
 one "$T/one2"
 curl -s "$ZS_URL/metrics" >"$T/metrics"

@@ -187,10 +187,18 @@ static int open_kv_tiers(zs_engine *e) {
         zs_kvcache *kv = zs_world_kv(e->world, r);
         size_t rec = zs_kv_swap_rec_bytes(kv);
         rc = zs_kvtier_open(kind, o->kv_nvme_path, rec, &e->kvt[r]);
+        int through = kind == ZS_KVTIER_NVME;
         if (rc == 0 && kind == ZS_KVTIER_NVME) {
+            /* one file per model and dtypes (a fine-tuned model served next to its base keeps its own) */
             char name[64];
-            snprintf(name, sizeof name, "prefix-rank%d.kvt", r);
+            snprintf(name, sizeof name, "prefix-%016llx-rank%d.kvt", (unsigned long long)prefix_key(e), r);
             rc = zs_kvtier_open_persistent(o->kv_nvme_path, name, rec, prefix_key(e), &e->kvpt[r]);
+            if (rc == ZS_EBUSY) { /* another server on the same directory: this one's blocks die with it */
+                zs_log_warn("KV prefix tier: %s; this server keeps its prefix blocks in a file of its own, not across restarts",
+                            zs_errmsg());
+                through = 0;
+                rc = zs_kvtier_open(kind, o->kv_nvme_path, rec, &e->kvpt[r]);
+            }
         } else if (rc == 0) {
             rc = zs_kvtier_open(kind, NULL, rec, &e->kvpt[r]);
         }
@@ -199,11 +207,11 @@ static int open_kv_tiers(zs_engine *e) {
                       : kind == ZS_KVTIER_CPU ? 4 * rec * (size_t)zs_kv_total_blocks(kv) : (size_t)16 << 30;
         size_t cap = room / rec;
         if (rc == 0 && cap < 1) rc = zs_err(ZS_EINVAL, "--kv-prefix-bytes %zu: less than one KV block (%zu bytes)", room, rec);
-        if (rc == 0) rc = zs_kvprefix_open(kv, e->kvpt[r], cap > (1u << 30) ? 1 << 30 : (int)cap, kind == ZS_KVTIER_NVME, &e->kvp[r]);
+        if (rc == 0) rc = zs_kvprefix_open(kv, e->kvpt[r], cap > (1u << 30) ? 1 << 30 : (int)cap, through, &e->kvp[r]);
         if (rc == 0 && kind == ZS_KVTIER_NVME) {
             zs_kvprefix_stats ps;
             zs_kvprefix_stats_get(e->kvp[r], &ps);
-            if (ps.restored) zs_log_info("KV prefix tier: %d blocks back from %s/%s", ps.restored, o->kv_nvme_path, "prefix-rank*.kvt");
+            if (ps.restored) zs_log_info("KV prefix tier: %d blocks back from %s", ps.restored, o->kv_nvme_path);
         }
     }
     return rc;
