@@ -1,5 +1,5 @@
 /* main.c — the zeroserve command line: serve, generate, train, export, convert, init-model,
- * make-corpus, bench, perplexity. Under mpirun every process runs the same command line
+ * make-corpus, bench, perplexity, plan. Under mpirun every process runs the same command line
  * (cluster.h): serve, generate and perplexity run on process 0 with the others following, train
  * runs on every process. */
 #include <jansson.h>
@@ -22,6 +22,7 @@ int zs_cmd_train(int argc, char **argv);  /* train-cmd.c */
 int zs_cmd_export(int argc, char **argv); /* train-cmd.c */
 int zs_cmd_perplexity(int argc, char **argv); /* perplexity-cmd.c */
 int zs_cmd_convert(int argc, char **argv); /* convert-cmd.c */
+int zs_cmd_plan(int argc, char **argv); /* plan-cmd.c */
 
 #include "corpus.h"
 
@@ -272,7 +273,8 @@ static void usage(void) {
             "  convert      write a Hugging Face model directory as a GGUF file (f32 .. q4_k_m) for llama.cpp\n"
             "  init-model   write a random-initialised model in Hugging Face layout\n"
             "  bench        measure prefill/decode throughput against memory bandwidth\n"
-            "  perplexity   mean NLL and perplexity of the model on a text file (llama.cpp's method)\n");
+            "  perplexity   mean NLL and perplexity of the model on a text file (llama.cpp's method)\n"
+            "  plan         where weights, experts and KV should live on a machine, the batch, and the tokens/s that follow\n");
 }
 
 int main(int argc, char **argv) {
@@ -295,6 +297,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(cmd, "init-model")) rc = single_process(cmd) ?: cmd_init_model(argc - 2, argv + 2);
     else if (!strcmp(cmd, "bench")) rc = single_process(cmd) ?: cmd_bench(argc - 2, argv + 2);
     else if (!strcmp(cmd, "perplexity")) rc = zs_cmd_perplexity(argc - 2, argv + 2);
+    else if (!strcmp(cmd, "plan")) rc = single_process(cmd) ?: zs_cmd_plan(argc - 2, argv + 2);
     else {
         fprintf(stderr, "zeroserve: unknown command '%s'\n", cmd);
         usage();
