@@ -1,6 +1,7 @@
 /* api-openai.c — the OpenAI-compatible routes (DESIGN.md §6): /health, /v1/models,
  * /v1/completions, /v1/chat/completions (plain JSON or Server-Sent Events), /metrics, the
- * playground page at / and vLLM's LoRA adapter routes. Validated requests (api-request.c)
+ * playground page at /, /v1/plan (where the weights and KV live: engine.h) and vLLM's LoRA
+ * adapter routes. Validated requests (api-request.c)
  * become scheduler requests (one per choice), answered from the scheduler's callbacks as one
  * JSON body or as SSE chunks.
  *
@@ -958,6 +959,20 @@ static void h_metrics(void *ud, zs_http_req *r) {
     free(text);
 }
 
+/* GET /v1/plan: where the weights and the KV cache live and why (engine.h, plan-auto.h) */
+static void h_plan(void *ud, zs_http_req *r) {
+    zs_api *a = ud;
+    pthread_mutex_lock(&a->mu);
+    const zs_engine *e = a->base.engine;
+    pthread_mutex_unlock(&a->mu);
+    const char *j = e ? zs_engine_plan_json(e) : NULL;
+    if (!j) {
+        zs_http_respond_error(r, 503, "server_error", NULL, "loading", "The model is still loading.");
+        return;
+    }
+    zs_http_respond(r, 200, "application/json", j, strlen(j));
+}
+
 static void h_playground(void *ud, zs_http_req *r) {
     (void)ud;
     zs_http_respond(r, 200, "text/html; charset=utf-8", (const char *)zs_playground_html, zs_playground_html_len);
@@ -981,6 +996,7 @@ int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
     if (!rc) rc = zs_http_route(h, "GET", "/", 0, h_playground, a);
     if (!rc) rc = zs_http_route(h, "GET", "/metrics", 1, h_metrics, a);
     if (!rc) rc = zs_http_route(h, "GET", "/v1/models", 1, h_models, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/plan", 1, h_plan, a);
     if (!rc) rc = zs_http_route(h, "GET", "/v1/models/{id}", 1, h_model, a);
     if (!rc) rc = zs_http_route(h, "POST", "/v1/completions", 1, h_completions, a);
     if (!rc) rc = zs_http_route(h, "POST", "/v1/chat/completions", 1, h_chat, a);

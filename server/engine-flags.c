@@ -7,6 +7,7 @@
 #include "common.h"
 #include "device.h"
 #include "dsconfig.h"
+#include "plan-auto.h"
 #include "quant-mix.h"
 
 void zs_engine_flags_init(zs_engine_flags *f) {
@@ -33,7 +34,7 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
         {"device", ZS_OPT_STR, &f->device, "cpu | cuda (default: cuda when a device is visible)"},
         {"ranks", ZS_OPT_INT, &f->ranks, "rank threads, each with its own device (default 1)"},
         {"zero-stage", ZS_OPT_INT, &f->zero_stage, "ZeRO stage: 3 shards the parameters (default); 1 and 2 replicate them (training: 2 shards gradients, 1 does not)"},
-        {"offload", ZS_OPT_STR, &f->offload, "where a rank's shards live: none | cpu | nvme (default none)"},
+        {"offload", ZS_OPT_STR, &f->offload, "where a rank's shards live: none | cpu | nvme | auto (planned from this machine, measured at start; the default when the model and its KV do not fit in memory, else none)"},
         {"nvme-path", ZS_OPT_STR, &f->nvme_path, "directory of the shard files for --offload nvme"},
         {"max-live-bytes", ZS_OPT_I64, &f->max_live_bytes, "full-layer bytes resident at once (default 4 layers)"},
         {"persist-threshold", ZS_OPT_I64, &f->persist_threshold, "tensors under this many elements stay resident (default 0: norms and biases)"},
@@ -75,7 +76,8 @@ int zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo) {
     /* flags override the file */
     zs_zero_opts fl;
     zs_zero_opts_init(&fl);
-    if (f->offload) ZS_CHECK(zs_offload_parse(f->offload, &fl.offload_param));
+    int offload_auto = f->offload && !strcasecmp(f->offload, "auto");
+    if (f->offload && !offload_auto) ZS_CHECK(zs_offload_parse(f->offload, &fl.offload_param));
     if (f->nvme_path) {
         if (strlen(f->nvme_path) >= sizeof fl.nvme_path) return zs_err(ZS_EINVAL, "--nvme-path is too long");
         snprintf(fl.nvme_path, sizeof fl.nvme_path, "%s", f->nvme_path);
@@ -106,6 +108,10 @@ int zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo) {
     else if (z.zero_stage == 0) return zs_err(ZS_EUNSUPPORTED, "zero_optimization.stage 0 is not supported (use 1, 2 or 3)");
     else if (z.zero_stage > 0) eo->zero_stage = z.zero_stage;
     eo->gather.tier = z.offload_param >= 0 ? z.offload_param : ZS_OFFLOAD_NONE;
+    /* auto: asked for, or the default when neither a flag nor the file says where the weights go */
+    eo->offload_auto = offload_auto ? 1 : z.offload_param < 0 ? 2 : 0;
+    eo->plan_gave = (f->max_live_bytes > 0 || z.max_live_parameters > 0 ? ZS_PLAN_GAVE_LIVE : 0) |
+                    (f->kv_bytes > 0 ? ZS_PLAN_GAVE_KV_BYTES : 0) | (f->kv_offload ? ZS_PLAN_GAVE_KV_OFFLOAD : 0);
     static char nvme[1024];
     snprintf(nvme, sizeof nvme, "%s", z.nvme_path);
     eo->nvme_path = nvme[0] ? nvme : NULL;

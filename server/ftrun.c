@@ -327,6 +327,7 @@ static int run_full(zs_ftjobs *J, const zs_finetune_opts *fo, const zs_finetune_
     zs_engine_opts eo = J->engine;
     eo.max_seqs = 1;
     eo.kv_offload = ZS_OFFLOAD_NONE; /* training has no KV cache */
+    eo.offload_auto = 0;             /* and places its parameters as the served base does */
     eo.model.embed_lookup = 0; /* a training engine: every table sharded (the served ones look rows up) */
     char nv[4096];
     if (J->nvme_path) {

@@ -216,6 +216,9 @@ int zs_cmd_train(int argc, char **argv) {
     static const char *const prec_dt[] = {NULL, "f32", "bf16", "f16"};
     if (precision && !ef.weight_dtype) ef.weight_dtype = prec_dt[prec]; /* the weights in the tiers follow */
     ZS_CHECK(zs_engine_flags_apply(&ef, &eo));
+    if (eo.offload_auto == 1)
+        return zs_err(ZS_EINVAL, "--offload auto is for serving: training places its parameters as --offload says (none, cpu, nvme)");
+    eo.offload_auto = 0;
     const zs_zero_opts *z = &ef.ds;
     if (!precision && z->fp16 == 1) prec = ZS_PREC_FP16;
     else if (!precision && z->bf16 == 1) prec = ZS_PREC_BF16;

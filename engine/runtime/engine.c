@@ -13,6 +13,7 @@
 #include "device.h"
 #include "gguf.h"
 #include "kvprefix.h"
+#include "plan-auto.h"
 #include "kvswap.h"
 #include "stop.h"
 #include "store.h"
@@ -144,6 +145,7 @@ struct zs_engine {
     zs_kvtier **kvt; /* [ranks of this process] the KV tier below memory (kv_offload), or NULL */
     zs_kvtier **kvpt; /* [ranks] the prefix cache's tier (a file kept across restarts on NVMe) */
     zs_kvprefix **kvp; /* [ranks] the prefix cache's blocks below memory */
+    char *plan_json;   /* --offload auto's plan, or NULL */
     int context;
     int device;
 };
@@ -162,6 +164,7 @@ zs_tokenizer *zs_engine_tokenizer(zs_engine *e) { return e->tok; }
 zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
 zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank) { return e->kvt ? e->kvt[rank] : NULL; }
 zs_kvprefix *zs_engine_kv_prefix(zs_engine *e, int rank) { return e->kvp ? e->kvp[rank] : NULL; }
+const char *zs_engine_plan_json(const zs_engine *e) { return e->plan_json; }
 
 /* The key of the prefix tier's file: everything that decides the K/V values of a prefix. */
 static uint64_t prefix_key(const zs_engine *e) {
@@ -241,6 +244,17 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
         rc = zs_err(ZS_EINVAL, "KV cache element type %s: f32, f16 or bf16", zs_dtype_name(o->kv_dtype));
         goto fail;
     }
+    if (o->offload_auto) {
+        /* from here on the options are the planned ones */
+        int want = o->offload_auto == 1 || !zs_plan_auto_fits(e->model, o);
+        if (want && e->device == ZS_DEVICE_CUDA && o->offload_auto == 1) {
+            rc = zs_err(ZS_EUNSUPPORTED, "--offload auto: a CUDA device is not measured yet; give --offload none|cpu|nvme");
+            goto fail;
+        }
+        if (want && e->device != ZS_DEVICE_CUDA && (rc = zs_plan_auto_apply(e->model, &e->opts, o->plan_gave, &e->plan_json)) < 0)
+            goto fail;
+        o = &e->opts;
+    }
     e->context = o->max_context > 0 && o->max_context < c->max_seq ? o->max_context : c->max_seq;
     int kvd = c->n_kv_heads * c->head_dim;
     int per_seq = (e->context + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
@@ -301,6 +315,17 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
                     o->kv_offload == ZS_OFFLOAD_CPU ? "host memory" : "NVMe",
                     o->kv_offload == ZS_OFFLOAD_NVME ? " under " : "", o->kv_offload == ZS_OFFLOAD_NVME ? o->kv_nvme_path : "");
     }
+    if (!e->plan_json) { /* no plan: the placement the flags gave, for GET /v1/plan */
+        static const char *const tiers[] = {"none", "cpu", "nvme"};
+        char buf[512];
+        snprintf(buf, sizeof buf, "{\"mode\":\"flags\",\"applied\":{\"offload\":\"%s\",\"max_live_bytes\":%zu,"
+                 "\"kv_bytes\":%zu,\"kv_offload\":\"%s\"}}", tiers[o->gather.tier % 3], o->gather.max_live_bytes,
+                 zs_kv_block_bytes(c->n_layers, kvd, o->kv_dtype) * (size_t)n_blocks, tiers[o->kv_offload % 3]);
+        if (!(e->plan_json = strdup(buf))) {
+            rc = zs_err(ZS_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
     *out = e;
     return 0;
 fail:
@@ -317,6 +342,7 @@ void zs_engine_free(zs_engine *e) {
     }
     free(e->kvp);
     free(e->kvpt);
+    free(e->plan_json);
     free(e->kvt);
     zs_world_free(e->world);
     zs_tokenizer_free(e->tok);

@@ -38,6 +38,10 @@ typedef struct {
                               scheduler swaps preempted sequences when the cache is full (CPU
                               device only for now) */
     const char *kv_nvme_path; /* --kv-nvme-path: the directory of the NVMe tier's files */
+    int offload_auto;      /* 1: --offload auto (plan-auto.h: the placement planned at open from
+                              this machine, measured); 2: the same only when the model and its KV
+                              do not fit in memory (no --offload given); 0: the flags as they are */
+    unsigned plan_gave;    /* ZS_PLAN_GAVE_* (plan-auto.h): what the user set, which auto keeps */
     size_t kv_prefix_bytes; /* --kv-prefix-bytes: room for prefix blocks in the tier (0: 4x kv_bytes
                                in host memory, 16 GiB on NVMe) */
     zs_dtype kv_dtype;     /* KV cache elements: ZS_F32 (default, 0), ZS_F16 or ZS_BF16 (half the
@@ -66,6 +70,9 @@ zs_tokenizer *zs_engine_tokenizer(zs_engine *e);
 zs_kvcache *zs_engine_kv(zs_engine *e);   /* rank 0's cache */
 /* The tier below memory of rank `rank`'s KV cache (kv_offload), or NULL without one. */
 struct zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank);
+/* The placement as JSON for GET /v1/plan: --offload auto's plan (plan-auto.h), or {"mode":
+ * "flags", "applied": {...}} with what the flags gave. */
+const char *zs_engine_plan_json(const zs_engine *e);
 /* The prefix cache's blocks below memory of rank `rank` (kv_offload), or NULL. */
 struct zs_kvprefix *zs_engine_kv_prefix(zs_engine *e, int rank);
 zs_world *zs_engine_world(zs_engine *e);
