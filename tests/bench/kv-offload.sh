@@ -8,8 +8,8 @@
 #    long prompts pushed its blocks out of memory first: they come back from the prefix tier's
 #    file); warm on NVMe after a restart (a new server on the same directory). Medians, and each
 #    warm case over cold; the four answers of a round must be the same text.
-# 2. Throughput of N greedy completions submitted at once (one request of N prompts of ~48
-#    tokens, OUT tokens each, ignore_eos) for N = 64, 128, 256, at a KV budget that holds about 32
+# 2. Throughput of N greedy completions submitted at once (requests of up to 128 prompts of ~24
+#    tokens each, all sent together, OUT tokens each, ignore_eos) for N = 64, 128, 256, at a KV budget that holds about 32
 #    whole requests, with the weights streamed from NVMe (--offload nvme): KV in memory only
 #    (--kv-offload none: whole requests reserved at admission, the rest wait) against KV with an
 #    NVMe tier (reserved as they grow, the youngest swapped out when the cache is full). Tokens/s,
@@ -41,7 +41,7 @@ metric() { curl -s "$ZS_URL/metrics" | awk -v k="$1" '$1 == k { print $2 }'; }
 long_prompt() { # seed words
     local seed=$1 n=$2 words="river stone lantern orchard harbor meadow copper violet thunder garden ledger summit"
     local out="Story $seed."
-    for i in $(seq 1 $((n / 5))); do out="$out $(echo "$words" | cut -d' ' -f$(((i * 7 + seed) % 12 + 1))) $i."; done
+    for i in $(seq 1 $((n / 6))); do out="$out $(echo "$words" | cut -d' ' -f$(((i * 7 + seed) % 12 + 1))) $i."; done
     printf '%s' "$out"
 }
 ttft() { # prompt -> "seconds<TAB>prompt tokens<TAB>text"
@@ -53,8 +53,8 @@ ttft() { # prompt -> "seconds<TAB>prompt tokens<TAB>text"
 }
 
 # ---------------------------------------------------------------- 1. time to first token
-# KV per position of SmolLM2-135M in f32: 30 layers x K,V x 192 x 4 bytes = 46 KB; 4600 positions
-KVB=$((4600 * 46080))
+# KV per position of SmolLM2-135M in f32: 30 layers x K,V x 192 x 4 bytes = 46 KB; 288 blocks of 16
+KVB=$((4608 * 46080))
 serve_ttft() { # log
     zs_start_server "$1" --model "$MODEL" --context 4600 --kv-bytes $KVB --kv-offload nvme --kv-nvme-path "$DIR" \
         --max-seqs 2 || exit 1
@@ -105,22 +105,32 @@ batch() { # label N kv-flags...
     mkdir -p "$DIR/kv" "$WDIR"
     zs_start_server "$T/b-$label-$n.log" --model "$MODEL" --context 512 --offload nvme --nvme-path "$WDIR" \
         --kv-bytes $KVB2 --max-seqs 256 --max-batch-tokens 512 "$@" || exit 1
-    jq -n --argjson n "$n" --argjson o "$OUT" \
-        '{prompt: [range($n) | "Tale \(.): once upon a time a fox and a crow met by the river, and the fox said"],
-          max_tokens: $o, temperature: 0, ignore_eos: true}' >"$T/batch.json"
+    # requests of at most 128 prompts (the API's limit), all sent at once
+    local k parts=$(((n + 127) / 128)) pids=""
+    for k in $(seq 0 $((parts - 1))); do
+        jq -n --argjson a $((k * 128)) --argjson b $((k * 128 + (n - k * 128 < 128 ? n - k * 128 : 128))) --argjson o "$OUT" \
+            '{prompt: [range($a; $b) | "Tale \(.): once upon a time a fox and a crow met by the river, and the fox said"],
+              max_tokens: $o, temperature: 0, ignore_eos: true}' >"$T/batch-$k.json"
+    done
     (while :; do metric zeroserve_running_sequences; sleep 0.2; done) >"$T/running" 2>/dev/null &
     local mon=$! t0 t1
     t0=$(date +%s.%N)
-    curl -s --max-time 3600 -H 'Content-Type: application/json' --data-binary @"$T/batch.json" \
-        "$ZS_URL/v1/completions" >"$T/b-$label-$n.json"
+    for k in $(seq 0 $((parts - 1))); do
+        curl -s --max-time 3600 -H 'Content-Type: application/json' --data-binary @"$T/batch-$k.json" \
+            "$ZS_URL/v1/completions" >"$T/b-$label-$n-$k.json" &
+        pids="$pids $!"
+    done
+    for k in $pids; do wait "$k"; done
     t1=$(date +%s.%N)
     kill "$mon" 2>/dev/null
     wait "$mon" 2>/dev/null
     local toks most pre
-    toks=$(jq '.usage.completion_tokens // 0' "$T/b-$label-$n.json")
+    toks=$(cat "$T/b-$label-$n"-*.json | jq -s 'map(.usage.completion_tokens // 0) | add')
     most=$(sort -g "$T/running" | tail -1)
     pre=$(curl -s "$ZS_URL/metrics" | awk '$1 ~ /^zeroserve_kv_preemptions_total/ { s += $2 } END { print s + 0 }')
-    jq -c '[.choices[] | {index, text}] | sort_by(.index) | .[].text' "$T/b-$label-$n.json" >"$T/texts-$label-$n"
+    for k in $(seq 0 $((parts - 1))); do
+        jq -c '[.choices[] | {index, text}] | sort_by(.index) | .[].text' "$T/b-$label-$n-$k.json"
+    done >"$T/texts-$label-$n"
     printf '%s\t%s\n' "$(awk -v t="$toks" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", t / (b - a) }')" "$most" >"$T/res-$label-$n"
     echo "  N=$n $label: $toks tokens, $(cut -f1 "$T/res-$label-$n") tokens/s, at most ${most:-?} running, $pre preemptions"
     zs_stop_server
