@@ -1,8 +1,9 @@
 #!/bin/sh
 # e2e-gpu-kit.sh — keeps the GPU kit from rotting between the sessions that get a GPU: builds the
-# kit (tests/gpu/make-kit.sh) into a temp folder, checks its contents and size against the device
-# tool's 64 MiB, that every program in it resolves its libraries from the kit alone plus the C
-# runtime (ldd with the system's other libraries hidden), and runs tests/gpu/run.sh from it here:
+# kit (tests/gpu/make-kit.sh) into a temp folder, checks that it travels packed (kit.tar.gz) and
+# its size against the device tool's 64 MiB, unpacks it, checks its contents, that every program in it resolves its libraries from the kit alone plus the C
+# runtime (ldd with the system's other libraries hidden), and runs tests/gpu/run.sh from it packed
+# again (run.sh unpacks it) here:
 # with no GPU it must stop at the no-device exit (77) with a summary that says so.
 # The full proof on a bare root with no network is `make gpu-dry-run` (root, downloads once).
 # Exit 0 pass, 1 fail, 77 skipped (no nvcc: a build without CUDA has no kit).
@@ -16,14 +17,16 @@ rc=$?
 tail -3 "$T/make-kit.log"
 check "make-kit builds the kit" '[ $rc = 0 ]'
 [ $rc = 0 ] || { cat "$T/make-kit.log"; zs_done; }
+tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+kit=$(du -sb "$T/kit" | cut -f1)
+echo "# working tree $((tree / 1048576)) MiB + kit $((kit / 1048576)) MiB (packed)"
+check "the kit travels packed (kit.tar.gz, no bin/ or lib/ beside it)" '[ -f "$T/kit/kit.tar.gz" ] && [ ! -e "$T/kit/bin" ] && [ ! -e "$T/kit/lib" ]'
+check "tree + kit fit the device tool's 64 MiB" '[ $((tree + kit)) -lt $((64 * 1048576)) ]'
+tar -xzf "$T/kit/kit.tar.gz" -C "$T/kit"
 for p in zeroserve test-cuda test-backend-ops test-embed test-train-cuda test-cuda-tree e2e-gpu bench-gpu; do
     check "the kit has bin/$p" '[ -x "$T/kit/bin/$p" ]'
 done
 check "the kit has the fixtures" '[ -f "$T/kit/shared/models/stories260K/model.safetensors" ] && [ -f "$T/kit/shared/models/gpt2-bytes/reference.json" ]'
-tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-kit=$(du -sb "$T/kit" | cut -f1)
-echo "# working tree $((tree / 1048576)) MiB + kit $((kit / 1048576)) MiB"
-check "tree + kit fit the device tool's 64 MiB" '[ $((tree + kit)) -lt $((64 * 1048576)) ]'
 # with only the kit's libraries and the C runtime: copy the C runtime into a folder of its own
 # and make ldd resolve against it and the kit, nothing else
 mkdir -p "$T/crt"
@@ -41,6 +44,7 @@ check "every kit program resolves its libraries from the kit and the C runtime a
 # run.sh in kit mode (a copy of the tree with the kit in place)
 mkdir -p "$T/tree"
 git ls-files | tar -cf - -T - | tar -C "$T/tree" -xf -
+rm -rf "$T/kit/bin" "$T/kit/lib" # packed again, as it travels: run.sh unpacks it
 mv "$T/kit" "$T/tree/gpu-kit"
 OUT=$T/out DEADLINE=120 sh "$T/tree/tests/gpu/run.sh" >"$T/run.log" 2>&1
 rc=$?

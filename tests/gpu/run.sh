@@ -102,6 +102,10 @@ trap 'message="stopped by a signal"; status=killed; write_summary; exit 1' INT T
 write_summary
 
 # ---- setup: the kit, or a build ----
+# the kit travels packed (make-kit.sh): unpacked here first
+if [ -f "$KIT/kit.tar.gz" ] && [ ! -x "$KIT/bin/zeroserve" ]; then
+    tar -xzf "$KIT/kit.tar.gz" -C "$KIT" || finish failed "cannot unpack $KIT/kit.tar.gz (tar and gzip)" 1
+fi
 if [ -x "$KIT/bin/zeroserve" ]; then
     mode=kit
     B=$KIT/bin
