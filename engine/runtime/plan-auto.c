@@ -113,7 +113,16 @@ int zs_plan_auto_apply(const zs_model *m, zs_engine_opts *o, unsigned gave, char
     json_object_set_new(applied, "offload", json_string(stream ? "nvme" : "none"));
     if (stream) {
         if (gave & ZS_PLAN_GAVE_LIVE) strcat(over, " --max-live-bytes");
-        else if (b->live_bytes > 0) o->gather.max_live_bytes = (size_t)b->live_bytes;
+        else {
+            /* the gather holds a whole bucket at least (the head's may be the largest): two of the
+             * largest, so one can arrive while the other computes, if the plan says less */
+            size_t largest = 0;
+            for (int k = 0; k < zs_model_n_buckets(m); k++) {
+                const zs_bucket_layout *bl = zs_model_layout(m, k);
+                largest = ZS_MAX(largest, bl->data_bytes + bl->resident_bytes);
+            }
+            o->gather.max_live_bytes = ZS_MAX((size_t)b->live_bytes, 2 * largest + ((size_t)1 << 20));
+        }
         json_object_set_new(applied, "max_live_bytes", json_integer((json_int_t)o->gather.max_live_bytes));
     }
     /* the KV cache: the batch's in memory, or an NVMe tier under the weights' directory */
@@ -149,6 +158,11 @@ int zs_plan_auto_apply(const zs_model *m, zs_engine_opts *o, unsigned gave, char
                 b->layers[ZS_PLAN_DEVICE], c->n_layers, b->layers[ZS_PLAN_NVME], b->live_bytes / 1e6, b->batch,
                 b->kv_bytes / 1e6, b->kv_tier == ZS_PLAN_DEVICE ? "memory" : "an NVMe tier", b->tok_s, b->batch,
                 p.b1.tok_s, b->bound ? b->bound : "?");
+    /* what the engine does with it: its tiers are whole (every layer streams when any does), and
+     * the live budget holds two of the largest buckets at least */
+    zs_log_info("plan applied: --offload %s%s%.3g MB, --kv-bytes %.3g MB, --kv-offload %s", stream ? "nvme" : "none",
+                stream ? " --max-live-bytes " : "", stream ? (double)o->gather.max_live_bytes / 1e6 : 0.0,
+                (double)o->kv_bytes / 1e6, o->kv_offload == ZS_OFFLOAD_NVME ? "nvme" : o->kv_offload == ZS_OFFLOAD_CPU ? "cpu" : "none");
     if (over[0]) zs_log_info("plan: given on the command line, so not the plan's:%s", over);
     json_t *root = json_pack("{s:s,s:{s:f,s:f,s:f,s:f,s:f},s:{s:s,s:f,s:f,s:i},s:{s:i,s:i,s:i},s:o,s:o,s:o,s:s}",
                              "mode", "auto", "machine", "memory_bytes", mach.host_mem, "memory_gbps", mach.host_gbps,

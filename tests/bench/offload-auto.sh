@@ -4,9 +4,9 @@
 # (not part of `make test`): decode tokens/s at batch 1 from `zeroserve bench` (medians of RUNS
 # runs), for SmolLM2-135M-Instruct Q4_1
 #   - as it is (it fits in memory): auto against --offload none and --offload nvme with live
-#     budgets of 2, 4 and 8 layers;
+#     budgets of the largest bucket plus 2, 4 and 8 layers;
 #   - on a machine whose memory is CAP bytes, less than the weights (ZS_PLAN_MEMORY_BYTES for
-#     auto): auto against --offload nvme with live budgets of 2, 4 and 8 layers (a resident
+#     auto): auto against --offload nvme with those live budgets (a resident
 #     placement is not in the grid: it would not fit).
 # Prints every grid point, the best, auto's choice (from its log) and auto / best.
 #
@@ -42,22 +42,30 @@ run() { # label env-assignments-or-- bench-flags...: decode tokens/s
 }
 
 grid() { # case envs-for-auto: the grid points, the best, auto
-    local case=$1 aenv=$2 best=0 bestl="" v
+    local case=$1 aenv=$2 best=0 bestl="" v i=0
     shift 2
     echo "$case:"
     for point in "$@"; do
+        i=$((i + 1))
         # shellcheck disable=SC2086
-        v=$(run "$case-$(echo "$point" | tr ' ' '_')" -- $point)
+        v=$(run "$NCASE-$i" -- $point)
         echo "  $point: $v tokens/s"
         if awk -v a="$v" -v b="$best" 'BEGIN { exit !(a > b) }'; then best=$v; bestl=$point; fi
     done
-    v=$(run "$case-auto" "$aenv" --offload auto --nvme-path "$DIR")
-    echo "  --offload auto: $v tokens/s ($(grep -o 'plan: [0-9]* of [0-9]* layers in memory, [0-9]* streamed[^;]*' "$T/$case-auto.log" | head -1))"
-    echo "  best of the grid: $bestl ($best tokens/s); auto / best = $(awk -v a="$v" -v b="$best" 'BEGIN { printf "%.2f", b > 0 ? a / b : 0 }')"
+    v=$(run "$NCASE-auto" "$aenv" --offload auto --nvme-path "$DIR")
+    echo "  --offload auto: $v tokens/s ($(grep -o 'plan: [0-9]* of [0-9]* layers in memory, [0-9]* streamed[^;]*' "$T/$NCASE-auto.log" | head -1))"
+    NCASE=$((NCASE + 1))
+    echo "  best of the grid: $bestl ($best tokens/s); auto / best = $(awk -v a="$v" -v b="$best" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')"
 }
 
 echo "model: $MODEL; a layer is $layer bytes; $RUNS runs of $DECODE tokens"
-L2=$((2 * layer)); L4=$((4 * layer)); L8=$((8 * layer))
+# the gather holds at least its largest bucket (the head, here): the budgets of the grid start there
+big=$("$BIN" bench --model "$MODEL" --offload nvme --nvme-path "$DIR" --max-live-bytes 4096 --runs 1 2>&1 |
+    sed -n 's/.*largest bucket (\([0-9]*\) bytes).*/\1/p' | head -1)
+[ -n "$big" ] || { echo "cannot find the largest bucket" >&2; exit 1; }
+echo "the largest bucket is $big bytes"
+L2=$((big + 2 * layer)); L4=$((big + 4 * layer)); L8=$((big + 8 * layer))
+NCASE=1
 grid "fits" "ZS_PLAN_MEMORY_BYTES=" "--offload none" \
     "--offload nvme --nvme-path $DIR --max-live-bytes $L2" "--offload nvme --nvme-path $DIR --max-live-bytes $L4" \
     "--offload nvme --nvme-path $DIR --max-live-bytes $L8"
