@@ -28,7 +28,7 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
         {"kv-bytes", ZS_OPT_I64, &f->kv_bytes, "KV cache memory per rank, in bytes (default: max-seqs full contexts, at most 1 GiB)"},
         {"kv-offload", ZS_OPT_STR, &f->kv_offload, "where sequences preempted from a full KV cache go: none (default: requests wait) | cpu | nvme"},
         {"kv-nvme-path", ZS_OPT_STR, &f->kv_nvme_path, "directory of the KV cache's NVMe tier (--kv-offload nvme); its prefix blocks stay there across restarts"},
-        {"kv-prefix-bytes", ZS_OPT_I64, &f->kv_prefix_bytes, "room for prefix-cache blocks in the KV tier (default: 4x --kv-bytes in host memory, 16 GiB on NVMe)"},
+        {"kv-prefix-bytes", ZS_OPT_I64, &f->kv_prefix_bytes, "room for prefix-cache blocks in the KV tier (default: 4x --kv-bytes in host memory, 16 GiB on NVMe; unused with serve --no-prefix-cache and by generate, perplexity, bench)"},
         {"context", ZS_OPT_INT, &f->context, "context length (default: the model's)"},
         {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
         {"device", ZS_OPT_STR, &f->device, "cpu | cuda (default: cuda when a device is visible)"},
