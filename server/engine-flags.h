@@ -19,6 +19,7 @@ typedef struct {
     int64_t max_live_bytes, persist_threshold, aio_block_size;
     int64_t expert_cache_bytes; /* mixtures of experts */
     int moe_gather_all, no_expert_speculation;
+    int kv_no_stream;
     /* set by the command before zs_engine_flags_apply: what it acts upon of a --config file
      * (ZS_DS_USE_* of dsconfig.h; 0: ZS_DS_USE_ENGINE); every other key the file sets is reported
      * once at start (zs_zero_opts_report_unused; with ZS_DS_USE_TRAIN the command does it itself,
@@ -31,7 +32,7 @@ typedef struct {
 
 void zs_engine_flags_init(zs_engine_flags *f);
 /* Appends the flag descriptors to opts (room for ZS_ENGINE_FLAG_COUNT); returns the new count. */
-#define ZS_ENGINE_FLAG_COUNT 23
+#define ZS_ENGINE_FLAG_COUNT 24
 int  zs_engine_flags_table(zs_engine_flags *f, zs_opt *opts, int n);
 /* A --weight-dtype value (NULL or "auto": as stored; f32, f16, bf16, the block formats, q4_k_m)
  * into mo's weight_dtype and quant_mix; ZS_EINVAL naming flag and the choices. */

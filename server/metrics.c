@@ -199,6 +199,17 @@ int zs_metrics_render(zs_http *h, zs_sched *s, char **out, size_t *len) {
     outf(&b, "zeroserve_kv_swap_blocks_total{dir=\"in\"} %llu\n", (unsigned long long)st.kv_swap_in_blocks);
     head(&b, "zeroserve_kv_preempted_sequences", "gauge", "Sequences preempted now, waiting to resume.");
     outf(&b, "zeroserve_kv_preempted_sequences %d\n", st.kv_preempted_now);
+    head(&b, "zeroserve_kv_streamed_total", "counter", "Sequences moved from the KV cache's memory to layer streaming from the tier (--kv-offload).");
+    outf(&b, "zeroserve_kv_streamed_total %llu\n", (unsigned long long)st.kv_streamed);
+    head(&b, "zeroserve_kv_streamed_sequences", "gauge", "Running sequences whose K/V are streamed from the tier a layer at a time now.");
+    outf(&b, "zeroserve_kv_streamed_sequences %d\n", st.kv_streamed_now);
+    head(&b, "zeroserve_kv_stream_bytes_total", "counter", "Bytes of streamed K/V read from the tier into stage blocks (in) and written behind (out).");
+    outf(&b, "zeroserve_kv_stream_bytes_total{dir=\"in\"} %llu\n", (unsigned long long)st.kv_stream_bytes_in);
+    outf(&b, "zeroserve_kv_stream_bytes_total{dir=\"out\"} %llu\n", (unsigned long long)st.kv_stream_bytes_out);
+    head(&b, "zeroserve_kv_stream_wait_seconds_total", "counter", "Seconds steps waited for streamed K/V (the loads a layer needed, the last writes).");
+    outf(&b, "zeroserve_kv_stream_wait_seconds_total %.6f\n", st.kv_stream_wait_s);
+    head(&b, "zeroserve_kv_stream_write_errors_total", "counter", "Streamed K/V blocks that could not be written (a full disk): their sequences were recomputed.");
+    outf(&b, "zeroserve_kv_stream_write_errors_total %llu\n", (unsigned long long)st.kv_stream_write_errors);
     head(&b, "zeroserve_prefix_tier_hit_blocks_total", "counter", "Prompt blocks taken back from the KV tier below memory (--kv-offload) instead of prefilled.");
     outf(&b, "zeroserve_prefix_tier_hit_blocks_total %llu\n", (unsigned long long)st.prefix_tier_hit_blocks);
     head(&b, "zeroserve_prefix_tier_stored_blocks_total", "counter", "Prefix blocks written down to the KV tier (evicted from memory, or written through to NVMe).");

@@ -530,7 +530,12 @@ int zs_forward_run(zs_forward *f, zs_weight_source *src, zs_kvcache *kv, const z
     for (int l = 0; l < c->n_layers; l++) {
         int lb = zs_bucket_layer(l);
         if ((rc = src->acquire(src->ctx, lb, &data)) < 0) return rc;
-        rc = layer_forward(f, src, kv, l, b, data, zs_model_bucket_resident(m, lb)); /* + its experts */
+        /* layer-streamed sequences: their layer-l K/V arrive before, and go back after (kvstream.h) */
+        if ((rc = zs_kv_layer(kv, l, 0, b->seq, b->n)) == 0) {
+            rc = layer_forward(f, src, kv, l, b, data, zs_model_bucket_resident(m, lb)); /* + its experts */
+            int rc2 = zs_kv_layer(kv, l, 1, b->seq, b->n);
+            if (rc == 0) rc = rc2;
+        }
         src->release(src->ctx, lb);
         if (rc < 0) return rc;
     }

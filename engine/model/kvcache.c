@@ -15,6 +15,7 @@ typedef struct {
     int *blocks;  /* [max_blocks_per_seq]: the block of each table index */
     int n_phys;   /* blocks the sequence owns (n_blocks, or at most ring with a window) */
     int *phys;    /* [max(ring, 1)] with a window: the owned blocks; index j uses phys[j % ring] */
+    int streamed; /* zs_kv_seq_set_streamed: new blocks are stage blocks */
 } kv_seq;
 
 struct zs_kvcache {
@@ -39,6 +40,19 @@ struct zs_kvcache {
     uint64_t evictions;
     zs_kv_evict_fn on_evict; /* zs_kv_set_evict_hook */
     void *evict_ud;
+    /* stage blocks (zs_kv_stage_enable): ids n_blocks + sb; group g = sb / per lives in the lent
+     * memory block lent[g] (-1: not lent), whose layer chunks 2k and 2k + 1 are stage block
+     * g * per + k's even- and odd-layer buffers */
+    int per, n_groups;
+    int *lent, *group_used; /* [n_blocks] */
+    int *gfree, n_gfree;    /* group ids not lent */
+    int *sfree, n_sfree;    /* stage blocks of lent groups, not in use */
+    unsigned char *sused, *sdirty; /* [n_blocks * per] */
+    unsigned *sgen;         /* [n_blocks * per] bumped at every take */
+    int *dirty, n_dirty;    /* written since zs_kv_stage_dirty_clear */
+    int stage_used;
+    zs_kv_layer_fn on_layer; /* zs_kv_set_layer_hook */
+    void *layer_ud;
 };
 
 static int kv_dtype_ok(zs_dtype t) { return t == ZS_F32 || t == ZS_F16 || t == ZS_BF16; }
@@ -118,6 +132,14 @@ void zs_kv_free(zs_kvcache *kv) {
     free(kv->lru_prev);
     free(kv->lru_next);
     free(kv->table);
+    free(kv->lent);
+    free(kv->group_used);
+    free(kv->gfree);
+    free(kv->sfree);
+    free(kv->sused);
+    free(kv->sdirty);
+    free(kv->sgen);
+    free(kv->dirty);
     free(kv);
 }
 
@@ -156,7 +178,8 @@ int zs_kv_prefix_enable(zs_kvcache *kv) {
     kv->lru_head = kv->lru_tail = -1;
     /* blocks held by open sequences (none, normally) count as referenced */
     for (int q = 0; q < kv->max_seqs; q++)
-        for (int j = 0; kv->seqs[q].open && j < kv->seqs[q].n_blocks; j++) kv->ref[kv->seqs[q].blocks[j]]++;
+        for (int j = 0; kv->seqs[q].open && j < kv->seqs[q].n_blocks; j++)
+            if (kv->seqs[q].blocks[j] < kv->n_blocks) kv->ref[kv->seqs[q].blocks[j]]++;
     kv->prefix = 1;
     return 0;
 }
@@ -224,8 +247,15 @@ static int block_take(zs_kvcache *kv) {
     return b;
 }
 
+static void stage_release(zs_kvcache *kv, int sb);
+static int stage_take(zs_kvcache *kv);
+
 /* A sequence lets go of block b: free it, or keep it cached while its content is addressed. */
 static void block_release(zs_kvcache *kv, int b) {
+    if (b >= kv->n_blocks) {
+        stage_release(kv, b - kv->n_blocks);
+        return;
+    }
     if (kv->prefix) {
         if (--kv->ref[b] > 0) return;
         if (kv->hashed[b]) {
@@ -262,7 +292,7 @@ void zs_kv_seq_publish(zs_kvcache *kv, int seq, int j, uint64_t hash) {
     kv_seq *s = &kv->seqs[seq];
     if (!kv->prefix || j < 0 || j >= s->n_blocks || (j + 1) * ZS_KV_BLOCK > s->len) return;
     int b = s->blocks[j];
-    if (kv->hashed[b] || table_find(kv, hash) >= 0) return;
+    if (b >= kv->n_blocks || kv->hashed[b] || table_find(kv, hash) >= 0) return;
     kv->bhash[b] = hash;
     kv->hashed[b] = 1;
     table_insert(kv, b);
@@ -278,6 +308,7 @@ int zs_kv_seq_open(zs_kvcache *kv, int *seq) {
             kv->seqs[s].len = 0;
             kv->seqs[s].n_blocks = 0;
             kv->seqs[s].n_phys = 0;
+            kv->seqs[s].streamed = 0;
             *seq = s;
             return 0;
         }
@@ -350,7 +381,16 @@ int zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len) {
         if (new_len > s->len) s->len = new_len;
         return 0;
     }
-    int need = nb - s->n_blocks, avail = kv->n_free + (kv->prefix ? kv->n_lru : 0);
+    int need = nb - s->n_blocks;
+    if (s->streamed) {
+        int avail = zs_kv_stage_avail(kv);
+        if (need > avail)
+            return zs_err(ZS_ENOSPC, "kv cache full: need %d more stage blocks, room for %d", need, avail);
+        for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = kv->n_blocks + stage_take(kv);
+        if (new_len > s->len) s->len = new_len;
+        return 0;
+    }
+    int avail = kv->n_free + (kv->prefix ? kv->n_lru : 0);
     if (need > avail)
         return zs_err(ZS_ENOSPC, "kv cache full: need %d more blocks, %d free", need, avail);
     for (int i = 0; i < need; i++) s->blocks[s->n_blocks++] = block_take(kv);
@@ -358,13 +398,31 @@ int zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len) {
     return 0;
 }
 
+/* Layer layer's K and V of block blk: a pool's, or a stage block's buffer for layer's parity. */
+static inline char *blk_at(zs_kvcache *kv, int layer, int blk) {
+    size_t lb = zs_kv_block_layer_bytes(kv);
+    if (blk < kv->n_blocks) return kv->pool[layer] + (size_t)blk * lb;
+    int sb = blk - kv->n_blocks, k = sb % kv->per;
+    return kv->pool[2 * k + (layer & 1)] + (size_t)kv->lent[sb / kv->per] * lb;
+}
+
 static inline void *kv_at(zs_kvcache *kv, int layer, int seq, int pos, int which) {
     if (!kv->pool[layer]) return NULL; /* tables only (zs_kv_init_ex, host_data = 0) */
     const kv_seq *s = &kv->seqs[seq];
     int blk = s->blocks[pos / ZS_KV_BLOCK];
-    size_t off = (((size_t)blk * 2 + (size_t)which) * ZS_KV_BLOCK + (size_t)(pos % ZS_KV_BLOCK)) *
-                 (size_t)kv->kv_dim;
-    return kv->pool[layer] + off * kv->esize;
+    size_t off = ((size_t)which * ZS_KV_BLOCK + (size_t)(pos % ZS_KV_BLOCK)) * (size_t)kv->kv_dim;
+    return blk_at(kv, layer, blk) + off * kv->esize;
+}
+
+/* a write to a stage block: its buffer goes to the tier after the layer (zs_kv_stage_dirty) */
+static inline void mark_dirty(zs_kvcache *kv, int seq, int pos) {
+    int blk = kv->seqs[seq].blocks[pos / ZS_KV_BLOCK];
+    if (blk < kv->n_blocks) return;
+    int sb = blk - kv->n_blocks;
+    if (!kv->sdirty[sb]) {
+        kv->sdirty[sb] = 1;
+        kv->dirty[kv->n_dirty++] = sb;
+    }
 }
 
 void *zs_kv_k(zs_kvcache *kv, int layer, int seq, int pos) { return kv_at(kv, layer, seq, pos, 0); }
@@ -386,6 +444,7 @@ void zs_kv_write(zs_kvcache *kv, int layer, int seq, int pos, const float *k, co
     if (!kv->pool[layer]) return;
     kv_store(kv_at(kv, layer, seq, pos, 0), kv->dtype, k, kv->kv_dim);
     kv_store(kv_at(kv, layer, seq, pos, 1), kv->dtype, v, kv->kv_dim);
+    if (kv->per) mark_dirty(kv, seq, pos);
 }
 
 void zs_kv_copy(zs_kvcache *kv, int layer, int seq, int from, int to) {
@@ -393,6 +452,7 @@ void zs_kv_copy(zs_kvcache *kv, int layer, int seq, int from, int to) {
     size_t n = (size_t)kv->kv_dim * kv->esize;
     memcpy(kv_at(kv, layer, seq, to, 0), kv_at(kv, layer, seq, from, 0), n);
     memcpy(kv_at(kv, layer, seq, to, 1), kv_at(kv, layer, seq, from, 1), n);
+    if (kv->per) mark_dirty(kv, seq, to);
 }
 
 zs_dtype zs_kv_dtype(const zs_kvcache *kv) { return kv->dtype; }
@@ -411,7 +471,7 @@ int zs_kv_seq_units(const zs_kvcache *kv, int seq, const int **units) {
 }
 
 void *zs_kv_block_data(zs_kvcache *kv, int layer, int b) {
-    if (!kv->pool[layer]) return NULL;
+    if (!kv->pool[layer] || b < 0 || b >= kv->n_blocks) return NULL;
     return kv->pool[layer] + (size_t)b * zs_kv_block_layer_bytes(kv);
 }
 
@@ -422,4 +482,122 @@ int zs_kv_avail_blocks(const zs_kvcache *kv) { return kv->n_free + (kv->prefix ?
 void zs_kv_set_evict_hook(zs_kvcache *kv, zs_kv_evict_fn fn, void *ud) {
     kv->on_evict = fn;
     kv->evict_ud = ud;
+}
+
+/* ---------- stage blocks (layer-streamed sequences, kvstream.h) ---------- */
+
+int zs_kv_stage_enable(zs_kvcache *kv) {
+    if (kv->per) return 0;
+    if (!kv->pool[0]) return zs_err(ZS_EUNSUPPORTED, "kv cache: no host memory to stage blocks in (device KV)");
+    if (kv->ring) return zs_err(ZS_EUNSUPPORTED, "kv cache: no layer streaming with a sliding-window ring");
+    if (kv->n_layers < 2) return zs_err(ZS_EUNSUPPORTED, "kv cache: layer streaming needs two layers or more");
+    int per = kv->n_layers / 2;
+    size_t nb = (size_t)kv->n_blocks, ns = nb * (size_t)per;
+    if (ns > (size_t)1 << 28) return zs_err(ZS_EINVAL, "kv cache: too many stage blocks (%zu)", ns);
+    kv->lent = malloc(nb * sizeof(int));
+    kv->group_used = calloc(nb, sizeof(int));
+    kv->gfree = malloc(nb * sizeof(int));
+    kv->sfree = malloc(ns * sizeof(int));
+    kv->sused = calloc(ns, 1);
+    kv->sdirty = calloc(ns, 1);
+    kv->dirty = malloc(ns * sizeof(int));
+    kv->sgen = calloc(ns, sizeof(unsigned));
+    if (!kv->sgen || !kv->lent || !kv->group_used || !kv->gfree || !kv->sfree || !kv->sused || !kv->sdirty || !kv->dirty)
+        return zs_err(ZS_ENOMEM, "kv cache: out of memory for stage blocks");
+    for (size_t g = 0; g < nb; g++) {
+        kv->lent[g] = -1;
+        kv->gfree[g] = (int)(nb - 1 - g);
+    }
+    kv->n_gfree = (int)nb;
+    kv->n_groups = (int)nb;
+    kv->per = per;
+    return 0;
+}
+
+int zs_kv_stage_per_block(const zs_kvcache *kv) { return kv->per; }
+
+int zs_kv_stage_avail(const zs_kvcache *kv) {
+    if (!kv->per) return 0;
+    return kv->n_sfree + zs_kv_avail_blocks(kv) * kv->per;
+}
+
+static int stage_take(zs_kvcache *kv) {
+    if (kv->n_sfree == 0) { /* lend a memory block: per stage blocks */
+        int g = kv->gfree[--kv->n_gfree], b = block_take(kv);
+        if (kv->prefix) kv->ref[b] = 1; /* held by the stage */
+        kv->lent[g] = b;
+        for (int k = kv->per - 1; k >= 0; k--) kv->sfree[kv->n_sfree++] = g * kv->per + k;
+    }
+    int sb = kv->sfree[--kv->n_sfree];
+    kv->sused[sb] = 1;
+    kv->sgen[sb]++;
+    kv->group_used[sb / kv->per]++;
+    kv->stage_used++;
+    return sb;
+}
+
+static void stage_release(zs_kvcache *kv, int sb) {
+    int g = sb / kv->per;
+    kv->sused[sb] = 0;
+    kv->sfree[kv->n_sfree++] = sb;
+    kv->stage_used--;
+    if (--kv->group_used[g] > 0) return;
+    /* the group is empty: its memory block goes back (its stage blocks leave the free list) */
+    int w = 0;
+    for (int i = 0; i < kv->n_sfree; i++)
+        if (kv->sfree[i] / kv->per != g) kv->sfree[w++] = kv->sfree[i];
+    kv->n_sfree = w;
+    int b = kv->lent[g];
+    kv->lent[g] = -1;
+    kv->gfree[kv->n_gfree++] = g;
+    block_release(kv, b);
+}
+
+int zs_kv_stage_used(const zs_kvcache *kv) { return kv->stage_used; }
+int zs_kv_stage_blocks(const zs_kvcache *kv) { return kv->n_groups * kv->per; }
+unsigned zs_kv_stage_gen(const zs_kvcache *kv, int sb) { return kv->sgen[sb]; }
+
+void zs_kv_seq_set_streamed(zs_kvcache *kv, int seq) {
+    if (kv->per) kv->seqs[seq].streamed = 1;
+}
+
+int zs_kv_seq_streamed(const zs_kvcache *kv, int seq) { return kv->seqs[seq].streamed; }
+
+int zs_kv_block_movable(const zs_kvcache *kv, int b) {
+    if (b < 0 || b >= kv->n_blocks) return 0;
+    return !kv->prefix || (kv->ref[b] <= 1 && !kv->hashed[b]);
+}
+
+int zs_kv_seq_to_stage(zs_kvcache *kv, int seq, int j) {
+    kv_seq *s = &kv->seqs[seq];
+    if (!kv->per || j < 0 || j >= s->n_blocks || !zs_kv_block_movable(kv, s->blocks[j]))
+        return zs_err(ZS_EINVAL, "kv cache: block %d of sequence %d cannot move to the stage", j, seq);
+    block_release(kv, s->blocks[j]); /* first: it may be the memory the stage block is lent */
+    s->blocks[j] = kv->n_blocks + stage_take(kv);
+    return s->blocks[j];
+}
+
+void *zs_kv_stage_data(zs_kvcache *kv, int layer, int sb) {
+    if (!kv->per || sb < 0 || sb >= kv->n_groups * kv->per || kv->lent[sb / kv->per] < 0) return NULL;
+    return blk_at(kv, layer, kv->n_blocks + sb);
+}
+
+int zs_kv_stage_dirty(const zs_kvcache *kv, const int **sb) {
+    *sb = kv->dirty;
+    return kv->n_dirty;
+}
+
+void zs_kv_stage_dirty_clear(zs_kvcache *kv) {
+    for (int i = 0; i < kv->n_dirty; i++) kv->sdirty[kv->dirty[i]] = 0;
+    kv->n_dirty = 0;
+}
+
+void zs_kv_set_layer_hook(zs_kvcache *kv, zs_kv_layer_fn fn, void *ud) {
+    kv->on_layer = fn;
+    kv->layer_ud = ud;
+}
+
+int zs_kv_layer(zs_kvcache *kv, int layer, int end, const int32_t *seqs, int n) {
+    if (!kv->on_layer || !kv->stage_used) return 0;
+    return kv->on_layer(kv->layer_ud, layer, end, seqs, n);
 }

@@ -84,8 +84,8 @@ int zs_kv_max_seqs(const zs_kvcache *kv);
  * (table index j in units[j % ring]); *units points into the cache (valid until the sequence
  * changes). Returns how many. Swapping (kvswap.h) saves and restores them in this order. */
 int zs_kv_seq_units(const zs_kvcache *kv, int seq, const int **units);
-/* Layer layer's K and V of block b (2 * ZS_KV_BLOCK * kv_dim elements: K rows, then V rows), and
- * its bytes; NULL without host pools. */
+/* Layer layer's K and V of memory block b (2 * ZS_KV_BLOCK * kv_dim elements: K rows, then V
+ * rows), and its bytes; NULL without host pools or for a stage block. */
 void *zs_kv_block_data(zs_kvcache *kv, int layer, int b);
 size_t zs_kv_block_layer_bytes(const zs_kvcache *kv);
 int zs_kv_layers(const zs_kvcache *kv);
@@ -123,5 +123,42 @@ void zs_kv_set_evict_hook(zs_kvcache *kv, zs_kv_evict_fn fn, void *ud);
 /* Cached blocks no sequence holds (evictable), and blocks evicted so far. */
 int zs_kv_cached_blocks(const zs_kvcache *kv);
 uint64_t zs_kv_evictions(const zs_kvcache *kv);
+
+/* Stage blocks: a layer-streamed sequence (kvstream.h) keeps its K/V in a tier, and each step
+ * brings one layer of it at a time into a stage block. A memory block lent to the stage holds
+ * n_layers / 2 stage blocks, each with two buffers (even and odd layers), so a streamed block costs
+ * 2 / n_layers of a block in memory. Stage block ids follow the pool's (zs_kv_total_blocks() +
+ * sb) in the tables; zs_kv_k / zs_kv_v / zs_kv_write address the buffer of the layer's parity,
+ * whose content is the caller's to load before the layer (zs_kv_layer). A memory block is lent
+ * when a stage block is taken and none is free, and given back when its last one is released.
+ * zs_kv_stage_enable: ZS_EUNSUPPORTED without host pools, with a window ring, or with one layer. */
+int  zs_kv_stage_enable(zs_kvcache *kv);
+int  zs_kv_stage_per_block(const zs_kvcache *kv); /* n_layers / 2; 0 before enable */
+/* Stage blocks a streamed reserve can take now (free ones, and per for each block it may lend). */
+int  zs_kv_stage_avail(const zs_kvcache *kv);
+int  zs_kv_stage_used(const zs_kvcache *kv);
+int  zs_kv_stage_blocks(const zs_kvcache *kv); /* ids there can be: sb in [0, this) */
+/* Counts the takes of stage block sb: a record saved under another generation is another
+ * sequence's (or an older use's), never this one's. */
+unsigned zs_kv_stage_gen(const zs_kvcache *kv, int sb);
+/* From now on reserve gives seq stage blocks (until it closes); its memory blocks stay. */
+void zs_kv_seq_set_streamed(zs_kvcache *kv, int seq);
+int  zs_kv_seq_streamed(const zs_kvcache *kv, int seq);
+/* 1 when memory block b belongs to one sequence only and is not in the prefix cache. */
+int  zs_kv_block_movable(const zs_kvcache *kv, int b);
+/* Table index j of seq (a movable memory block) takes a stage block instead; the memory block is
+ * released first (its K/V must be saved before). Returns the new id (total_blocks + sb). */
+int  zs_kv_seq_to_stage(zs_kvcache *kv, int seq, int j);
+/* Stage block sb's buffer for layer's parity (2 * ZS_KV_BLOCK * kv_dim elements), or NULL. */
+void *zs_kv_stage_data(zs_kvcache *kv, int layer, int sb);
+/* Stage blocks written (zs_kv_write, zs_kv_copy) since the last clear, each once. */
+int  zs_kv_stage_dirty(const zs_kvcache *kv, const int **sb);
+void zs_kv_stage_dirty_clear(zs_kvcache *kv);
+/* The forward calls zs_kv_layer before (end 0) and after (end 1) each layer, with the batch
+ * rows' sequences (seqs[0..n)); it calls the hook when stage blocks are in use (returns 0
+ * otherwise). A negative return fails the forward. */
+typedef int (*zs_kv_layer_fn)(void *ud, int layer, int end, const int32_t *seqs, int n);
+void zs_kv_set_layer_hook(zs_kvcache *kv, zs_kv_layer_fn fn, void *ud);
+int  zs_kv_layer(zs_kvcache *kv, int layer, int end, const int32_t *seqs, int n);
 
 #endif

@@ -186,7 +186,7 @@ int zs_kvprefix_lookup(const zs_kvprefix *p, const uint64_t *hashes, int n) {
 
 int zs_kvprefix_take(zs_kvprefix *p, int seq, const uint64_t *hashes, int n) {
     int k = zs_kv_seq_len(p->kv, seq) / ZS_KV_BLOCK, taken = 0;
-    if (k * ZS_KV_BLOCK != zs_kv_seq_len(p->kv, seq)) return 0;
+    if (k * ZS_KV_BLOCK != zs_kv_seq_len(p->kv, seq) || zs_kv_seq_streamed(p->kv, seq)) return 0;
     for (; k < n; k++) {
         int s = find(p, hashes[k]);
         if (s < 0) break;
@@ -212,7 +212,7 @@ int zs_kvprefix_take(zs_kvprefix *p, int seq, const uint64_t *hashes, int n) {
 void zs_kvprefix_publish(zs_kvprefix *p, int seq, int j, uint64_t hash) {
     if (!p->write_through) return;
     const int *units;
-    if (j >= zs_kv_seq_units(p->kv, seq, &units)) return;
+    if (j >= zs_kv_seq_units(p->kv, seq, &units) || units[j] >= zs_kv_total_blocks(p->kv)) return; /* a stage block */
     store(p, units[j], hash);
 }
 

@@ -24,6 +24,8 @@ int zs_kv_swap_out(zs_kvcache *kv, int seq, zs_kvtier *t, zs_kv_swapped **out) {
     if (zs_kvtier_rec_bytes(t) != zs_kv_swap_rec_bytes(kv))
         return zs_err(ZS_EINVAL, "kv swap: the tier's records are %zu bytes, a block is %zu", zs_kvtier_rec_bytes(t),
                       zs_kv_swap_rec_bytes(kv));
+    if (zs_kv_seq_streamed(kv, seq))
+        return zs_err(ZS_EUNSUPPORTED, "kv swap: sequence %d is streamed (its K/V are in the stream's tier)", seq);
     const int *units;
     int n = zs_kv_seq_units(kv, seq, &units);
     zs_kv_swapped *sw = malloc(sizeof *sw + (size_t)n * sizeof(int));

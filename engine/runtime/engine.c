@@ -13,6 +13,7 @@
 #include "device.h"
 #include "gguf.h"
 #include "kvprefix.h"
+#include "kvstream.h"
 #include "plan-auto.h"
 #include "kvswap.h"
 #include "stop.h"
@@ -145,6 +146,7 @@ struct zs_engine {
     zs_kvtier **kvt; /* [ranks of this process] the KV tier below memory (kv_offload), or NULL */
     zs_kvtier **kvpt; /* [ranks] the prefix cache's tier (a file kept across restarts on NVMe) */
     zs_kvprefix **kvp; /* [ranks] the prefix cache's blocks below memory */
+    zs_kvstream **kvs; /* [ranks] layer-streamed sequences (kv_offload, not kv_no_stream), or NULL */
     char *plan_json;   /* --offload auto's plan, or NULL */
     int context;
     int device;
@@ -164,6 +166,7 @@ zs_tokenizer *zs_engine_tokenizer(zs_engine *e) { return e->tok; }
 zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
 zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank) { return e->kvt ? e->kvt[rank] : NULL; }
 zs_kvprefix *zs_engine_kv_prefix(zs_engine *e, int rank) { return e->kvp ? e->kvp[rank] : NULL; }
+zs_kvstream *zs_engine_kv_stream(zs_engine *e, int rank) { return e->kvs ? e->kvs[rank] : NULL; }
 const char *zs_engine_plan_json(const zs_engine *e) { return e->plan_json; }
 
 /* The key of the prefix tier's file: everything that decides the K/V values of a prefix. */
@@ -184,7 +187,8 @@ static int open_kv_tiers(zs_engine *e) {
     e->kvt = calloc((size_t)n, sizeof *e->kvt);
     e->kvpt = calloc((size_t)n, sizeof *e->kvpt);
     e->kvp = calloc((size_t)n, sizeof *e->kvp);
-    if (!e->kvt || !e->kvpt || !e->kvp) return zs_err(ZS_ENOMEM, "out of memory");
+    e->kvs = calloc((size_t)n, sizeof *e->kvs);
+    if (!e->kvt || !e->kvpt || !e->kvp || !e->kvs) return zs_err(ZS_ENOMEM, "out of memory");
     int kind = o->kv_offload == ZS_OFFLOAD_CPU ? ZS_KVTIER_CPU : ZS_KVTIER_NVME;
     for (int r = 0; r < n && rc == 0; r++) {
         zs_kvcache *kv = zs_world_kv(e->world, r);
@@ -215,6 +219,13 @@ static int open_kv_tiers(zs_engine *e) {
             zs_kvprefix_stats ps;
             zs_kvprefix_stats_get(e->kvp[r], &ps);
             if (ps.restored) zs_log_info("KV prefix tier: %d blocks back from %s", ps.restored, o->kv_nvme_path);
+        }
+        if (rc == 0 && !o->kv_no_stream) {
+            rc = zs_kvstream_open(kv, kind, o->kv_nvme_path, &e->kvs[r]);
+            if (rc == ZS_EUNSUPPORTED) { /* one layer, or a window ring: swapping only */
+                zs_log_info("KV offload: %s; sequences beyond memory wait swapped out", zs_errmsg());
+                rc = 0;
+            }
         }
     }
     return rc;
@@ -262,9 +273,11 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     size_t cap = o->kv_bytes ? o->kv_bytes : (size_t)1 << 30;
     int fit = zs_kv_blocks_for_bytes(c->n_layers, kvd, o->kv_dtype, cap);
     if (n_blocks > fit) n_blocks = fit;
-    if (n_blocks < per_seq && o->kv_bytes) {
-        rc = zs_err(ZS_EINVAL, "kv cache of %zu bytes holds less than one full context (%d positions)",
-                    o->kv_bytes, e->context);
+    /* with a tier and streaming, one context may be longer than memory: its stage blocks must fit */
+    int streams = o->kv_offload != ZS_OFFLOAD_NONE && !o->kv_no_stream && c->n_layers >= 2;
+    if (n_blocks < per_seq && o->kv_bytes && !(streams && (long)fit * (c->n_layers / 2) >= per_seq)) {
+        rc = zs_err(ZS_EINVAL, "kv cache of %zu bytes holds less than one full context (%d positions)%s",
+                    o->kv_bytes, e->context, streams ? ", even streamed layer by layer" : "");
         goto fail;
     }
     if (n_blocks < 1) n_blocks = 1;
@@ -311,7 +324,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     e->kv = zs_world_kv(e->world, 0);
     if (o->kv_offload != ZS_OFFLOAD_NONE) {
         if ((rc = open_kv_tiers(e)) < 0) goto fail;
-        zs_log_info("KV offload: sequences preempted to %s%s%s when the cache is full",
+        zs_log_info("KV offload: sequences beyond memory %s %s%s%s", e->kvs[0] ? "streamed layer by layer from" : "swapped to",
                     o->kv_offload == ZS_OFFLOAD_CPU ? "host memory" : "NVMe",
                     o->kv_offload == ZS_OFFLOAD_NVME ? " under " : "", o->kv_offload == ZS_OFFLOAD_NVME ? o->kv_nvme_path : "");
     }
@@ -336,11 +349,13 @@ fail:
 void zs_engine_free(zs_engine *e) {
     if (!e) return;
     for (int r = 0; e->world && r < zs_world_ranks(e->world); r++) {
+        if (e->kvs) zs_kvstream_free(e->kvs[r]);
         if (e->kvp) zs_kvprefix_free(e->kvp[r]);
         if (e->kvpt) zs_kvtier_free(e->kvpt[r]);
         if (e->kvt) zs_kvtier_free(e->kvt[r]);
     }
     free(e->kvp);
+    free(e->kvs);
     free(e->kvpt);
     free(e->plan_json);
     free(e->kvt);

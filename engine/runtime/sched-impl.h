@@ -129,6 +129,7 @@ struct zs_sched {
     zs_train_job *tr_riding;              /* the work whose rider is in the current step */
     int tr_nospec;                        /* the gathers' speculation is off (work queued) */
     zs_request *waiting, *waiting_tail;   /* taken from the inbox, not yet admitted */
+    struct zs_kvstream **kvs;             /* sched-kv.c: each rank's layer-streamed sequences, or NULL */
     struct zs_kvtier **kvt;               /* sched-kv.c: each rank's KV tier (--kv-offload), or NULL: whole
                                              reservations, no preemption */
     zs_request *preempted, *preempted_tail; /* sched-kv.c: preempted, to resume in this order */
@@ -202,7 +203,14 @@ int  zs_sched_kv_prefix_lookup(zs_sched *s, int rank, const uint64_t *hashes, in
 int  zs_sched_kv_prefix_take(zs_sched *s, int rank, int seq, const uint64_t *hashes, int n);
 /* The KV length r must hold for its next step (its whole length without a tier). */
 int  zs_sched_kv_need(const zs_sched *s, const zs_request *r);
-/* Before a step: every running sequence gets room for it, the youngest preempted as needed. */
+/* Room for r's next step in open sequence seq of rank: in memory, else (a tier with streaming,
+ * not an embedding) as a streamed sequence. ZS_ENOSPC: no room (seq unchanged but maybe marked
+ * streamed; close it). */
+int  zs_sched_kv_reserve(zs_sched *s, int rank, int seq, const zs_request *r);
+/* 1 when positions could ever fit in rank's cache: its memory, or streamed. */
+int  zs_sched_kv_fits(const zs_sched *s, int rank, int positions);
+/* Before a step: every running sequence gets room for it, the youngest streamed or preempted as
+ * needed. */
 void zs_sched_kv_grow(zs_sched *s);
 /* Resumes preempted requests (oldest preemption first); 1 while any is left. */
 int  zs_sched_kv_resume(zs_sched *s);
@@ -211,6 +219,8 @@ void zs_sched_kv_reap(zs_sched *s, int stop);
 int  zs_sched_kv_preempted(const zs_sched *s);
 /* The prefix tiers' counters into st (under mu). */
 void zs_sched_kv_prefix_stats(const zs_sched *s, zs_sched_stats *st);
+/* The streams' figures and the sequences running streamed now, into st (engine thread, under mu). */
+void zs_sched_kv_stream_stats(const zs_sched *s, zs_sched_stats *st);
 
 /* sched-spec.c: speculative decoding's plan and counters. */
 int  zs_sched_spec_init(zs_sched *s, const zs_sched_opts *o);

@@ -1,15 +1,18 @@
 /* sched-kv.c — the KV cache's room when it has a tier below memory (--kv-offload): sequences
- * reserve blocks as they grow instead of their whole length at admission, and when a running
- * sequence cannot grow, the youngest ones are preempted: swapped out to the tier (kvswap.h) and
- * resumed later bit for bit, or, when the tier cannot take them (a full disk), recomputed: their
- * prompt and generated tokens are prefilled again (the kernels are batch-invariant, so the
- * recomputed K/V are the same bits). Preempted requests resume first-preempted first, before any
- * new request is admitted. Without a tier the scheduler reserves whole requests (sched.c) and
- * none of this runs. */
+ * reserve blocks as they grow instead of their whole length at admission. When a running sequence
+ * cannot grow, the youngest sequence in memory is streamed (kvstream.h): its blocks go to the tier
+ * and it keeps running, with a stage block per block in memory. When the stage has no room either
+ * (or with --kv-no-stream), the youngest are preempted: swapped out to the tier (kvswap.h) and
+ * resumed later bit for bit, or recomputed (a streamed sequence, or one the tier cannot take: a
+ * full disk): their prompt and generated tokens are prefilled again (the kernels are
+ * batch-invariant, so the recomputed K/V are the same bits). Preempted requests resume
+ * first-preempted first, before any new request is admitted. Without a tier the scheduler
+ * reserves whole requests (sched.c) and none of this runs. */
 #include <string.h>
 
 #include "common.h"
 #include "kvprefix.h"
+#include "kvstream.h"
 #include "kvswap.h"
 #include "sched-impl.h"
 
@@ -19,10 +22,12 @@ int zs_sched_kv_init(zs_sched *s) {
     if (!zs_engine_kv_tier(s->e, 0)) return 0;
     s->kvt = calloc((size_t)s->nranks, sizeof *s->kvt);
     s->kvp = calloc((size_t)s->nranks, sizeof *s->kvp);
-    if (!s->kvt || !s->kvp) return zs_err(ZS_ENOMEM, "out of memory");
+    s->kvs = calloc((size_t)s->nranks, sizeof *s->kvs);
+    if (!s->kvt || !s->kvp || !s->kvs) return zs_err(ZS_ENOMEM, "out of memory");
     for (int i = 0; i < s->nranks; i++) {
         s->kvt[i] = zs_engine_kv_tier(s->e, i);
         s->kvp[i] = zs_engine_kv_prefix(s->e, i);
+        s->kvs[i] = zs_engine_kv_stream(s->e, i);
     }
     return 0;
 }
@@ -31,6 +36,28 @@ int zs_sched_kv_prefix_lookup(zs_sched *s, int rank, const uint64_t *hashes, int
     int k = zs_kv_prefix_lookup(zs_world_kv(s->w, rank), hashes, n);
     if (s->kvp && s->kvp[rank] && k < n) k += zs_kvprefix_lookup(s->kvp[rank], hashes + k, n - k);
     return k;
+}
+
+/* rank's stream, while it takes sequences */
+static zs_kvstream *stream_of(const zs_sched *s, int rank) {
+    zs_kvstream *st = s->kvs ? s->kvs[rank] : NULL;
+    return st && zs_kvstream_ok(st) ? st : NULL;
+}
+
+int zs_sched_kv_reserve(zs_sched *s, int rank, int seq, const zs_request *r) {
+    zs_kvcache *kv = zs_world_kv(s->w, rank);
+    int need = zs_sched_kv_need(s, r);
+    if (zs_kv_seq_reserve(kv, seq, need) == 0) return 0;
+    if (!s->kvt || r->embed || zs_kv_seq_streamed(kv, seq) || !stream_of(s, rank)) return ZS_ENOSPC;
+    zs_kv_seq_set_streamed(kv, seq); /* its shared prefix blocks stay; the rest are streamed */
+    return zs_kv_seq_reserve(kv, seq, need) == 0 ? 0 : ZS_ENOSPC;
+}
+
+int zs_sched_kv_fits(const zs_sched *s, int rank, int positions) {
+    zs_kvcache *kv = zs_world_kv(s->w, rank);
+    int blocks = (positions + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+    if (zs_kv_ring(kv) || blocks <= zs_kv_total_blocks(kv)) return 1;
+    return stream_of(s, rank) && blocks <= zs_kv_total_blocks(kv) * zs_kv_stage_per_block(kv);
 }
 
 int zs_sched_kv_prefix_take(zs_sched *s, int rank, int seq, const uint64_t *hashes, int n) {
@@ -69,8 +96,9 @@ static void preempt(zs_sched *s, zs_request *r) {
     int blocks = 0;
     const int *units;
     blocks = zs_kv_seq_units(kv, r->seq, &units);
-    if (zs_kv_swap_out(kv, r->seq, s->kvt[r->rank], &sw) < 0) {
-        if (!s->kv_tier_warned) {
+    int streamed = zs_kv_seq_streamed(kv, r->seq); /* its K/V are in the stream's records: recomputed */
+    if (streamed || zs_kv_swap_out(kv, r->seq, s->kvt[r->rank], &sw) < 0) {
+        if (!streamed && !s->kv_tier_warned) {
             zs_log_warn("KV offload: %s; preempted sequences are recomputed instead (serving goes on from memory)",
                         zs_errmsg());
             s->kv_tier_warned = 1;
@@ -102,20 +130,53 @@ static void preempt(zs_sched *s, zs_request *r) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* the youngest running request of rank i that may be preempted (not an embedding), or NULL */
-static zs_request *youngest(zs_sched *s, int i) {
+enum { ANY, MOVABLE, IN_MEMORY };
+
+/* the youngest running request of rank i that may be preempted (not an embedding), or NULL;
+ * IN_MEMORY: one not streamed; MOVABLE: one not streamed with a block that can be */
+static zs_request *youngest(zs_sched *s, int i, int which) {
+    zs_kvcache *kv = zs_world_kv(s->w, i);
     zs_request *y = NULL;
     for (int j = 0; j < s->rb[i].n_running; j++) {
         zs_request *r = s->rb[i].running[j];
-        if (!r->embed && (!y || r->admit_no > y->admit_no)) y = r;
+        if (r->embed || (y && r->admit_no < y->admit_no)) continue;
+        if (which != ANY && zs_kv_seq_streamed(kv, r->seq)) continue;
+        if (which == MOVABLE) {
+            const int *b = zs_kv_seq_blocks(kv, r->seq);
+            int n = (zs_kv_seq_len(kv, r->seq) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK, movable = 0;
+            for (int k = 0; k < n && !movable; k++) movable = zs_kv_block_movable(kv, b[k]);
+            if (!movable) continue;
+        }
+        y = r;
     }
     return y;
+}
+
+/* The youngest sequence in memory goes on streamed (its blocks to the tier); 1 when one did. */
+static int stream_youngest(zs_sched *s, int i) {
+    zs_kvstream *st = stream_of(s, i);
+    zs_request *v = st ? youngest(s, i, MOVABLE) : NULL;
+    if (!v) return 0;
+    if (zs_kvstream_convert(st, v->seq) < 0) {
+        zs_log_warn("KV streaming: %s; the sequence is preempted instead", zs_errmsg());
+        return 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->st.kv_streamed++;
+    pthread_mutex_unlock(&s->mu);
+    return 1;
 }
 
 void zs_sched_kv_grow(zs_sched *s) {
     if (!s->kvt) return;
     for (int i = 0; i < s->nranks; i++) {
         zs_kvcache *kv = zs_world_kv(s->w, i);
+        /* a streamed block that could not be written: those sequences are recomputed */
+        for (int j = 0; s->kvs && s->kvs[i] && j < s->rb[i].n_running;) {
+            zs_request *r = s->rb[i].running[j];
+            if (zs_kvstream_seq_lost(s->kvs[i], r->seq)) preempt(s, r);
+            else j++;
+        }
         /* oldest first: they keep their room, the youngest give theirs up */
         for (int j = 0; j < s->rb[i].n_running;) {
             zs_request *r = s->rb[i].running[j];
@@ -124,7 +185,12 @@ void zs_sched_kv_grow(zs_sched *s) {
                 j++;
                 continue;
             }
-            zs_request *v = youngest(s, i);
+            /* memory blocks run out: the youngest in memory is streamed (r itself, maybe) */
+            if (!zs_kv_seq_streamed(kv, r->seq) && stream_youngest(s, i)) continue;
+            /* else the youngest in memory is swapped out (whole blocks come free), else the youngest
+             * streamed one is recomputed */
+            zs_request *v = youngest(s, i, IN_MEMORY);
+            if (!v) v = youngest(s, i, ANY);
             if (!v) break; /* only embeddings: they hold whole prompts already */
             preempt(s, v);
             if (v == r) continue; /* running[j] is the next one now */
@@ -146,7 +212,7 @@ int zs_sched_kv_resume(zs_sched *s) {
          * again at once */
         int need = (zs_sched_kv_need(s, r) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
         if (zs_kv_ring(kv)) need = ZS_MIN(need, zs_kv_ring(kv));
-        if (zs_kv_avail_blocks(kv) < ZS_MAX(blocks, need)) return 1;
+        if (zs_kv_avail_blocks(kv) < ZS_MAX(blocks, need) && (r->sw || zs_kv_stage_avail(kv) < need)) return 1;
         if (r->sw) {
             rc = zs_kv_swap_in(kv, r->sw, s->kvt[r->rank], &seq);
             if (rc == ZS_EBUSY || rc == ZS_ENOSPC) return 1;
@@ -157,7 +223,7 @@ int zs_sched_kv_resume(zs_sched *s) {
             if ((rc = zs_kv_seq_open(kv, &seq)) < 0) return 1;
             int n_share = r->bh ? ZS_MIN(r->n_bh, (r->n_ctx - 1) / ZS_KV_BLOCK) : 0;
             int shared = n_share > 0 ? zs_sched_kv_prefix_take(s, r->rank, seq, r->bh, n_share) : 0;
-            if (zs_kv_seq_reserve(kv, seq, zs_sched_kv_need(s, r)) < 0) {
+            if (zs_sched_kv_reserve(s, r->rank, seq, r) < 0) {
                 zs_kv_seq_close(kv, seq);
                 return 1;
             }
@@ -218,5 +284,26 @@ void zs_sched_kv_prefix_stats(const zs_sched *s, zs_sched_stats *st) {
         st->prefix_tier_dropped += ps.dropped;
         st->prefix_tier_held += ps.held;
         st->prefix_tier_restored += ps.restored;
+    }
+}
+
+void zs_sched_kv_stream_stats(const zs_sched *s, zs_sched_stats *st) {
+    st->kv_stream_loads = st->kv_stream_stores = st->kv_stream_bytes_in = st->kv_stream_bytes_out = 0;
+    st->kv_stream_write_errors = 0;
+    st->kv_stream_wait_s = 0;
+    st->kv_streamed_now = 0;
+    for (int i = 0; s->kvs && i < s->nranks; i++) {
+        zs_kvstream_stats ks;
+        if (!s->kvs[i]) continue;
+        zs_kvstream_stats_get(s->kvs[i], &ks);
+        st->kv_stream_loads += ks.loads;
+        st->kv_stream_stores += ks.stores;
+        st->kv_stream_bytes_in += ks.bytes_in;
+        st->kv_stream_bytes_out += ks.bytes_out;
+        st->kv_stream_write_errors += ks.write_errors;
+        st->kv_stream_wait_s += ks.wait_s;
+        zs_kvcache *kv = zs_world_kv(s->w, i);
+        for (int j = 0; j < s->rb[i].n_running; j++)
+            st->kv_streamed_now += zs_kv_seq_streamed(kv, s->rb[i].running[j]->seq);
     }
 }

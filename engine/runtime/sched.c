@@ -51,10 +51,9 @@ static void admit(zs_sched *s) {
         }
         if (best < 0 || total >= s->max_seqs) return;
         zs_kvcache *kv = zs_world_kv(s->w, best);
-        /* with a tier, a request that could not run alone even with the whole cache is refused at
-         * once (it fits nowhere: sequences are swapped whole); otherwise it waits for room */
-        int full_blocks = (r->n_prompt + r->max_tokens + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
-        if (s->kvt && full_blocks > zs_kv_total_blocks(kv) && !zs_kv_ring(kv)) {
+        /* with a tier, a request that could not run alone even with the whole cache (in memory,
+         * or streamed) is refused at once; otherwise it waits for room */
+        if (s->kvt && !zs_sched_kv_fits(s, best, r->n_prompt + r->max_tokens)) {
             unqueue_head(s, r);
             zs_sreq_finish(s, r, ZS_DONE_ERROR, "", 0, ZS_ENOSPC, "the KV cache is too small for this request");
             continue;
@@ -64,7 +63,7 @@ static void admit(zs_sched *s) {
         int shared = n_share > 0 ? zs_sched_kv_prefix_take(s, best, seq, r->bh, n_share) : 0;
         /* without a tier, room for the whole request up front: a running sequence never runs out
          * of blocks; with one, room for its prompt and first token (sched-kv.c grows it) */
-        if (zs_kv_seq_reserve(kv, seq, zs_sched_kv_need(s, r)) < 0) {
+        if (zs_sched_kv_reserve(s, best, seq, r) < 0) {
             zs_kv_seq_close(kv, seq);
             if (total == 0 && !s->kvt) { /* cannot fit even alone: fail it rather than wait forever */
                 unqueue_head(s, r);
@@ -191,6 +190,7 @@ static void publish_kv(zs_sched *s) {
     s->st.prefix_evictions = ev;
     s->st.kv_preempted_now = zs_sched_kv_preempted(s);
     zs_sched_kv_prefix_stats(s, &s->st);
+    zs_sched_kv_stream_stats(s, &s->st);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -397,6 +397,7 @@ int zs_sched_new(zs_engine *e, const zs_sched_opts *o, zs_sched **out) {
     if (zs_sched_kv_init(s) < 0) {
         free(s->kvt);
         free(s->kvp);
+        free(s->kvs);
         free(s);
         return ZS_ENOMEM;
     }
@@ -545,6 +546,7 @@ void zs_sched_free(zs_sched *s) {
     free(s->rb);
     free(s->kvt);
     free(s->kvp);
+    free(s->kvs);
     zs_sched_spec_free(s);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);

@@ -102,6 +102,13 @@ typedef struct {
      * blocks swapped out and back in, and requests preempted now */
     uint64_t kv_preempted, kv_swap_outs, kv_recomputes, kv_swap_out_blocks, kv_swap_in_blocks;
     int kv_preempted_now;
+    /* layer-streamed sequences (kvstream.h): moved from memory to streaming, running streamed now;
+     * block-layer records read and written, their bytes, failed writes, and the engine thread's
+     * seconds waiting for them */
+    uint64_t kv_streamed;
+    int kv_streamed_now;
+    uint64_t kv_stream_loads, kv_stream_stores, kv_stream_bytes_in, kv_stream_bytes_out, kv_stream_write_errors;
+    double kv_stream_wait_s;
     /* the prefix cache's tier (kvprefix.h): blocks taken back from it at admission, written down,
      * held there now, brought back by a persistent file at start, and dropped (failed checksum) */
     uint64_t prefix_tier_hit_blocks, prefix_tier_stored, prefix_tier_dropped;

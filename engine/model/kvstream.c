@@ -1,0 +1,303 @@
+/* kvstream.c — layer-streamed KV sequences (kvstream.h): a record per stage block and layer in a
+ * tier, an I/O thread that runs a FIFO of per-layer loads and write-behinds into the cache's
+ * stage buffers, and the cache's layer hook that queues them and waits for the loads. */
+#include "kvstream.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "common.h"
+#include "kvtier.h"
+
+enum { OP_LOAD, OP_STORE };
+
+typedef struct {
+    int kind, layer, n;
+    const int *sb;
+} op;
+
+#define QCAP 8 /* at most: two loads and two stores of a step are ever pending */
+
+struct zs_kvstream {
+    zs_kvcache *kv;
+    zs_kvtier *t;
+    int L, nsb;
+    size_t lb;               /* bytes of a block-layer record */
+    int *rec;                /* [nsb * L] tier slot of (sb, layer), -1: none */
+    unsigned *gen;           /* [nsb] the stage generation the records belong to */
+    unsigned char *bad;      /* [nsb] a write of this generation failed */
+    int *load, n_load;       /* this step's streamed blocks of the batch */
+    int *store[2];           /* [nsb] the blocks a layer of each parity wrote */
+    unsigned char *seen;     /* [max_seqs] scratch */
+    int broken;
+    /* the queue */
+    pthread_t th;
+    int started, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv, done_cv;
+    op q[QCAP];
+    int q_head, q_n;
+    uint64_t queued, done;   /* tickets */
+    uint64_t load_ticket[2]; /* the ticket of the pending load of each parity */
+    int err;                 /* a load failed: its code and message, for the engine thread */
+    char errmsg[256];
+    zs_kvstream_stats st;
+};
+
+static void run_op(zs_kvstream *st, const op *o) {
+    for (int i = 0; i < o->n; i++) {
+        int sb = o->sb[i], *r = &st->rec[(size_t)sb * (size_t)st->L + (size_t)o->layer];
+        unsigned g = zs_kv_stage_gen(st->kv, sb);
+        struct iovec iov = {zs_kv_stage_data(st->kv, o->layer, sb), st->lb};
+        if (o->kind == OP_LOAD) {
+            if (*r < 0 || st->gen[sb] != g) continue; /* never written in this use: nothing to read */
+            int rc = zs_kvtier_get(st->t, *r, &iov, 1);
+            pthread_mutex_lock(&st->mu);
+            if (rc < 0 && !st->err) {
+                st->err = rc;
+                snprintf(st->errmsg, sizeof st->errmsg, "%s", zs_errmsg());
+            }
+            if (rc == 0) {
+                st->st.loads++;
+                st->st.bytes_in += st->lb;
+            }
+            pthread_mutex_unlock(&st->mu);
+            continue;
+        }
+        if (st->gen[sb] != g) { /* a new use of the block: its old records are void */
+            for (int l = 0; l < st->L; l++) {
+                int *rl = &st->rec[(size_t)sb * (size_t)st->L + (size_t)l];
+                if (*rl >= 0) zs_kvtier_drop(st->t, *rl);
+                *rl = -1;
+            }
+            st->gen[sb] = g;
+            st->bad[sb] = 0;
+        }
+        int slot, rc = zs_kvtier_put(st->t, &iov, 1, (uint64_t)sb + 1, &slot);
+        pthread_mutex_lock(&st->mu);
+        if (rc < 0) {
+            if (!st->broken) zs_log_warn("KV streaming: %s; the sequences that lost a block are recomputed, and no more "
+                                         "are streamed (serving goes on from memory)", zs_errmsg());
+            st->broken = 1;
+            st->bad[sb] = 1;
+            st->st.write_errors++;
+        } else {
+            st->st.stores++;
+            st->st.bytes_out += st->lb;
+        }
+        pthread_mutex_unlock(&st->mu);
+        if (rc == 0) {
+            if (*r >= 0) zs_kvtier_drop(st->t, *r);
+            *r = slot;
+        }
+    }
+}
+
+static void *io_main(void *arg) {
+    zs_kvstream *st = arg;
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        while (!st->stop && st->q_n == 0) pthread_cond_wait(&st->cv, &st->mu);
+        if (st->q_n == 0) break; /* stop, and nothing left */
+        op o = st->q[st->q_head];
+        pthread_mutex_unlock(&st->mu);
+        run_op(st, &o);
+        pthread_mutex_lock(&st->mu);
+        st->q_head = (st->q_head + 1) % QCAP;
+        st->q_n--;
+        st->done++;
+        pthread_cond_broadcast(&st->done_cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+static uint64_t enqueue(zs_kvstream *st, int kind, int layer, const int *sb, int n) {
+    pthread_mutex_lock(&st->mu);
+    ZS_ASSERT(st->q_n < QCAP);
+    st->q[(st->q_head + st->q_n) % QCAP] = (op){kind, layer, n, sb};
+    st->q_n++;
+    uint64_t t = ++st->queued;
+    pthread_cond_signal(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    return t;
+}
+
+/* Waits until ticket t is done; returns a load's error (once). */
+static int wait_for(zs_kvstream *st, uint64_t t) {
+    double t0 = zs_now();
+    pthread_mutex_lock(&st->mu);
+    while (st->done < t) pthread_cond_wait(&st->done_cv, &st->mu);
+    int rc = st->err;
+    char msg[256];
+    if (rc) snprintf(msg, sizeof msg, "%s", st->errmsg);
+    st->err = 0;
+    st->st.wait_s += zs_now() - t0;
+    pthread_mutex_unlock(&st->mu);
+    return rc ? zs_err(rc, "KV streaming: %s", msg) : 0;
+}
+
+static int drain(zs_kvstream *st) {
+    pthread_mutex_lock(&st->mu);
+    uint64_t t = st->queued;
+    pthread_mutex_unlock(&st->mu);
+    return wait_for(st, t);
+}
+
+/* The batch's streamed stage blocks, each once. */
+static void load_set(zs_kvstream *st, const int32_t *seqs, int n) {
+    zs_kvcache *kv = st->kv;
+    int nb = zs_kv_total_blocks(kv);
+    st->n_load = 0;
+    for (int i = 0; i < n; i++) {
+        int s = seqs[i];
+        if (st->seen[s] || !zs_kv_seq_streamed(kv, s)) continue;
+        st->seen[s] = 1;
+        const int *b = zs_kv_seq_blocks(kv, s);
+        int k = (zs_kv_seq_len(kv, s) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+        for (int j = 0; j < k; j++)
+            if (b[j] >= nb) st->load[st->n_load++] = b[j] - nb;
+    }
+    for (int i = 0; i < n; i++) st->seen[seqs[i]] = 0;
+}
+
+static int on_layer(void *ud, int l, int end, const int32_t *seqs, int n) {
+    zs_kvstream *st = ud;
+    if (!end) {
+        if (l == 0) {
+            ZS_CHECK(drain(st)); /* a forward that failed half way left ops behind */
+            zs_kv_stage_dirty_clear(st->kv);
+            load_set(st, seqs, n);
+            st->load_ticket[0] = enqueue(st, OP_LOAD, 0, st->load, st->n_load);
+            st->load_ticket[1] = enqueue(st, OP_LOAD, 1, st->load, st->n_load);
+        }
+        return wait_for(st, st->load_ticket[l & 1]);
+    }
+    const int *d;
+    int nd = zs_kv_stage_dirty(st->kv, &d);
+    if (nd > 0) {
+        memcpy(st->store[l & 1], d, (size_t)nd * sizeof *d);
+        enqueue(st, OP_STORE, l, st->store[l & 1], nd);
+    }
+    zs_kv_stage_dirty_clear(st->kv);
+    if (l + 2 < st->L) st->load_ticket[l & 1] = enqueue(st, OP_LOAD, l + 2, st->load, st->n_load);
+    if (l == st->L - 1) return drain(st); /* between steps the cache is the engine thread's alone */
+    return 0;
+}
+
+int zs_kvstream_open(zs_kvcache *kv, int kind, const char *dir, zs_kvstream **out) {
+    ZS_CHECK(zs_kv_stage_enable(kv));
+    zs_kvstream *st = calloc(1, sizeof *st);
+    if (!st) return zs_err(ZS_ENOMEM, "out of memory");
+    st->kv = kv;
+    st->L = zs_kv_layers(kv);
+    st->nsb = zs_kv_stage_blocks(kv);
+    st->lb = zs_kv_block_layer_bytes(kv);
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    pthread_cond_init(&st->done_cv, NULL);
+    size_t ns = (size_t)st->nsb;
+    st->rec = malloc(ns * (size_t)st->L * sizeof(int));
+    st->gen = calloc(ns, sizeof(unsigned));
+    st->bad = calloc(ns, 1);
+    st->load = malloc(ns * sizeof(int));
+    st->store[0] = malloc(ns * sizeof(int));
+    st->store[1] = malloc(ns * sizeof(int));
+    st->seen = calloc((size_t)zs_kv_max_seqs(kv), 1);
+    int rc = 0;
+    if (!st->rec || !st->gen || !st->bad || !st->load || !st->store[0] || !st->store[1] || !st->seen)
+        rc = zs_err(ZS_ENOMEM, "KV streaming: out of memory for %zu stage blocks", ns);
+    if (rc == 0) {
+        for (size_t i = 0; i < ns * (size_t)st->L; i++) st->rec[i] = -1;
+        rc = zs_kvtier_open(kind, dir, st->lb, &st->t);
+    }
+    if (rc == 0 && pthread_create(&st->th, NULL, io_main, st) != 0)
+        rc = zs_err(ZS_EIO, "KV streaming: cannot start its I/O thread");
+    if (rc < 0) {
+        zs_kvstream_free(st);
+        return rc;
+    }
+    st->started = 1;
+    zs_kv_set_layer_hook(kv, on_layer, st);
+    *out = st;
+    return 0;
+}
+
+void zs_kvstream_free(zs_kvstream *st) {
+    if (!st) return;
+    if (st->started) {
+        pthread_mutex_lock(&st->mu);
+        st->stop = 1;
+        pthread_cond_signal(&st->cv);
+        pthread_mutex_unlock(&st->mu);
+        pthread_join(st->th, NULL);
+        zs_kv_set_layer_hook(st->kv, NULL, NULL);
+    }
+    zs_kvtier_free(st->t);
+    pthread_mutex_destroy(&st->mu);
+    pthread_cond_destroy(&st->cv);
+    pthread_cond_destroy(&st->done_cv);
+    free(st->rec);
+    free(st->gen);
+    free(st->bad);
+    free(st->load);
+    free(st->store[0]);
+    free(st->store[1]);
+    free(st->seen);
+    free(st);
+}
+
+int zs_kvstream_ok(const zs_kvstream *st) { return !st->broken; }
+
+int zs_kvstream_convert(zs_kvstream *st, int seq) {
+    zs_kvcache *kv = st->kv;
+    if (st->broken) return zs_err(ZS_EIO, "KV streaming stopped after a write failed");
+    ZS_CHECK(drain(st));
+    const int *b = zs_kv_seq_blocks(kv, seq);
+    int n = (zs_kv_seq_len(kv, seq) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK, L = st->L;
+    int slots[L];
+    /* each block: every layer to the tier, then its memory goes and a stage block takes its place
+     * (a failure part way leaves the blocks moved so far streamed, the rest in memory: whole) */
+    for (int j = 0; j < n; j++) {
+        if (!zs_kv_block_movable(kv, b[j])) continue;
+        int rc = 0, l = 0;
+        for (; l < L && rc == 0; l++) {
+            struct iovec iov = {zs_kv_block_data(kv, l, b[j]), st->lb};
+            rc = zs_kvtier_put(st->t, &iov, 1, 0, &slots[l]);
+        }
+        if (rc < 0) {
+            for (int k = 0; k < l - 1; k++) zs_kvtier_drop(st->t, slots[k]);
+            return rc;
+        }
+        zs_kv_seq_set_streamed(kv, seq); /* before any stage block is in its table */
+        int sb = zs_kv_seq_to_stage(kv, seq, j) - zs_kv_total_blocks(kv);
+        for (l = 0; l < L; l++) {
+            int *r = &st->rec[(size_t)sb * (size_t)L + (size_t)l];
+            if (*r >= 0) zs_kvtier_drop(st->t, *r);
+            *r = slots[l];
+        }
+        st->gen[sb] = zs_kv_stage_gen(kv, sb);
+        st->bad[sb] = 0;
+        st->st.stores += (uint64_t)L;
+        st->st.bytes_out += (uint64_t)L * st->lb;
+    }
+    zs_kv_seq_set_streamed(kv, seq);
+    st->st.converted++;
+    return 0;
+}
+
+int zs_kvstream_seq_lost(const zs_kvstream *st, int seq) {
+    if (!st->broken || !zs_kv_seq_streamed(st->kv, seq)) return 0;
+    int nb = zs_kv_total_blocks(st->kv), n = (zs_kv_seq_len(st->kv, seq) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
+    const int *b = zs_kv_seq_blocks(st->kv, seq);
+    for (int j = 0; j < n; j++)
+        if (b[j] >= nb && st->bad[b[j] - nb] && st->gen[b[j] - nb] == zs_kv_stage_gen(st->kv, b[j] - nb)) return 1;
+    return 0;
+}
+
+void zs_kvstream_stats_get(const zs_kvstream *st, zs_kvstream_stats *out) {
+    pthread_mutex_lock((pthread_mutex_t *)&st->mu);
+    *out = st->st;
+    pthread_mutex_unlock((pthread_mutex_t *)&st->mu);
+}
