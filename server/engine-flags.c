@@ -28,7 +28,7 @@ int zs_engine_flags_table(zs_engine_flags *f, zs_opt *o, int n) {
         {"kv-bytes", ZS_OPT_I64, &f->kv_bytes, "KV cache memory per rank, in bytes (default: max-seqs full contexts, at most 1 GiB)"},
         {"kv-offload", ZS_OPT_STR, &f->kv_offload, "the KV cache's tier below memory: none (default: requests wait for room) | cpu | nvme (sequences beyond memory run with their K/V streamed from it, or wait swapped out to it)"},
         {"kv-nvme-path", ZS_OPT_STR, &f->kv_nvme_path, "directory of the KV cache's NVMe tier (--kv-offload nvme); its prefix blocks stay there across restarts"},
-        {"kv-no-stream", ZS_OPT_FLAG, &f->kv_no_stream, "with --kv-offload: sequences beyond the cache's memory wait swapped out instead of running with their K/V streamed from the tier layer by layer"},
+        {"kv-stream", ZS_OPT_FLAG, &f->kv_stream, "with --kv-offload: when the cache is full the youngest keep running with their K/V streamed from the tier a layer at a time (while the reads hide behind the compute) instead of waiting swapped out; without it only a request longer than the cache's memory is streamed"},
         {"kv-prefix-bytes", ZS_OPT_I64, &f->kv_prefix_bytes, "room for prefix-cache blocks in the KV tier (default: 4x --kv-bytes in host memory, 16 GiB on NVMe; unused with serve --no-prefix-cache and by generate, perplexity, bench)"},
         {"context", ZS_OPT_INT, &f->context, "context length (default: the model's)"},
         {"config", ZS_OPT_STR, &f->config, "DeepSpeed-style JSON config (zero_optimization, aio, bf16...)"},
@@ -154,8 +154,8 @@ int zs_engine_flags_apply(zs_engine_flags *f, zs_engine_opts *eo) {
     if (f->kv_prefix_bytes > 0 && eo->kv_offload == ZS_OFFLOAD_NONE)
         return zs_err(ZS_EINVAL, "--kv-prefix-bytes is for --kv-offload cpu or nvme");
     if (f->kv_prefix_bytes > 0) eo->kv_prefix_bytes = (size_t)f->kv_prefix_bytes;
-    if (f->kv_no_stream && eo->kv_offload == ZS_OFFLOAD_NONE) return zs_err(ZS_EINVAL, "--kv-no-stream is for --kv-offload cpu or nvme");
-    eo->kv_no_stream = f->kv_no_stream;
+    if (f->kv_stream && eo->kv_offload == ZS_OFFLOAD_NONE) return zs_err(ZS_EINVAL, "--kv-stream is for --kv-offload cpu or nvme");
+    eo->kv_stream = f->kv_stream;
     /* precision: --weight-dtype, else bf16/fp16 from the config, else as stored */
     ZS_CHECK(zs_engine_flags_weight_dtype("--weight-dtype", f->weight_dtype, &eo->model));
     int as_stored = !f->weight_dtype || !strcmp(f->weight_dtype, "auto");

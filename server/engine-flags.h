@@ -19,7 +19,7 @@ typedef struct {
     int64_t max_live_bytes, persist_threshold, aio_block_size;
     int64_t expert_cache_bytes; /* mixtures of experts */
     int moe_gather_all, no_expert_speculation;
-    int kv_no_stream;
+    int kv_stream;
     /* set by the command before zs_engine_flags_apply: what it acts upon of a --config file
      * (ZS_DS_USE_* of dsconfig.h; 0: ZS_DS_USE_ENGINE); every other key the file sets is reported
      * once at start (zs_zero_opts_report_unused; with ZS_DS_USE_TRAIN the command does it itself,

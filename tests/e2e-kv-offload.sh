@@ -3,17 +3,17 @@
 # e2e-kv-offload.sh — the KV cache's tier below memory through the server: `serve --kv-bytes N
 # --kv-offload nvme --kv-nvme-path DIR` on stories260K with room for 14 blocks (a request here
 # needs up to 13) answers 16 greedy completions queued at once exactly as a server whose cache
-# holds them all: by default the youngest run streamed from the tier a layer at a time (/metrics
-# counts them and the bytes read and written); with --kv-no-stream they are swapped out and back
-# in (counted too), and nothing is left preempted. A cache of 7 blocks, less than one context,
-# serves the longest request (13 blocks) streamed, with the same text. The swap and stream files
+# holds them all: by default the youngest are swapped out and back in (/metrics counts them), and
+# nothing is left preempted; with --kv-stream they run streamed from the tier a layer at a time
+# (counted, with the bytes read and written). A cache of 7 blocks, less than one context, serves
+# the longest request (13 blocks) streamed, with the same text. The swap and stream files
 # are not in DIR (unlinked from the start), only the prefix tier's (a second server on the same
 # DIR warns and keeps its own unlinked one). After a
 # restart the prefix blocks written through to DIR are back and a long prompt takes them (same
 # text); after kill -9 under load and a damaged record the server starts, drops the torn block by
 # its checksum (counted in /metrics, named in the log) and answers the same. Bad flags are refused by
 # name: an unknown --kv-offload, nvme without a directory, a directory that does not exist,
-# --kv-nvme-path without nvme, --kv-no-stream without a tier, --kv-bytes 0, and a --kv-bytes
+# --kv-nvme-path without nvme, --kv-stream without a tier, --kv-bytes 0, and a --kv-bytes
 # smaller than one context without a tier (and, with one, smaller than one context streamed).
 # (shellcheck SC2016, SC2034: the bodies of check are single-quoted and evaluated there.)
 # shellcheck source=tests/lib/e2e.sh
@@ -36,7 +36,7 @@ refused "nvme without a directory" "needs --kv-nvme-path" --kv-offload nvme
 refused "a missing directory" "$T/none" --kv-offload nvme --kv-nvme-path "$T/none"
 refused "--kv-nvme-path without nvme" "is for --kv-offload nvme" --kv-nvme-path "$T"
 refused "--kv-bytes 0" "--kv-bytes must be positive" --kv-bytes 0
-refused "--kv-no-stream without a tier" "--kv-no-stream is for --kv-offload" --kv-no-stream
+refused "--kv-stream without a tier" "--kv-stream is for --kv-offload" --kv-stream
 refused "--kv-bytes below one context" "less than one full context" --kv-bytes 4096
 refused "--kv-bytes below one context streamed" "even streamed layer by layer" --kv-bytes 20480 --kv-offload cpu
 
@@ -65,31 +65,31 @@ zs_start_server "$T/off.log" --model "$MODEL" --context 208 --kv-bytes $((14 * 2
 ZS_LOG=$old_log
 run_all "$T/off"
 same=$(paste -d '\n' "$T/ref" "$T/off" | awk 'NR % 2 { a = $0; next } $0 == a && a != "" { n++ } END { print n + 0 }')
-check "16 completions through a 14-block cache on NVMe, streamed: the same text as with room for all ($same/16)" \
+check "16 completions through a 14-block cache on NVMe: the same text as with room for all ($same/16)" \
     '[ "$same" = 16 ] && [ "$(wc -l <"$T/ref")" = 16 ]' "$(diff "$T/ref" "$T/off" | head -5)"
 curl -s "$ZS_URL/metrics" >"$T/metrics"
 metric() { awk -v k="$1" '$1 == k { print $2 }' "$T/metrics"; }
-streamed=$(metric zeroserve_kv_streamed_total)
-sin=$(metric 'zeroserve_kv_stream_bytes_total{dir="in"}')
-sout=$(metric 'zeroserve_kv_stream_bytes_total{dir="out"}')
-check "/metrics: $streamed sequences streamed ($sin bytes read, $sout written), none streamed or preempted now" \
-    '[ "${streamed:-0}" -gt 0 ] && [ "${sin:-0}" -gt 0 ] && [ "${sout:-0}" -gt 0 ] && [ "$(metric zeroserve_kv_streamed_sequences)" = 0 ] &&
-     [ "$(metric zeroserve_kv_preempted_sequences)" = 0 ] && [ "$(metric zeroserve_kv_stream_write_errors_total)" = 0 ]'
-check "the log says where sequences beyond memory go" 'grep -q "KV offload: sequences beyond memory streamed layer by layer from NVMe under $T/kv" "$T/off.log"'
-zs_stop_server
-# --kv-no-stream: the youngest wait swapped out
-mkdir -p "$T/kv2"
-zs_start_server "$T/swap.log" --model "$MODEL" --context 208 --kv-bytes $((14 * 20480)) --kv-offload nvme \
-    --kv-nvme-path "$T/kv2" --max-seqs 16 --kv-no-stream || zs_abort "server with --kv-no-stream starts"
-run_all "$T/swap"
-check "the same 16 with --kv-no-stream (swapped): the same text" 'cmp -s "$T/ref" "$T/swap"' "$(diff "$T/ref" "$T/swap" | head -5)"
-curl -s "$ZS_URL/metrics" >"$T/metrics"
 outs=$(metric 'zeroserve_kv_preemptions_total{how="swap"}')
 bin=$(metric 'zeroserve_kv_swap_blocks_total{dir="in"}')
 bout=$(metric 'zeroserve_kv_swap_blocks_total{dir="out"}')
 check "/metrics: sequences swapped out ($outs), every block back in ($bin = $bout), none preempted now, none streamed" \
     '[ "${outs:-0}" -gt 0 ] && [ "$bin" = "$bout" ] && [ "$(metric zeroserve_kv_preempted_sequences)" = 0 ] &&
      [ "$(metric zeroserve_kv_streamed_total)" = 0 ]'
+check "the log says where sequences beyond memory go" 'grep -q "KV offload: sequences beyond memory swapped to NVMe under $T/kv" "$T/off.log"'
+zs_stop_server
+# --kv-stream: the youngest keep running, streamed
+mkdir -p "$T/kv2"
+zs_start_server "$T/stream.log" --model "$MODEL" --context 208 --kv-bytes $((14 * 20480)) --kv-offload nvme \
+    --kv-nvme-path "$T/kv2" --max-seqs 16 --kv-stream || zs_abort "server with --kv-stream starts"
+run_all "$T/stream"
+check "the same 16 with --kv-stream: the same text" 'cmp -s "$T/ref" "$T/stream"' "$(diff "$T/ref" "$T/stream" | head -5)"
+curl -s "$ZS_URL/metrics" >"$T/metrics"
+streamed=$(metric zeroserve_kv_streamed_total)
+sin=$(metric 'zeroserve_kv_stream_bytes_total{dir="in"}')
+sout=$(metric 'zeroserve_kv_stream_bytes_total{dir="out"}')
+check "/metrics: $streamed sequences streamed ($sin bytes read, $sout written), none streamed or preempted now" \
+    '[ "${streamed:-0}" -gt 0 ] && [ "${sin:-0}" -gt 0 ] && [ "${sout:-0}" -gt 0 ] && [ "$(metric zeroserve_kv_streamed_sequences)" = 0 ] &&
+     [ "$(metric zeroserve_kv_preempted_sequences)" = 0 ] && [ "$(metric zeroserve_kv_stream_write_errors_total)" = 0 ]'
 zs_stop_server
 # one request longer than the cache's memory: 7 blocks hold 112 positions, the 8th prompt and its
 # 60 tokens need about 200; streamed, it answers as with room for all

@@ -15,10 +15,10 @@
  *     tier in those runs (kvprefix: unit checks below too, with a persistent file reopened, a
  *     torn record dropped and another model's file started over); with speculative decoding (draft trees:
  *     swapped sequences carry their pending K/V moves) greedy answers are those of plain decoding.
- *     All of it twice: with --kv-no-stream (the youngest swapped out whole), and with layer
- *     streaming (kvstream.h, the default: the youngest keep running with their K/V read from the
- *     tier a layer at a time and written behind; on the full disk, the sequences whose blocks
- *     could not be written are recomputed). */
+ *     All of it twice: by default (the youngest swapped out whole), and with --kv-stream (layer
+ *     streaming, kvstream.h: the youngest keep running with their K/V read from the tier a layer
+ *     at a time and written behind; on the full disk, the sequences whose blocks could not be
+ *     written are recomputed). */
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -330,7 +330,7 @@ typedef struct {
 
 /* kv_blocks 0: the default cache (everything fits); fsize > 0: the NVMe tier's file may not grow
  * past fsize bytes */
-static void run_mixed(int kv_blocks, int kind, int spec, size_t fsize, int no_stream, run_out *o) {
+static void run_mixed(int kv_blocks, int kind, int spec, size_t fsize, int stream, run_out *o) {
     char dir[4096];
     tu_model_dir(dir, sizeof dir, "stories260K");
     zs_engine_opts eo;
@@ -340,7 +340,7 @@ static void run_mixed(int kv_blocks, int kind, int spec, size_t fsize, int no_st
     eo.max_context = 208; /* 13 blocks: the longest request has 202 positions */
     eo.kv_offload = kind;
     eo.kv_nvme_path = kind == ZS_OFFLOAD_NVME ? g_dir : NULL;
-    eo.kv_no_stream = no_stream;
+    eo.kv_stream = stream;
     zs_engine *e = NULL;
     if (kv_blocks) {
         /* the block size of this model: a first engine says it */
@@ -435,21 +435,21 @@ static void test_mixed(void) {
     for (int i = 0; i < N_REQ; i++) lengths += ref.n[i] == 4 + (i * 7) % 37 && ref.finish[i] == ZS_DONE_LENGTH;
     CHECK(lengths == N_REQ, "every request ran to its max_tokens (%d/%d)", lengths, N_REQ);
     CHECK(ref.st.kv_preempted == 0 && ref.st.kv_streamed == 0, "no preemption or streaming with room for everything");
-    /* 14 blocks: the longest request needs 13 (162 + 40 positions). --kv-no-stream first: the
-     * youngest are swapped out whole and wait */
-    run_mixed(14, ZS_OFFLOAD_CPU, 0, 0, 1, &cpu);
+    /* 14 blocks: the longest request needs 13 (162 + 40 positions). By default the youngest are
+     * swapped out whole and wait */
+    run_mixed(14, ZS_OFFLOAD_CPU, 0, 0, 0, &cpu);
     int n = same_runs(&ref, &cpu);
     CHECK(n == N_REQ, "swapping, tier in host memory: the same tokens and logprob bits, %d/%d", n, N_REQ);
     CHECK(cpu.st.kv_swap_outs > 0 && cpu.st.kv_swap_in_blocks == cpu.st.kv_swap_out_blocks && cpu.st.kv_recomputes == 0 &&
           cpu.st.kv_streamed == 0, "host tier: %llu sequences swapped out, %llu blocks out and in",
           (unsigned long long)cpu.st.kv_swap_outs, (unsigned long long)cpu.st.kv_swap_out_blocks);
-    run_mixed(14, ZS_OFFLOAD_NVME, 0, 0, 1, &nvme);
+    run_mixed(14, ZS_OFFLOAD_NVME, 0, 0, 0, &nvme);
     n = same_runs(&ref, &nvme);
     CHECK(n == N_REQ, "swapping, tier on NVMe: the same tokens and logprob bits, %d/%d", n, N_REQ);
     CHECK(nvme.st.kv_swap_outs > 0, "NVMe tier: %llu swapped out", (unsigned long long)nvme.st.kv_swap_outs);
     /* with speculative decoding (draft trees; sampled answers then differ from plain decoding's,
      * greedy ones do not): the greedy requests as without it */
-    run_mixed(14, ZS_OFFLOAD_NVME, 1, 0, 1, &spec);
+    run_mixed(14, ZS_OFFLOAD_NVME, 1, 0, 0, &spec);
     int greedy = 0;
     n = 0;
     for (int i = 0; i < N_REQ; i += 3, greedy++)
@@ -457,7 +457,7 @@ static void test_mixed(void) {
     CHECK(n == greedy && spec.st.kv_swap_outs > 0, "NVMe tier with draft trees: greedy answers the same, %d/%d (%llu swapped, "
           "%llu drafts accepted)", n, greedy, (unsigned long long)spec.st.kv_swap_outs, (unsigned long long)spec.st.spec_accepted);
     /* a full disk: the file holds 3 records, then preempted sequences are recomputed */
-    run_mixed(14, ZS_OFFLOAD_NVME, 0, 3 * 8192, 1, &full);
+    run_mixed(14, ZS_OFFLOAD_NVME, 0, 3 * 8192, 0, &full);
     n = same_runs(&ref, &full);
     CHECK(n == N_REQ, "full disk (recompute): the same tokens and logprob bits, %d/%d", n, N_REQ);
     CHECK(full.st.kv_recomputes > 0, "full disk: %llu recomputed, %llu swapped", (unsigned long long)full.st.kv_recomputes,
@@ -465,9 +465,9 @@ static void test_mixed(void) {
     CHECK(cpu.st.prefix_tier_hit_blocks > 0 && nvme.st.prefix_tier_hit_blocks > 0,
           "prefix blocks came back from the tier (host %llu, NVMe %llu) with the same bits",
           (unsigned long long)cpu.st.prefix_tier_hit_blocks, (unsigned long long)nvme.st.prefix_tier_hit_blocks);
-    /* layer streaming (the default): sequences beyond memory keep running, their K/V read from the
-     * tier a layer at a time; the same bits, more of them running at once */
-    run_mixed(14, ZS_OFFLOAD_CPU, 0, 0, 0, &scpu);
+    /* --kv-stream: sequences beyond memory keep running, their K/V read from the tier a layer at
+     * a time; the same bits */
+    run_mixed(14, ZS_OFFLOAD_CPU, 0, 0, 1, &scpu);
     n = same_runs(&ref, &scpu);
     CHECK(n == N_REQ, "streaming, tier in host memory: the same tokens and logprob bits, %d/%d", n, N_REQ);
     CHECK(scpu.st.kv_streamed > 0 && scpu.st.kv_stream_loads > 0 && scpu.st.kv_stream_stores > 0 &&
@@ -476,19 +476,19 @@ static void test_mixed(void) {
           (unsigned long long)scpu.st.kv_streamed, (unsigned long long)scpu.st.kv_stream_loads,
           (unsigned long long)scpu.st.kv_stream_stores, (unsigned long long)scpu.st.kv_preempted,
           (unsigned long long)cpu.st.kv_preempted);
-    run_mixed(14, ZS_OFFLOAD_NVME, 0, 0, 0, &snvme);
+    run_mixed(14, ZS_OFFLOAD_NVME, 0, 0, 1, &snvme);
     n = same_runs(&ref, &snvme);
     CHECK(n == N_REQ && snvme.st.kv_streamed > 0 && snvme.st.kv_stream_loads > 0,
           "streaming, tier on NVMe: the same tokens and logprob bits, %d/%d (%llu streamed)", n, N_REQ,
           (unsigned long long)snvme.st.kv_streamed);
-    run_mixed(14, ZS_OFFLOAD_NVME, 1, 0, 0, &sspec);
+    run_mixed(14, ZS_OFFLOAD_NVME, 1, 0, 1, &sspec);
     n = 0;
     for (int i = 0; i < N_REQ; i += 3) n += sspec.n[i] == ref.n[i] && !memcmp(sspec.toks[i], ref.toks[i], sizeof ref.toks[i]);
     CHECK(n == greedy && sspec.st.kv_streamed > 0, "streaming with draft trees: greedy answers the same, %d/%d (%llu streamed)",
           n, greedy, (unsigned long long)sspec.st.kv_streamed);
     /* a full disk while streaming: the writes that fail lose blocks, those sequences are
      * recomputed and the rest is served from memory */
-    run_mixed(14, ZS_OFFLOAD_NVME, 0, 3 * 8192, 0, &sfull);
+    run_mixed(14, ZS_OFFLOAD_NVME, 0, 3 * 8192, 1, &sfull);
     n = same_runs(&ref, &sfull);
     CHECK(n == N_REQ && sfull.st.kv_recomputes > 0, "streaming on a full disk: the same tokens and logprob bits, %d/%d "
           "(%llu recomputed, %llu failed writes)", n, N_REQ, (unsigned long long)sfull.st.kv_recomputes,

@@ -577,6 +577,14 @@ int zs_kv_seq_to_stage(zs_kvcache *kv, int seq, int j) {
     return s->blocks[j];
 }
 
+int zs_kv_seq_from_stage(zs_kvcache *kv, int seq, int j, int streamed) {
+    kv_seq *s = &kv->seqs[seq];
+    block_release(kv, s->blocks[j]); /* gives back a lent memory block when it was the group's last */
+    s->blocks[j] = block_take(kv);
+    s->streamed = streamed;
+    return s->blocks[j];
+}
+
 void *zs_kv_stage_data(zs_kvcache *kv, int layer, int sb) {
     if (!kv->per || sb < 0 || sb >= kv->n_groups * kv->per || kv->lent[sb / kv->per] < 0) return NULL;
     return blk_at(kv, layer, kv->n_blocks + sb);

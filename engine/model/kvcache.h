@@ -149,6 +149,10 @@ int  zs_kv_block_movable(const zs_kvcache *kv, int b);
 /* Table index j of seq (a movable memory block) takes a stage block instead; the memory block is
  * released first (its K/V must be saved before). Returns the new id (total_blocks + sb). */
 int  zs_kv_seq_to_stage(zs_kvcache *kv, int seq, int j);
+/* Undoes zs_kv_seq_to_stage on table index j right after it (nothing else taken meanwhile): a
+ * memory block again (returned: its K/V are the caller's to restore), and the streamed flag as
+ * given. */
+int  zs_kv_seq_from_stage(zs_kvcache *kv, int seq, int j, int streamed);
 /* Stage block sb's buffer for layer's parity (2 * ZS_KV_BLOCK * kv_dim elements), or NULL. */
 void *zs_kv_stage_data(zs_kvcache *kv, int layer, int sb);
 /* Stage blocks written (zs_kv_write, zs_kv_copy) since the last clear, each once. */

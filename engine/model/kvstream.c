@@ -1,6 +1,8 @@
-/* kvstream.c — layer-streamed KV sequences (kvstream.h): a record per stage block and layer in a
- * tier, an I/O thread that runs a FIFO of per-layer loads and write-behinds into the cache's
- * stage buffers, and the cache's layer hook that queues them and waits for the loads. */
+/* kvstream.c — layer-streamed KV sequences (kvstream.h): a record per stage block and layer in
+ * one of NT tiers, NT I/O threads that each run the same FIFO of per-layer loads and write-behinds
+ * into the cache's stage buffers (thread k the records of tier k: small O_DIRECT reads one at a
+ * time reach a fraction of what the disk does with several in flight), and the cache's layer hook
+ * that queues them and waits for the loads. */
 #include "kvstream.h"
 
 #include <pthread.h>
@@ -18,41 +20,54 @@ typedef struct {
 } op;
 
 #define QCAP 8 /* at most: two loads and two stores of a step are ever pending */
+#define NT 4   /* tiers and I/O threads */
+/* every record of stage block sb is in tier sb % NT, so one thread does all its I/O in order: a
+ * load of layer l + 2 never overtakes the write-behind of layer l from the same buffer */
 
 struct zs_kvstream {
     zs_kvcache *kv;
-    zs_kvtier *t;
+    zs_kvtier *t[NT];
     int L, nsb;
     size_t lb;               /* bytes of a block-layer record */
-    int *rec;                /* [nsb * L] tier slot of (sb, layer), -1: none */
-    unsigned *gen;           /* [nsb] the stage generation the records belong to */
-    unsigned char *bad;      /* [nsb] a write of this generation failed */
+    int *rec;                /* [nsb * L] the tier slot of (sb, layer), -1: none */
+    char *tmp;               /* [L * lb] a block on its way from memory to the stage (convert) */
+    unsigned *gen;           /* [nsb * L] the stage generation each record belongs to */
+    unsigned char *bad;      /* [nsb] a write failed (its sequence is lost) */
     int *load, n_load;       /* this step's streamed blocks of the batch */
     int *store[2];           /* [nsb] the blocks a layer of each parity wrote */
     unsigned char *seen;     /* [max_seqs] scratch */
     int broken;
-    /* the queue */
-    pthread_t th;
+    /* the queue: every thread runs every op, its own part of it */
+    pthread_t th[NT];
     int started, stop;
     pthread_mutex_t mu;
     pthread_cond_t cv, done_cv;
     op q[QCAP];
-    int q_head, q_n;
-    uint64_t queued, done;   /* tickets */
+    uint64_t queued;         /* tickets: op i is q[(i - 1) % QCAP] */
+    uint64_t pos[NT];        /* ops thread k has finished */
     uint64_t load_ticket[2]; /* the ticket of the pending load of each parity */
     int err;                 /* a load failed: its code and message, for the engine thread */
     char errmsg[256];
     zs_kvstream_stats st;
 };
 
-static void run_op(zs_kvstream *st, const op *o) {
+typedef struct {
+    zs_kvstream *st;
+    int k;
+} io_arg;
+
+/* thread k's part of o: the blocks sb % NT == k */
+static void run_op(zs_kvstream *st, const op *o, int k) {
     for (int i = 0; i < o->n; i++) {
-        int sb = o->sb[i], *r = &st->rec[(size_t)sb * (size_t)st->L + (size_t)o->layer];
+        int sb = o->sb[i];
+        if (sb % NT != k) continue;
+        size_t at = (size_t)sb * (size_t)st->L + (size_t)o->layer;
+        int *r = &st->rec[at];
         unsigned g = zs_kv_stage_gen(st->kv, sb);
         struct iovec iov = {zs_kv_stage_data(st->kv, o->layer, sb), st->lb};
         if (o->kind == OP_LOAD) {
-            if (*r < 0 || st->gen[sb] != g) continue; /* never written in this use: nothing to read */
-            int rc = zs_kvtier_get(st->t, *r, &iov, 1);
+            if (*r < 0 || st->gen[at] != g) continue; /* never written in this use of the block */
+            int rc = zs_kvtier_get(st->t[k], *r, &iov, 1);
             pthread_mutex_lock(&st->mu);
             if (rc < 0 && !st->err) {
                 st->err = rc;
@@ -65,16 +80,7 @@ static void run_op(zs_kvstream *st, const op *o) {
             pthread_mutex_unlock(&st->mu);
             continue;
         }
-        if (st->gen[sb] != g) { /* a new use of the block: its old records are void */
-            for (int l = 0; l < st->L; l++) {
-                int *rl = &st->rec[(size_t)sb * (size_t)st->L + (size_t)l];
-                if (*rl >= 0) zs_kvtier_drop(st->t, *rl);
-                *rl = -1;
-            }
-            st->gen[sb] = g;
-            st->bad[sb] = 0;
-        }
-        int slot, rc = zs_kvtier_put(st->t, &iov, 1, (uint64_t)sb + 1, &slot);
+        int slot, rc = zs_kvtier_put(st->t[k], &iov, 1, (uint64_t)sb + 1, &slot);
         pthread_mutex_lock(&st->mu);
         if (rc < 0) {
             if (!st->broken) zs_log_warn("KV streaming: %s; the sequences that lost a block are recomputed, and no more "
@@ -88,38 +94,44 @@ static void run_op(zs_kvstream *st, const op *o) {
         }
         pthread_mutex_unlock(&st->mu);
         if (rc == 0) {
-            if (*r >= 0) zs_kvtier_drop(st->t, *r);
+            if (*r >= 0) zs_kvtier_drop(st->t[k], *r);
             *r = slot;
+            st->gen[at] = g;
         }
     }
 }
 
 static void *io_main(void *arg) {
-    zs_kvstream *st = arg;
+    zs_kvstream *st = ((io_arg *)arg)->st;
+    int k = ((io_arg *)arg)->k;
+    free(arg);
     pthread_mutex_lock(&st->mu);
     for (;;) {
-        while (!st->stop && st->q_n == 0) pthread_cond_wait(&st->cv, &st->mu);
-        if (st->q_n == 0) break; /* stop, and nothing left */
-        op o = st->q[st->q_head];
+        while (!st->stop && st->queued == st->pos[k]) pthread_cond_wait(&st->cv, &st->mu);
+        if (st->queued == st->pos[k]) break; /* stop, and nothing left */
+        op o = st->q[st->pos[k] % QCAP];
         pthread_mutex_unlock(&st->mu);
-        run_op(st, &o);
+        run_op(st, &o, k);
         pthread_mutex_lock(&st->mu);
-        st->q_head = (st->q_head + 1) % QCAP;
-        st->q_n--;
-        st->done++;
+        st->pos[k]++;
         pthread_cond_broadcast(&st->done_cv);
     }
     pthread_mutex_unlock(&st->mu);
     return NULL;
 }
 
+static uint64_t done_all(const zs_kvstream *st) {
+    uint64_t d = st->pos[0];
+    for (int k = 1; k < NT; k++) d = ZS_MIN(d, st->pos[k]);
+    return d;
+}
+
 static uint64_t enqueue(zs_kvstream *st, int kind, int layer, const int *sb, int n) {
     pthread_mutex_lock(&st->mu);
-    ZS_ASSERT(st->q_n < QCAP);
-    st->q[(st->q_head + st->q_n) % QCAP] = (op){kind, layer, n, sb};
-    st->q_n++;
+    ZS_ASSERT(st->queued - done_all(st) < QCAP);
+    st->q[st->queued % QCAP] = (op){kind, layer, n, sb};
     uint64_t t = ++st->queued;
-    pthread_cond_signal(&st->cv);
+    pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
     return t;
 }
@@ -128,7 +140,7 @@ static uint64_t enqueue(zs_kvstream *st, int kind, int layer, const int *sb, int
 static int wait_for(zs_kvstream *st, uint64_t t) {
     double t0 = zs_now();
     pthread_mutex_lock(&st->mu);
-    while (st->done < t) pthread_cond_wait(&st->done_cv, &st->mu);
+    while (done_all(st) < t) pthread_cond_wait(&st->done_cv, &st->mu);
     int rc = st->err;
     char msg[256];
     if (rc) snprintf(msg, sizeof msg, "%s", st->errmsg);
@@ -199,26 +211,34 @@ int zs_kvstream_open(zs_kvcache *kv, int kind, const char *dir, zs_kvstream **ou
     pthread_cond_init(&st->done_cv, NULL);
     size_t ns = (size_t)st->nsb;
     st->rec = malloc(ns * (size_t)st->L * sizeof(int));
-    st->gen = calloc(ns, sizeof(unsigned));
+    st->gen = calloc(ns * (size_t)st->L, sizeof(unsigned));
     st->bad = calloc(ns, 1);
     st->load = malloc(ns * sizeof(int));
     st->store[0] = malloc(ns * sizeof(int));
     st->store[1] = malloc(ns * sizeof(int));
     st->seen = calloc((size_t)zs_kv_max_seqs(kv), 1);
+    st->tmp = malloc((size_t)st->L * st->lb);
     int rc = 0;
-    if (!st->rec || !st->gen || !st->bad || !st->load || !st->store[0] || !st->store[1] || !st->seen)
+    if (!st->tmp || !st->rec || !st->gen || !st->bad || !st->load || !st->store[0] || !st->store[1] || !st->seen)
         rc = zs_err(ZS_ENOMEM, "KV streaming: out of memory for %zu stage blocks", ns);
     if (rc == 0) {
         for (size_t i = 0; i < ns * (size_t)st->L; i++) st->rec[i] = -1;
-        rc = zs_kvtier_open(kind, dir, st->lb, &st->t);
+        for (int k = 0; k < NT && rc == 0; k++) rc = zs_kvtier_open(kind, dir, st->lb, &st->t[k]);
     }
-    if (rc == 0 && pthread_create(&st->th, NULL, io_main, st) != 0)
-        rc = zs_err(ZS_EIO, "KV streaming: cannot start its I/O thread");
+    for (int k = 0; k < NT && rc == 0; k++) {
+        io_arg *a = malloc(sizeof *a);
+        if (a) *a = (io_arg){st, k};
+        if (!a || pthread_create(&st->th[k], NULL, io_main, a) != 0) {
+            free(a);
+            rc = zs_err(ZS_EIO, "KV streaming: cannot start its I/O threads");
+        } else {
+            st->started++;
+        }
+    }
     if (rc < 0) {
         zs_kvstream_free(st);
         return rc;
     }
-    st->started = 1;
     zs_kv_set_layer_hook(kv, on_layer, st);
     *out = st;
     return 0;
@@ -229,12 +249,12 @@ void zs_kvstream_free(zs_kvstream *st) {
     if (st->started) {
         pthread_mutex_lock(&st->mu);
         st->stop = 1;
-        pthread_cond_signal(&st->cv);
+        pthread_cond_broadcast(&st->cv);
         pthread_mutex_unlock(&st->mu);
-        pthread_join(st->th, NULL);
+        for (int k = 0; k < st->started; k++) pthread_join(st->th[k], NULL);
         zs_kv_set_layer_hook(st->kv, NULL, NULL);
     }
-    zs_kvtier_free(st->t);
+    for (int k = 0; k < NT; k++) zs_kvtier_free(st->t[k]);
     pthread_mutex_destroy(&st->mu);
     pthread_cond_destroy(&st->cv);
     pthread_cond_destroy(&st->done_cv);
@@ -245,6 +265,7 @@ void zs_kvstream_free(zs_kvstream *st) {
     free(st->store[0]);
     free(st->store[1]);
     free(st->seen);
+    free(st->tmp);
     free(st);
 }
 
@@ -257,27 +278,34 @@ int zs_kvstream_convert(zs_kvstream *st, int seq) {
     const int *b = zs_kv_seq_blocks(kv, seq);
     int n = (zs_kv_seq_len(kv, seq) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK, L = st->L;
     int slots[L];
-    /* each block: every layer to the tier, then its memory goes and a stage block takes its place
-     * (a failure part way leaves the blocks moved so far streamed, the rest in memory: whole) */
+    /* each block: its memory goes (copied out first: the stage block may be lent that very
+     * memory), a stage block takes its place, and every layer goes to the stage block's tier. A
+     * full tier gives the block its memory back (taken again: the stage block is released first,
+     * so the same room is there) and stops, the blocks moved so far streamed, the rest in memory */
     for (int j = 0; j < n; j++) {
         if (!zs_kv_block_movable(kv, b[j])) continue;
-        int rc = 0, l = 0;
+        for (int l = 0; l < L; l++) memcpy(st->tmp + (size_t)l * st->lb, zs_kv_block_data(kv, l, b[j]), st->lb);
+        int was_streamed = zs_kv_seq_streamed(kv, seq);
+        zs_kv_seq_set_streamed(kv, seq); /* before any stage block is in its table */
+        int sb = zs_kv_seq_to_stage(kv, seq, j) - zs_kv_total_blocks(kv), rc = 0, l = 0;
+        zs_kvtier *t = st->t[sb % NT];
         for (; l < L && rc == 0; l++) {
-            struct iovec iov = {zs_kv_block_data(kv, l, b[j]), st->lb};
-            rc = zs_kvtier_put(st->t, &iov, 1, 0, &slots[l]);
+            struct iovec iov = {st->tmp + (size_t)l * st->lb, st->lb};
+            rc = zs_kvtier_put(t, &iov, 1, (uint64_t)sb + 1, &slots[l]);
         }
         if (rc < 0) {
-            for (int k = 0; k < l - 1; k++) zs_kvtier_drop(st->t, slots[k]);
+            for (int k = 0; k < l - 1; k++) zs_kvtier_drop(t, slots[k]);
+            int mb = zs_kv_seq_from_stage(kv, seq, j, was_streamed);
+            for (int k = 0; k < L; k++) memcpy(zs_kv_block_data(kv, k, mb), st->tmp + (size_t)k * st->lb, st->lb);
             return rc;
         }
-        zs_kv_seq_set_streamed(kv, seq); /* before any stage block is in its table */
-        int sb = zs_kv_seq_to_stage(kv, seq, j) - zs_kv_total_blocks(kv);
+        unsigned g = zs_kv_stage_gen(kv, sb);
         for (l = 0; l < L; l++) {
-            int *r = &st->rec[(size_t)sb * (size_t)L + (size_t)l];
-            if (*r >= 0) zs_kvtier_drop(st->t, *r);
-            *r = slots[l];
+            size_t at = (size_t)sb * (size_t)L + (size_t)l;
+            if (st->rec[at] >= 0) zs_kvtier_drop(t, st->rec[at]);
+            st->rec[at] = slots[l];
+            st->gen[at] = g;
         }
-        st->gen[sb] = zs_kv_stage_gen(kv, sb);
         st->bad[sb] = 0;
         st->st.stores += (uint64_t)L;
         st->st.bytes_out += (uint64_t)L * st->lb;
@@ -292,7 +320,7 @@ int zs_kvstream_seq_lost(const zs_kvstream *st, int seq) {
     int nb = zs_kv_total_blocks(st->kv), n = (zs_kv_seq_len(st->kv, seq) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
     const int *b = zs_kv_seq_blocks(st->kv, seq);
     for (int j = 0; j < n; j++)
-        if (b[j] >= nb && st->bad[b[j] - nb] && st->gen[b[j] - nb] == zs_kv_stage_gen(st->kv, b[j] - nb)) return 1;
+        if (b[j] >= nb && st->bad[b[j] - nb]) return 1;
     return 0;
 }
 

@@ -146,7 +146,7 @@ struct zs_engine {
     zs_kvtier **kvt; /* [ranks of this process] the KV tier below memory (kv_offload), or NULL */
     zs_kvtier **kvpt; /* [ranks] the prefix cache's tier (a file kept across restarts on NVMe) */
     zs_kvprefix **kvp; /* [ranks] the prefix cache's blocks below memory */
-    zs_kvstream **kvs; /* [ranks] layer-streamed sequences (kv_offload, not kv_no_stream), or NULL */
+    zs_kvstream **kvs; /* [ranks] layer-streamed sequences (kv_offload), or NULL */
     char *plan_json;   /* --offload auto's plan, or NULL */
     int context;
     int device;
@@ -167,6 +167,7 @@ zs_kvcache *zs_engine_kv(zs_engine *e) { return e->kv; }
 zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank) { return e->kvt ? e->kvt[rank] : NULL; }
 zs_kvprefix *zs_engine_kv_prefix(zs_engine *e, int rank) { return e->kvp ? e->kvp[rank] : NULL; }
 zs_kvstream *zs_engine_kv_stream(zs_engine *e, int rank) { return e->kvs ? e->kvs[rank] : NULL; }
+int zs_engine_kv_stream_on(const zs_engine *e) { return e->opts.kv_stream; }
 const char *zs_engine_plan_json(const zs_engine *e) { return e->plan_json; }
 
 /* The key of the prefix tier's file: everything that decides the K/V values of a prefix. */
@@ -220,7 +221,7 @@ static int open_kv_tiers(zs_engine *e) {
             zs_kvprefix_stats_get(e->kvp[r], &ps);
             if (ps.restored) zs_log_info("KV prefix tier: %d blocks back from %s", ps.restored, o->kv_nvme_path);
         }
-        if (rc == 0 && !o->kv_no_stream) {
+        if (rc == 0) {
             rc = zs_kvstream_open(kv, kind, o->kv_nvme_path, &e->kvs[r]);
             if (rc == ZS_EUNSUPPORTED) { /* one layer, or a window ring: swapping only */
                 zs_log_info("KV offload: %s; sequences beyond memory wait swapped out", zs_errmsg());
@@ -274,7 +275,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     int fit = zs_kv_blocks_for_bytes(c->n_layers, kvd, o->kv_dtype, cap);
     if (n_blocks > fit) n_blocks = fit;
     /* with a tier and streaming, one context may be longer than memory: its stage blocks must fit */
-    int streams = o->kv_offload != ZS_OFFLOAD_NONE && !o->kv_no_stream && c->n_layers >= 2;
+    int streams = o->kv_offload != ZS_OFFLOAD_NONE && c->n_layers >= 2;
     if (n_blocks < per_seq && o->kv_bytes && !(streams && (long)fit * (c->n_layers / 2) >= per_seq)) {
         rc = zs_err(ZS_EINVAL, "kv cache of %zu bytes holds less than one full context (%d positions)%s",
                     o->kv_bytes, e->context, streams ? ", even streamed layer by layer" : "");
@@ -324,7 +325,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     e->kv = zs_world_kv(e->world, 0);
     if (o->kv_offload != ZS_OFFLOAD_NONE) {
         if ((rc = open_kv_tiers(e)) < 0) goto fail;
-        zs_log_info("KV offload: sequences beyond memory %s %s%s%s", e->kvs[0] ? "streamed layer by layer from" : "swapped to",
+        zs_log_info("KV offload: sequences beyond memory %s %s%s%s", e->kvs[0] && o->kv_stream ? "streamed layer by layer from" : "swapped to",
                     o->kv_offload == ZS_OFFLOAD_CPU ? "host memory" : "NVMe",
                     o->kv_offload == ZS_OFFLOAD_NVME ? " under " : "", o->kv_offload == ZS_OFFLOAD_NVME ? o->kv_nvme_path : "");
     }

@@ -38,8 +38,9 @@ typedef struct {
                               scheduler swaps preempted sequences when the cache is full (CPU
                               device only for now) */
     const char *kv_nvme_path; /* --kv-nvme-path: the directory of the NVMe tier's files */
-    int kv_no_stream;      /* --kv-no-stream: with a tier, no layer-streamed sequences (kvstream.h):
-                              those beyond memory wait swapped out */
+    int kv_stream;         /* --kv-stream: with a tier, the youngest run layer-streamed (kvstream.h)
+                              when the cache is full instead of waiting swapped out (without it,
+                              only a request longer than the cache's memory is streamed) */
     int offload_auto;      /* 1: --offload auto (plan-auto.h: the placement planned at open from
                               this machine, measured); 2: the same only when the model and its KV
                               do not fit in memory (no --offload given); 0: the flags as they are */
@@ -75,8 +76,10 @@ struct zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank);
 /* The placement as JSON for GET /v1/plan: --offload auto's plan (plan-auto.h), or {"mode":
  * "flags", "applied": {...}} with what the flags gave. */
 const char *zs_engine_plan_json(const zs_engine *e);
-/* Rank `rank`'s layer-streamed sequences (kv_offload without kv_no_stream), or NULL. */
+/* Rank `rank`'s layer-streamed sequences (kv_offload; NULL without, or for a model it cannot
+ * stream: one layer, a window ring). */
 struct zs_kvstream *zs_engine_kv_stream(zs_engine *e, int rank);
+int zs_engine_kv_stream_on(const zs_engine *e); /* --kv-stream */
 /* The prefix cache's blocks below memory of rank `rank` (kv_offload), or NULL. */
 struct zs_kvprefix *zs_engine_kv_prefix(zs_engine *e, int rank);
 zs_world *zs_engine_world(zs_engine *e);

@@ -135,6 +135,10 @@ struct zs_sched {
     zs_request *preempted, *preempted_tail; /* sched-kv.c: preempted, to resume in this order */
     struct zs_kvprefix **kvp;             /* each rank's prefix blocks below memory, or NULL */
     uint64_t admit_seq;                   /* admissions so far (zs_request.admit_no) */
+    int kv_stream_on;                     /* --kv-stream */
+    double kv_stream_wait;                /* sched-kv.c: the share of recent steps spent waiting for
+                                             streamed K/V (a moving average) */
+    double kv_stream_wait_s0;             /* the streams' wait seconds before the last step */
     int kv_tier_warned;                   /* the tier failed once (logged) */
     zs_sched_rank *rb;                    /* per rank */
     zs_sched_stats st;                    /* mu: the counters (queued/running/gather filled on read) */
@@ -209,6 +213,9 @@ int  zs_sched_kv_need(const zs_sched *s, const zs_request *r);
 int  zs_sched_kv_reserve(zs_sched *s, int rank, int seq, const zs_request *r);
 /* 1 when positions could ever fit in rank's cache: its memory, or streamed. */
 int  zs_sched_kv_fits(const zs_sched *s, int rank, int positions);
+/* After a step of dt seconds: how much of it waited for streamed K/V (streaming more pays only
+ * while the loads hide behind the compute). */
+void zs_sched_kv_step_done(zs_sched *s, double dt);
 /* Before a step: every running sequence gets room for it, the youngest streamed or preempted as
  * needed. */
 void zs_sched_kv_grow(zs_sched *s);

@@ -1,13 +1,15 @@
 /* sched-kv.c — the KV cache's room when it has a tier below memory (--kv-offload): sequences
  * reserve blocks as they grow instead of their whole length at admission. When a running sequence
- * cannot grow, the youngest sequence in memory is streamed (kvstream.h): its blocks go to the tier
- * and it keeps running, with a stage block per block in memory. When the stage has no room either
- * (or with --kv-no-stream), the youngest are preempted: swapped out to the tier (kvswap.h) and
+ * cannot grow, with --kv-stream the youngest sequence in memory is streamed (kvstream.h): its
+ * blocks go to the tier and it keeps running, with a stage block per block in memory, as long as
+ * steps hardly wait for the tier's reads. Otherwise (by default, which measured faster on a CPU)
+ * the youngest are preempted: swapped out to the tier (kvswap.h) and
  * resumed later bit for bit, or recomputed (a streamed sequence, or one the tier cannot take: a
  * full disk): their prompt and generated tokens are prefilled again (the kernels are
  * batch-invariant, so the recomputed K/V are the same bits). Preempted requests resume
  * first-preempted first, before any new request is admitted. Without a tier the scheduler
- * reserves whole requests (sched.c) and none of this runs. */
+ * reserves whole requests (sched.c) and none of this runs. A request longer than the cache's
+ * memory runs streamed in any case (admitted alone in memory, it would never fit). */
 #include <string.h>
 
 #include "common.h"
@@ -29,6 +31,7 @@ int zs_sched_kv_init(zs_sched *s) {
         s->kvp[i] = zs_engine_kv_prefix(s->e, i);
         s->kvs[i] = zs_engine_kv_stream(s->e, i);
     }
+    s->kv_stream_on = zs_engine_kv_stream_on(s->e);
     return 0;
 }
 
@@ -44,14 +47,26 @@ static zs_kvstream *stream_of(const zs_sched *s, int rank) {
     return st && zs_kvstream_ok(st) ? st : NULL;
 }
 
+/* 1 when r at its full length needs more blocks than rank's memory has */
+static int longer_than_memory(const zs_sched *s, int rank, const zs_request *r) {
+    return (r->n_prompt + r->max_tokens + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK > zs_kv_total_blocks(zs_world_kv(s->w, rank));
+}
+
 int zs_sched_kv_reserve(zs_sched *s, int rank, int seq, const zs_request *r) {
     zs_kvcache *kv = zs_world_kv(s->w, rank);
     int need = zs_sched_kv_need(s, r);
     if (zs_kv_seq_reserve(kv, seq, need) == 0) return 0;
     if (!s->kvt || r->embed || zs_kv_seq_streamed(kv, seq) || !stream_of(s, rank)) return ZS_ENOSPC;
+    /* new sequences wait for room in memory, unless --kv-stream or they can never have it */
+    if (!s->kv_stream_on && !longer_than_memory(s, rank, r)) return ZS_ENOSPC;
     zs_kv_seq_set_streamed(kv, seq); /* its shared prefix blocks stay; the rest are streamed */
-    return zs_kv_seq_reserve(kv, seq, need) == 0 ? 0 : ZS_ENOSPC;
+    if (zs_kv_seq_reserve(kv, seq, need) < 0) return ZS_ENOSPC;
+    pthread_mutex_lock(&s->mu);
+    s->st.kv_streamed++;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
 }
+
 
 int zs_sched_kv_fits(const zs_sched *s, int rank, int positions) {
     zs_kvcache *kv = zs_world_kv(s->w, rank);
@@ -152,10 +167,31 @@ static zs_request *youngest(zs_sched *s, int i, int which) {
     return y;
 }
 
-/* The youngest sequence in memory goes on streamed (its blocks to the tier); 1 when one did. */
-static int stream_youngest(zs_sched *s, int i) {
+/* streaming more stops paying when steps wait this share of their time for streamed K/V: the
+ * tier's reads no longer hide behind the compute, and swapping the youngest out does better */
+#define STREAM_WAIT_MAX 0.10
+
+void zs_sched_kv_step_done(zs_sched *s, double dt) {
+    double w = 0;
+    for (int i = 0; s->kvs && i < s->nranks; i++) {
+        zs_kvstream_stats ks;
+        if (!s->kvs[i]) continue;
+        zs_kvstream_stats_get(s->kvs[i], &ks);
+        w += ks.wait_s;
+    }
+    double share = dt > 0 ? (w - s->kv_stream_wait_s0) / (dt * s->nranks) : 0;
+    s->kv_stream_wait_s0 = w;
+    s->kv_stream_wait = 0.8 * s->kv_stream_wait + 0.2 * share;
+}
+
+/* r cannot grow: with --kv-stream the youngest sequence in memory goes on streamed (its blocks to
+ * the tier), else r itself when memory could never hold it; 1 when one did. */
+static int stream_youngest(zs_sched *s, int i, zs_request *r) {
     zs_kvstream *st = stream_of(s, i);
-    zs_request *v = st ? youngest(s, i, MOVABLE) : NULL;
+    zs_request *v = NULL;
+    if (!st) return 0;
+    if (s->kv_stream_on && s->kv_stream_wait <= STREAM_WAIT_MAX) v = youngest(s, i, MOVABLE);
+    if (!v && longer_than_memory(s, i, r)) v = r;
     if (!v) return 0;
     if (zs_kvstream_convert(st, v->seq) < 0) {
         zs_log_warn("KV streaming: %s; the sequence is preempted instead", zs_errmsg());
@@ -186,7 +222,7 @@ void zs_sched_kv_grow(zs_sched *s) {
                 continue;
             }
             /* memory blocks run out: the youngest in memory is streamed (r itself, maybe) */
-            if (!zs_kv_seq_streamed(kv, r->seq) && stream_youngest(s, i)) continue;
+            if (!zs_kv_seq_streamed(kv, r->seq) && stream_youngest(s, i, r)) continue;
             /* else the youngest in memory is swapped out (whole blocks come free), else the youngest
              * streamed one is recomputed */
             zs_request *v = youngest(s, i, IN_MEMORY);

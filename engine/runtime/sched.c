@@ -358,6 +358,7 @@ static void *engine_main(void *arg) {
         double dt = zs_now() - t0;
         zs_world_stats(s->w, &g1);
         double ride_s = zs_sched_train_after_step(s, dt, rc);
+        zs_sched_kv_step_done(s, dt);
         if (rc < 0) step_failed(s, bs, rc);
         else
             for (int i = 0; i < s->nranks; i++) step_done(s, i, &bs[i]);

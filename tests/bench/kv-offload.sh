@@ -12,14 +12,15 @@
 #    tokens each, all sent together, OUT tokens each, ignore_eos) for N = 64, 128, 256, at a KV budget that holds about 32
 #    whole requests, with the weights streamed from NVMe (--offload nvme): KV in memory only
 #    (--kv-offload none: whole requests reserved at admission, the rest wait) against KV with an
-#    NVMe tier (reserved as they grow, the youngest swapped out when the cache is full). Tokens/s,
+#    NVMe tier (reserved as they grow, the youngest swapped out when the cache is full), and with
+#    --kv-stream (the youngest run with their K/V streamed from the tier a layer at a time). Tokens/s,
 #    the most sequences running at once (sampled from /metrics), preemptions, and whether both
 #    ways answered the same text.
 #
 #   sh tests/bench/kv-offload.sh
 # Env: ZS_BIN (./zeroserve), MODEL (default: SmolLM2-135M-Instruct Q4_1 via
 # server/fetch-smollm2.sh), RUNS (3), OUT (32), SIZES ("64 128 256"), DIR (scratch on the disk to
-# measure, default /tmp/zs-kvbench).
+# measure, default /tmp/zs-kvbench), PARTS ("ttft batch": which of the two to run).
 # shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/../lib/e2e.sh"
 zs_bash "$@"
@@ -27,6 +28,7 @@ set -u
 RUNS=${RUNS:-3}
 OUT=${OUT:-32}
 SIZES=${SIZES:-64 128 256}
+PARTS=${PARTS:-ttft batch}
 DIR=${DIR:-/tmp/zs-kvbench}
 if [ -z "${MODEL:-}" ]; then
     MODEL=$(sh server/fetch-smollm2.sh) || { echo "cannot fetch SmolLM2 (give MODEL=...)" >&2; exit 1; }
@@ -59,6 +61,7 @@ serve_ttft() { # log
     zs_start_server "$1" --model "$MODEL" --context 4600 --kv-bytes $KVB --kv-offload nvme --kv-nvme-path "$DIR" \
         --max-seqs 2 || exit 1
 }
+if [ "${PARTS#*ttft}" != "$PARTS" ]; then
 rm -rf "$DIR"
 mkdir -p "$DIR"
 echo "1. time to first token of a ~4000-token prompt: $MODEL, --kv-offload nvme under $DIR, $RUNS rounds"
@@ -90,6 +93,7 @@ for c in mem nvme restart; do
     m=$(median <"$T/ttft-$c")
     echo "  median $c: $m s = $(awk -v a="$m" -v b="$cold" 'BEGIN { printf "%.3f", a / b }') x cold ($cold s)"
 done
+fi
 
 # ---------------------------------------------------------------- 2. throughput at batch N
 # a budget of ~32 whole requests (48 + OUT positions each, in blocks of 16)
@@ -135,10 +139,14 @@ batch() { # label N kv-flags...
     echo "  N=$n $label: $toks tokens, $(cut -f1 "$T/res-$label-$n") tokens/s, at most ${most:-?} running, $pre preemptions"
     zs_stop_server
 }
+[ "${PARTS#*batch}" != "$PARTS" ] || SIZES=
 for n in $SIZES; do
     batch memory "$n" --kv-offload none
     batch nvme "$n" --kv-offload nvme --kv-nvme-path "$DIR/kv"
-    if cmp -s "$T/texts-memory-$n" "$T/texts-nvme-$n"; then s=same; else s=DIFFERENT; fi
-    echo "  N=$n: KV on NVMe / in memory = $(awk -v a="$(cut -f1 "$T/res-nvme-$n")" -v b="$(cut -f1 "$T/res-memory-$n")" \
-        'BEGIN { printf "%.2f", a / b }') tokens/s; texts: $s"
+    batch stream "$n" --kv-offload nvme --kv-nvme-path "$DIR/kv" --kv-stream
+    for m in nvme stream; do
+        if cmp -s "$T/texts-memory-$n" "$T/texts-$m-$n"; then s=same; else s=DIFFERENT; fi
+        echo "  N=$n: KV on NVMe ($m) / in memory = $(awk -v a="$(cut -f1 "$T/res-$m-$n")" -v b="$(cut -f1 "$T/res-memory-$n")" \
+            'BEGIN { printf "%.2f", a / b }') tokens/s; texts: $s"
+    done
 done
