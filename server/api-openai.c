@@ -963,14 +963,15 @@ static void h_metrics(void *ud, zs_http_req *r) {
 static void h_plan(void *ud, zs_http_req *r) {
     zs_api *a = ud;
     pthread_mutex_lock(&a->mu);
-    const zs_engine *e = a->base.engine;
+    zs_engine *e = a->base.engine;
     pthread_mutex_unlock(&a->mu);
-    const char *j = e ? zs_engine_plan_json(e) : NULL;
+    char *j = e ? zs_engine_plan_json(e) : NULL;
     if (!j) {
         zs_http_respond_error(r, 503, "server_error", NULL, "loading", "The model is still loading.");
         return;
     }
     zs_http_respond(r, 200, "application/json", j, strlen(j));
+    free(j);
 }
 
 static void h_playground(void *ud, zs_http_req *r) {

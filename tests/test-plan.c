@@ -4,11 +4,15 @@
  * less; the best batch fits its memory and the next one does not; speculation raises batch-1
  * tokens/s; experts are placed after the dense parts; no device means the host computes), the
  * anchor configs of tests/ref/plan (about 69e9 and 175e9 parameters), a GGUF file, the named
- * machines, determinism, and every bad input refused with a message that names it. */
+ * machines, determinism, and every bad input refused with a message that names it. Re-planning
+ * (plan-auto.h): steps whose compute is far from the measured machine's re-plan after three
+ * windows, not before, with the measured figure in the new plan's machine and its "replanned"
+ * part; steps that match it do not. */
 #include <math.h>
 #include <string.h>
 
 #include "common.h"
+#include "plan-auto.h"
 #include "plan.h"
 #include "testutil.h"
 
@@ -371,8 +375,63 @@ static void test_errors(void) {
     tu_rmdir(dir);
 }
 
+/* --offload auto's plan of stories260K on this machine, fed steps */
+static void test_replan(void) {
+    char dir[4096];
+    tu_model_dir(dir, sizeof dir, "stories260K");
+    zs_engine_opts eo;
+    zs_engine_opts_default(&eo);
+    eo.model_dir = dir;
+    zs_model *m = NULL;
+    if (zs_model_open(dir, &eo.model, &m) < 0) {
+        CHECK(0, "model: %s", zs_errmsg());
+        return;
+    }
+    char *json = NULL;
+    zs_plan_auto *pa = NULL;
+    CHECK(zs_plan_auto_apply(m, &eo, 0, &json, &pa) == 0 && pa && json, "auto plan: %s", zs_errmsg());
+    if (!pa) {
+        zs_model_free(m);
+        return;
+    }
+    CHECK(strstr(json, "\"replanned\"") == NULL, "a fresh plan has no replanned part");
+    free(json);
+    /* 64 rows a second: a few MFLOP/s against the GFLOP/s measured at start */
+    int replanned_at = 0;
+    for (int i = 1; i <= 12 && !replanned_at; i++) {
+        char *j = NULL;
+        int rc = zs_plan_auto_observe(pa, 64, 1.0, 0.0, 0, &j);
+        if (rc == 1) {
+            replanned_at = i;
+            CHECK(j && strstr(j, "\"replanned\"") && strstr(j, "\"count\":1"), "the new plan says it was re-planned: %s",
+                  j ? j : "(null)");
+        }
+        free(j);
+    }
+    CHECK(replanned_at == 6, "re-planned after three windows of 2 s (step %d)", replanned_at);
+    /* the same figures again: they are the plan's now */
+    int again = 0;
+    for (int i = 0; i < 12; i++) {
+        char *j = NULL;
+        again += zs_plan_auto_observe(pa, 64, 1.0, 0.0, 0, &j) == 1;
+        free(j);
+    }
+    CHECK(again == 0, "steps that match the plan do not re-plan (%d)", again);
+    /* one window off and then back: no re-plan (three in a row are needed) */
+    char *j = NULL;
+    int rc1 = zs_plan_auto_observe(pa, 6400, 1.0, 0.0, 0, &j) + zs_plan_auto_observe(pa, 6400, 1.0, 0.0, 0, &j);
+    for (int i = 0; i < 8; i++) rc1 += zs_plan_auto_observe(pa, 64, 1.0, 0.0, 0, &j);
+    CHECK(rc1 == 0 && !j, "one window off does not re-plan");
+    j = zs_plan_auto_json(pa);
+    CHECK(j && strstr(j, "\"mode\":\"auto\""), "the plan in force as JSON");
+    free(j);
+    zs_plan_auto_free(pa);
+    zs_model_free(m);
+}
+
 int main(void) {
     zs_log_set_level(ZS_LOG_WARN);
+    test_replan();
     test_fits_on_device();
     test_streams();
     test_monotone();

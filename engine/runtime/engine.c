@@ -4,6 +4,7 @@
  * GGUF: it takes plain arrays, zs_tokenizer_spec). */
 #include "engine.h"
 
+#include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -147,7 +148,9 @@ struct zs_engine {
     zs_kvtier **kvpt; /* [ranks] the prefix cache's tier (a file kept across restarts on NVMe) */
     zs_kvprefix **kvp; /* [ranks] the prefix cache's blocks below memory */
     zs_kvstream **kvs; /* [ranks] layer-streamed sequences (kv_offload), or NULL */
-    char *plan_json;   /* --offload auto's plan, or NULL */
+    char *plan_json;   /* --offload auto's plan (or the flags' placement); replaced under plan_mu */
+    zs_plan_auto *plan; /* --offload auto's plan kept for re-planning, or NULL */
+    pthread_mutex_t plan_mu;
     int context;
     int device;
 };
@@ -168,7 +171,22 @@ zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank) { return e->kvt ? e->kvt[ra
 zs_kvprefix *zs_engine_kv_prefix(zs_engine *e, int rank) { return e->kvp ? e->kvp[rank] : NULL; }
 zs_kvstream *zs_engine_kv_stream(zs_engine *e, int rank) { return e->kvs ? e->kvs[rank] : NULL; }
 int zs_engine_kv_stream_on(const zs_engine *e) { return e->opts.kv_stream; }
-const char *zs_engine_plan_json(const zs_engine *e) { return e->plan_json; }
+char *zs_engine_plan_json(zs_engine *e) {
+    pthread_mutex_lock(&e->plan_mu);
+    char *j = e->plan_json ? strdup(e->plan_json) : NULL;
+    pthread_mutex_unlock(&e->plan_mu);
+    return j;
+}
+
+void zs_engine_plan_observe(zs_engine *e, double rows, double step_s, double stall_s, double nvme_bytes) {
+    char *j = NULL;
+    if (!e->plan || zs_plan_auto_observe(e->plan, rows, step_s, stall_s, nvme_bytes, &j) <= 0 || !j) return;
+    pthread_mutex_lock(&e->plan_mu);
+    char *old = e->plan_json;
+    e->plan_json = j;
+    pthread_mutex_unlock(&e->plan_mu);
+    free(old);
+}
 
 /* The key of the prefix tier's file: everything that decides the K/V values of a prefix. */
 static uint64_t prefix_key(const zs_engine *e) {
@@ -242,6 +260,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     zs_engine *e = calloc(1, sizeof *e);
     if (!e) return zs_err(ZS_ENOMEM, "out of memory");
     e->opts = *o;
+    pthread_mutex_init(&e->plan_mu, NULL);
     int rc;
     if ((rc = zs_device_resolve(o->device, &e->device)) < 0) goto fail;
     if ((rc = zs_model_open(o->model_dir, &o->model, &e->model)) < 0) goto fail;
@@ -263,7 +282,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
             rc = zs_err(ZS_EUNSUPPORTED, "--offload auto: a CUDA device is not measured yet; give --offload none|cpu|nvme");
             goto fail;
         }
-        if (want && e->device != ZS_DEVICE_CUDA && (rc = zs_plan_auto_apply(e->model, &e->opts, o->plan_gave, &e->plan_json)) < 0)
+        if (want && e->device != ZS_DEVICE_CUDA && (rc = zs_plan_auto_apply(e->model, &e->opts, o->plan_gave, &e->plan_json, &e->plan)) < 0)
             goto fail;
         o = &e->opts;
     }
@@ -359,6 +378,8 @@ void zs_engine_free(zs_engine *e) {
     free(e->kvs);
     free(e->kvpt);
     free(e->plan_json);
+    zs_plan_auto_free(e->plan);
+    pthread_mutex_destroy(&e->plan_mu);
     free(e->kvt);
     zs_world_free(e->world);
     zs_tokenizer_free(e->tok);

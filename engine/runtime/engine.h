@@ -75,7 +75,10 @@ zs_kvcache *zs_engine_kv(zs_engine *e);   /* rank 0's cache */
 struct zs_kvtier *zs_engine_kv_tier(zs_engine *e, int rank);
 /* The placement as JSON for GET /v1/plan: --offload auto's plan (plan-auto.h), or {"mode":
  * "flags", "applied": {...}} with what the flags gave. */
-const char *zs_engine_plan_json(const zs_engine *e);
+char *zs_engine_plan_json(zs_engine *e); /* a copy (free it): it may be replaced while serving */
+/* A step's figures for --offload auto's re-planning (plan-auto.h): rows computed, seconds, those
+ * waiting for weights, NVMe bytes read. Engine thread; nothing without auto. */
+void zs_engine_plan_observe(zs_engine *e, double rows, double step_s, double stall_s, double nvme_bytes);
 /* Rank `rank`'s layer-streamed sequences (kv_offload; NULL without, or for a model it cannot
  * stream: one layer, a window ring). */
 struct zs_kvstream *zs_engine_kv_stream(zs_engine *e, int rank);

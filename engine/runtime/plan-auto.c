@@ -3,6 +3,7 @@
 #include "plan-auto.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,27 @@ int zs_plan_auto_fits(const zs_model *m, const zs_engine_opts *o) {
     return need <= AUTO_FIT_SHARE * avail_bytes();
 }
 
+/* re-planning: a window of steps is at least this long; figures this far off (either way) in this
+ * many windows in a row re-plan */
+#define REPLAN_WINDOW_S 2.0
+#define REPLAN_DRIFT 1.3
+#define REPLAN_WINDOWS 3
+
+struct zs_plan_auto {
+    zs_plan_model pm;
+    zs_plan_machine mach;   /* the figures the plan in force assumed */
+    zs_plan_load l;
+    zs_plan p;
+    int layers;
+    json_t *applied;        /* what the engine took of the first plan */
+    char over[512];         /* flags that won over it */
+    /* the window being measured */
+    double w_s, w_stall, w_rows, w_nvme;
+    int drifted;            /* windows in a row that drifted */
+    int replans;
+    json_t *replanned;      /* the last re-plan's figures, or NULL */
+};
+
 /* a placement as JSON */
 static json_t *point_json(const zs_plan_point *p) {
     return json_pack("{s:i,s:f,s:s,s:f,s:f,s:f,s:{s:i,s:i},s:s,s:f,s:f}", "batch", p->batch, "tokens_per_s", p->tok_s,
@@ -75,8 +97,9 @@ static json_t *point_json(const zs_plan_point *p) {
                      "live_bytes", p->live_bytes);
 }
 
-int zs_plan_auto_apply(const zs_model *m, zs_engine_opts *o, unsigned gave, char **json) {
+int zs_plan_auto_apply(const zs_model *m, zs_engine_opts *o, unsigned gave, char **json, zs_plan_auto **keep) {
     *json = NULL;
+    *keep = NULL;
     const zs_model_config *c = zs_model_config_get(m);
     zs_plan_model pm;
     ZS_CHECK(zs_plan_model_from_config(c, weight_bytes_each(m), (double)zs_dtype_size(o->kv_dtype), &pm));
@@ -164,14 +187,102 @@ int zs_plan_auto_apply(const zs_model *m, zs_engine_opts *o, unsigned gave, char
                 stream ? " --max-live-bytes " : "", stream ? (double)o->gather.max_live_bytes / 1e6 : 0.0,
                 (double)o->kv_bytes / 1e6, o->kv_offload == ZS_OFFLOAD_NVME ? "nvme" : o->kv_offload == ZS_OFFLOAD_CPU ? "cpu" : "none");
     if (over[0]) zs_log_info("plan: given on the command line, so not the plan's:%s", over);
-    json_t *root = json_pack("{s:s,s:{s:f,s:f,s:f,s:f,s:f},s:{s:s,s:f,s:f,s:i},s:{s:i,s:i,s:i},s:o,s:o,s:o,s:s}",
-                             "mode", "auto", "machine", "memory_bytes", mach.host_mem, "memory_gbps", mach.host_gbps,
-                             "flops", mach.host_flops, "nvme_read_gbps", mach.nvme_read_gbps, "nvme_write_gbps",
-                             mach.nvme_write_gbps, "model", "name", pm.name, "weight_bytes", p.weight_bytes,
-                             "kv_bytes_per_position", p.kv_per_pos, "layers", c->n_layers, "load", "prompt", l.prompt,
-                             "output", l.output, "max_batch", l.max_batch, "best", point_json(b), "batch_1",
-                             point_json(&p.b1), "applied", applied, "given", over[0] ? over + 1 : "");
-    *json = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    zs_plan_auto *pa = calloc(1, sizeof *pa);
+    if (!pa) {
+        json_decref(applied);
+        return zs_err(ZS_ENOMEM, "out of memory");
+    }
+    pa->pm = pm;
+    pa->mach = mach;
+    pa->l = l;
+    pa->p = p;
+    pa->layers = c->n_layers;
+    pa->applied = applied;
+    snprintf(pa->over, sizeof pa->over, "%s", over[0] ? over + 1 : "");
+    if (!(*json = zs_plan_auto_json(pa))) {
+        zs_plan_auto_free(pa);
+        return zs_err(ZS_ENOMEM, "out of memory");
+    }
+    *keep = pa;
+    return 0;
+}
+
+char *zs_plan_auto_json(const zs_plan_auto *pa) {
+    const zs_plan_machine *mach = &pa->mach;
+    json_t *root = json_pack("{s:s,s:{s:f,s:f,s:f,s:f,s:f},s:{s:s,s:f,s:f,s:i},s:{s:i,s:i,s:i},s:o,s:o,s:O,s:s}",
+                             "mode", "auto", "machine", "memory_bytes", mach->host_mem, "memory_gbps", mach->host_gbps,
+                             "flops", mach->host_flops, "nvme_read_gbps", mach->nvme_read_gbps, "nvme_write_gbps",
+                             mach->nvme_write_gbps, "model", "name", pa->pm.name, "weight_bytes", pa->p.weight_bytes,
+                             "kv_bytes_per_position", pa->p.kv_per_pos, "layers", pa->layers, "load", "prompt", pa->l.prompt,
+                             "output", pa->l.output, "max_batch", pa->l.max_batch, "best", point_json(&pa->p.best), "batch_1",
+                             point_json(&pa->p.b1), "applied", pa->applied, "given", pa->over);
+    if (root && pa->replanned) json_object_set(root, "replanned", pa->replanned);
+    char *j = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
-    return *json ? 0 : zs_err(ZS_ENOMEM, "out of memory");
+    return j;
+}
+
+void zs_plan_auto_free(zs_plan_auto *pa) {
+    if (!pa) return;
+    json_decref(pa->applied);
+    json_decref(pa->replanned);
+    free(pa);
+}
+
+/* measured / assumed, or 1 when either is unknown */
+static double ratio(double measured, double assumed) { return measured > 0 && assumed > 0 ? measured / assumed : 1; }
+
+int zs_plan_auto_observe(zs_plan_auto *pa, double rows, double step_s, double stall_s, double nvme_bytes, char **json) {
+    *json = NULL;
+    if (step_s <= 0 || rows <= 0) return 0;
+    pa->w_s += step_s;
+    pa->w_stall += ZS_MIN(stall_s, step_s);
+    pa->w_rows += rows;
+    pa->w_nvme += nvme_bytes;
+    if (pa->w_s < REPLAN_WINDOW_S) return 0;
+    /* what the window achieved: compute, per row as the planner counts it (2 FLOPs a parameter),
+     * over the time not spent waiting for weights; NVMe reads over the whole window, when steps
+     * waited for them (else the disk had more to give and its figure stays) */
+    double total, active;
+    zs_plan_model_params(&pa->pm, &total, &active);
+    double busy = pa->w_s - pa->w_stall;
+    double flops = busy > 0 ? 2.0 * active * pa->w_rows / busy : 0;
+    double nvme = pa->w_stall > 0.2 * pa->w_s && pa->w_nvme > 0 ? pa->w_nvme / pa->w_s / 1e9 : 0;
+    double rc = ratio(flops, pa->mach.host_flops), rn = ratio(nvme, pa->mach.nvme_read_gbps);
+    pa->w_s = pa->w_stall = pa->w_rows = pa->w_nvme = 0;
+    int off = fabs(log(rc)) > log(REPLAN_DRIFT) || fabs(log(rn)) > log(REPLAN_DRIFT);
+    pa->drifted = off ? pa->drifted + 1 : 0;
+    if (pa->drifted < REPLAN_WINDOWS) return 0;
+    pa->drifted = 0;
+    /* the planner again, with what was measured */
+    zs_plan_machine m = pa->mach;
+    if (rc != 1) m.host_flops = flops;
+    if (rn != 1) m.nvme_read_gbps = nvme;
+    zs_plan p;
+    if (zs_plan_run(&pa->pm, &m, &pa->l, &p) < 0) {
+        zs_log_warn("plan: re-planning from measured figures failed: %s", zs_errmsg());
+        return 0;
+    }
+    const zs_plan_point *a = &pa->p.best, *b = &p.best;
+    int moved = a->layers[ZS_PLAN_DEVICE] != b->layers[ZS_PLAN_DEVICE] || a->kv_tier != b->kv_tier ||
+                fabs(a->live_bytes - b->live_bytes) > 0.1 * ZS_MAX(a->live_bytes, 1.0) || a->batch != b->batch;
+    pa->replans++;
+    json_decref(pa->replanned);
+    pa->replanned = json_pack("{s:i,s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:b,s:s}", "count", pa->replans, "measured",
+                              "flops", flops, "nvme_read_gbps", nvme, "planned", "flops", pa->mach.host_flops,
+                              "nvme_read_gbps", pa->mach.nvme_read_gbps, "predicted_tokens_per_s", "before", a->tok_s,
+                              "now", b->tok_s, "placement_changed", moved,
+                              "applied", moved ? "at the next start: the weights' tiers, the live budget and the KV "
+                                                 "cache are sized when the engine opens"
+                                               : "nothing to change: the same placement");
+    zs_log_info("plan: measured %.1f GFLOP/s%s%.2f GB/s NVMe reads against the %.1f GFLOP/s and %.2f GB/s planned, "
+                "%d windows in a row: re-planned: %d of %d layers in memory, KV in %s, batch %d, %.1f tokens/s predicted "
+                "(was %.1f)%s", flops / 1e9, nvme > 0 ? " and " : " (NVMe not waited for: ", nvme > 0 ? nvme : pa->mach.nvme_read_gbps,
+                pa->mach.host_flops / 1e9, pa->mach.nvme_read_gbps, REPLAN_WINDOWS, b->layers[ZS_PLAN_DEVICE], pa->layers,
+                b->kv_tier == ZS_PLAN_DEVICE ? "memory" : zs_plan_tier_name(b->kv_tier), b->batch, b->tok_s, a->tok_s,
+                moved ? "; the placement changed, and a restart applies it (tiers and buffers are sized at start)" : "");
+    pa->mach = m;
+    pa->p = p;
+    if (!(*json = zs_plan_auto_json(pa))) return zs_err(ZS_ENOMEM, "out of memory");
+    return 1;
 }

@@ -359,6 +359,11 @@ static void *engine_main(void *arg) {
         zs_world_stats(s->w, &g1);
         double ride_s = zs_sched_train_after_step(s, dt, rc);
         zs_sched_kv_step_done(s, dt);
+        if (rc == 0) {
+            int rows = 0;
+            for (int i = 0; i < s->nranks; i++) rows += bs[i].n;
+            zs_engine_plan_observe(s->e, rows, dt - ride_s, g1.stall_s - g0.stall_s, (double)(g1.bytes_nvme - g0.bytes_nvme));
+        }
         if (rc < 0) step_failed(s, bs, rc);
         else
             for (int i = 0; i < s->nranks; i++) step_done(s, i, &bs[i]);
