@@ -17,8 +17,8 @@
  *     swapped sequences carry their pending K/V moves) greedy answers are those of plain decoding.
  *     All of it twice: by default (the youngest swapped out whole), and with --kv-stream (layer
  *     streaming, kvstream.h: the youngest keep running with their K/V read from the tier a layer
- *     at a time and written behind; on the full disk, the sequences whose blocks could not be
- *     written are recomputed). */
+ *     at a time and written behind, their last block growing in memory and moved once full;
+ *     on the full disk, the sequences whose blocks could not be written are recomputed). */
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -481,6 +481,9 @@ static void test_mixed(void) {
     CHECK(n == N_REQ && snvme.st.kv_streamed > 0 && snvme.st.kv_stream_loads > 0,
           "streaming, tier on NVMe: the same tokens and logprob bits, %d/%d (%llu streamed)", n, N_REQ,
           (unsigned long long)snvme.st.kv_streamed);
+    CHECK(scpu.st.kv_stream_settled + snvme.st.kv_stream_settled > 0,
+          "full blocks streamed sequences grew in memory went to the tier (%llu, %llu)",
+          (unsigned long long)scpu.st.kv_stream_settled, (unsigned long long)snvme.st.kv_stream_settled);
     run_mixed(14, ZS_OFFLOAD_NVME, 1, 0, 1, &sspec);
     n = 0;
     for (int i = 0; i < N_REQ; i += 3) n += sspec.n[i] == ref.n[i] && !memcmp(sspec.toks[i], ref.toks[i], sizeof ref.toks[i]);
@@ -494,11 +497,12 @@ static void test_mixed(void) {
           "(%llu recomputed, %llu failed writes)", n, N_REQ, (unsigned long long)sfull.st.kv_recomputes,
           (unsigned long long)sfull.st.kv_stream_write_errors);
     fprintf(stderr, "preemptions: host %llu (%llu blocks), nvme %llu (%llu blocks), full disk %llu swapped + %llu recomputed; "
-            "streaming: %llu streamed + %llu preempted (host), %llu + %llu (nvme)\n",
+            "streaming: %llu streamed + %llu preempted (host, %llu blocks settled), %llu + %llu (nvme)\n",
             (unsigned long long)cpu.st.kv_preempted, (unsigned long long)cpu.st.kv_swap_out_blocks,
             (unsigned long long)nvme.st.kv_preempted, (unsigned long long)nvme.st.kv_swap_out_blocks,
             (unsigned long long)full.st.kv_swap_outs, (unsigned long long)full.st.kv_recomputes,
             (unsigned long long)scpu.st.kv_streamed, (unsigned long long)scpu.st.kv_preempted,
+            (unsigned long long)scpu.st.kv_stream_settled,
             (unsigned long long)snvme.st.kv_streamed, (unsigned long long)snvme.st.kv_preempted);
 }
 

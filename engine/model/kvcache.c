@@ -382,7 +382,9 @@ int zs_kv_seq_reserve(zs_kvcache *kv, int seq, int new_len) {
         return 0;
     }
     int need = nb - s->n_blocks;
-    if (s->streamed) {
+    /* a streamed sequence grows in memory while there is room (its tail block is written every
+     * step; the stream moves it once full), else in stage blocks */
+    if (s->streamed && need > kv->n_free + (kv->prefix ? kv->n_lru : 0)) {
         int avail = zs_kv_stage_avail(kv);
         if (need > avail)
             return zs_err(ZS_ENOSPC, "kv cache full: need %d more stage blocks, room for %d", need, avail);
@@ -576,6 +578,24 @@ int zs_kv_seq_to_stage(zs_kvcache *kv, int seq, int j) {
     s->blocks[j] = kv->n_blocks + stage_take(kv);
     return s->blocks[j];
 }
+
+int zs_kv_seq_stage_keep(zs_kvcache *kv, int seq, int j, int *old) {
+    kv_seq *s = &kv->seqs[seq];
+    if (!kv->per || j < 0 || j >= s->n_blocks || !zs_kv_block_movable(kv, s->blocks[j]) ||
+        (kv->n_sfree == 0 && kv->n_free + (kv->prefix ? kv->n_lru : 0) == 0))
+        return -1;
+    *old = s->blocks[j];
+    s->blocks[j] = kv->n_blocks + stage_take(kv);
+    return s->blocks[j];
+}
+
+void zs_kv_seq_stage_undo(zs_kvcache *kv, int seq, int j, int old) {
+    kv_seq *s = &kv->seqs[seq];
+    block_release(kv, s->blocks[j]);
+    s->blocks[j] = old;
+}
+
+void zs_kv_block_let_go(zs_kvcache *kv, int b) { block_release(kv, b); }
 
 int zs_kv_seq_from_stage(zs_kvcache *kv, int seq, int j, int streamed) {
     kv_seq *s = &kv->seqs[seq];

@@ -141,7 +141,8 @@ int  zs_kv_stage_blocks(const zs_kvcache *kv); /* ids there can be: sb in [0, th
 /* Counts the takes of stage block sb: a record saved under another generation is another
  * sequence's (or an older use's), never this one's. */
 unsigned zs_kv_stage_gen(const zs_kvcache *kv, int sb);
-/* From now on reserve gives seq stage blocks (until it closes); its memory blocks stay. */
+/* From now on reserve gives seq stage blocks when memory has too few (until it closes); its
+ * memory blocks stay. */
 void zs_kv_seq_set_streamed(zs_kvcache *kv, int seq);
 int  zs_kv_seq_streamed(const zs_kvcache *kv, int seq);
 /* 1 when memory block b belongs to one sequence only and is not in the prefix cache. */
@@ -149,6 +150,13 @@ int  zs_kv_block_movable(const zs_kvcache *kv, int b);
 /* Table index j of seq (a movable memory block) takes a stage block instead; the memory block is
  * released first (its K/V must be saved before). Returns the new id (total_blocks + sb). */
 int  zs_kv_seq_to_stage(zs_kvcache *kv, int seq, int j);
+/* Table index j of seq (a movable memory block, *old) takes a stage block while the memory block
+ * stays as it is, the caller's, until it is saved: then zs_kv_block_let_go(old), or on failure
+ * zs_kv_seq_stage_undo puts it back. -1 when the stage has no room without lending a block that
+ * is not free (nothing changed). Returns the new id. */
+int  zs_kv_seq_stage_keep(zs_kvcache *kv, int seq, int j, int *old);
+void zs_kv_seq_stage_undo(zs_kvcache *kv, int seq, int j, int old);
+void zs_kv_block_let_go(zs_kvcache *kv, int b);
 /* Undoes zs_kv_seq_to_stage on table index j right after it (nothing else taken meanwhile): a
  * memory block again (returned: its K/V are the caller's to restore), and the streamed flag as
  * given. */

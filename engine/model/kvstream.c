@@ -12,15 +12,15 @@
 #include "common.h"
 #include "kvtier.h"
 
-enum { OP_LOAD, OP_STORE };
+enum { OP_LOAD, OP_STORE, OP_SAVE };
 
 typedef struct {
     int kind, layer, n;
-    const int *sb;
+    const int *sb;   /* stage blocks; OP_SAVE: pairs (sb, the memory block to save every layer of) */
 } op;
 
 #define QCAP 8 /* at most: two loads and two stores of a step are ever pending */
-#define NT 4   /* tiers and I/O threads */
+#define NT 8   /* tiers and I/O threads */
 /* every record of stage block sb is in tier sb % NT, so one thread does all its I/O in order: a
  * load of layer l + 2 never overtakes the write-behind of layer l from the same buffer */
 
@@ -31,6 +31,7 @@ struct zs_kvstream {
     size_t lb;               /* bytes of a block-layer record */
     int *rec;                /* [nsb * L] the tier slot of (sb, layer), -1: none */
     char *tmp;               /* [L * lb] a block on its way from memory to the stage (convert) */
+    int *save, *save_j, *save_seq, n_save; /* settle: (sb, memory block) pairs, and their (seq, j) */
     unsigned *gen;           /* [nsb * L] the stage generation each record belongs to */
     unsigned char *bad;      /* [nsb] a write failed (its sequence is lost) */
     int *load, n_load;       /* this step's streamed blocks of the batch */
@@ -56,8 +57,45 @@ typedef struct {
     int k;
 } io_arg;
 
+/* a failed write: sb's sequence lost it (or, saving, keeps it in memory) and streaming stops */
+static void write_failed(zs_kvstream *st, int sb) {
+    pthread_mutex_lock(&st->mu);
+    if (!st->broken) zs_log_warn("KV streaming: %s; the sequences that lost a block are recomputed, and no more "
+                                 "are streamed (serving goes on from memory)", zs_errmsg());
+    st->broken = 1;
+    st->bad[sb] = 1;
+    st->st.write_errors++;
+    pthread_mutex_unlock(&st->mu);
+}
+
+/* every layer of memory block b to new records of sb, in tier k */
+static void save_block(zs_kvstream *st, int sb, int b, int k) {
+    unsigned g = zs_kv_stage_gen(st->kv, sb);
+    for (int l = 0; l < st->L; l++) {
+        size_t at = (size_t)sb * (size_t)st->L + (size_t)l;
+        struct iovec iov = {zs_kv_block_data(st->kv, l, b), st->lb};
+        int slot;
+        if (zs_kvtier_put(st->t[k], &iov, 1, (uint64_t)sb + 1, &slot) < 0) {
+            write_failed(st, sb);
+            return;
+        }
+        if (st->rec[at] >= 0) zs_kvtier_drop(st->t[k], st->rec[at]);
+        st->rec[at] = slot;
+        st->gen[at] = g;
+    }
+    pthread_mutex_lock(&st->mu);
+    st->st.stores += (uint64_t)st->L;
+    st->st.bytes_out += (uint64_t)st->L * st->lb;
+    pthread_mutex_unlock(&st->mu);
+}
+
 /* thread k's part of o: the blocks sb % NT == k */
 static void run_op(zs_kvstream *st, const op *o, int k) {
+    if (o->kind == OP_SAVE) {
+        for (int i = 0; i < o->n; i++)
+            if (o->sb[2 * i] % NT == k) save_block(st, o->sb[2 * i], o->sb[2 * i + 1], k);
+        return;
+    }
     for (int i = 0; i < o->n; i++) {
         int sb = o->sb[i];
         if (sb % NT != k) continue;
@@ -81,18 +119,14 @@ static void run_op(zs_kvstream *st, const op *o, int k) {
             continue;
         }
         int slot, rc = zs_kvtier_put(st->t[k], &iov, 1, (uint64_t)sb + 1, &slot);
-        pthread_mutex_lock(&st->mu);
         if (rc < 0) {
-            if (!st->broken) zs_log_warn("KV streaming: %s; the sequences that lost a block are recomputed, and no more "
-                                         "are streamed (serving goes on from memory)", zs_errmsg());
-            st->broken = 1;
-            st->bad[sb] = 1;
-            st->st.write_errors++;
+            write_failed(st, sb);
         } else {
+            pthread_mutex_lock(&st->mu);
             st->st.stores++;
             st->st.bytes_out += st->lb;
+            pthread_mutex_unlock(&st->mu);
         }
-        pthread_mutex_unlock(&st->mu);
         if (rc == 0) {
             if (*r >= 0) zs_kvtier_drop(st->t[k], *r);
             *r = slot;
@@ -218,8 +252,11 @@ int zs_kvstream_open(zs_kvcache *kv, int kind, const char *dir, zs_kvstream **ou
     st->store[1] = malloc(ns * sizeof(int));
     st->seen = calloc((size_t)zs_kv_max_seqs(kv), 1);
     st->tmp = malloc((size_t)st->L * st->lb);
+    st->save = malloc(ns * 2 * sizeof(int));
+    st->save_j = malloc(ns * sizeof(int));
+    st->save_seq = malloc(ns * sizeof(int));
     int rc = 0;
-    if (!st->tmp || !st->rec || !st->gen || !st->bad || !st->load || !st->store[0] || !st->store[1] || !st->seen)
+    if (!st->save || !st->save_j || !st->save_seq || !st->tmp || !st->rec || !st->gen || !st->bad || !st->load || !st->store[0] || !st->store[1] || !st->seen)
         rc = zs_err(ZS_ENOMEM, "KV streaming: out of memory for %zu stage blocks", ns);
     if (rc == 0) {
         for (size_t i = 0; i < ns * (size_t)st->L; i++) st->rec[i] = -1;
@@ -266,6 +303,9 @@ void zs_kvstream_free(zs_kvstream *st) {
     free(st->store[1]);
     free(st->seen);
     free(st->tmp);
+    free(st->save);
+    free(st->save_j);
+    free(st->save_seq);
     free(st);
 }
 
@@ -313,6 +353,48 @@ int zs_kvstream_convert(zs_kvstream *st, int seq) {
     zs_kv_seq_set_streamed(kv, seq);
     st->st.converted++;
     return 0;
+}
+
+int zs_kvstream_settle(zs_kvstream *st, const int *seqs, const int *written, int n) {
+    zs_kvcache *kv = st->kv;
+    if (st->broken) return 0;
+    ZS_CHECK(drain(st));
+    /* the full blocks that are still in memory: a stage block each, their memory saved by the
+     * I/O threads in parallel, then let go */
+    st->n_save = 0;
+    int nsb = zs_kv_stage_blocks(kv);
+    for (int i = 0; i < n && st->n_save < nsb; i++) {
+        int s = seqs[i];
+        if (!zs_kv_seq_streamed(kv, s)) continue;
+        const int *b = zs_kv_seq_blocks(kv, s);
+        int full = ZS_MIN(written[i], zs_kv_seq_len(kv, s)) / ZS_KV_BLOCK;
+        for (int j = 0; j < full && st->n_save < nsb; j++) {
+            int old;
+            if (!zs_kv_block_movable(kv, b[j])) continue;
+            int id = zs_kv_seq_stage_keep(kv, s, j, &old);
+            if (id < 0) break; /* no stage room: the next step tries again */
+            st->save[2 * st->n_save] = id - zs_kv_total_blocks(kv);
+            st->save[2 * st->n_save + 1] = old;
+            st->save_j[st->n_save] = j;
+            st->save_seq[st->n_save++] = s;
+        }
+    }
+    if (st->n_save == 0) return 0;
+    enqueue(st, OP_SAVE, 0, st->save, st->n_save);
+    ZS_CHECK(drain(st));
+    int moved = 0;
+    for (int i = 0; i < st->n_save; i++) {
+        int sb = st->save[2 * i], old = st->save[2 * i + 1];
+        if (st->bad[sb]) { /* not written: the block stays in memory */
+            zs_kv_seq_stage_undo(kv, st->save_seq[i], st->save_j[i], old);
+            st->bad[sb] = 0;
+            continue;
+        }
+        zs_kv_block_let_go(kv, old);
+        moved++;
+    }
+    st->st.settled += (uint64_t)moved;
+    return moved;
 }
 
 int zs_kvstream_seq_lost(const zs_kvstream *st, int seq) {

@@ -33,11 +33,18 @@ int  zs_kvstream_ok(const zs_kvstream *st);
  * a stage block; seq is streamed from now on (its shared prefix blocks stay in memory). On error
  * (the tier is full: ZS_ENOSPC, ZS_EIO) nothing changed. */
 int  zs_kvstream_convert(zs_kvstream *st, int seq);
+/* Between steps: the full blocks of the streamed sequences seqs[0..n) that are in memory (their
+ * last block grows there while memory has room: the stream does not rewrite it at every step) go
+ * to the tier and to stage blocks, written by the I/O threads in parallel. written[i]: the
+ * positions of seqs[i] that hold K/V now (the blocks below it are full and no longer change).
+ * Returns the blocks moved; a block whose write fails stays in memory. */
+int  zs_kvstream_settle(zs_kvstream *st, const int *seqs, const int *written, int n);
 /* 1 when a block of seq could not be written to the tier: its K/V are gone (recompute it). */
 int  zs_kvstream_seq_lost(const zs_kvstream *st, int seq);
 
 typedef struct {
     uint64_t converted;           /* sequences moved from memory to streaming */
+    uint64_t settled;             /* full blocks a streamed sequence grew in memory, moved to the tier */
     uint64_t loads, stores;       /* block-layer records read and written */
     uint64_t bytes_in, bytes_out;
     uint64_t write_errors;

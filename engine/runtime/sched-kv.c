@@ -203,6 +203,23 @@ static int stream_youngest(zs_sched *s, int i, zs_request *r) {
     return 1;
 }
 
+/* The full blocks streamed sequences grew in memory go to the tier (kvstream.h), so memory keeps
+ * only their last block. Not a sequence whose verified tree still has K/V moves to make. */
+static void settle(zs_sched *s, int i) {
+    zs_kvstream *st = s->kvs ? s->kvs[i] : NULL;
+    if (!st) return;
+    zs_kvcache *kv = zs_world_kv(s->w, i);
+    int n = 0, seqs[s->rb[i].n_running + 1], written[s->rb[i].n_running + 1];
+    for (int j = 0; j < s->rb[i].n_running; j++) {
+        zs_request *r = s->rb[i].running[j];
+        if (r->embed || r->n_moves || !zs_kv_seq_streamed(kv, r->seq)) continue;
+        seqs[n] = r->seq;
+        written[n++] = r->n_done < r->n_ctx ? r->n_done : r->n_prompt + r->n_gen - 1;
+    }
+    if (n && zs_kvstream_settle(st, seqs, written, n) < 0)
+        zs_log_warn("KV streaming: %s", zs_errmsg());
+}
+
 void zs_sched_kv_grow(zs_sched *s) {
     if (!s->kvt) return;
     for (int i = 0; i < s->nranks; i++) {
@@ -213,6 +230,7 @@ void zs_sched_kv_grow(zs_sched *s) {
             if (zs_kvstream_seq_lost(s->kvs[i], r->seq)) preempt(s, r);
             else j++;
         }
+        settle(s, i); /* first: the memory it frees is room for the rest */
         /* oldest first: they keep their room, the youngest give theirs up */
         for (int j = 0; j < s->rb[i].n_running;) {
             zs_request *r = s->rb[i].running[j];
@@ -325,7 +343,7 @@ void zs_sched_kv_prefix_stats(const zs_sched *s, zs_sched_stats *st) {
 
 void zs_sched_kv_stream_stats(const zs_sched *s, zs_sched_stats *st) {
     st->kv_stream_loads = st->kv_stream_stores = st->kv_stream_bytes_in = st->kv_stream_bytes_out = 0;
-    st->kv_stream_write_errors = 0;
+    st->kv_stream_write_errors = st->kv_stream_settled = 0;
     st->kv_stream_wait_s = 0;
     st->kv_streamed_now = 0;
     for (int i = 0; s->kvs && i < s->nranks; i++) {
@@ -337,6 +355,7 @@ void zs_sched_kv_stream_stats(const zs_sched *s, zs_sched_stats *st) {
         st->kv_stream_bytes_in += ks.bytes_in;
         st->kv_stream_bytes_out += ks.bytes_out;
         st->kv_stream_write_errors += ks.write_errors;
+        st->kv_stream_settled += ks.settled;
         st->kv_stream_wait_s += ks.wait_s;
         zs_kvcache *kv = zs_world_kv(s->w, i);
         for (int j = 0; j < s->rb[i].n_running; j++)

@@ -107,6 +107,7 @@ typedef struct {
      * seconds waiting for them */
     uint64_t kv_streamed;
     int kv_streamed_now;
+    uint64_t kv_stream_settled;
     uint64_t kv_stream_loads, kv_stream_stores, kv_stream_bytes_in, kv_stream_bytes_out, kv_stream_write_errors;
     double kv_stream_wait_s;
     /* the prefix cache's tier (kvprefix.h): blocks taken back from it at admission, written down,
