@@ -4,7 +4,9 @@
  * scaled RoPE) and GPT-2 models, on the CPU; the
  * embedding rows come from the host lookup tables of an inference model (model.h) or from the
  * gathered embedding bucket. Attention runs in kernels/cpu/attention.c over block tables of the
- * paged cache, whose K/V elements are f32, f16 or bf16 (kvcache.h). zs_batch.hidden, when set,
+ * paged cache, whose K/V elements are f32, f16 or bf16 (kvcache.h); before and after each layer
+ * the cache's layer hook runs (zs_kv_layer: layer-streamed sequences' K/V arrive in stage blocks
+ * and go back, kvstream.h). zs_batch.hidden, when set,
  * gets every token's final-normed hidden state (the rows embeddings pool).
  *
  * LoRA (zs_batch.lora): each adapted projection's output (q, k, v before the q/k norms and RoPE,

@@ -33,7 +33,8 @@ struct zs_kvstream {
     char *tmp;               /* [L * lb] a block on its way from memory to the stage (convert) */
     int *save, *save_j, *save_seq, n_save; /* settle: (sb, memory block) pairs, and their (seq, j) */
     unsigned *gen;           /* [nsb * L] the stage generation each record belongs to */
-    unsigned char *bad;      /* [nsb] a write failed (its sequence is lost) */
+    unsigned char *bad;      /* [nsb] a write failed (the sequence holding it is lost) */
+    unsigned *bad_gen;       /* [nsb] the stage generation it failed in (a later use is not lost) */
     int *load, n_load;       /* this step's streamed blocks of the batch */
     int *store[2];           /* [nsb] the blocks a layer of each parity wrote */
     unsigned char *seen;     /* [max_seqs] scratch */
@@ -64,6 +65,7 @@ static void write_failed(zs_kvstream *st, int sb) {
                                  "are streamed (serving goes on from memory)", zs_errmsg());
     st->broken = 1;
     st->bad[sb] = 1;
+    st->bad_gen[sb] = zs_kv_stage_gen(st->kv, sb);
     st->st.write_errors++;
     pthread_mutex_unlock(&st->mu);
 }
@@ -247,6 +249,7 @@ int zs_kvstream_open(zs_kvcache *kv, int kind, const char *dir, zs_kvstream **ou
     st->rec = malloc(ns * (size_t)st->L * sizeof(int));
     st->gen = calloc(ns * (size_t)st->L, sizeof(unsigned));
     st->bad = calloc(ns, 1);
+    st->bad_gen = calloc(ns, sizeof(unsigned));
     st->load = malloc(ns * sizeof(int));
     st->store[0] = malloc(ns * sizeof(int));
     st->store[1] = malloc(ns * sizeof(int));
@@ -256,7 +259,7 @@ int zs_kvstream_open(zs_kvcache *kv, int kind, const char *dir, zs_kvstream **ou
     st->save_j = malloc(ns * sizeof(int));
     st->save_seq = malloc(ns * sizeof(int));
     int rc = 0;
-    if (!st->save || !st->save_j || !st->save_seq || !st->tmp || !st->rec || !st->gen || !st->bad || !st->load || !st->store[0] || !st->store[1] || !st->seen)
+    if (!st->bad_gen || !st->save || !st->save_j || !st->save_seq || !st->tmp || !st->rec || !st->gen || !st->bad || !st->load || !st->store[0] || !st->store[1] || !st->seen)
         rc = zs_err(ZS_ENOMEM, "KV streaming: out of memory for %zu stage blocks", ns);
     if (rc == 0) {
         for (size_t i = 0; i < ns * (size_t)st->L; i++) st->rec[i] = -1;
@@ -298,6 +301,7 @@ void zs_kvstream_free(zs_kvstream *st) {
     free(st->rec);
     free(st->gen);
     free(st->bad);
+    free(st->bad_gen);
     free(st->load);
     free(st->store[0]);
     free(st->store[1]);
@@ -402,7 +406,7 @@ int zs_kvstream_seq_lost(const zs_kvstream *st, int seq) {
     int nb = zs_kv_total_blocks(st->kv), n = (zs_kv_seq_len(st->kv, seq) + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;
     const int *b = zs_kv_seq_blocks(st->kv, seq);
     for (int j = 0; j < n; j++)
-        if (b[j] >= nb && st->bad[b[j] - nb]) return 1;
+        if (b[j] >= nb && st->bad[b[j] - nb] && st->bad_gen[b[j] - nb] == zs_kv_stage_gen(st->kv, b[j] - nb)) return 1;
     return 0;
 }
 
