@@ -113,6 +113,7 @@ static int cmd_generate(int argc, char **argv) {
     if (eo.kv_offload != ZS_OFFLOAD_NONE)
         zs_log_warn("--kv-offload: generate runs one sequence, which never gives up its room; the tier stays unused "
                     "(it serves `serve`)");
+    eo.kv_whole = 1;
     zs_engine *e;
     ZS_CHECK(zs_engine_open(&eo, &e));
     if (zs_cluster_follower()) {
@@ -255,6 +256,7 @@ static int cmd_bench(int argc, char **argv) {
     if (bo.engine.kv_offload != ZS_OFFLOAD_NONE)
         zs_log_warn("--kv-offload: this bench places its sequences itself and never preempts them; the tier stays "
                     "unused (it serves `serve` and `bench --speculative`)");
+    bo.engine.kv_whole = 1;
     if (bo.moe) return zs_bench_moe(&bo);
     if (bo.lora_adapters) return zs_bench_lora(&bo);
     if (bo.engine.ranks > 1 || bo.engine.gather.tier != ZS_OFFLOAD_NONE) return zs_bench_offload(&bo);

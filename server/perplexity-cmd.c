@@ -242,6 +242,7 @@ int zs_cmd_perplexity(int argc, char **argv) {
     eo.model.embed_lookup = 1;
     if (eo.kv_offload != ZS_OFFLOAD_NONE)
         zs_log_warn("--kv-offload: perplexity runs one sequence, which never gives up its room; the tier stays unused");
+    eo.kv_whole = 1;
     zs_engine *e;
     if ((rc = zs_engine_open(&eo, &e)) < 0) { free(text); return rc; }
     if (zs_cluster_follower()) {

@@ -14,7 +14,8 @@
 # its checksum (counted in /metrics, named in the log) and answers the same. Bad flags are refused by
 # name: an unknown --kv-offload, nvme without a directory, a directory that does not exist,
 # --kv-nvme-path without nvme, --kv-stream without a tier, --kv-bytes 0, and a --kv-bytes
-# smaller than one context without a tier (and, with one, smaller than one context streamed).
+# smaller than one context without a tier (and, with one, smaller than one context streamed; and
+# in generate, which runs one sequence in memory and leaves the tier unused).
 # (shellcheck SC2016, SC2034: the bodies of check are single-quoted and evaluated there.)
 # shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
@@ -38,7 +39,12 @@ refused "--kv-nvme-path without nvme" "is for --kv-offload nvme" --kv-nvme-path 
 refused "--kv-bytes 0" "--kv-bytes must be positive" --kv-bytes 0
 refused "--kv-stream without a tier" "--kv-stream is for --kv-offload" --kv-stream
 refused "--kv-bytes below one context" "less than one full context" --kv-bytes 4096
-refused "--kv-bytes below one context streamed" "even streamed layer by layer" --kv-bytes 20480 --kv-offload cpu
+rc=0
+timeout 60 "$BIN" serve --model "$MODEL" --host 127.0.0.1 --port 0 --kv-bytes 20480 --kv-offload cpu >/dev/null 2>"$T/err" || rc=$?
+check "refused: serve --kv-bytes below one context even streamed" '[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "even streamed layer by layer" "$T/err"' \
+    "$(head -c 300 "$T/err")"
+refused "generate --kv-offload with --kv-bytes below one context (it runs one sequence in memory)" "less than one full context" \
+    --kv-bytes $((7 * 20480)) --kv-offload cpu
 
 # 16 greedy completions of 60 tokens after prompts of 52..138 tokens (a sentence repeated 3..8
 # times), sent as one request so that they are all queued at once and must take turns

@@ -294,7 +294,7 @@ int zs_engine_open(const zs_engine_opts *o, zs_engine **out) {
     int fit = zs_kv_blocks_for_bytes(c->n_layers, kvd, o->kv_dtype, cap);
     if (n_blocks > fit) n_blocks = fit;
     /* with a tier and streaming, one context may be longer than memory: its stage blocks must fit */
-    int streams = o->kv_offload != ZS_OFFLOAD_NONE && c->n_layers >= 2;
+    int streams = o->kv_offload != ZS_OFFLOAD_NONE && !o->kv_whole && c->n_layers >= 2;
     if (n_blocks < per_seq && o->kv_bytes && !(streams && (long)fit * (c->n_layers / 2) >= per_seq)) {
         rc = zs_err(ZS_EINVAL, "kv cache of %zu bytes holds less than one full context (%d positions)%s",
                     o->kv_bytes, e->context, streams ? ", even streamed layer by layer" : "");

@@ -38,6 +38,8 @@ typedef struct {
                               scheduler swaps preempted sequences when the cache is full (CPU
                               device only for now) */
     const char *kv_nvme_path; /* --kv-nvme-path: the directory of the NVMe tier's files */
+    int kv_whole;          /* the caller keeps each sequence whole in memory (generate, perplexity,
+                              bench): the cache must hold one context, streamed or not */
     int kv_stream;         /* --kv-stream: with a tier, the youngest run layer-streamed (kvstream.h)
                               when the cache is full instead of waiting swapped out (without it,
                               only a request longer than the cache's memory is streamed) */
