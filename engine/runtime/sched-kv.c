@@ -67,7 +67,6 @@ int zs_sched_kv_reserve(zs_sched *s, int rank, int seq, const zs_request *r) {
     return 0;
 }
 
-
 int zs_sched_kv_fits(const zs_sched *s, int rank, int positions) {
     zs_kvcache *kv = zs_world_kv(s->w, rank);
     int blocks = (positions + ZS_KV_BLOCK - 1) / ZS_KV_BLOCK;

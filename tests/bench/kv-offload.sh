@@ -101,7 +101,7 @@ BLK=$((16 * 46080))
 PER=$(((48 + OUT + 15) / 16))
 KVB2=$((32 * PER * BLK))
 WDIR=$DIR/weights
-echo "2. N greedy completions of $OUT tokens at once, weights from NVMe, a KV budget of $((32 * PER)) blocks (~32 requests)"
+[ "${PARTS#*batch}" = "$PARTS" ] || echo "2. N greedy completions of $OUT tokens at once, weights from NVMe, a KV budget of $((32 * PER)) blocks (~32 requests)"
 batch() { # label N kv-flags...
     local label=$1 n=$2
     shift 2
