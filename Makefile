@@ -27,7 +27,7 @@ ENGINE_DIRS = engine/base engine/model engine/text engine/comm engine/runtime en
 ZS_INC  = -iquote . $(patsubst %,-iquote %,$(ENGINE_DIRS)) -iquote kernels/cpu -iquote offload -iquote server \
           -I/usr/include/x86_64-linux-gnu/openblas-pthread -I/usr/lib/x86_64-linux-gnu/openmpi/include
 ZS_CFLAGS = $(CFLAGS) -std=gnu11 -Wall -Wextra -pthread -MMD -MP $(ZS_INC)
-BASE_LDLIBS = -lopenblas -ljansson -lmicrohttpd -luring -lmpi -lm -lpthread
+BASE_LDLIBS = -lopenblas -ljansson -lmicrohttpd -lgnutls -luring -lmpi -lm -lpthread
 LDLIBS  += $(BASE_LDLIBS)
 
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || (test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc))
@@ -36,8 +36,8 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS ?= -O2 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -Xcompiler -Wall,-Wextra -I. $(patsubst %,-I%,$(ENGINE_DIRS)) -Ikernels
 
-DEB_PKGS = libjansson-dev libmicrohttpd-dev liburing-dev libopenblas-dev libopenmpi-dev openmpi-bin curl jq
-DEP_HDRS = /usr/include/jansson.h /usr/include/microhttpd.h /usr/include/liburing.h \
+DEB_PKGS = libjansson-dev libmicrohttpd-dev libgnutls28-dev liburing-dev libopenblas-dev libopenmpi-dev openmpi-bin curl jq
+DEP_HDRS = /usr/include/jansson.h /usr/include/gnutls/crypto.h /usr/include/microhttpd.h /usr/include/liburing.h \
            /usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h \
            /usr/bin/mpirun /usr/bin/curl /usr/bin/jq
 
