@@ -993,19 +993,19 @@ int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     int rc = a->base.model_name ? 0 : zs_err(ZS_ENOMEM, "api: out of memory");
-    if (!rc) rc = zs_http_route(h, "GET", "/health", 0, h_health, a);
-    if (!rc) rc = zs_http_route(h, "GET", "/", 0, h_playground, a);
-    if (!rc) rc = zs_http_route(h, "GET", "/metrics", 1, h_metrics, a);
-    if (!rc) rc = zs_http_route(h, "GET", "/v1/models", 1, h_models, a);
-    if (!rc) rc = zs_http_route(h, "GET", "/v1/plan", 1, h_plan, a);
-    if (!rc) rc = zs_http_route(h, "GET", "/v1/models/{id}", 1, h_model, a);
-    if (!rc) rc = zs_http_route(h, "POST", "/v1/completions", 1, h_completions, a);
-    if (!rc) rc = zs_http_route(h, "POST", "/v1/chat/completions", 1, h_chat, a);
-    if (!rc) rc = zs_http_route(h, "POST", "/v1/load_lora_adapter", 1, h_load_adapter, a);
-    if (!rc) rc = zs_http_route(h, "POST", "/v1/unload_lora_adapter", 1, h_unload_adapter, a);
-    if (!rc) rc = zs_http_route(h, "POST", "/tokenize", 1, zs_api_h_tokenize, a);       /* api-extra.c */
-    if (!rc) rc = zs_http_route(h, "POST", "/detokenize", 1, zs_api_h_detokenize, a);
-    if (!rc) rc = zs_http_route(h, "POST", "/v1/embeddings", 1, zs_api_h_embeddings, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/health", ZS_ROLE_NONE, h_health, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/", ZS_ROLE_NONE, h_playground, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/metrics", ZS_ROLE_ADMIN, h_metrics, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/models", ZS_ROLE_INFERENCE, h_models, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/plan", ZS_ROLE_ADMIN, h_plan, a);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/models/{id}", ZS_ROLE_INFERENCE, h_model, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/completions", ZS_ROLE_INFERENCE, h_completions, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/chat/completions", ZS_ROLE_INFERENCE, h_chat, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/load_lora_adapter", ZS_ROLE_ADMIN, h_load_adapter, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/unload_lora_adapter", ZS_ROLE_ADMIN, h_unload_adapter, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/tokenize", ZS_ROLE_INFERENCE, zs_api_h_tokenize, a);       /* api-extra.c */
+    if (!rc) rc = zs_http_route(h, "POST", "/detokenize", ZS_ROLE_INFERENCE, zs_api_h_detokenize, a);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/embeddings", ZS_ROLE_INFERENCE, zs_api_h_embeddings, a);
     if (rc < 0) {
         zs_api_free(a);
         return rc;

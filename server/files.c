@@ -260,9 +260,9 @@ int zs_files_open(zs_http *h, const char *data_dir, size_t max_bytes, zs_files *
     int rc = asprintf(&f->dir, "%s/files", data_dir) < 0 ? zs_err(ZS_ENOMEM, "out of memory") : 0;
     if (rc < 0) f->dir = NULL;
     if (!rc) rc = load_records(f); /* the directory is created by the first upload */
-    if (!rc) rc = zs_http_route(h, "POST", "/v1/files", 1, h_upload, f);
-    if (!rc) rc = zs_http_route(h, "GET", "/v1/files", 1, h_list, f);
-    if (!rc) rc = zs_http_route(h, "GET", "/v1/files/{id}", 1, h_get, f);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/files", ZS_ROLE_FINETUNE, h_upload, f);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/files", ZS_ROLE_FINETUNE, h_list, f);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/files/{id}", ZS_ROLE_FINETUNE, h_get, f);
     if (rc < 0) {
         zs_files_free(f);
         return rc;

@@ -647,12 +647,12 @@ int zs_ftjobs_open(zs_http *h, const zs_ftjobs_opts *o, zs_ftjobs **out) {
     J->engine.nvme_path = NULL; /* with offload nvme each engine gets a shard directory of its own (ftrun.c) */
     if (o->engine->nvme_path && !(J->nvme_path = strdup(o->engine->nvme_path))) rc = zs_err(ZS_ENOMEM, "out of memory");
     if (!rc) rc = load_records(J); /* the directories are created by the first job */
-    if (!rc) rc = zs_http_route(h, "POST", "/v1/fine_tuning/jobs", 1, h_create, J);
-    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs", 1, h_list, J);
-    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs/{id}", 1, h_get, J);
-    if (!rc) rc = zs_http_route(h, "POST", "/v1/fine_tuning/jobs/{id}/cancel", 1, h_cancel, J);
-    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs/{id}/events", 1, h_events, J);
-    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs/{id}/checkpoints", 1, h_checkpoints, J);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/fine_tuning/jobs", ZS_ROLE_FINETUNE, h_create, J);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs", ZS_ROLE_FINETUNE, h_list, J);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs/{id}", ZS_ROLE_FINETUNE, h_get, J);
+    if (!rc) rc = zs_http_route(h, "POST", "/v1/fine_tuning/jobs/{id}/cancel", ZS_ROLE_FINETUNE, h_cancel, J);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs/{id}/events", ZS_ROLE_FINETUNE, h_events, J);
+    if (!rc) rc = zs_http_route(h, "GET", "/v1/fine_tuning/jobs/{id}/checkpoints", ZS_ROLE_FINETUNE, h_checkpoints, J);
     if (rc < 0) {
         zs_ftjobs_free(J);
         return rc;

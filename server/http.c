@@ -49,7 +49,7 @@ typedef struct {
     char *method, *pattern;
     char **segs; /* pattern split at '/', without the leading one */
     int nsegs, param_seg; /* param_seg: index of the {param} segment or -1 */
-    int auth;
+    zs_role role; /* the least role that may call it (ZS_ROLE_NONE: anyone, no key) */
     zs_http_handler fn;
     void *ud;
 } route;
@@ -93,6 +93,8 @@ struct zs_http_req {
     int state, route_idx, method_idx, fd;
     char *method, *path, *param;
     kvlist hdrs, query, extra;
+    zs_key_id who;               /* the caller, when keys are configured and the route needs one */
+    int authed;
     char *body;
     size_t blen, bcap, discarded;
     int too_large;
@@ -115,8 +117,10 @@ struct zs_http {
     struct MHD_Daemon *d;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char *host, *api_key;
-    size_t api_key_len, max_body;
+    char *host;
+    zs_keys *keys;               /* NULL: no auth; replaced under mu (zs_http_reload_keys) */
+    char *key_file;
+    size_t max_body;
     int port;
     route *routes;
     int nroutes, caproutes;
@@ -337,9 +341,9 @@ static void http_free(zs_http *h) {
     free(h->routes);
     free(h->counts);
     free(h->host);
-    if (h->api_key) {
-        memset(h->api_key, 0, h->api_key_len);
-        free(h->api_key);
+    free(h->key_file);
+    if (h->keys) {
+        zs_keys_free(h->keys);
     }
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
@@ -451,7 +455,7 @@ static int route_match(const route *rt, const char *path, const char **pstart, s
     return *p == '\0';
 }
 
-int zs_http_route(zs_http *h, const char *method, const char *pattern, int auth,
+int zs_http_route(zs_http *h, const char *method, const char *pattern, zs_role role,
                   zs_http_handler fn, void *ud) {
     if (!h || !method || !*method || !pattern || pattern[0] != '/' || !fn)
         return zs_err(ZS_EINVAL, "http route: bad arguments");
@@ -465,7 +469,7 @@ int zs_http_route(zs_http *h, const char *method, const char *pattern, int auth,
     route rt = {0};
     int rc;
     rt.param_seg = -1;
-    rt.auth = auth;
+    rt.role = role;
     rt.fn = fn;
     rt.ud = ud;
     rt.method = strdup(method);
@@ -533,9 +537,13 @@ static enum MHD_Result early_error(zs_http_req *r, int status, const char *type,
     return ok;
 }
 
-static int auth_ok(zs_http *h, const zs_http_req *r, int *missing) {
+/* 1 when the request's key is one of the keys (its caller in r->who); missing: no header at all */
+static int auth_ok(zs_http *h, zs_http_req *r, int *missing) {
     *missing = 0;
-    if (!h->api_key) return 1;
+    L(h);
+    int on = h->keys != NULL;
+    U(h);
+    if (!on) return 1;
     const char *a = kv_get(&r->hdrs, "Authorization", 1);
     if (!a || !*a) {
         *missing = 1;
@@ -544,11 +552,11 @@ static int auth_ok(zs_http *h, const zs_http_req *r, int *missing) {
     if (strncasecmp(a, "Bearer ", 7) != 0) return 0;
     a += 7;
     while (*a == ' ') a++;
-    size_t la = strlen(a), lk = h->api_key_len;
-    volatile unsigned d = la != lk;
-    for (size_t i = 0; i < lk; i++)
-        d |= (unsigned)((unsigned char)(i < la ? a[i] : 0) ^ (unsigned char)h->api_key[i]);
-    return d == 0;
+    L(h);
+    int ok = zs_keys_check(h->keys, a, strlen(a), &r->who);
+    U(h);
+    r->authed = ok;
+    return ok;
 }
 
 /* First call: route, auth and Content-Length checks. */
@@ -598,7 +606,7 @@ static enum MHD_Result req_begin(zs_http *h, zs_http_req *r) {
     if (ps && !(r->param = strndup(ps, pl))) return MHD_NO;
     const route *rt = &h->routes[r->route_idx];
     int missing;
-    if (rt->auth && !auth_ok(h, r, &missing)) {
+    if (rt->role != ZS_ROLE_NONE && !auth_ok(h, r, &missing)) {
         if (missing)
             return early_error(r, 401, "invalid_request_error", "invalid_api_key",
                                "WWW-Authenticate", "Bearer",
@@ -608,6 +616,10 @@ static enum MHD_Result req_begin(zs_http *h, zs_http_req *r) {
         return early_error(r, 401, "invalid_request_error", "invalid_api_key", "WWW-Authenticate",
                            "Bearer", "Incorrect API key provided.");
     }
+    if (r->authed && r->who.role < rt->role)
+        return early_error(r, 403, "permission_error", "insufficient_role", NULL, NULL,
+                           "This key's role (%s) may not call %.16s %.200s: it needs %s", zs_role_name(r->who.role),
+                           r->method, r->path, zs_role_name(rt->role));
     const char *cl = kv_get(&r->hdrs, "Content-Length", 1);
     if (cl) {
         char *end;
@@ -830,13 +842,18 @@ int zs_http_start(const zs_http_opts *o, zs_http **out) {
     h->epfd = h->evfd = -1;
     h->max_body = d.max_body_bytes ? ZS_MIN(d.max_body_bytes, SIZE_MAX / 4) : (size_t)8 << 20;
     h->host = strdup(host);
-    if (d.api_key && *d.api_key) {
-        h->api_key = strdup(d.api_key);
-        h->api_key_len = strlen(d.api_key);
-    }
     int rc;
-    if (!h->host || (d.api_key && *d.api_key && !h->api_key)) {
+    if (!h->host) {
         rc = zs_err(ZS_ENOMEM, "http: out of memory");
+        goto fail;
+    }
+    if (d.key_file && *d.key_file) {
+        if (!(h->key_file = strdup(d.key_file))) {
+            rc = zs_err(ZS_ENOMEM, "http: out of memory");
+            goto fail;
+        }
+        if ((rc = zs_keys_load(h->key_file, &h->keys)) < 0) goto fail;
+    } else if (d.api_key && *d.api_key && (rc = zs_keys_single(d.api_key, &h->keys)) < 0) {
         goto fail;
     }
     h->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -1236,3 +1253,18 @@ size_t zs_http_inflight(zs_http *h) {
     U(h);
     return n;
 }
+
+int zs_http_reload_keys(zs_http *h) {
+    if (!h->key_file) return zs_err(ZS_EINVAL, "no --api-key-file to reload");
+    zs_keys *k = NULL;
+    ZS_CHECK(zs_keys_load(h->key_file, &k));
+    int n = zs_keys_count(k);
+    L(h);
+    zs_keys *old = h->keys;
+    h->keys = k;
+    U(h);
+    zs_keys_free(old);
+    return n;
+}
+
+const zs_key_id *zs_http_req_who(const zs_http_req *r) { return r->authed ? &r->who : NULL; }

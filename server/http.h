@@ -23,6 +23,8 @@
 
 #include <stddef.h>
 
+#include "keys.h"
+
 typedef struct zs_http zs_http;
 typedef struct zs_http_req zs_http_req;
 typedef struct zs_http_stream zs_http_stream;
@@ -32,8 +34,11 @@ typedef struct {
     int port;              /* 0 = pick a free port (read it back with zs_http_port) */
     int threads;           /* internal MHD thread pool size (default 4) */
     size_t max_body_bytes; /* larger bodies -> 413 (default 8 MiB) */
-    const char *api_key;   /* NULL/"" = no auth; else "Authorization: Bearer <key>" on auth routes */
+    const char *api_key;   /* NULL/"" = no auth; else one admin key, "Authorization: Bearer <key>" on
+                              routes that need a role (zs_http_set_keys replaces it with a key file's) */
     int conn_timeout_s;    /* idle connection timeout (default 60) */
+    const char *key_file;  /* keys with tenants and roles (keys.h), loaded at start (its errors fail
+                              it) and again by zs_http_reload_keys; instead of api_key */
 } zs_http_opts;
 
 /* Must eventually respond exactly once (now, or later from another thread), or start a
@@ -48,10 +53,17 @@ int zs_http_port(const zs_http *h);
 
 /* Routes: exact paths or patterns with one {param} segment
  * ("/v1/fine_tuning/jobs/{id}/cancel"). Unknown path -> 404, known path with another method
- * -> 405 with an Allow header; both in the OpenAI error shape. auth != 0 requires the API
- * key (when one is configured). Not thread-safe: register all routes before traffic. */
-int zs_http_route(zs_http *h, const char *method, const char *pattern, int auth,
+ * -> 405 with an Allow header; both in the OpenAI error shape. role: when keys are configured,
+ * a route of any role but ZS_ROLE_NONE needs a key (401 without a known one) whose role is at
+ * least role (403 otherwise). Not thread-safe: register all routes before traffic. */
+int zs_http_route(zs_http *h, const char *method, const char *pattern, zs_role role,
                   zs_http_handler fn, void *ud);
+/* Loads the key file again (SIGHUP) and puts its keys in force; on an error the keys in force
+ * stay (the message names the file and line). Requests authenticated before keep their caller.
+ * Returns the number of keys. ZS_EINVAL without a key file. Thread-safe. */
+int  zs_http_reload_keys(zs_http *h);
+/* The caller of an authenticated request (tenant, role, limits), or NULL without keys. */
+const zs_key_id *zs_http_req_who(const zs_http_req *r);
 
 /* Graceful stop: stop accepting, wait up to drain_s seconds for in-flight requests and streams
  * to finish, then end open streams (clean end of the chunked body), answer delayed requests

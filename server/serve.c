@@ -220,6 +220,7 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
         return src;
     }
     s->o.http.api_key = NULL; /* not kept: the HTTP layer copies it */
+    s->o.http.key_file = NULL;
     s->o.loras = NULL;        /* kept split in lora_names / lora_dirs */
     s->o.n_loras = 0;
     if (o->n_loras > 0) {
@@ -415,10 +416,10 @@ static int take_loras(int *argc, char **argv, const char **loras, int *n_loras) 
 }
 
 /* serve's own flags in the table below (the engine's follow them) */
-#define SERVE_FLAGS 23
+#define SERVE_FLAGS 24
 
 int zs_cmd_serve(int argc, char **argv) {
-    const char *host = "127.0.0.1", *api_key = NULL, *tmpl_name = "auto", *name = NULL;
+    const char *host = "127.0.0.1", *api_key = NULL, *tmpl_name = "auto", *name = NULL, *key_file = NULL;
     int port = 8080, max_seqs = 32, max_batch = 256, max_queue = 256, threads = 4;
     int64_t max_body = 8388608, max_file = 0;
     const char *data_dir = "./zeroserve-data";
@@ -434,7 +435,8 @@ int zs_cmd_serve(int argc, char **argv) {
     zs_opt opts[SERVE_FLAGS + ZS_ENGINE_FLAG_COUNT] = {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
-        {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\" (default: $ZS_API_KEY, else none)"},
+        {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\", one admin key (default: $ZS_API_KEY, else none)"},
+        {"api-key-file", ZS_OPT_STR, &key_file, "API keys with tenants and roles, one per line: KEY TENANT ROLE [rpm=N tpm=N streams=N jobs=N]; KEY or sha256:HEX, ROLE inference | finetune | admin; reloaded on SIGHUP"},
         {"max-seqs", ZS_OPT_INT, &max_seqs, "sequences generated at once (default 32)"},
         {"max-batch-tokens", ZS_OPT_INT, &max_batch, "tokens per engine step (default 256)"},
         {"max-queue", ZS_OPT_INT, &max_queue, "waiting requests at most; beyond it 429 (default 256)"},
@@ -499,7 +501,10 @@ int zs_cmd_serve(int argc, char **argv) {
     zs_api_set_default_pooling(!strcmp(pooling, "last") ? ZS_POOL_LAST : ZS_POOL_MEAN);
     int tmpl;
     ZS_CHECK(zs_chat_template_parse(tmpl_name, &tmpl));
-    if (!api_key) api_key = getenv("ZS_API_KEY");
+    if (key_file && api_key) return zs_err(ZS_EINVAL, "--api-key and --api-key-file: give one (a key file's admin line is the single key)");
+    if (!api_key && !key_file) api_key = getenv("ZS_API_KEY");
+    else if (key_file && getenv("ZS_API_KEY") && *getenv("ZS_API_KEY"))
+        zs_log_warn("ZS_API_KEY is set and unused: --api-key-file %s holds the keys", key_file);
 
     zs_server_opts so;
     memset(&so, 0, sizeof so);
@@ -508,6 +513,7 @@ int zs_cmd_serve(int argc, char **argv) {
     so.http.threads = threads;
     so.http.max_body_bytes = (size_t)max_body;
     so.http.api_key = api_key && *api_key ? api_key : NULL;
+    so.http.key_file = key_file;
     zs_engine_opts_default(&so.engine);
     so.engine.max_seqs = max_seqs;
     so.engine.max_batch_tokens = max_batch;
@@ -571,6 +577,7 @@ int zs_cmd_serve(int argc, char **argv) {
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGHUP);
     sigset_t old;
     pthread_sigmask(SIG_BLOCK, &set, &old);
     signal(SIGPIPE, SIG_IGN);
@@ -585,6 +592,12 @@ int zs_cmd_serve(int argc, char **argv) {
     for (;;) {
         int sig = 0;
         if (sigwait(&set, &sig) != 0) continue;
+        if (sig == SIGHUP) { /* the key file again; a bad one keeps the keys in force */
+            int n = zs_http_reload_keys(s->http);
+            if (n < 0) fprintf(stderr, "zeroserve: SIGHUP: %s; the keys in force stay\n", zs_errmsg());
+            else fprintf(stderr, "zeroserve: SIGHUP: %d keys from %s\n", n, key_file);
+            continue;
+        }
         char lost[512];
         if (sig == SIGUSR1 && zs_cluster_lost(lost, sizeof lost)) {
             /* requests get 503 naming the lost process for a moment (clients and load
