@@ -70,25 +70,30 @@ static void write_failed(zs_kvstream *st, int sb) {
     pthread_mutex_unlock(&st->mu);
 }
 
+/* src (a block-layer) to a new record of (sb, layer) in tier k, replacing the one there; the
+ * caller reports a failure */
+static int put_rec(zs_kvstream *st, int k, int sb, int layer, void *src) {
+    size_t at = (size_t)sb * (size_t)st->L + (size_t)layer;
+    struct iovec iov = {src, st->lb};
+    int slot;
+    ZS_CHECK(zs_kvtier_put(st->t[k], &iov, 1, (uint64_t)sb + 1, &slot));
+    if (st->rec[at] >= 0) zs_kvtier_drop(st->t[k], st->rec[at]);
+    st->rec[at] = slot;
+    st->gen[at] = zs_kv_stage_gen(st->kv, sb);
+    pthread_mutex_lock(&st->mu);
+    st->st.stores++;
+    st->st.bytes_out += st->lb;
+    pthread_mutex_unlock(&st->mu);
+    return 0;
+}
+
 /* every layer of memory block b to new records of sb, in tier k */
 static void save_block(zs_kvstream *st, int sb, int b, int k) {
-    unsigned g = zs_kv_stage_gen(st->kv, sb);
-    for (int l = 0; l < st->L; l++) {
-        size_t at = (size_t)sb * (size_t)st->L + (size_t)l;
-        struct iovec iov = {zs_kv_block_data(st->kv, l, b), st->lb};
-        int slot;
-        if (zs_kvtier_put(st->t[k], &iov, 1, (uint64_t)sb + 1, &slot) < 0) {
+    for (int l = 0; l < st->L; l++)
+        if (put_rec(st, k, sb, l, zs_kv_block_data(st->kv, l, b)) < 0) {
             write_failed(st, sb);
             return;
         }
-        if (st->rec[at] >= 0) zs_kvtier_drop(st->t[k], st->rec[at]);
-        st->rec[at] = slot;
-        st->gen[at] = g;
-    }
-    pthread_mutex_lock(&st->mu);
-    st->st.stores += (uint64_t)st->L;
-    st->st.bytes_out += (uint64_t)st->L * st->lb;
-    pthread_mutex_unlock(&st->mu);
 }
 
 /* thread k's part of o: the blocks sb % NT == k */
@@ -120,20 +125,7 @@ static void run_op(zs_kvstream *st, const op *o, int k) {
             pthread_mutex_unlock(&st->mu);
             continue;
         }
-        int slot, rc = zs_kvtier_put(st->t[k], &iov, 1, (uint64_t)sb + 1, &slot);
-        if (rc < 0) {
-            write_failed(st, sb);
-        } else {
-            pthread_mutex_lock(&st->mu);
-            st->st.stores++;
-            st->st.bytes_out += st->lb;
-            pthread_mutex_unlock(&st->mu);
-        }
-        if (rc == 0) {
-            if (*r >= 0) zs_kvtier_drop(st->t[k], *r);
-            *r = slot;
-            st->gen[at] = g;
-        }
+        if (put_rec(st, k, sb, o->layer, iov.iov_base) < 0) write_failed(st, sb);
     }
 }
 
