@@ -374,6 +374,7 @@ static void emb_finish(emb_job *j) {
     }
     json_t *out = json_pack("{s:s,s:o,s:s,s:{s:i,s:i}}", "object", "list", "data", data, "model", j->model_id, "usage",
                             "prompt_tokens", j->prompt_tokens, "total_tokens", j->prompt_tokens);
+    zs_http_req_charge(j->req, j->prompt_tokens);
     zs_http_respond_json(j->req, 200, out);
     emb_free(j);
 }

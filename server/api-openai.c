@@ -516,6 +516,12 @@ static void job_finish(job *j) {
         else if (failed) zs_api_fail(&j->err, 500, NULL, NULL, "generation failed: %s", failed->errmsg ? failed->errmsg : "");
         else if (cancelled) zs_api_fail(&j->err, 503, NULL, NULL, "the request was cancelled: the server is shutting down");
     }
+    {
+        /* the tenant's tokens-a-minute pay for what was computed, answered or not */
+        long gen = 0;
+        for (int i = 0; i < j->n; i++) gen += j->ch[i].n_gen;
+        zs_http_req_charge(j->stream ? zs_http_stream_req(j->stream) : j->req, gen + j->prompt_tokens);
+    }
     if (j->stream) {
         pthread_mutex_lock(&j->mu);
         if (j->err.status) {

@@ -26,6 +26,7 @@
 #include "http.h"
 
 #include "common.h"
+#include "limits.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -94,7 +95,7 @@ struct zs_http_req {
     char *method, *path, *param;
     kvlist hdrs, query, extra;
     zs_key_id who;               /* the caller, when keys are configured and the route needs one */
-    int authed;
+    int authed, limited;         /* limited: holds one of the tenant's streams (zs_limits_done) */
     char *body;
     size_t blen, bcap, discarded;
     int too_large;
@@ -119,6 +120,7 @@ struct zs_http {
     pthread_cond_t cv;
     char *host;
     zs_keys *keys;               /* NULL: no auth; replaced under mu (zs_http_reload_keys) */
+    zs_limits *limits;           /* the tenants' limits (keys.h), with keys */
     char *key_file;
     size_t max_body;
     int port;
@@ -345,6 +347,7 @@ static void http_free(zs_http *h) {
     if (h->keys) {
         zs_keys_free(h->keys);
     }
+    zs_limits_free(h->limits);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
     free(h);
@@ -364,6 +367,7 @@ static void req_release(zs_http_req *r) {
     int last = --h->refs == 0;
     pthread_cond_broadcast(&h->cv);
     U(h);
+    if (r->limited) zs_limits_done(h->limits, r->who.tenant);
     if (r->pending) MHD_destroy_response(r->pending);
     if (r->hold) MHD_destroy_response(r->hold);
     free(r->method);
@@ -620,6 +624,27 @@ static enum MHD_Result req_begin(zs_http *h, zs_http_req *r) {
         return early_error(r, 403, "permission_error", "insufficient_role", NULL, NULL,
                            "This key's role (%s) may not call %.16s %.200s: it needs %s", zs_role_name(r->who.role),
                            r->method, r->path, zs_role_name(rt->role));
+    if (r->authed) {
+        zs_limits_refusal why;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        int ok = zs_limits_admit(h->limits, r->who.tenant, &r->who.limits, (double)ts.tv_sec + ts.tv_nsec * 1e-9, &why);
+        if (ok < 0) return MHD_NO;
+        if (!ok) {
+            char ra[24];
+            snprintf(ra, sizeof ra, "%ld", why.retry_s);
+            return early_error(r, 429, "rate_limit_error", !strcmp(why.limit, "rpm")   ? "rpm_limit"
+                                                           : !strcmp(why.limit, "tpm") ? "tpm_limit"
+                                                                                       : "streams_limit",
+                               "Retry-After", ra, "Tenant '%s' is at its %s limit (%s=%ld in the key file%s); retry in %ld s",
+                               r->who.tenant,
+                               !strcmp(why.limit, "rpm")   ? "requests-a-minute"
+                               : !strcmp(why.limit, "tpm") ? "tokens-a-minute"
+                                                           : "requests-at-once",
+                               why.limit, why.value, !strcmp(why.limit, "streams") ? ", requests in flight" : "", why.retry_s);
+        }
+        r->limited = 1;
+    }
     const char *cl = kv_get(&r->hdrs, "Content-Length", 1);
     if (cl) {
         char *end;
@@ -856,6 +881,7 @@ int zs_http_start(const zs_http_opts *o, zs_http **out) {
     } else if (d.api_key && *d.api_key && (rc = zs_keys_single(d.api_key, &h->keys)) < 0) {
         goto fail;
     }
+    if ((rc = zs_limits_new(&h->limits)) < 0) goto fail;
     h->epfd = epoll_create1(EPOLL_CLOEXEC);
     h->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
@@ -1268,3 +1294,10 @@ int zs_http_reload_keys(zs_http *h) {
 }
 
 const zs_key_id *zs_http_req_who(const zs_http_req *r) { return r->authed ? &r->who : NULL; }
+
+void zs_http_req_charge(zs_http_req *r, long tokens) {
+    if (!r || !r->authed) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    zs_limits_charge(r->h->limits, r->who.tenant, &r->who.limits, tokens, (double)ts.tv_sec + ts.tv_nsec * 1e-9);
+}

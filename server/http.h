@@ -64,6 +64,12 @@ int zs_http_route(zs_http *h, const char *method, const char *pattern, zs_role r
 int  zs_http_reload_keys(zs_http *h);
 /* The caller of an authenticated request (tenant, role, limits), or NULL without keys. */
 const zs_key_id *zs_http_req_who(const zs_http_req *r);
+/* Per-tenant limits (limits.h): every authenticated request is admitted against its tenant's rpm
+ * and streams (requests at once, held until the request is released) and its tpm bucket, else
+ * answered 429 here with Retry-After and the code rpm_limit, tpm_limit or streams_limit. A handler
+ * charges the tokens a request used (prompt and generated) with this, before it responds;
+ * no-op without keys or a tpm limit. */
+void zs_http_req_charge(zs_http_req *r, long tokens);
 
 /* Graceful stop: stop accepting, wait up to drain_s seconds for in-flight requests and streams
  * to finish, then end open streams (clean end of the chunked body), answer delayed requests

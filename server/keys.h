@@ -4,8 +4,8 @@
  * SHA-256; either way only the digest is kept. ROLE is inference (completions, chat, embeddings,
  * tokenize, models), finetune (those, plus files, jobs and the tenant's own fine-tuned models) or
  * admin (everything). The limits are the tenant's: rpm (requests a minute), tpm (tokens a minute),
- * streams (requests at once), jobs (fine-tuning jobs at once); 0 or absent: none. They are parsed and
- * checked (a tenant's lines must agree) but nothing enforces them yet. Every error names
+ * streams (requests at once), jobs (fine-tuning jobs at once); 0 or absent: none. A tenant's lines must
+ * agree. http.c enforces rpm, tpm and streams (limits.h), the fine-tuning jobs jobs. Every error names
  * the file and line.
  *
  * Ownership: a zs_keys is immutable once loaded; the caller frees it. Thread-safety: lookups on one
