@@ -25,6 +25,7 @@
 #define _GNU_SOURCE
 #include "http.h"
 
+#include "audit.h"
 #include "common.h"
 #include "limits.h"
 
@@ -96,6 +97,10 @@ struct zs_http_req {
     kvlist hdrs, query, extra;
     zs_key_id who;               /* the caller, when keys are configured and the route needs one */
     int authed, limited;         /* limited: holds one of the tenant's streams (zs_limits_done) */
+    int status;                  /* the status counted (the audit log's) */
+    char code[48];               /* the error code answered, if any (the audit log's result) */
+    char *object;                /* the id the action made (zs_http_req_set_object) */
+    char remote[64];             /* the client's address */
     char *body;
     size_t blen, bcap, discarded;
     int too_large;
@@ -121,6 +126,7 @@ struct zs_http {
     char *host;
     zs_keys *keys;               /* NULL: no auth; replaced under mu (zs_http_reload_keys) */
     zs_limits *limits;           /* the tenants' limits (keys.h), with keys */
+    zs_audit *audit;             /* admin and fine-tuning actions (audit.h), or NULL */
     char *key_file;
     size_t max_body;
     int port;
@@ -189,6 +195,7 @@ static int has_crlf(const char *s) { return strpbrk(s, "\r\n") != NULL; }
 static void count_locked(zs_http *h, zs_http_req *r, int status) {
     if (r->counted) return;
     r->counted = 1;
+    r->status = status;
     for (int i = 0; i < h->ncounts; i++) {
         count_ent *c = &h->counts[i];
         if (c->route == r->route_idx && c->method == r->method_idx && c->status == status) {
@@ -348,9 +355,22 @@ static void http_free(zs_http *h) {
         zs_keys_free(h->keys);
     }
     zs_limits_free(h->limits);
+    zs_audit_close(h->audit);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
     free(h);
+}
+
+/* Admin and fine-tuning actions, and requests refused such a route (401, 403), go to the audit
+ * log; reads (GET, HEAD) that were let in do not. */
+static void audit_req(zs_http *h, zs_http_req *r) {
+    zs_role need = h->routes[r->route_idx].role;
+    int read = r->method_idx == method_index("GET") || r->method_idx == method_index("HEAD");
+    if (need < ZS_ROLE_FINETUNE || (read && r->status != 401 && r->status != 403)) return;
+    zs_audit_rec rec = {r->authed ? r->who.tenant : NULL, r->authed ? zs_role_name(r->who.role) : NULL,
+                        r->remote[0] ? r->remote : NULL, r->method, r->path, r->status,
+                        r->code[0] ? r->code : NULL, r->object};
+    zs_audit_write(h->audit, &rec);
 }
 
 static void req_release(zs_http_req *r) {
@@ -368,6 +388,7 @@ static void req_release(zs_http_req *r) {
     pthread_cond_broadcast(&h->cv);
     U(h);
     if (r->limited) zs_limits_done(h->limits, r->who.tenant);
+    if (h->audit && r->route_idx >= 0) audit_req(h, r);
     if (r->pending) MHD_destroy_response(r->pending);
     if (r->hold) MHD_destroy_response(r->hold);
     free(r->method);
@@ -378,6 +399,7 @@ static void req_release(zs_http_req *r) {
     kv_free(&r->extra);
     free(r->body);
     free(r->sbuf);
+    free(r->object);
     free(r);
     if (last) http_free(h);
 }
@@ -409,6 +431,14 @@ static zs_http_req *req_new(zs_http *h, struct MHD_Connection *c, const char *ur
     r->fd = -1;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (ci) r->fd = ci->connect_fd;
+    ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr) {
+        const struct sockaddr *sa = ci->client_addr;
+        if (sa->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, r->remote, sizeof r->remote);
+        else if (sa->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, r->remote, sizeof r->remote);
+    }
     r->method = strdup(method);
     r->path = strdup(url);
     if (!r->method || !r->path ||
@@ -525,6 +555,7 @@ static enum MHD_Result early_error(zs_http_req *r, int status, const char *type,
     va_end(ap);
     char *body = error_body(type, NULL, code, msg);
     if (!body) return MHD_NO;
+    snprintf(r->code, sizeof r->code, "%s", code ? code : "");
     zs_http *h = r->h;
     L(h);
     struct MHD_Response *resp = build_response(r, "application/json", body, strlen(body));
@@ -882,6 +913,7 @@ int zs_http_start(const zs_http_opts *o, zs_http **out) {
         goto fail;
     }
     if ((rc = zs_limits_new(&h->limits)) < 0) goto fail;
+    if (d.audit_path && *d.audit_path && (rc = zs_audit_open(d.audit_path, &h->audit)) < 0) goto fail;
     h->epfd = epoll_create1(EPOLL_CLOEXEC);
     h->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
@@ -1098,6 +1130,7 @@ int zs_http_respond_error(zs_http_req *r, int status, const char *type, const ch
     if (vasprintf(&msg, fmt, ap) < 0) msg = NULL;
     va_end(ap);
     char *body = error_body(type, param, code, msg ? msg : "error");
+    snprintf(r->code, sizeof r->code, "%s", code ? code : "");
     free(msg);
     int rc;
     if (!body) return finish_app(r, NULL, status); /* closes the connection */
@@ -1283,7 +1316,10 @@ size_t zs_http_inflight(zs_http *h) {
 int zs_http_reload_keys(zs_http *h) {
     if (!h->key_file) return zs_err(ZS_EINVAL, "no --api-key-file to reload");
     zs_keys *k = NULL;
-    ZS_CHECK(zs_keys_load(h->key_file, &k));
+    int rc = zs_keys_load(h->key_file, &k);
+    zs_audit_rec rec = {NULL, NULL, NULL, "SIGHUP", h->key_file, rc < 0 ? 400 : 200, rc < 0 ? "bad_key_file" : "keys_reloaded", NULL};
+    zs_audit_write(h->audit, &rec);
+    if (rc < 0) return rc;
     int n = zs_keys_count(k);
     L(h);
     zs_keys *old = h->keys;
@@ -1294,6 +1330,15 @@ int zs_http_reload_keys(zs_http *h) {
 }
 
 const zs_key_id *zs_http_req_who(const zs_http_req *r) { return r->authed ? &r->who : NULL; }
+
+int zs_http_req_set_object(zs_http_req *r, const char *id) {
+    if (!r || !id) return ZS_EINVAL;
+    char *c = strdup(id);
+    if (!c) return zs_err(ZS_ENOMEM, "out of memory");
+    free(r->object);
+    r->object = c;
+    return 0;
+}
 
 void zs_http_req_charge(zs_http_req *r, long tokens) {
     if (!r || !r->authed) return;

@@ -39,6 +39,8 @@ typedef struct {
     int conn_timeout_s;    /* idle connection timeout (default 60) */
     const char *key_file;  /* keys with tenants and roles (keys.h), loaded at start (its errors fail
                               it) and again by zs_http_reload_keys; instead of api_key */
+    const char *audit_path; /* NULL/"": none; else the audit log (audit.h) of actions on routes of the
+                               finetune and admin roles (all but the reads let in) and of key reloads */
 } zs_http_opts;
 
 /* Must eventually respond exactly once (now, or later from another thread), or start a
@@ -70,6 +72,9 @@ const zs_key_id *zs_http_req_who(const zs_http_req *r);
  * charges the tokens a request used (prompt and generated) with this, before it responds;
  * no-op without keys or a tpm limit. */
 void zs_http_req_charge(zs_http_req *r, long tokens);
+/* Names the id a request's action made (a file, a job) for the audit log; call before responding.
+ * Copies id. */
+int  zs_http_req_set_object(zs_http_req *r, const char *id);
 
 /* Graceful stop: stop accepting, wait up to drain_s seconds for in-flight requests and streams
  * to finish, then end open streams (clean end of the chunked body), answer delayed requests

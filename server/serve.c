@@ -25,6 +25,7 @@
 #include "common.h"
 #include "device.h"
 #include "engine-flags.h"
+#include "fileio.h"
 #include "finetune-api.h"
 #include "lora.h"
 
@@ -256,7 +257,23 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
         }
     }
 
-    int rc = zs_http_start(&o->http, &s->http);
+    /* the audit log lives with the files and jobs it records */
+    char *audit = NULL;
+    zs_http_opts ho = o->http;
+    if (s->data_dir) {
+        int e = zs_mkdir_p(s->data_dir);
+        if (e == 0 && asprintf(&audit, "%s/audit.jsonl", s->data_dir) < 0) {
+            audit = NULL;
+            e = zs_err(ZS_ENOMEM, "serve: out of memory");
+        }
+        if (e < 0) {
+            server_free(s);
+            return e;
+        }
+        ho.audit_path = audit;
+    }
+    int rc = zs_http_start(&ho, &s->http);
+    free(audit);
     if (rc < 0) {
         server_free(s);
         return rc;

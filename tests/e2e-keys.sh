@@ -5,7 +5,8 @@
 # needs); a finetune key lists files and is refused /metrics; an admin key reads /metrics; no key
 # and an unknown key get 401; /health needs none. SIGHUP reloads the file (an old key is gone, a
 # new one works), and a bad file on SIGHUP keeps the keys in force and logs the file and line. A bad
-# key file fails the start naming its line; --api-key with --api-key-file is refused.
+# key file fails the start naming its line; --api-key with --api-key-file is refused. The audit
+# log under --data-dir records a fine-tuning action, a 403 and the reloads, and not the reads.
 # shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 zs_bash "$@"
@@ -31,6 +32,16 @@ check "finetune: /v1/files 200, completions 200, /metrics 403" \
 check "admin: /metrics 200, /v1/files 200" '[ "$(code /metrics key-adm)" = 200 ] && [ "$(code /v1/files key-adm)" = 200 ]'
 check "no key and an unknown key: 401; /health: 200 without one" \
     '[ "$(code /v1/models "")" = 401 ] && [ "$(code /v1/models key-infx)" = 401 ] && [ "$(code /health "")" = 200 ]'
+J='{"model": "x", "training_file": "file-nope"}'
+jc=$(code /v1/fine_tuning/jobs key-ft "$J")
+A=$T/data/audit.jsonl
+check "the audit log: a finetune action with who, what, when and its result" \
+    '[ "$jc" = 404 ] && jq -se "any(.[]; .tenant == \"t2\" and .role == \"finetune\" and .method == \"POST\" and .path == \"/v1/fine_tuning/jobs\" and .status == 404 and .result != \"ok\" and (.time | test(\"^20[0-9-]+T[0-9:.]+Z$\")) and .remote == \"127.0.0.1\")" "$A" >/dev/null' \
+    "$jc $(tail -n 3 "$A" 2>&1)"
+check "a role refused an admin route is logged (403 insufficient_role), a read let in is not" \
+    'jq -se "any(.[]; .tenant == \"t1\" and .path == \"/metrics\" and .status == 403 and .result == \"insufficient_role\") and ([.[] | select(.method == \"GET\" and .status == 200)] | length == 0)" "$A" >/dev/null' \
+    "$(cat "$A" 2>&1 | head -c 600)"
+check "the audit log is the owner's alone (mode 600)" '[ "$(stat -c %a "$A")" = 600 ]'
 printf 'key-new t3 admin\n' >"$T/keys"
 kill -HUP "$SPID"
 sleep 0.5
@@ -41,6 +52,8 @@ kill -HUP "$SPID"
 sleep 0.5
 check "a bad file on SIGHUP keeps the keys in force" '[ "$(code /metrics key-new)" = 200 ]'
 zs_stop_server
+check "the audit log has both SIGHUPs: keys_reloaded, then bad_key_file" \
+    'jq -se "[.[] | select(.method == \"SIGHUP\") | .result] == [\"keys_reloaded\", \"bad_key_file\"]" "$A" >/dev/null' "$(grep SIGHUP "$A")"
 check "the log says what SIGHUP did, with the bad file's line" \
     'grep -q "SIGHUP: 1 keys from" "$T/s.log" && grep -q "keys:1: 2 fields.*the keys in force stay" "$T/s.log"'
 rc=0
