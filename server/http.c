@@ -373,6 +373,16 @@ static void audit_req(zs_http *h, zs_http_req *r) {
     zs_audit_write(h->audit, &rec);
 }
 
+/* The request's stream of its tenant is free again: before its client can have the whole answer
+ * (and send the next request), so a client that waits for each answer never meets its own. */
+static void limits_done(zs_http_req *r) {
+    L(r->h);
+    int was = r->limited;
+    r->limited = 0;
+    U(r->h);
+    if (was) zs_limits_done(r->h->limits, r->who.tenant);
+}
+
 static void req_release(zs_http_req *r) {
     zs_http *h = r->h;
     L(h);
@@ -387,7 +397,7 @@ static void req_release(zs_http_req *r) {
     int last = --h->refs == 0;
     pthread_cond_broadcast(&h->cv);
     U(h);
-    if (r->limited) zs_limits_done(h->limits, r->who.tenant);
+    limits_done(r);
     if (h->audit && r->route_idx >= 0) audit_req(h, r);
     if (r->pending) MHD_destroy_response(r->pending);
     if (r->hold) MHD_destroy_response(r->hold);
@@ -1057,6 +1067,7 @@ static int finish_app(zs_http_req *r, struct MHD_Response *resp, int status) {
     struct MHD_Response *destroy = resp;
     struct MHD_Connection *conn = NULL;
     int rc = 0;
+    limits_done(r);
     L(h);
     if (!r->app_ref) {
         U(h);
@@ -1277,6 +1288,7 @@ int zs_http_stream_end(zs_http_stream *s) {
     if (!s) return zs_err(ZS_EINVAL, "http stream_end: NULL stream");
     zs_http_req *r = s->r;
     zs_http *h = r->h;
+    limits_done(r);
     L(h);
     int rc = 0;
     if (r->gone || r->mhd_done)

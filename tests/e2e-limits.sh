@@ -4,7 +4,8 @@
 # admits three requests and answers the fourth 429 with Retry-After and the code rpm_limit, naming
 # rpm=3; tpm=40 admits a 60-token completion and then refuses with tpm_limit; streams=1 refuses a
 # second request while a long stream runs (streams_limit), and admits again once the stream's client
-# has gone. Meanwhile a tenant without limits is served every time.
+# has gone, and a client that waits for each answer never meets its own limit. Meanwhile a tenant
+# without limits is served every time.
 # shellcheck source=tests/lib/e2e.sh
 . "$(dirname "$0")/lib/e2e.sh"
 zs_bash "$@"
@@ -67,5 +68,9 @@ kill "$LPID" 2>/dev/null
 s3=000
 for _ in $(seq 1 50); do s3=$(code /v1/models key-one); [ "$s3" = 200 ] && break; sleep 0.1; done
 check "once the stream's client has gone, the tenant is admitted again" '[ "$s3" = 200 ]' "$s3"
+seqc=""
+for _ in $(seq 1 30); do seqc="$seqc $(code /v1/completions key-one '{"prompt": "hi", "max_tokens": 2}')"; done
+check "streams=1: a client that waits for each answer is never refused (30 in a row)" \
+    '[ -z "$(echo "$seqc" | tr " " "\n" | grep -v "^200$" | grep .)" ]' "$seqc"
 zs_stop_server
 zs_done
