@@ -23,6 +23,11 @@ typedef struct {
     const char *model_name; /* the id clients use in "model" (required) */
     const char *model_dir;  /* for chat template detection */
     int chat_template;      /* ZS_CHAT_* (chat.h), or -1: detect from model_dir */
+    /* the directories POST /v1/load_lora_adapter may load adapters from (serve --lora-dir), each
+     * resolved with realpath() by zs_api_new (a missing one fails it, named); none: run-time
+     * loading over HTTP is off (403 lora_loading_disabled). zs_api_load_adapter is not confined. */
+    const char *const *lora_dirs;
+    int n_lora_dirs;
 } zs_api_opts;
 
 typedef struct zs_api zs_api;
@@ -98,6 +103,9 @@ typedef struct {
     const char *const *loras; /* "NAME=DIR" LoRA adapters served from the start (serve --lora); a bad
                                  one fails the load with the error naming it */
     int n_loras;
+    const char *const *lora_dirs; /* serve --lora-dir: where POST /v1/load_lora_adapter may load from
+                                     (zs_api_opts); none: run-time loading is off */
+    int n_lora_dirs;
     /* the --config's keys for full fine-tuning jobs (bf16/fp16 precision, fp16 loss scaling,
      * offload_optimizer, sub_group_size, the 16-bit save); copied; NULL: none */
     const zs_zero_opts *train_config;
