@@ -803,7 +803,7 @@ static json_t *adapter_body(zs_http_req *r, const char *const *known) {
     size_t len;
     const char *body = zs_http_req_body(r, &len);
     json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je); /* strings with a NUL are refused by name */
     if (!json_is_object(root)) {
         json_decref(root);
         zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL, "The body must be a JSON object.");
