@@ -1032,6 +1032,7 @@ int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
     if (!rc) rc = zs_api_set_lora_dirs(a, o->lora_dirs, o->n_lora_dirs);
     if (!rc) rc = zs_http_route(h, "GET", "/health", ZS_ROLE_NONE, h_health, a);
     if (!rc) rc = zs_http_route(h, "GET", "/", ZS_ROLE_NONE, h_playground, a);
+    if (!rc) rc = zs_api_openapi_route(h);                                                               /* api-openapi.c */
     if (!rc) rc = zs_http_route(h, "GET", "/metrics", ZS_ROLE_ADMIN, h_metrics, a);
     if (!rc) rc = zs_http_route(h, "GET", "/v1/models", ZS_ROLE_INFERENCE, h_models, a);
     if (!rc) rc = zs_http_route(h, "GET", "/v1/plan", ZS_ROLE_ADMIN, h_plan, a);

@@ -32,7 +32,7 @@ typedef struct {
 
 typedef struct zs_api zs_api;
 
-/* Registers GET /health, GET /, GET /metrics, GET /v1/models, GET /v1/models/{id},
+/* Registers GET /health, GET /, GET /openapi.json, GET /metrics, GET /v1/models, GET /v1/models/{id},
  * POST /v1/completions, POST /v1/chat/completions, POST /v1/load_lora_adapter and
  * POST /v1/unload_lora_adapter on h (before traffic). /health and the
  * playground page / need no API key (the page holds no data; its API calls send the key). Until
@@ -72,6 +72,14 @@ long zs_api_live(zs_api *a);
 /* Waits up to timeout_s for zs_api_live to reach 0; returns what is left. */
 long zs_api_wait_idle(zs_api *a, double timeout_s);
 void zs_api_free(zs_api *a); /* after zs_http_stop and after the scheduler's last callback */
+
+/* ------------------------------------------------------------------ api-openapi.c */
+
+/* Registers GET /openapi.json (no key needed): the OpenAPI document of the server's routes
+ * (server/openapi.json, embedded at build). zs_api_new calls it. */
+int zs_api_openapi_route(zs_http *h);
+/* The embedded document (static; *len its length), e.g. for the test that checks it. */
+const char *zs_api_openapi_json(size_t *len);
 
 /* ------------------------------------------------------------------ metrics.c */
 
@@ -129,6 +137,8 @@ typedef struct zs_server zs_server;
 int  zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc), void *ud,
                      zs_server **out);
 int  zs_server_port(const zs_server *s);
+/* The server's HTTP layer (borrowed; valid until zs_server_stop), e.g. to list its routes. */
+zs_http *zs_server_http(zs_server *s);
 /* Waits up to timeout_s for loading: 0 loaded, the load error code, or ZS_EBUSY (still loading). */
 int  zs_server_wait_loaded(zs_server *s, double timeout_s);
 /* Stops accepting, lets in-flight requests finish for up to drain_s, frees everything. */

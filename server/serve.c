@@ -305,6 +305,7 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
 }
 
 int zs_server_port(const zs_server *s) { return s ? zs_http_port(s->http) : 0; }
+zs_http *zs_server_http(zs_server *s) { return s ? s->http : NULL; }
 
 int zs_server_wait_loaded(zs_server *s, double timeout_s) {
     double end = zs_now() + timeout_s;
