@@ -804,6 +804,12 @@ static json_t *adapter_body(zs_http_req *r, const char *const *known) {
     const char *body = zs_http_req_body(r, &len);
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je); /* strings with a NUL are refused by name */
+    if (!root) {
+        zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL,
+                              "We could not parse the JSON body of your request: %s (line %d, column %d).", je.text,
+                              je.line, je.column);
+        return NULL;
+    }
     if (!json_is_object(root)) {
         json_decref(root);
         zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL, "The body must be a JSON object.");
