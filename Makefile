@@ -71,9 +71,10 @@ LIB_OBJ  := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(LIB_CU_OBJ)
 ASAN_OBJ := $(patsubst %.c,$(BUILD)/asan/%.o,$(LIB_SRC)) $(LIB_CU_OBJ)
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-# The playground page (served at GET /) is embedded in the library as a generated C byte array.
-LIB_OBJ  += $(BUILD)/gen/playground.o
-ASAN_OBJ += $(BUILD)/asan/gen/playground.o
+# The playground page (served at GET /) and the OpenAPI document (GET /openapi.json) are embedded
+# in the library as generated C byte arrays.
+LIB_OBJ  += $(BUILD)/gen/playground.o $(BUILD)/gen/openapi.o
+ASAN_OBJ += $(BUILD)/asan/gen/playground.o $(BUILD)/asan/gen/openapi.o
 
 .PHONY: all deps test test-gpu-emu test-unit serve demo-model bench bench-peers clean test-deploy lint-deploy gpu-kit gpu-dry-run fuzz test-cluster soak
 all: deps zeroserve
@@ -115,10 +116,17 @@ $(BUILD)/gen/playground.c: clients/web/index.html
 	  od -An -v -tu1 $< | awk '{ for (i = 1; i <= NF; i++) printf "%s,", $$i; printf "\n" }'; \
 	  printf '0};\nconst size_t zs_playground_html_len = sizeof zs_playground_html - 1;\n'; } > $@.tmp && mv $@.tmp $@
 
-$(BUILD)/gen/playground.o: $(BUILD)/gen/playground.c
+$(BUILD)/gen/openapi.c: server/openapi.json
+	@mkdir -p $(dir $@)
+	@{ printf '/* generated from %s by the Makefile: the OpenAPI document served at GET /openapi.json */\n' $<; \
+	  printf '#include <stddef.h>\nconst unsigned char zs_openapi_json[] = {\n'; \
+	  od -An -v -tu1 $< | awk '{ for (i = 1; i <= NF; i++) printf "%s,", $$i; printf "\n" }'; \
+	  printf '0};\nconst size_t zs_openapi_json_len = sizeof zs_openapi_json - 1;\n'; } > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/gen/%.o: $(BUILD)/gen/%.c
 	$(CC) $(ZS_CFLAGS) -c $< -o $@
 
-$(BUILD)/asan/gen/playground.o: $(BUILD)/gen/playground.c
+$(BUILD)/asan/gen/%.o: $(BUILD)/gen/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ZS_CFLAGS) $(ASAN_FLAGS) -c $< -o $@
 
@@ -246,7 +254,7 @@ TEST_HDRS = /usr/bin/clang /usr/lib/llvm-14/lib/clang/14.0.6/lib/linux/libclang_
 FUZZ_TIME ?= 60
 FUZZ_NAMES := $(patsubst tests/fuzz/fuzz-%.c,%,$(wildcard tests/fuzz/fuzz-*.c))
 FUZZ_BINS := $(patsubst %,$(BUILD)/fuzz/fuzz-%,$(FUZZ_NAMES))
-FUZZ_OBJ := $(patsubst %.c,$(BUILD)/fuzz/%.o,$(filter-out kernels/cpu/%,$(FUZZ_LIB_SRC))) $(BUILD)/gen/playground.o \
+FUZZ_OBJ := $(patsubst %.c,$(BUILD)/fuzz/%.o,$(filter-out kernels/cpu/%,$(FUZZ_LIB_SRC))) $(BUILD)/gen/playground.o $(BUILD)/gen/openapi.o \
             $(patsubst %.c,$(BUILD)/%.o,$(filter kernels/cpu/%,$(FUZZ_LIB_SRC)))
 FUZZ_CFLAGS = -std=gnu11 -g -O1 -pthread -MMD -MP $(ZS_INC) -fno-omit-frame-pointer \
               -fsanitize=address,undefined -fno-sanitize-recover=undefined

@@ -2,12 +2,14 @@
  *
  * /tokenize {"model"?, "prompt": string | "messages": [...], "add_special_tokens"? (true),
  * "add_generation_prompt"? (true, messages only), "with_pieces"? (false)} answers {"tokens",
- * "count", "max_model_len"}; with_pieces each token is {"id", "piece"}, the piece being its text
+ * "count", "max_model_len"}; llama.cpp's request is taken too: "content" for "prompt" (add_special
+ * then defaults to false, as there), "add_special" for "add_special_tokens", "parse_special" (true
+ * only); a field given under both names with different values is a 400 naming them; with_pieces each token is {"id", "piece"}, the piece being its text
  * as it appears inside a text, or its bytes as a list of integers where those are not valid
  * UTF-8 on their own (llama.cpp's shape). Messages go through the model's chat template as chat
  * completions do (encoded with BOS only where the template does not write it itself).
  * /detokenize {"model"?, "tokens": [ids]} answers {"prompt", "content"} (vLLM's and llama.cpp's
- * keys; bytes that are not valid UTF-8 become U+FFFD).
+ * keys; bytes that are not valid UTF-8 become U+FFFD); {"tokens"} is llama.cpp's request as is.
  *
  * /v1/embeddings (OpenAI's shape): every input becomes one embedding request of the scheduler
  * (sched-embed.c: prefilled in the continuous batch beside generation traffic, its hidden rows
@@ -191,8 +193,21 @@ static int json_ids(const zs_api_model *m, json_t *arr, const char *param, int32
 
 /* ------------------------------------------------------------------ /tokenize */
 
-static const char *k_tokenize_fields[] = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
-                                          "with_pieces", NULL};
+static const char *k_tokenize_fields[] = {"model", "prompt", "content", "messages", "add_special_tokens", "add_special",
+                                          "parse_special", "add_generation_prompt", "with_pieces", NULL};
+
+/* A field and its alias (another server's name for it): the one given, or either when both are
+ * given with equal values; both with different values is a 400 naming them. NULL/null: neither. */
+static int alias_field(json_t *root, const char *name, const char *alias, json_t **out, api_err *e) {
+    json_t *a = root ? json_object_get(root, name) : NULL, *b = root ? json_object_get(root, alias) : NULL;
+    if (a && json_is_null(a)) a = NULL;
+    if (b && json_is_null(b)) b = NULL;
+    if (a && b && !json_equal(a, b))
+        return zs_api_fail(e, 400, alias, "invalid_value", "'%s' and '%s' name the same thing; give one of them (or "
+                           "both with the same value).", name, alias);
+    *out = a ? a : b;
+    return 0;
+}
 
 void zs_api_h_tokenize(void *ud, zs_http_req *r) {
     zs_api *a = ud;
@@ -202,18 +217,29 @@ void zs_api_h_tokenize(void *ud, zs_http_req *r) {
     int32_t *ids = NULL;
     size_t n = 0;
     char *text = NULL;
-    int add_special = 1, add_gen = 1, pieces = 0, rc = root ? 0 : -1;
-    if (rc == 0) rc = get_bool(root, "add_special_tokens", &add_special, &e);
+    int add_special = 1, add_gen = 1, pieces = 0, parse_special = 1, rc = root ? 0 : -1;
+    json_t *prompt = NULL, *add_sp = NULL, *msgs = root ? json_object_get(root, "messages") : NULL;
+    if (msgs && json_is_null(msgs)) msgs = NULL;
+    /* llama.cpp's names: "content" for "prompt", "add_special" (default false there) */
+    if (rc == 0) rc = alias_field(root, "prompt", "content", &prompt, &e);
+    if (rc == 0) rc = alias_field(root, "add_special_tokens", "add_special", &add_sp, &e);
+    if (rc == 0 && add_sp && !json_is_boolean(add_sp))
+        rc = bad_type(&e, json_object_get(root, "add_special_tokens") ? "add_special_tokens" : "add_special", "a boolean");
+    if (rc == 0 && add_sp) add_special = json_is_true(add_sp);
+    else if (rc == 0 && prompt && !json_object_get(root, "prompt")) add_special = 0; /* llama.cpp's request, its default */
     if (rc == 0) rc = get_bool(root, "add_generation_prompt", &add_gen, &e);
     if (rc == 0) rc = get_bool(root, "with_pieces", &pieces, &e);
-    json_t *prompt = root ? json_object_get(root, "prompt") : NULL, *msgs = root ? json_object_get(root, "messages") : NULL;
-    if (prompt && json_is_null(prompt)) prompt = NULL;
-    if (msgs && json_is_null(msgs)) msgs = NULL;
+    if (rc == 0) rc = get_bool(root, "parse_special", &parse_special, &e);
+    if (rc == 0 && !parse_special)
+        rc = zs_api_fail(&e, 400, "parse_special", "unsupported_parameter", "'parse_special': false is not supported: "
+                         "special tokens written in the text are always matched as their ids.");
+    const char *pname = root && json_object_get(root, "prompt") ? "prompt" : "content";
     if (rc == 0 && !prompt && !msgs)
-        rc = zs_api_fail(&e, 400, "prompt", "missing_required_parameter", "Missing required parameter: 'prompt' (or 'messages').");
+        rc = zs_api_fail(&e, 400, "prompt", "missing_required_parameter",
+                         "Missing required parameter: 'prompt' (or 'content', or 'messages').");
     if (rc == 0 && prompt && msgs)
-        rc = zs_api_fail(&e, 400, "messages", "invalid_value", "Give either 'prompt' or 'messages', not both.");
-    if (rc == 0 && prompt && !json_is_string(prompt)) rc = bad_type(&e, "prompt", "a string");
+        rc = zs_api_fail(&e, 400, "messages", "invalid_value", "Give either '%s' or 'messages', not both.", pname);
+    if (rc == 0 && prompt && !json_is_string(prompt)) rc = bad_type(&e, pname, "a string");
     if (rc == 0 && !msgs && json_object_get(root, "add_generation_prompt"))
         rc = zs_api_fail(&e, 400, "add_generation_prompt", "invalid_value", "'add_generation_prompt' applies to 'messages' only.");
     if (rc == 0 && msgs) {
@@ -223,7 +249,7 @@ void zs_api_h_tokenize(void *ud, zs_http_req *r) {
     const char *src = text ? text : prompt ? json_string_value(prompt) : "";
     size_t len = text ? strlen(text) : prompt ? json_string_length(prompt) : 0;
     if (rc == 0 && zs_tokenizer_encode(m->tok, src, len, add_special, &ids, &n) < 0)
-        rc = zs_api_fail(&e, 400, msgs ? "messages" : "prompt", "invalid_value", "Cannot tokenize: %s", zs_errmsg());
+        rc = zs_api_fail(&e, 400, msgs ? "messages" : pname, "invalid_value", "Cannot tokenize: %s", zs_errmsg());
     if (rc == 0) {
         json_t *arr = json_array();
         for (size_t i = 0; arr && i < n; i++) {

@@ -3,11 +3,15 @@
  * base (loaded at start-up by `serve --lora`, at run time by POST /v1/load_lora_adapter, or by a
  * succeeded LoRA job), looked up by name. The model list only grows until zs_api_free, so a
  * model pointer stays valid while requests use it; adapters are reference counted (see
- * api-models.h) so that unloading one never frees what a request still uses. */
+ * api-models.h) so that unloading one never frees what a request still uses. Run-time loading
+ * over HTTP is confined to the --lora-dir directories (zs_api_lora_path). */
 #include "api-models.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "chat.h"
@@ -299,4 +303,84 @@ void zs_api_adapters_free(zs_api *a) {
         adapter_free(x);
     }
     a->adapters = NULL;
+}
+
+/* ------------------------------------------------------------------ --lora-dir */
+
+int zs_api_set_lora_dirs(zs_api *a, const char *const *dirs, int n) {
+    if (n <= 0) return 0;
+    a->lora_dirs = calloc((size_t)n, sizeof *a->lora_dirs);
+    if (!a->lora_dirs) return zs_err(ZS_ENOMEM, "api: out of memory");
+    for (int i = 0; i < n; i++) {
+        const char *d = dirs[i] ? dirs[i] : "";
+        struct stat st;
+        char *rp = *d ? realpath(d, NULL) : NULL;
+        if (!rp) {
+            int err = *d ? errno : ENOENT;
+            return zs_err(err == ENOENT ? ZS_ENOTFOUND : ZS_EINVAL, "--lora-dir '%s': %s", d, strerror(err));
+        }
+        a->lora_dirs[a->n_lora_dirs++] = rp;
+        if (stat(rp, &st) != 0 || !S_ISDIR(st.st_mode))
+            return zs_err(ZS_EINVAL, "--lora-dir '%s': not a directory", d);
+    }
+    return 0;
+}
+
+void zs_api_lora_dirs_free(zs_api *a) {
+    for (int i = 0; i < a->n_lora_dirs; i++) free(a->lora_dirs[i]);
+    free(a->lora_dirs);
+    a->lora_dirs = NULL;
+    a->n_lora_dirs = 0;
+}
+
+/* Whether the real path p is one of the --lora-dir directories or inside one. */
+static int under_lora_dir(const zs_api *a, const char *p) {
+    for (int i = 0; i < a->n_lora_dirs; i++) {
+        const char *d = a->lora_dirs[i];
+        size_t n = strlen(d);
+        if (n == 1 && d[0] == '/') return p[0] == '/';
+        if (!strncmp(p, d, n) && (p[n] == '\0' || p[n] == '/')) return 1;
+    }
+    return 0;
+}
+
+/* Whether the candidate directory c (a path of at most PATH_MAX - 1 bytes) is an allowed one:
+ * its real path into real (PATH_MAX bytes) and inside a --lora-dir, and the loader's files in it,
+ * where they exist (even as dangling links), too. */
+static int lora_candidate(const zs_api *a, const char *c, char *real) {
+    static const char *const files[] = {"adapter_config.json", "adapter_model.safetensors"};
+    if (!realpath(c, real) || !under_lora_dir(a, real)) return 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char f[PATH_MAX], fr[PATH_MAX];
+        struct stat st;
+        if (snprintf(f, sizeof f, "%s/%s", real, files[i]) >= (int)sizeof f) return 0;
+        if (lstat(f, &st) != 0) {
+            if (errno == ENOENT) continue; /* the loader says it is missing: a problem inside */
+            return 0;
+        }
+        if (!realpath(f, fr) || !under_lora_dir(a, fr)) return 0;
+    }
+    return 1;
+}
+
+int zs_api_lora_path(zs_api *a, const char *path, size_t len, char **out) {
+    if (!a || !path || !out || !a->n_lora_dirs) return ZS_EPERM;
+    if (!len || len >= PATH_MAX || memchr(path, '\0', len)) return ZS_EPERM;
+    for (const char *p = path; *p;) { /* no ".." component, even one that would stay inside */
+        const char *q = strchr(p, '/');
+        size_t n = q ? (size_t)(q - p) : strlen(p);
+        if (n == 2 && p[0] == '.' && p[1] == '.') return ZS_EPERM;
+        p += n;
+        while (*p == '/') p++;
+    }
+    char c[PATH_MAX], real[PATH_MAX];
+    for (int i = 0; i < (path[0] == '/' ? 1 : a->n_lora_dirs); i++) {
+        if (path[0] == '/') snprintf(c, sizeof c, "%s", path);
+        else if (snprintf(c, sizeof c, "%s/%s", a->lora_dirs[i], path) >= (int)sizeof c) continue;
+        if (lora_candidate(a, c, real)) {
+            *out = strdup(real);
+            return *out ? 0 : ZS_ENOMEM;
+        }
+    }
+    return ZS_EPERM;
 }

@@ -50,6 +50,8 @@ struct zs_api {
     zs_api_adapter *adapters;      /* listed adapters, newest first (guarded by mu) */
     long live;
     int draining;
+    char **lora_dirs;              /* serve --lora-dir, real paths (immutable after zs_api_new) */
+    int n_lora_dirs;
 };
 
 /* The served model called name (NULL: the base model), or NULL when there is none (the base
@@ -72,6 +74,20 @@ int  zs_api_name_taken(zs_api *a, const char *name);
 int  zs_api_preload_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l);
 /* Frees the listed adapters (zs_api_free, once no request is live). */
 void zs_api_adapters_free(zs_api *a);
+
+/* The --lora-dir directories (zs_api_new): each resolved with realpath() and kept; a missing one,
+ * or one that is not a directory, is ZS_EINVAL / ZS_ENOTFOUND naming it. */
+int  zs_api_set_lora_dirs(zs_api *a, const char *const *dirs, int n);
+void zs_api_lora_dirs_free(zs_api *a);
+/* The lora_path of POST /v1/load_lora_adapter (len bytes of a JSON string) confined to the
+ * --lora-dir directories: a relative path is tried under each of them in order, an absolute one
+ * must be inside one of them; after realpath() (symlinks followed) the directory and the files
+ * the loader reads from it (adapter_config.json, adapter_model.safetensors, where they exist)
+ * must all be inside one of them. Refused: NUL bytes, PATH_MAX bytes or more, a ".." component.
+ * *out (malloc'd) is the real path. Every refusal, and a path that does not exist, is the same
+ * ZS_EPERM with no message of its own, so that an answer tells nothing about paths outside the
+ * directories. Thread-safe. */
+int  zs_api_lora_path(zs_api *a, const char *path, size_t len, char **out);
 
 /* Loads the PEFT adapter directory dir for e's model, ready to serve (frozen: zs_lora_freeze):
  * refused on the CUDA device and in multi-process worlds; errors name the file and the problem. */

@@ -809,7 +809,13 @@ static json_t *adapter_body(zs_http_req *r, const char *const *known) {
     size_t len;
     const char *body = zs_http_req_body(r, &len);
     json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je); /* strings with a NUL are refused by name */
+    if (!root) {
+        zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL,
+                              "We could not parse the JSON body of your request: %s (line %d, column %d).", je.text,
+                              je.line, je.column);
+        return NULL;
+    }
     if (!json_is_object(root)) {
         json_decref(root);
         zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL, "The body must be a JSON object.");
@@ -858,17 +864,43 @@ static int adapter_unavailable(zs_api *a, zs_http_req *r) {
     return 1;
 }
 
-/* POST /v1/load_lora_adapter {"lora_name", "lora_path"}: loads a PEFT adapter directory (as the
- * server's process sees it) against the base model and serves it as lora_name. */
+/* The one answer to every lora_path refused (outside the --lora-dir directories, or not there):
+ * the same bytes whether or not the path exists elsewhere. */
+static void lora_path_refused(zs_http_req *r) {
+    zs_http_respond_error(r, 400, "invalid_request_error", "lora_path", "invalid_lora_path",
+                          "Invalid 'lora_path': not an adapter directory under the server's --lora-dir (give a path "
+                          "relative to one of them, or an absolute path inside one).");
+}
+
+/* POST /v1/load_lora_adapter {"lora_name", "lora_path"}: loads a PEFT adapter directory under one
+ * of serve's --lora-dir directories (zs_api_lora_path) against the base model and serves it as
+ * lora_name. Without --lora-dir run-time loading is off: 403 lora_loading_disabled. */
 static void h_load_adapter(void *ud, zs_http_req *r) {
     zs_api *a = ud;
     static const char *const known[] = {"lora_name", "lora_path", NULL};
     if (adapter_unavailable(a, r)) return;
+    if (!a->n_lora_dirs) {
+        zs_http_respond_error(r, 403, "permission_error", NULL, "lora_loading_disabled",
+                              "Loading LoRA adapters at run time is off on this server: start it with --lora-dir DIR "
+                              "to allow adapters under DIR (adapters given with --lora are served from the start).");
+        return;
+    }
     json_t *root = adapter_body(r, known);
     if (!root) return;
+    char *path = NULL;
     const char *name = adapter_str(r, root, "lora_name");
-    const char *path = name ? adapter_str(r, root, "lora_path") : NULL;
-    if (!path) goto out;
+    json_t *pv = name ? json_object_get(root, "lora_path") : NULL;
+    if (!name) goto out;
+    if (!pv || json_is_null(pv)) {
+        zs_http_respond_error(r, 400, "invalid_request_error", "lora_path", "missing_required_parameter",
+                              "Missing required parameter: 'lora_path'.");
+        goto out;
+    }
+    if (!json_is_string(pv)) {
+        zs_http_respond_error(r, 400, "invalid_request_error", "lora_path", "invalid_type",
+                              "Invalid type for 'lora_path': expected a string.");
+        goto out;
+    }
     if (strlen(name) > 256) {
         zs_http_respond_error(r, 400, "invalid_request_error", "lora_name", "invalid_value",
                               "Invalid 'lora_name': at most 256 characters.");
@@ -880,7 +912,16 @@ static void h_load_adapter(void *ud, zs_http_req *r) {
                               "choose another.", name);
         goto out;
     }
-    int rc = zs_api_load_adapter(a, name, path);
+    int rc = zs_api_lora_path(a, json_string_value(pv), json_string_length(pv), &path);
+    if (rc == ZS_ENOMEM) {
+        zs_http_respond_error(r, 500, "server_error", NULL, NULL, "cannot load the adapter: out of memory");
+        goto out;
+    }
+    if (rc < 0) {
+        lora_path_refused(r);
+        goto out;
+    }
+    rc = zs_api_load_adapter(a, name, path);
     if (rc == ZS_EBUSY) {
         adapter_unavailable(a, r);
     } else if (rc == ZS_ENOMEM) {
@@ -910,6 +951,7 @@ static void h_load_adapter(void *ud, zs_http_req *r) {
         zs_http_respond_json(r, 200, o);
     }
 out:
+    free(path);
     json_decref(root);
 }
 
@@ -999,8 +1041,10 @@ int zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out) {
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
     int rc = a->base.model_name ? 0 : zs_err(ZS_ENOMEM, "api: out of memory");
+    if (!rc) rc = zs_api_set_lora_dirs(a, o->lora_dirs, o->n_lora_dirs);
     if (!rc) rc = zs_http_route(h, "GET", "/health", ZS_ROLE_NONE, h_health, a);
     if (!rc) rc = zs_http_route(h, "GET", "/", ZS_ROLE_NONE, h_playground, a);
+    if (!rc) rc = zs_api_openapi_route(h);                                                               /* api-openapi.c */
     if (!rc) rc = zs_http_route(h, "GET", "/metrics", ZS_ROLE_ADMIN, h_metrics, a);
     if (!rc) rc = zs_http_route(h, "GET", "/v1/models", ZS_ROLE_INFERENCE, h_models, a);
     if (!rc) rc = zs_http_route(h, "GET", "/v1/plan", ZS_ROLE_ADMIN, h_plan, a);
@@ -1066,6 +1110,7 @@ void zs_api_free(zs_api *a) {
         return;
     }
     zs_api_adapters_free(a);
+    zs_api_lora_dirs_free(a);
     /* the cached grammars' masks borrow the models' tokenizers */
     for (zs_api_model *m = &a->base; m; m = m == &a->base ? a->extra : m->next)
         if (m->tok) zs_api_grammar_purge(m->tok);

@@ -23,11 +23,16 @@ typedef struct {
     const char *model_name; /* the id clients use in "model" (required) */
     const char *model_dir;  /* for chat template detection */
     int chat_template;      /* ZS_CHAT_* (chat.h), or -1: detect from model_dir */
+    /* the directories POST /v1/load_lora_adapter may load adapters from (serve --lora-dir), each
+     * resolved with realpath() by zs_api_new (a missing one fails it, named); none: run-time
+     * loading over HTTP is off (403 lora_loading_disabled). zs_api_load_adapter is not confined. */
+    const char *const *lora_dirs;
+    int n_lora_dirs;
 } zs_api_opts;
 
 typedef struct zs_api zs_api;
 
-/* Registers GET /health, GET /, GET /metrics, GET /v1/models, GET /v1/models/{id},
+/* Registers GET /health, GET /, GET /openapi.json, GET /metrics, GET /v1/models, GET /v1/models/{id},
  * POST /v1/completions, POST /v1/chat/completions, POST /v1/load_lora_adapter and
  * POST /v1/unload_lora_adapter on h (before traffic). /health and the
  * playground page / need no API key (the page holds no data; its API calls send the key). Until
@@ -68,6 +73,14 @@ long zs_api_live(zs_api *a);
 long zs_api_wait_idle(zs_api *a, double timeout_s);
 void zs_api_free(zs_api *a); /* after zs_http_stop and after the scheduler's last callback */
 
+/* ------------------------------------------------------------------ api-openapi.c */
+
+/* Registers GET /openapi.json (no key needed): the OpenAPI document of the server's routes
+ * (server/openapi.json, embedded at build). zs_api_new calls it. */
+int zs_api_openapi_route(zs_http *h);
+/* The embedded document (static; *len its length), e.g. for the test that checks it. */
+const char *zs_api_openapi_json(size_t *len);
+
 /* ------------------------------------------------------------------ metrics.c */
 
 /* The Prometheus text exposition (format 0.0.4) of the HTTP counters of h and the scheduler's
@@ -98,6 +111,9 @@ typedef struct {
     const char *const *loras; /* "NAME=DIR" LoRA adapters served from the start (serve --lora); a bad
                                  one fails the load with the error naming it */
     int n_loras;
+    const char *const *lora_dirs; /* serve --lora-dir: where POST /v1/load_lora_adapter may load from
+                                     (zs_api_opts); none: run-time loading is off */
+    int n_lora_dirs;
     /* the --config's keys for full fine-tuning jobs (bf16/fp16 precision, fp16 loss scaling,
      * offload_optimizer, sub_group_size, the 16-bit save); copied; NULL: none */
     const zs_zero_opts *train_config;
@@ -121,6 +137,8 @@ typedef struct zs_server zs_server;
 int  zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc), void *ud,
                      zs_server **out);
 int  zs_server_port(const zs_server *s);
+/* The server's HTTP layer (borrowed; valid until zs_server_stop), e.g. to list its routes. */
+zs_http *zs_server_http(zs_server *s);
 /* Waits up to timeout_s for loading: 0 loaded, the load error code, or ZS_EBUSY (still loading). */
 int  zs_server_wait_loaded(zs_server *s, double timeout_s);
 /* Stops accepting, lets in-flight requests finish for up to drain_s, frees everything. */

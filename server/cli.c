@@ -14,6 +14,12 @@ static int parse_value(const zs_opt *o, const char *v) {
     errno = 0;
     switch (o->type) {
     case ZS_OPT_STR: *(const char **)o->dst = v; return 0;
+    case ZS_OPT_LIST: {
+        zs_opt_list *l = o->dst;
+        if (l->n >= l->max) return zs_err(ZS_EINVAL, "--%s: given more than %d times", o->name, l->max);
+        l->v[l->n++] = v;
+        return 0;
+    }
     case ZS_OPT_INT: {
         long x = strtol(v, &end, 10);
         if (errno || *end || end == v || x < -2147483647L || x > 2147483647L)

@@ -6,12 +6,20 @@
 
 #include <stdint.h>
 
-enum { ZS_OPT_STR, ZS_OPT_INT, ZS_OPT_I64, ZS_OPT_U64, ZS_OPT_FLOAT, ZS_OPT_FLAG };
+enum { ZS_OPT_STR, ZS_OPT_INT, ZS_OPT_I64, ZS_OPT_U64, ZS_OPT_FLOAT, ZS_OPT_FLAG, ZS_OPT_LIST };
+
+/* The destination of a repeatable string flag (ZS_OPT_LIST): each occurrence appends its value
+ * (pointing into argv) to v[0..n); more than max occurrences is an error naming the flag. */
+typedef struct {
+    const char **v;
+    int n, max;
+} zs_opt_list;
 
 typedef struct {
     const char *name;  /* without the leading "--" */
     int type;
-    void *dst;         /* const char **, int *, int64_t *, uint64_t *, float *, int * (flag) */
+    void *dst;         /* const char **, int *, int64_t *, uint64_t *, float *, int * (flag),
+                          zs_opt_list * (list) */
     const char *help;
 } zs_opt;
 

@@ -272,6 +272,12 @@ static void h_create(void *ud, zs_http_req *r) {
     const char *body = zs_http_req_body(r, &len);
     json_error_t je;
     json_t *root = json_loadb(body, len, 0, &je);
+    if (!root) {
+        zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL,
+                              "We could not parse the JSON body of your request: %s (line %d, column %d).", je.text,
+                              je.line, je.column);
+        return;
+    }
     if (!json_is_object(root)) {
         json_decref(root);
         zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL, "The body must be a JSON object.");

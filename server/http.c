@@ -499,6 +499,10 @@ static int route_match(const route *rt, const char *path, const char **pstart, s
     return *p == '\0';
 }
 
+void zs_http_routes(const zs_http *h, zs_http_route_fn fn, void *ud) {
+    for (int i = 0; h && fn && i < h->nroutes; i++) fn(ud, h->routes[i].method, h->routes[i].pattern, h->routes[i].role);
+}
+
 int zs_http_route(zs_http *h, const char *method, const char *pattern, zs_role role,
                   zs_http_handler fn, void *ud) {
     if (!h || !method || !*method || !pattern || pattern[0] != '/' || !fn)

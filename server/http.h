@@ -60,6 +60,10 @@ int zs_http_port(const zs_http *h);
  * least role (403 otherwise). Not thread-safe: register all routes before traffic. */
 int zs_http_route(zs_http *h, const char *method, const char *pattern, zs_role role,
                   zs_http_handler fn, void *ud);
+/* Calls fn for every registered route, in registration order (the OpenAPI document's test
+ * compares them with it). Not thread-safe with zs_http_route: call once routes are registered. */
+typedef void (*zs_http_route_fn)(void *ud, const char *method, const char *pattern, zs_role role);
+void zs_http_routes(const zs_http *h, zs_http_route_fn fn, void *ud);
 /* Loads the key file again (SIGHUP) and puts its keys in force; on an error the keys in force
  * stay (the message names the file and line). Requests authenticated before keep their caller.
  * Returns the number of keys. ZS_EINVAL without a key file. Thread-safe. */

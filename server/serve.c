@@ -5,7 +5,8 @@
  * (finetune-api.h): uploaded files, jobs trained beside serving, and their models. LoRA
  * adapters given with --lora NAME=DIR are loaded against the base before it is attached (a bad
  * one fails the start with its name and directory) and served over it from the first request.
- * Signals are taken with sigwait in the main thread; no handler runs. */
+ * Run-time loading (POST /v1/load_lora_adapter) is confined to the --lora-dir directories, off
+ * without one. Signals are taken with sigwait in the main thread; no handler runs. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -223,6 +224,8 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
     s->o.http.api_key = NULL; /* not kept: the HTTP layer copies it */
     s->o.http.key_file = NULL;
     s->o.loras = NULL;        /* kept split in lora_names / lora_dirs */
+    s->o.lora_dirs = NULL;    /* resolved and kept by the api */
+    s->o.n_lora_dirs = 0;
     s->o.n_loras = 0;
     if (o->n_loras > 0) {
         s->lora_names = calloc((size_t)o->n_loras, sizeof *s->lora_names);
@@ -278,7 +281,7 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
         server_free(s);
         return rc;
     }
-    zs_api_opts ao = {s->name, s->model_dir, o->chat_template};
+    zs_api_opts ao = {s->name, s->model_dir, o->chat_template, o->lora_dirs, o->n_lora_dirs};
     rc = zs_api_new(s->http, &ao, &s->api);
     if (rc < 0) {
         zs_http_stop(s->http, 0);
@@ -319,6 +322,7 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
 }
 
 int zs_server_port(const zs_server *s) { return s ? zs_http_port(s->http) : 0; }
+zs_http *zs_server_http(zs_server *s) { return s ? s->http : NULL; }
 
 int zs_server_wait_loaded(zs_server *s, double timeout_s) {
     double end = zs_now() + timeout_s;
@@ -407,33 +411,11 @@ static int train_flags(const char *share, const char *slice_ms, zs_sched_opts *o
     return 0;
 }
 
-#define ZS_SERVE_MAX_LORAS 64 /* --lora flags at most (more at run time: POST /v1/load_lora_adapter) */
-
-/* Takes the repeatable --lora NAME=DIR (or --lora=NAME=DIR) out of argv into loras; the rest stays
- * in argv (in order) for zs_cli_parse. *n_loras entries, at most ZS_SERVE_MAX_LORAS. */
-static int take_loras(int *argc, char **argv, const char **loras, int *n_loras) {
-    int n = 0, out = 0;
-    for (int i = 0; i < *argc; i++) {
-        int sep = !strcmp(argv[i], "--lora"), joined = !strncmp(argv[i], "--lora=", 7);
-        if ((sep || joined) && n == ZS_SERVE_MAX_LORAS)
-            return zs_err(ZS_EINVAL, "--lora: at most %d adapters at start-up (load more with POST /v1/load_lora_adapter)",
-                          ZS_SERVE_MAX_LORAS);
-        if (sep) {
-            if (i + 1 >= *argc) return zs_err(ZS_EINVAL, "--lora needs a value (NAME=DIR)");
-            loras[n++] = argv[++i];
-        } else if (joined) {
-            loras[n++] = argv[i] + 7;
-        } else {
-            argv[out++] = argv[i];
-        }
-    }
-    *argc = out;
-    *n_loras = n;
-    return 0;
-}
+#define ZS_SERVE_MAX_LORAS 64     /* --lora flags at most (more at run time: POST /v1/load_lora_adapter) */
+#define ZS_SERVE_MAX_LORA_DIRS 16 /* --lora-dir flags at most */
 
 /* serve's own flags in the table below (the engine's follow them) */
-#define SERVE_FLAGS 24
+#define SERVE_FLAGS 25
 
 int zs_cmd_serve(int argc, char **argv) {
     const char *host = "127.0.0.1", *api_key = NULL, *tmpl_name = "auto", *name = NULL, *key_file = NULL;
@@ -443,7 +425,8 @@ int zs_cmd_serve(int argc, char **argv) {
     zs_engine_flags ef;
     zs_engine_flags_init(&ef);
     ef.ds_uses = ZS_DS_USE_ENGINE | ZS_DS_USE_JOBS; /* fine-tuning jobs: loss scaling, offload_optimizer, the 16-bit save */
-    const char *lora_help = NULL; /* --lora is taken out of argv before parsing (repeatable) */
+    const char *loras[ZS_SERVE_MAX_LORAS], *lora_dirs[ZS_SERVE_MAX_LORA_DIRS];
+    zs_opt_list lora_list = {loras, 0, ZS_SERVE_MAX_LORAS}, lora_dir_list = {lora_dirs, 0, ZS_SERVE_MAX_LORA_DIRS};
     const char *pooling = "mean";
     int no_prefix_cache = 0, spec_tokens = 0;
     const char *speculative = NULL, *draft_model = NULL, *draft_dtype = NULL;
@@ -476,8 +459,11 @@ int zs_cmd_serve(int argc, char **argv) {
         {"threads", ZS_OPT_INT, &threads, "HTTP threads (default 4)"},
         {"data-dir", ZS_OPT_STR, &data_dir, "uploaded files, fine-tuning jobs and fine-tuned models (default ./zeroserve-data)"},
         {"max-file-bytes", ZS_OPT_I64, &max_file, "largest uploaded training file (default: --max-body-bytes)"},
-        {"lora", ZS_OPT_STR, &lora_help, "NAME=DIR: serve the PEFT LoRA adapter in DIR over the model as \"model\": NAME "
+        {"lora", ZS_OPT_LIST, &lora_list, "NAME=DIR: serve the PEFT LoRA adapter in DIR over the model as \"model\": NAME "
                                           "(repeatable; more at run time: POST /v1/load_lora_adapter)"},
+        {"lora-dir", ZS_OPT_LIST, &lora_dir_list, "DIR: POST /v1/load_lora_adapter may load adapters under DIR (a lora_path "
+                                                  "relative to it, or an absolute one inside it; repeatable, at most 16; "
+                                                  "without it run-time loading is off)"},
         {"pooling", ZS_OPT_STR, &pooling, "mean | last: how /v1/embeddings pools the final hidden states of an input's "
                                           "tokens (default mean; a request's \"pooling\" overrides it)"},
         {"train-share", ZS_OPT_STR, &train_share, "F, 0..1: fine-tuning's share of the engine's time while requests are "
@@ -497,12 +483,7 @@ int zs_cmd_serve(int argc, char **argv) {
                      n_opts);
         return 0;
     }
-    /* --lora is repeatable: taken out of argv (compacted in place) before the table is parsed */
-    const char *loras[ZS_SERVE_MAX_LORAS];
-    int n_loras = 0;
-    ZS_CHECK(take_loras(&argc, argv, loras, &n_loras));
     ZS_CHECK(zs_cli_parse(argc, argv, opts, n_opts));
-    (void)lora_help;
     zs_sched_opts tso = {0};
     ZS_CHECK(train_flags(train_share, train_slice, &tso));
     if (!ef.model) return zs_err(ZS_EINVAL, "--model is required");
@@ -585,7 +566,9 @@ int zs_cmd_serve(int argc, char **argv) {
     so.data_dir = data_dir;
     so.max_file_bytes = (size_t)(max_file ? max_file : max_body);
     so.loras = loras;
-    so.n_loras = n_loras;
+    so.n_loras = lora_list.n;
+    so.lora_dirs = lora_dirs;
+    so.n_lora_dirs = lora_dir_list.n;
     if (zs_cluster_follower()) return follow(&so.engine);
 
     /* every thread started from here inherits the blocked set; only sigwait takes them */

@@ -49,6 +49,23 @@ zs_expect_400 /tokenize '{"prompt":5}' prompt "tokenize prompt not a string"
 zs_expect_400 /tokenize '{"prompt":"a","with_pieces":"yes"}' with_pieces "tokenize with_pieces not a boolean"
 zs_expect_400 /tokenize '{"prompt":"a","bogus":1}' bogus "tokenize unknown field"
 zs_expect_400 /tokenize '{"messages":[{"role":"robot","content":"x"}]}' 'messages[0].role' "tokenize a bad role"
+# llama.cpp's requests: /tokenize {"content", "add_special" (default false), "parse_special",
+# "with_pieces"} answering "tokens"; /detokenize {"tokens"} answering "content"
+r=$(zs_post /tokenize '{"content":"Hello world"}')
+[ "$(echo "$r" | jq -c .tokens)" = '[346,306,414,263,304,341]' ] && ok "tokenize llama.cpp's {content}: no BOS by default, as llama.cpp" || nok "content: $r"
+r=$(zs_post /tokenize '{"content":"Hello world","add_special":true,"parse_special":true}')
+[ "$(echo "$r" | jq -c .tokens)" = '[1,346,306,414,263,304,341]' ] && ok "tokenize {content, add_special: true, parse_special: true}: with BOS" || nok "content add_special: $r"
+r=$(zs_post /tokenize '{"content":"Hello world","prompt":"Hello world","add_special":false,"add_special_tokens":false}')
+[ "$(echo "$r" | jq -c .tokens)" = '[346,306,414,263,304,341]' ] && ok "tokenize with both names and the same values: taken" || nok "both same: $r"
+zs_expect_400 /tokenize '{"content":"a","prompt":"b"}' content "tokenize content and prompt that differ" "prompt"
+zs_expect_400 /tokenize '{"content":"a","add_special":true,"add_special_tokens":false}' add_special "tokenize add_special and add_special_tokens that differ" "add_special_tokens"
+zs_expect_400 /tokenize '{"content":5}' content "tokenize content not a string"
+zs_expect_400 /tokenize '{"content":"a","add_special":"yes"}' add_special "tokenize add_special not a boolean"
+zs_expect_400 /tokenize '{"content":"a","parse_special":false}' parse_special "tokenize parse_special false (unsupported)"
+zs_expect_400 /tokenize '{"content":"a","messages":[{"role":"user","content":"x"}]}' messages "tokenize content and messages"
+ids=$(zs_post /tokenize '{"content":"Once upon a time","with_pieces":false}' | jq -c .tokens)
+r=$(zs_post /detokenize "{\"tokens\":$ids}")
+[ "$(echo "$r" | jq -r .content)" = "Once upon a time" ] && ok "llama.cpp's round trip: /tokenize {content}, /detokenize {tokens} -> content" || nok "llama.cpp round trip: $r"
 
 # --- /v1/embeddings
 A='Once upon a time there was a little girl.'; B='The cat sat on the mat'

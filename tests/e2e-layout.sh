@@ -75,7 +75,8 @@ cands=$(
             echo "$B/${f%.*}.o $f $k"
         done
     done
-    echo "$B/gen/playground.o $B/gen/playground.c 1")
+    echo "$B/gen/playground.o $B/gen/playground.c 1"
+    echo "$B/gen/openapi.o $B/gen/openapi.c 1")
 stale() { # the objects that must exist are missing or older than their sources
     [ -f "$lib" ] || return 0
     printf '%s\n' "$cands" | while read -r o f k; do

@@ -5,9 +5,9 @@
 # reference.json records): `serve --lora a=tests/ref/lora-peft` lists the adapter with its parent
 # and serves PEFT's numbers (the greedy token's logprob against PEFT's logits), a completion with
 # "model": "a" differs from the base's; POST /v1/load_lora_adapter errors (missing fields, a name
-# in use, bad bodies) and bad adapters as 400s naming the file and the problem (an adapter for
-# another base: shape; a target module the base lacks; r 0; a truncated safetensors; no
-# directory); a LoRA fine-tuning job over HTTP (OpenAI's method shape plus the lora extension, its
+# in use, bad bodies) and bad adapters under --lora-dir as 400s naming the file and the problem
+# (an adapter for another base: shape; a target module the base lacks; r 0; a truncated
+# safetensors; no directory: invalid_lora_path); a LoRA fine-tuning job over HTTP (OpenAI's method shape plus the lora extension, its
 # validation errors, the default rule on this small base) that succeeds and whose ft:... model is
 # listed with its parent and answers; the job's adapter loaded again at run time under another
 # name; concurrent requests over two adapters and the base (each answer the one it gets alone);
@@ -55,8 +55,8 @@ else
 fi
 
 DD=$T/data
-zs_start_server "$T/server.log" --model "$T/base" --data-dir "$DD" --max-seqs 4 --lora "a=$REFDIR" ||
-    zs_abort "server starts with --lora a=$REFDIR"
+zs_start_server "$T/server.log" --model "$T/base" --data-dir "$DD" --max-seqs 4 --lora "a=$REFDIR" --lora-dir "$T" ||
+    zs_abort "server starts with --lora a=$REFDIR --lora-dir \$T"
 ok "server starts with --lora a=tests/ref/lora-peft"
 U=$ZS_URL
 J() { curl -s -m 60 -H 'Content-Type: application/json' "$@"; }
@@ -107,7 +107,9 @@ badload "made for another base (dim 32)" "$T/ad32" "$T/ad32/adapter_model.safete
 badload "a target module the base lacks" "$T/tgt" "$T/tgt/adapter_config.json" "foo_proj"
 badload "r 0" "$T/r0" "$T/r0/adapter_config.json" "'r' is 0"
 badload "truncated safetensors" "$T/trunc" "$T/trunc/adapter_model.safetensors" "truncated"
-badload "no such directory" "$T/nope" "$T/nope/adapter_config.json" "cannot open"
+code=$(post /v1/load_lora_adapter "{\"lora_name\":\"x\",\"lora_path\":\"$T/nope\"}")
+check "no such directory: 400 invalid_lora_path (tests/e2e-lora-dir.sh has the rest of --lora-dir)" \
+    '[ "$code" = 400 ] && jq -e ".error.code == \"invalid_lora_path\" and .error.param == \"lora_path\"" "$T/r.json" >/dev/null' "$code $(cat "$T/r.json")"
 check "after the failures only base and a are listed" '[ "$(J "$U/v1/models" | jq -c "[.data[].id]")" = "[\"base\",\"a\"]" ]'
 code=$(post /v1/unload_lora_adapter '{"lora_name":"nope"}')
 check "unload an unknown adapter: 404" '[ "$code" = 404 ]' "$code"

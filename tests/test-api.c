@@ -461,13 +461,9 @@ static double first_logprob(int port, const char *model) {
     return x;
 }
 
-static void test_lora(int port, const char *model_dir) {
+/* tmp: the server's --lora-dir (removed at the end) */
+static void test_lora(int port, const char *model_dir, const char *tmp) {
     /* an adapter for the fixture: PEFT's init (A random, B zero) and then B random, saved in PEFT's format */
-    char tmp[] = "/tmp/zs-test-api-lora.XXXXXX";
-    if (!mkdtemp(tmp)) {
-        CHECK(0, "mkdtemp");
-        return;
-    }
     char adir[600];
     snprintf(adir, sizeof adir, "%s/ad", tmp);
     zs_engine_opts eo;
@@ -514,7 +510,15 @@ static void test_lora(int port, const char *model_dir) {
     CHECK(r.status == 401, "load without the API key: %d", r.status);
     resp_free(&r);
     snprintf(body, sizeof body, "{\"lora_name\":\"ad2\",\"lora_path\":\"%s/nope\"}", tmp);
-    expect_error(port, "POST", "/v1/load_lora_adapter", JSON_HDR, body, 400, "lora_path", "invalid_lora_adapter", "load a missing dir");
+    expect_error(port, "POST", "/v1/load_lora_adapter", JSON_HDR, body, 400, "lora_path", "invalid_lora_path", "load a missing dir");
+    expect_error(port, "POST", "/v1/load_lora_adapter", JSON_HDR, "{\"lora_name\":\"ad2\",\"lora_path\":\"/etc\"}", 400,
+                 "lora_path", "invalid_lora_path", "load from outside the --lora-dir");
+    request(port, "POST", "/v1/load_lora_adapter", JSON_HDR, "{\"lora_name\":\"ad3\",\"lora_path\":\"ad\"}", &r);
+    CHECK(r.status == 200, "load by a path relative to the --lora-dir: %d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+    request(port, "POST", "/v1/unload_lora_adapter", JSON_HDR, "{\"lora_name\":\"ad3\"}", &r);
+    CHECK(r.status == 200, "unload ad3: %d", r.status);
+    resp_free(&r);
     expect_error(port, "POST", "/v1/load_lora_adapter", JSON_HDR, "{\"lora_path\":\"x\"}", 400, "lora_name",
                  "missing_required_parameter", "load without a name");
 
@@ -604,6 +608,11 @@ int main(void) {
     o.sched.max_queue = 64;
     o.chat_template = -1;
     o.quiet = 1;
+    char lora_tmp[] = "/tmp/zs-test-api-lora.XXXXXX";
+    CHECK(mkdtemp(lora_tmp) != NULL, "mkdtemp");
+    const char *lora_dirs[] = {lora_tmp};
+    o.lora_dirs = lora_dirs;
+    o.n_lora_dirs = 1;
     zs_server *s = NULL;
     int rc = zs_server_start(&o, NULL, NULL, &s);
     CHECK(rc == 0, "server start: %s", zs_errmsg());
@@ -618,9 +627,16 @@ int main(void) {
         test_errors(port);
         test_disconnect(port);
         test_metrics(port);
-        test_lora(port, dir);
+        test_lora(port, dir, lora_tmp);
     }
     zs_server_stop(s, 5);
+    /* a --lora-dir that does not exist (test_lora removed it) fails the start, naming it */
+    rc = zs_server_start(&o, NULL, NULL, &s);
+    CHECK(rc < 0 && strstr(zs_errmsg(), "--lora-dir") && strstr(zs_errmsg(), lora_tmp), "start with a missing --lora-dir: %d %s",
+          rc, zs_errmsg());
+    if (rc == 0) zs_server_stop(s, 1);
+    o.lora_dirs = NULL;
+    o.n_lora_dirs = 0;
     fprintf(stderr, "test-api: %.1f s\n", zs_now() - t0);
 
     /* a model directory that does not load: the server starts, /health stays 503, the load fails */
