@@ -27,7 +27,7 @@
 
 #include "audit.h"
 #include "common.h"
-#include "limits.h"
+#include "quota.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -96,7 +96,7 @@ struct zs_http_req {
     char *method, *path, *param;
     kvlist hdrs, query, extra;
     zs_key_id who;               /* the caller, when keys are configured and the route needs one */
-    int authed, limited;         /* limited: holds one of the tenant's streams (zs_limits_done) */
+    int authed, limited;         /* limited: holds one of the tenant's streams (zs_quota_done) */
     int status;                  /* the status counted (the audit log's) */
     char code[48];               /* the error code answered, if any (the audit log's result) */
     char *object;                /* the id the action made (zs_http_req_set_object) */
@@ -125,7 +125,7 @@ struct zs_http {
     pthread_cond_t cv;
     char *host;
     zs_keys *keys;               /* NULL: no auth; replaced under mu (zs_http_reload_keys) */
-    zs_limits *limits;           /* the tenants' limits (keys.h), with keys */
+    zs_quota *limits;            /* the tenants' limits (keys.h), with keys */
     zs_audit *audit;             /* admin and fine-tuning actions (audit.h), or NULL */
     char *key_file;
     size_t max_body;
@@ -354,7 +354,7 @@ static void http_free(zs_http *h) {
     if (h->keys) {
         zs_keys_free(h->keys);
     }
-    zs_limits_free(h->limits);
+    zs_quota_free(h->limits);
     zs_audit_close(h->audit);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
@@ -380,7 +380,7 @@ static void limits_done(zs_http_req *r) {
     int was = r->limited;
     r->limited = 0;
     U(r->h);
-    if (was) zs_limits_done(r->h->limits, r->who.tenant);
+    if (was) zs_quota_done(r->h->limits, r->who.tenant);
 }
 
 static void req_release(zs_http_req *r) {
@@ -670,10 +670,10 @@ static enum MHD_Result req_begin(zs_http *h, zs_http_req *r) {
                            "This key's role (%s) may not call %.16s %.200s: it needs %s", zs_role_name(r->who.role),
                            r->method, r->path, zs_role_name(rt->role));
     if (r->authed) {
-        zs_limits_refusal why;
+        zs_quota_refusal why;
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        int ok = zs_limits_admit(h->limits, r->who.tenant, &r->who.limits, (double)ts.tv_sec + ts.tv_nsec * 1e-9, &why);
+        int ok = zs_quota_admit(h->limits, r->who.tenant, &r->who.limits, (double)ts.tv_sec + ts.tv_nsec * 1e-9, &why);
         if (ok < 0) return MHD_NO;
         if (!ok) {
             char ra[24];
@@ -926,7 +926,7 @@ int zs_http_start(const zs_http_opts *o, zs_http **out) {
     } else if (d.api_key && *d.api_key && (rc = zs_keys_single(d.api_key, &h->keys)) < 0) {
         goto fail;
     }
-    if ((rc = zs_limits_new(&h->limits)) < 0) goto fail;
+    if ((rc = zs_quota_new(&h->limits)) < 0) goto fail;
     if (d.audit_path && *d.audit_path && (rc = zs_audit_open(d.audit_path, &h->audit)) < 0) goto fail;
     h->epfd = epoll_create1(EPOLL_CLOEXEC);
     h->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -1360,5 +1360,5 @@ void zs_http_req_charge(zs_http_req *r, long tokens) {
     if (!r || !r->authed) return;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    zs_limits_charge(r->h->limits, r->who.tenant, &r->who.limits, tokens, (double)ts.tv_sec + ts.tv_nsec * 1e-9);
+    zs_quota_charge(r->h->limits, r->who.tenant, &r->who.limits, tokens, (double)ts.tv_sec + ts.tv_nsec * 1e-9);
 }

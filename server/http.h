@@ -70,7 +70,7 @@ void zs_http_routes(const zs_http *h, zs_http_route_fn fn, void *ud);
 int  zs_http_reload_keys(zs_http *h);
 /* The caller of an authenticated request (tenant, role, limits), or NULL without keys. */
 const zs_key_id *zs_http_req_who(const zs_http_req *r);
-/* Per-tenant limits (limits.h): every authenticated request is admitted against its tenant's rpm
+/* Per-tenant limits (quota.h): every authenticated request is admitted against its tenant's rpm
  * and streams (requests at once, held until the request is released) and its tpm bucket, else
  * answered 429 here with Retry-After and the code rpm_limit, tpm_limit or streams_limit. A handler
  * charges the tokens a request used (prompt and generated) with this, before it responds;

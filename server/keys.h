@@ -5,7 +5,7 @@
  * tokenize, models), finetune (those, plus files, jobs and the tenant's own fine-tuned models) or
  * admin (everything). The limits are the tenant's: rpm (requests a minute), tpm (tokens a minute),
  * streams (requests at once), jobs (fine-tuning jobs at once); 0 or absent: none. A tenant's lines must
- * agree. http.c enforces rpm, tpm and streams (limits.h), the fine-tuning jobs jobs. Every error names
+ * agree. http.c enforces rpm, tpm and streams (quota.h), the fine-tuning jobs jobs. Every error names
  * the file and line.
  *
  * Ownership: a zs_keys is immutable once loaded; the caller frees it. Thread-safety: lookups on one

@@ -1,6 +1,6 @@
 #!/bin/sh
 # shellcheck shell=bash disable=SC2016,SC2034
-# e2e-limits.sh — per-tenant limits from the key file (server/limits.h) through the server: rpm=3
+# e2e-limits.sh — per-tenant limits from the key file (server/quota.h) through the server: rpm=3
 # admits three requests and answers the fourth 429 with Retry-After and the code rpm_limit, naming
 # rpm=3; tpm=40 admits a 60-token completion and then refuses with tpm_limit; streams=1 refuses a
 # second request while a long stream runs (streams_limit), and admits again once the stream's client

@@ -1,6 +1,6 @@
-/* limits.c — per-tenant request, token and concurrency limits (limits.h): one entry per tenant seen,
+/* quota.c — per-tenant request, token and concurrency limits (quota.h): one entry per tenant seen,
  * with two token buckets and a count of requests in flight. */
-#include "limits.h"
+#include "quota.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -17,28 +17,28 @@ typedef struct {
     long inflight;
 } entry;
 
-struct zs_limits {
+struct zs_quota {
     pthread_mutex_t mu;
     entry *e;
     int n, cap;
 };
 
-int zs_limits_new(zs_limits **out) {
-    zs_limits *L = calloc(1, sizeof *L);
+int zs_quota_new(zs_quota **out) {
+    zs_quota *L = calloc(1, sizeof *L);
     if (!L) return zs_err(ZS_ENOMEM, "out of memory");
     pthread_mutex_init(&L->mu, NULL);
     *out = L;
     return 0;
 }
 
-void zs_limits_free(zs_limits *L) {
+void zs_quota_free(zs_quota *L) {
     if (!L) return;
     pthread_mutex_destroy(&L->mu);
     free(L->e);
     free(L);
 }
 
-static entry *find_locked(zs_limits *L, const char *tenant, int add) {
+static entry *find_locked(zs_quota *L, const char *tenant, int add) {
     for (int i = 0; i < L->n; i++)
         if (!strcmp(L->e[i].tenant, tenant)) return &L->e[i];
     if (!add) return NULL;
@@ -72,8 +72,8 @@ static long wait_for(double tokens, double want, long per_min) {
     return r < 1 ? 1 : r;
 }
 
-int zs_limits_admit(zs_limits *L, const char *tenant, const zs_key_limits *lim, double now,
-                    zs_limits_refusal *why) {
+int zs_quota_admit(zs_quota *L, const char *tenant, const zs_key_limits *lim, double now,
+                    zs_quota_refusal *why) {
     pthread_mutex_lock(&L->mu);
     entry *e = find_locked(L, tenant, 1);
     if (!e) {
@@ -83,13 +83,13 @@ int zs_limits_admit(zs_limits *L, const char *tenant, const zs_key_limits *lim, 
     int ok = 1;
     if (lim->streams > 0 && e->inflight >= lim->streams) {
         /* a slot frees when a request ends; no time can be promised, so a second */
-        *why = (zs_limits_refusal){"streams", lim->streams, 1};
+        *why = (zs_quota_refusal){"streams", lim->streams, 1};
         ok = 0;
     }
     if (ok && lim->rpm > 0) {
         refill(&e->req_tokens, &e->req_t, lim->rpm, now);
         if (e->req_tokens < 1.0) {
-            *why = (zs_limits_refusal){"rpm", lim->rpm, wait_for(e->req_tokens, 1.0, lim->rpm)};
+            *why = (zs_quota_refusal){"rpm", lim->rpm, wait_for(e->req_tokens, 1.0, lim->rpm)};
             ok = 0;
         }
     }
@@ -97,7 +97,7 @@ int zs_limits_admit(zs_limits *L, const char *tenant, const zs_key_limits *lim, 
         refill(&e->tok_tokens, &e->tok_t, lim->tpm, now);
         if (e->tok_tokens <= 0) {
             /* admitted again once the bucket is above zero: one token's worth past it */
-            *why = (zs_limits_refusal){"tpm", lim->tpm, wait_for(e->tok_tokens, 1.0, lim->tpm)};
+            *why = (zs_quota_refusal){"tpm", lim->tpm, wait_for(e->tok_tokens, 1.0, lim->tpm)};
             ok = 0;
         }
     }
@@ -109,14 +109,14 @@ int zs_limits_admit(zs_limits *L, const char *tenant, const zs_key_limits *lim, 
     return ok;
 }
 
-void zs_limits_done(zs_limits *L, const char *tenant) {
+void zs_quota_done(zs_quota *L, const char *tenant) {
     pthread_mutex_lock(&L->mu);
     entry *e = find_locked(L, tenant, 0);
     if (e && e->inflight > 0) e->inflight--;
     pthread_mutex_unlock(&L->mu);
 }
 
-void zs_limits_charge(zs_limits *L, const char *tenant, const zs_key_limits *lim, long tokens,
+void zs_quota_charge(zs_quota *L, const char *tenant, const zs_key_limits *lim, long tokens,
                       double now) {
     if (lim->tpm <= 0 || tokens <= 0) return;
     pthread_mutex_lock(&L->mu);
@@ -128,7 +128,7 @@ void zs_limits_charge(zs_limits *L, const char *tenant, const zs_key_limits *lim
     pthread_mutex_unlock(&L->mu);
 }
 
-long zs_limits_inflight(zs_limits *L, const char *tenant) {
+long zs_quota_inflight(zs_quota *L, const char *tenant) {
     pthread_mutex_lock(&L->mu);
     entry *e = find_locked(L, tenant, 0);
     long n = e ? e->inflight : 0;
