@@ -41,8 +41,9 @@ typedef struct zs_files zs_files;
  * GET /v1/files/{id}. Uploads larger than max_bytes (0 = 100 MiB; the HTTP body limit applies
  * too) get 413. */
 int  zs_files_open(zs_http *h, const char *data_dir, size_t max_bytes, zs_files **out);
-/* The path of an uploaded file's content; ZS_ENOTFOUND for an unknown id. */
-int  zs_files_path(zs_files *f, const char *id, char *path, size_t cap);
+/* The path of an uploaded file's content; ZS_ENOTFOUND for an unknown id and for a file that who
+ * does not see (another tenant's; who NULL: every file, keys.h's zs_key_sees). */
+int  zs_files_path(zs_files *f, const char *id, const zs_key_id *who, char *path, size_t cap);
 void zs_files_free(zs_files *f); /* after zs_http_stop */
 
 /* ------------------------------------------------------------------ ftjobs.c / ftrun.c */
