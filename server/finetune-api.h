@@ -9,6 +9,11 @@
  * jobs/<id>.events.jsonl (appended), models/<fine-tuned model, sanitized>/ (exported weights, or
  * a LoRA job's PEFT adapter).
  *
+ * Tenants (keys.h): with keys, a file, a job and the job's model belong to the caller's tenant
+ * (files/<id>.json "owner", jobs/<id>.json "_owner"); other tenants get what an unknown id gets,
+ * admins see all (zs_key_sees), a job's "shared": true serves its model to every tenant, and a
+ * key file's jobs=N caps the tenant's queued and running jobs (429 jobs_limit).
+ *
  * Ownership: zs_files and zs_ftjobs borrow the zs_http they register routes on and the zs_api
  * they add fine-tuned models to; zs_ftjobs owns the engines and schedulers of those models.
  * Thread-safety: route handlers run on the HTTP threads; zs_files_path is thread-safe; open,

@@ -35,10 +35,10 @@ same_404() {
     local a b ja jb
     # shellcheck disable=SC2059
     a=$(call "$1" "$2" "$3" "${7:+$(printf "$7" "$5")}")
-    ja=$(jq -c --arg id "$5" '.error | .message |= sub($id; "ID")' "$T/r.json")
+    ja=$(jq -c --arg id "$5" '.error | if type == "object" then .message |= sub($id; "ID") else . end' "$T/r.json")
     # shellcheck disable=SC2059
     b=$(call "$1" "$2" "$4" "${7:+$(printf "$7" "$6")}")
-    jb=$(jq -c --arg id "$6" '.error | .message |= sub($id; "ID")' "$T/r.json")
+    jb=$(jq -c --arg id "$6" '.error | if type == "object" then .message |= sub($id; "ID") else . end' "$T/r.json")
     [ "$a" = 404 ] && [ "$b" = 404 ] && [ -n "$ja" ] && [ "$ja" = "$jb" ] || { echo "# $a $ja / $b $jb"; return 1; }
 }
 ids() { # KEY PATH: the ids of a list, as a JSON array
@@ -99,7 +99,7 @@ check "admin lists both files, with their owners" \
 BODY='{"model":"stories260K","training_file":"%s","hyperparameters":{"n_epochs":1}}'
 # shellcheck disable=SC2059
 cb=$(call key-beta POST /v1/fine_tuning/jobs "$(printf "$BODY" "$FA")")
-eb=$(jq -c --arg id "$FA" '.error | .message |= sub($id; "ID")' "$T/r.json")
+eb=$(jq -c --arg id "$FA" '.error | if type == "object" then .message |= sub($id; "ID") else . end' "$T/r.json")
 # shellcheck disable=SC2059
 cn=$(call key-beta POST /v1/fine_tuning/jobs "$(printf "$BODY" file-nope)")
 en=$(jq -c '.error | .message |= sub("file-nope"; "ID")' "$T/r.json")
