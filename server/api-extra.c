@@ -108,7 +108,7 @@ static json_t *parse_body(zs_api *a, zs_http_req *r, const char *const *known, c
             json_decref(root);
             return NULL;
         }
-        if (zs_api_resolve(a, json_string_value(model), &found, &adapter) < 0) {
+        if (zs_api_resolve(a, json_string_value(model), zs_http_req_who(r), &found, &adapter) < 0) {
             zs_api_fail(e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s').",
                         json_string_value(model), a->base.model_name);
             json_decref(root);

@@ -49,12 +49,14 @@ int zs_api_name_taken(zs_api *a, const char *name) {
     return taken;
 }
 
-int zs_api_resolve(zs_api *a, const char *name, const zs_api_model **m, zs_api_adapter **ad) {
+int zs_api_resolve(zs_api *a, const char *name, const zs_key_id *who, const zs_api_model **m, zs_api_adapter **ad) {
     *m = NULL;
     *ad = NULL;
     pthread_mutex_lock(&a->mu);
     const zs_api_model *x = model_find_locked(a, name);
     zs_api_adapter *y = x ? NULL : adapter_find_locked(a, name);
+    if (x && !zs_key_sees(who, x->owner)) x = NULL; /* another tenant's: as if there were none */
+    if (y && !zs_key_sees(who, y->owner)) y = NULL;
     if (y) {
         y->refs++;
         x = &a->base;
@@ -67,6 +69,7 @@ int zs_api_resolve(zs_api *a, const char *name, const zs_api_model **m, zs_api_a
 
 static void adapter_free(zs_api_adapter *ad) {
     zs_lora_free(ad->lora);
+    free(ad->owner);
     free(ad->name);
     free(ad->dir);
     free(ad);
@@ -124,11 +127,13 @@ void zs_api_attach(zs_api *a, zs_engine *e, zs_sched *s) {
                 zs_chat_template_name(m.tmpl));
 }
 
-int zs_api_add_model(zs_api *a, const char *name, const char *model_dir, zs_engine *e, zs_sched *s) {
+int zs_api_add_model(zs_api *a, const char *name, const char *owner, const char *model_dir, zs_engine *e,
+                     zs_sched *s) {
     if (!a || !name || !e || !s) return zs_err(ZS_EINVAL, "api: bad arguments");
     if (zs_api_name_taken(a, name)) return zs_err(ZS_EINVAL, "api: the model '%s' is already served", name);
     zs_api_model *m = calloc(1, sizeof *m);
-    if (!m || !(m->model_name = strdup(name))) {
+    if (!m || !(m->model_name = strdup(name)) || (owner && *owner && !(m->owner = strdup(owner)))) {
+        if (m) free(m->model_name);
         free(m);
         return zs_err(ZS_ENOMEM, "api: out of memory");
     }
@@ -146,17 +151,17 @@ int zs_api_add_model(zs_api *a, const char *name, const char *model_dir, zs_engi
 
 /* ------------------------------------------------------------------ LoRA adapters */
 
-static int add_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l, int need_base);
+static int add_adapter(zs_api *a, const char *name, const char *owner, const char *dir, zs_lora *l, int need_base);
 
 int zs_api_add_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l) {
-    return add_adapter(a, name, dir, l, 1);
+    return add_adapter(a, name, NULL, dir, l, 1);
 }
 
 int zs_api_preload_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l) {
-    return add_adapter(a, name, dir, l, 0);
+    return add_adapter(a, name, NULL, dir, l, 0);
 }
 
-static int add_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l, int need_base) {
+static int add_adapter(zs_api *a, const char *name, const char *owner, const char *dir, zs_lora *l, int need_base) {
     if (!a || !name || !l) {
         zs_lora_free(l);
         return zs_err(ZS_EINVAL, "api: bad arguments");
@@ -169,11 +174,13 @@ static int add_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l,
     if (ad) {
         ad->name = strdup(name);
         ad->dir = strdup(dir ? dir : "");
+        ad->owner = owner && *owner ? strdup(owner) : NULL;
     }
-    if (!ad || !ad->name || !ad->dir) {
+    if (!ad || !ad->name || !ad->dir || (owner && *owner && !ad->owner)) {
         if (ad) {
             free(ad->name);
             free(ad->dir);
+            free(ad->owner);
         }
         free(ad);
         zs_lora_free(l);
@@ -203,7 +210,7 @@ static int add_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l,
     return 0;
 }
 
-int zs_api_load_adapter(zs_api *a, const char *name, const char *dir) {
+int zs_api_load_adapter(zs_api *a, const char *name, const char *owner, const char *dir) {
     if (!a || !name || !dir) return zs_err(ZS_EINVAL, "api: bad arguments");
     if (!*name) return zs_err(ZS_EINVAL, "api: an adapter needs a non-empty name");
     if (!*dir) return zs_err(ZS_EINVAL, "api: the adapter '%s' needs a directory", name);
@@ -216,7 +223,7 @@ int zs_api_load_adapter(zs_api *a, const char *name, const char *dir) {
     zs_lora *l = NULL;
     int rc = zs_api_adapter_open(e, dir, &l);
     if (rc < 0) return rc;
-    return zs_api_add_adapter(a, name, dir, l);
+    return add_adapter(a, name, owner, dir, l, 1);
 }
 
 int zs_api_adapter_open(zs_engine *e, const char *dir, zs_lora **out) {

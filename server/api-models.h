@@ -16,6 +16,7 @@
  * never removed before zs_api_free, so a pointer to one stays valid while requests use it. */
 typedef struct zs_api_model {
     char *model_name;
+    char *owner; /* the tenant it is served to (and admins: keys.h's zs_key_sees); NULL: every one */
     zs_engine *engine;
     zs_sched *sched;
     const zs_tokenizer *tok;
@@ -35,6 +36,7 @@ typedef struct zs_api_model {
  * dir and lora are immutable while the adapter lives. */
 typedef struct zs_api_adapter {
     char *name, *dir;
+    char *owner; /* the tenant it is served to (and admins); NULL: every one (zs_key_sees) */
     zs_lora *lora;
     long created;
     int refs, removed, waiting;
@@ -60,13 +62,14 @@ struct zs_api {
 const zs_api_model *zs_api_model_find(zs_api *a, const char *name);
 /* What a request's "model" names: a served model (*ad = NULL) or an adapter (*m = the base model,
  * *ad = the adapter with a reference taken for the caller: release it with
- * zs_api_adapter_release). name NULL: the base model. Returns 0, or ZS_ENOTFOUND (nothing by that
- * name). Thread-safe. */
-int  zs_api_resolve(zs_api *a, const char *name, const zs_api_model **m, zs_api_adapter **ad);
+ * zs_api_adapter_release). name NULL: the base model. who: the caller (NULL: no keys, or the server
+ * itself); a model or adapter of another tenant is not found for it. Returns 0, or ZS_ENOTFOUND
+ * (nothing by that name that who sees). Thread-safe. */
+int  zs_api_resolve(zs_api *a, const char *name, const zs_key_id *who, const zs_api_model **m, zs_api_adapter **ad);
 /* Drops a reference (ad may be NULL); frees an unloaded adapter at the last one. Thread-safe;
  * never waits. */
 void zs_api_adapter_release(zs_api *a, zs_api_adapter *ad);
-/* Whether name is taken by a model or a listed adapter. Thread-safe. */
+/* Whether name is taken by a model or a listed adapter (whoever it is served to). Thread-safe. */
 int  zs_api_name_taken(zs_api *a, const char *name);
 /* zs_api_add_adapter before zs_api_attach (serve --lora): l (owned in every case) is listed from
  * the start, so no request sees the base without it. The caller checks l against the engine it

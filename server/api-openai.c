@@ -768,17 +768,22 @@ static json_t *adapter_json(const zs_api *a, const zs_api_adapter *ad) {
                      "owned_by", "zeroserve", "root", ad->dir, "parent", a->base.model_name);
 }
 
+/* The models and adapters the caller sees: the base, and those served to every tenant or to its
+ * own (keys.h's zs_key_sees; admins see all). */
 static void h_models(void *ud, zs_http_req *r) {
     zs_api *a = ud;
+    const zs_key_id *who = zs_http_req_who(r);
     json_t *data = json_array();
     json_array_append_new(data, model_json(&a->base));
     pthread_mutex_lock(&a->mu);
     const zs_api_model *x = a->extra;
     json_t *ads = json_array(); /* newest first in the table: listed oldest first */
-    for (const zs_api_adapter *ad = a->adapters; ad; ad = ad->next) json_array_insert_new(ads, 0, adapter_json(a, ad));
+    for (const zs_api_adapter *ad = a->adapters; ad; ad = ad->next)
+        if (zs_key_sees(who, ad->owner)) json_array_insert_new(ads, 0, adapter_json(a, ad));
     pthread_mutex_unlock(&a->mu);
     json_t *ft = json_array(); /* the list is newest first: list the oldest first */
-    for (; x; x = x->next) json_array_insert_new(ft, 0, model_json(x));
+    for (; x; x = x->next)
+        if (zs_key_sees(who, x->owner)) json_array_insert_new(ft, 0, model_json(x));
     json_array_extend(data, ft);
     json_array_extend(data, ads);
     json_decref(ft);
@@ -791,7 +796,7 @@ static void h_model(void *ud, zs_http_req *r) {
     const char *id = zs_http_req_param(r);
     const zs_api_model *m = NULL;
     zs_api_adapter *ad = NULL;
-    if (!id || zs_api_resolve(a, id, &m, &ad) < 0) {
+    if (!id || zs_api_resolve(a, id, zs_http_req_who(r), &m, &ad) < 0) {
         zs_http_respond_error(r, 404, "invalid_request_error", "model", "model_not_found",
                               "The model '%s' does not exist.", id ? id : "");
         return;
@@ -921,7 +926,7 @@ static void h_load_adapter(void *ud, zs_http_req *r) {
         lora_path_refused(r);
         goto out;
     }
-    rc = zs_api_load_adapter(a, name, path);
+    rc = zs_api_load_adapter(a, name, NULL, path); /* an admin's: served to every tenant */
     if (rc == ZS_EBUSY) {
         adapter_unavailable(a, r);
     } else if (rc == ZS_ENOMEM) {
@@ -935,7 +940,7 @@ static void h_load_adapter(void *ud, zs_http_req *r) {
         const zs_api_model *m = NULL;
         zs_api_adapter *ad = NULL;
         json_t *o = NULL;
-        if (zs_api_resolve(a, name, &m, &ad) == 0 && ad) {
+        if (zs_api_resolve(a, name, NULL, &m, &ad) == 0 && ad) {
             const zs_lora_params *p = zs_lora_get_params(ad->lora);
             json_t *tm = json_array();
             for (int t = 0; t < ZS_LORA_NT; t++)
@@ -948,6 +953,7 @@ static void h_load_adapter(void *ud, zs_http_req *r) {
                           "root", path);
         }
         zs_api_adapter_release(a, ad);
+        zs_http_req_set_object(r, name);
         zs_http_respond_json(r, 200, o);
     }
 out:
@@ -1119,6 +1125,7 @@ void zs_api_free(zs_api *a) {
     for (zs_api_model *m = &a->base, *next; m; m = next) {
         next = m == &a->base ? a->extra : m->next;
         free(m->model_name);
+        free(m->owner);
         free(m->bos);
         free(m->eos);
         free(m->ref_text);

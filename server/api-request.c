@@ -484,10 +484,11 @@ char *zs_api_token_text(const zs_api_model *a, int32_t id) {
 int zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e) {
     size_t blen;
     const char *body = zs_http_req_body(r, &blen);
-    return zs_api_parse_body(a, body, blen, chat, q, e);
+    return zs_api_parse_body(a, zs_http_req_who(r), body, blen, chat, q, e);
 }
 
-int zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t *q, api_err *e) {
+int zs_api_parse_body(zs_api *a, const zs_key_id *who, const char *body, size_t blen, int chat, req_t *q,
+                      api_err *e) {
     memset(q, 0, sizeof *q);
     q->api = a;
     q->chat = chat;
@@ -510,7 +511,7 @@ int zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t 
     const zs_api_model *m = zs_api_model_find(a, NULL);
     if (model && !json_is_null(model)) {
         if (!json_is_string(model)) return zs_api_bad_type(e, "model", "a string", model);
-        if (zs_api_resolve(a, json_string_value(model), &m, &q->adapter) < 0)
+        if (zs_api_resolve(a, json_string_value(model), who, &m, &q->adapter) < 0)
             return zs_api_fail(e, 404, "model", "model_not_found", "The model '%s' does not exist (this server serves '%s').",
                         json_string_value(model), a->base.model_name);
     }

@@ -47,12 +47,14 @@ typedef struct {
 
 /* Parses the request body of a completions (chat = 0) or chat completions request into q (which
  * zs_api_req_free releases in every case, the adapter reference included). -1 with e filled on a
- * bad request. */
+ * bad request; a model of another tenant than the request's caller is a 404 like an unknown one. */
 int  zs_api_parse_request(zs_api *a, zs_http_req *r, int chat, req_t *q, api_err *e);
 /* The same for a body given as bytes (blen of them; body need not be NUL-terminated): what
  * zs_api_parse_request does with the request's body, for callers without an HTTP request (the
- * fuzz harness tests/fuzz/fuzz-request.c): it uses a's mutex, models and adapters, no engine. */
-int  zs_api_parse_body(zs_api *a, const char *body, size_t blen, int chat, req_t *q, api_err *e);
+ * fuzz harness tests/fuzz/fuzz-request.c): it uses a's mutex, models and adapters, no engine. who:
+ * the caller (zs_http_req_who), NULL without keys. */
+int  zs_api_parse_body(zs_api *a, const zs_key_id *who, const char *body, size_t blen, int chat, req_t *q,
+                       api_err *e);
 void zs_api_req_free(req_t *q);
 /* A chat's "messages" validated (400s naming the message and field) and rendered with a's chat
  * template, add_gen: with the generation prompt; *text malloc'd. 0, or -1 with e filled. */

@@ -43,9 +43,12 @@ int  zs_api_new(zs_http *h, const zs_api_opts *o, zs_api **out);
 void zs_api_attach(zs_api *a, zs_engine *e, zs_sched *s);
 int  zs_api_loaded(zs_api *a);
 /* Serves one more model under name (a fine-tuned one) from now on: /v1/models lists it and
- * requests naming it go to s. e and s are borrowed like zs_api_attach's; model_dir is for the
- * chat template. ZS_EINVAL when the name is taken. Thread-safe. */
-int  zs_api_add_model(zs_api *a, const char *name, const char *model_dir, zs_engine *e, zs_sched *s);
+ * requests naming it go to s. owner: the tenant it is served to (with keys, other tenants but
+ * admins get what an unknown model gets: keys.h's zs_key_sees); NULL: every tenant. e and s are
+ * borrowed like zs_api_attach's; model_dir is for the chat template. ZS_EINVAL when the name is
+ * taken. Thread-safe. */
+int  zs_api_add_model(zs_api *a, const char *name, const char *owner, const char *model_dir, zs_engine *e,
+                      zs_sched *s);
 /* LoRA adapters over the base model (engine/model/lora.h). zs_api_add_adapter serves l under name
  * from now on: /v1/models lists it with "parent" set to the base model's id, and a request whose
  * "model" names it runs on the base's scheduler with the adapter (rows of different adapters share
@@ -54,11 +57,12 @@ int  zs_api_add_model(zs_api *a, const char *name, const char *model_dir, zs_eng
  * adapter (the message says so), ZS_EINVAL for an empty name, ZS_EBUSY before the base is attached. Thread-safe.
  * A request takes a reference to its adapter at submit and drops it at on_done. */
 int  zs_api_add_adapter(zs_api *a, const char *name, const char *dir, zs_lora *l);
-/* Loads the PEFT adapter directory dir against the base model and serves it as name: errors name
+/* Loads the PEFT adapter directory dir against the base model and serves it as name, to owner's
+ * tenant only (a fine-tuning job's; NULL: every tenant, as zs_api_add_adapter's are): errors name
  * the file and the problem (ZS_EFORMAT / ZS_EINVAL / ZS_ENOTFOUND / ZS_EUNSUPPORTED, e.g. a shape
  * that does not match the base, a target module it lacks, r = 0, a truncated safetensors; the CUDA
  * device serves no adapters yet). Thread-safe. */
-int  zs_api_load_adapter(zs_api *a, const char *name, const char *dir);
+int  zs_api_load_adapter(zs_api *a, const char *name, const char *owner, const char *dir);
 /* Stops serving adapter name: requests naming it get 404 from now on; waits up to wait_s for the
  * queued and running requests that use it, then fails those left (their answers end with an error
  * saying the adapter was unloaded; *n_failed says how many, may be NULL). The adapter's memory is

@@ -1,7 +1,9 @@
 /* files.c — uploaded training files (OpenAI /v1/files, purpose "fine-tune"): a multipart/form-
  * data upload is parsed, its JSONL validated (zs_data_validate_buf: errors name the line), and
  * stored under data_dir/files as <id>.jsonl plus <id>.json (the file object), both written
- * atomically; the records are loaded again at start-up. */
+ * atomically; the records are loaded again at start-up. With keys, a file belongs to the tenant
+ * that uploaded it ("owner" in <id>.json, shown to admins only): other tenants get the answers of
+ * a file that does not exist (keys.h, zs_key_sees). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <pthread.h>
@@ -22,16 +24,30 @@ struct zs_files {
     json_t *list; /* file objects, oldest first */
 };
 
-static json_t *find_locked(zs_files *f, const char *id) {
+static int sees(const zs_key_id *who, json_t *v) {
+    return zs_key_sees(who, json_string_value(json_object_get(v, "owner")));
+}
+
+/* The file object id that who sees, or NULL (mu held). */
+static json_t *find_locked(zs_files *f, const char *id, const zs_key_id *who) {
     size_t i;
     json_t *v;
-    json_array_foreach(f->list, i, v) if (!strcmp(json_string_value(json_object_get(v, "id")), id)) return v;
+    json_array_foreach(f->list, i, v) {
+        if (!strcmp(json_string_value(json_object_get(v, "id")), id)) return sees(who, v) ? v : NULL;
+    }
     return NULL;
 }
 
-int zs_files_path(zs_files *f, const char *id, char *path, size_t cap) {
+/* A file object as who gets it: the owner for admins only (a new reference; mu held). */
+static json_t *view(json_t *v, const zs_key_id *who) {
+    json_t *c = json_deep_copy(v);
+    if (c && !(who && who->role == ZS_ROLE_ADMIN)) json_object_del(c, "owner");
+    return c;
+}
+
+int zs_files_path(zs_files *f, const char *id, const zs_key_id *who, char *path, size_t cap) {
     pthread_mutex_lock(&f->mu);
-    int ok = id && find_locked(f, id) != NULL;
+    int ok = id && find_locked(f, id, who) != NULL;
     pthread_mutex_unlock(&f->mu);
     if (!ok) return zs_err(ZS_ENOTFOUND, "no such file: '%s'", id ? id : "");
     snprintf(path, cap, "%s/%s.jsonl", f->dir, id);
@@ -176,6 +192,8 @@ static void h_upload(void *ud, zs_http_req *r) {
     json_t *obj = json_pack("{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:n}", "id", id, "object", "file", "bytes",
                             (json_int_t)file->len, "created_at", (json_int_t)time(NULL), "filename", fname,
                             "purpose", "fine-tune", "status", "processed", "status_details");
+    const zs_key_id *who = zs_http_req_who(r);
+    if (obj && who) json_object_set_new(obj, "owner", json_string(who->tenant));
     snprintf(path, sizeof path, "%s/%s.jsonl", f->dir, id);
     rc = obj ? zs_persist_mkdirs(f->dir) : zs_err(ZS_ENOMEM, "out of memory");
     if (rc == 0) rc = zs_persist_write(path, file->data, file->len);
@@ -190,14 +208,21 @@ static void h_upload(void *ud, zs_http_req *r) {
     }
     pthread_mutex_lock(&f->mu);
     json_array_append(f->list, obj);
+    json_t *c = view(obj, who);
     pthread_mutex_unlock(&f->mu);
-    zs_http_respond_json(r, 200, obj);
+    zs_http_req_set_object(r, json_string_value(json_object_get(obj, "id")));
+    json_decref(obj);
+    zs_http_respond_json(r, 200, c);
 }
 
 static void h_list(void *ud, zs_http_req *r) {
     zs_files *f = ud;
+    const zs_key_id *who = zs_http_req_who(r);
+    json_t *data = json_array();
+    size_t i;
+    json_t *v;
     pthread_mutex_lock(&f->mu);
-    json_t *data = json_deep_copy(f->list);
+    json_array_foreach(f->list, i, v) if (sees(who, v)) json_array_append_new(data, view(v, who));
     pthread_mutex_unlock(&f->mu);
     zs_http_respond_json(r, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", 0));
 }
@@ -206,8 +231,9 @@ static void h_get(void *ud, zs_http_req *r) {
     zs_files *f = ud;
     const char *id = zs_http_req_param(r);
     pthread_mutex_lock(&f->mu);
-    json_t *v = id ? find_locked(f, id) : NULL;
-    json_t *c = v ? json_deep_copy(v) : NULL;
+    const zs_key_id *who = zs_http_req_who(r);
+    json_t *v = id ? find_locked(f, id, who) : NULL;
+    json_t *c = v ? view(v, who) : NULL;
     pthread_mutex_unlock(&f->mu);
     if (!c) {
         zs_http_respond_error(r, 404, "invalid_request_error", "id", "file_not_found", "No such File object: %s",

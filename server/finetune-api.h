@@ -9,6 +9,11 @@
  * jobs/<id>.events.jsonl (appended), models/<fine-tuned model, sanitized>/ (exported weights, or
  * a LoRA job's PEFT adapter).
  *
+ * Tenants (keys.h): with keys, a file, a job and the job's model belong to the caller's tenant
+ * (files/<id>.json "owner", jobs/<id>.json "_owner"); other tenants get what an unknown id gets,
+ * admins see all (zs_key_sees), a job's "shared": true serves its model to every tenant, and a
+ * key file's jobs=N caps the tenant's queued and running jobs (429 jobs_limit).
+ *
  * Ownership: zs_files and zs_ftjobs borrow the zs_http they register routes on and the zs_api
  * they add fine-tuned models to; zs_ftjobs owns the engines and schedulers of those models.
  * Thread-safety: route handlers run on the HTTP threads; zs_files_path is thread-safe; open,
@@ -41,8 +46,9 @@ typedef struct zs_files zs_files;
  * GET /v1/files/{id}. Uploads larger than max_bytes (0 = 100 MiB; the HTTP body limit applies
  * too) get 413. */
 int  zs_files_open(zs_http *h, const char *data_dir, size_t max_bytes, zs_files **out);
-/* The path of an uploaded file's content; ZS_ENOTFOUND for an unknown id. */
-int  zs_files_path(zs_files *f, const char *id, char *path, size_t cap);
+/* The path of an uploaded file's content; ZS_ENOTFOUND for an unknown id and for a file that who
+ * does not see (another tenant's; who NULL: every file, keys.h's zs_key_sees). */
+int  zs_files_path(zs_files *f, const char *id, const zs_key_id *who, char *path, size_t cap);
 void zs_files_free(zs_files *f); /* after zs_http_stop */
 
 /* ------------------------------------------------------------------ ftjobs.c / ftrun.c */

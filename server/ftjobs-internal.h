@@ -31,6 +31,10 @@ json_t *zs_ftjobs_lora_auto(zs_engine *base);
 
 typedef struct ftjob {
     char id[64];
+    /* the tenant that created the job ("" without keys; "_owner" in the record) and whether its
+     * model is served to every tenant ("shared" in obj too): both set at creation, immutable */
+    char owner[ZS_TENANT_MAX];
+    int shared;
     json_t *obj;    /* the OpenAI job object (status, hyperparameters, ...) */
     json_t *events; /* event objects, oldest first */
     long n_events;  /* event ids */
@@ -63,6 +67,9 @@ struct zs_ftjobs {
 
 /* (mu held) */
 ftjob *zs_ftjobs_find_locked(zs_ftjobs *J, const char *id);
+/* The owner of the job's fine-tuned model for zs_api_add_model / zs_api_load_adapter: the job's
+ * tenant, or NULL (every tenant) for a shared job or one made without keys. */
+const char *zs_ftjobs_model_owner(const ftjob *j);
 /* Sets status (and finished_at for a final one), appends a status event and writes the record
  * (mu held). */
 void zs_ftjobs_set_status_locked(zs_ftjobs *J, ftjob *j, const char *status, const char *msg);

@@ -1,6 +1,6 @@
 /* ftjobs-table.c — the fine-tuning job table's records, shared by the routes (ftjobs.c) and the
  * runner (ftrun.c): lookup, status changes, events (appended to jobs/<id>.events.jsonl) and the
- * job record (jobs/<id>.json, written atomically), and the directories of a job's checkpoints
+ * job record (jobs/<id>.json, written atomically, with the job's owner), and the directories of a job's checkpoints
  * and of a fine-tuned model. Every call here is made with zs_ftjobs.mu held. */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -17,12 +17,15 @@ ftjob *zs_ftjobs_find_locked(zs_ftjobs *J, const char *id) {
     return NULL;
 }
 
+const char *zs_ftjobs_model_owner(const ftjob *j) { return j->shared || !j->owner[0] ? NULL : j->owner; }
+
 void zs_ftjobs_save_locked(zs_ftjobs *J, ftjob *j) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.json", J->jobs_dir, j->id);
     if (zs_persist_mkdirs(J->jobs_dir) < 0) zs_log_error("fine-tuning: %s", zs_errmsg());
     json_t *rec = json_deep_copy(j->obj);
     json_object_set_new(rec, "_n_events", json_integer(j->n_events));
+    if (j->owner[0]) json_object_set_new(rec, "_owner", json_string(j->owner));
     if (zs_persist_write_json(path, rec) < 0) zs_log_error("fine-tuning: cannot save %s: %s", j->id, zs_errmsg());
     json_decref(rec);
 }

@@ -24,7 +24,14 @@
  * The extensions "priority" ("low" | "normal" | "high", default normal) and "train_share" (a
  * number in (0, 1]) set the job's share of the engine's time while requests are served too;
  * the job records both, "train_share" resolved: explicit, else the server's --train-share F by
- * priority (low F/2, normal F, high min(1, 2F)). Records from before them load as normal, F. */
+ * priority (low F/2, normal F, high min(1, 2F)). Records from before them load as normal, F.
+ *
+ * Tenants (keys.h): a job belongs to the tenant of the key that created it (the record's "_owner",
+ * shown as "owner" to admins only). Another tenant gets what an unknown id gets (404, and its
+ * training_file is no uploaded file); admins see every job. Its fine-tuned model is served to its
+ * tenant (and admins) only, unless the job was created with the extension "shared": true (a
+ * boolean; the job records it). A tenant whose key file limit jobs=N already has N jobs queued or
+ * running gets 429 jobs_limit with Retry-After. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <stdio.h>
@@ -257,6 +264,32 @@ static int parse_share(const zs_ftjobs *J, json_t *root, const char **prio, doub
     return 0;
 }
 
+/* The jobs of tenant queued or running (validating_files counts: it becomes queued at once) (mu
+ * held). */
+static long active_jobs_locked(zs_ftjobs *J, const char *tenant) {
+    long n = 0;
+    for (ftjob *j = J->jobs; j; j = j->next) {
+        const char *st = status_of(j);
+        if (!strcmp(j->owner, tenant) &&
+            (!strcmp(st, "queued") || !strcmp(st, "running") || !strcmp(st, "validating_files")))
+            n++;
+    }
+    return n;
+}
+
+/* The job object as who gets it: with "owner" for admins only (a new reference; mu held). */
+static json_t *view(const ftjob *j, const zs_key_id *who) {
+    json_t *c = json_deep_copy(j->obj);
+    if (c && who && who->role == ZS_ROLE_ADMIN && j->owner[0]) json_object_set_new(c, "owner", json_string(j->owner));
+    return c;
+}
+
+/* The job the request's {id} names, when its caller sees it (mu held). */
+static ftjob *find_for_locked(zs_ftjobs *J, zs_http_req *r) {
+    ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
+    return j && zs_key_sees(zs_http_req_who(r), j->owner) ? j : NULL;
+}
+
 static void h_create(void *ud, zs_http_req *r) {
     zs_ftjobs *J = ud;
     if (zs_cluster_size() > 1) {
@@ -302,12 +335,13 @@ static void h_create(void *ud, zs_http_req *r) {
                               J->base_name);
         goto out;
     }
-    if (zs_files_path(J->files, tf, tpath, sizeof tpath) < 0) {
+    const zs_key_id *who = zs_http_req_who(r);
+    if (zs_files_path(J->files, tf, who, tpath, sizeof tpath) < 0) {
         zs_http_respond_error(r, 400, "invalid_request_error", "training_file", "invalid_file_id",
                               "Invalid 'training_file': no uploaded file has the id '%s'.", tf);
         goto out;
     }
-    if (vf && zs_files_path(J->files, vf, tpath, sizeof tpath) < 0) {
+    if (vf && zs_files_path(J->files, vf, who, tpath, sizeof tpath) < 0) {
         zs_http_respond_error(r, 400, "invalid_request_error", "validation_file", "invalid_file_id",
                               "Invalid 'validation_file': no uploaded file has the id '%s'.", vf);
         goto out;
@@ -333,6 +367,13 @@ static void h_create(void *ud, zs_http_req *r) {
             goto out;
         }
         seed = (double)json_integer_value(sv);
+    }
+    json_t *shv = json_object_get(root, "shared");
+    if (shv && !json_is_null(shv) && !json_is_boolean(shv)) {
+        bad_param(r, "shared", "invalid_type",
+                  "Invalid 'shared': expected true or false (true: the job's fine-tuned model is served to every "
+                  "tenant, not only to the job's).");
+        goto out;
     }
     const char *prio = NULL;
     double share = -1;
@@ -373,6 +414,8 @@ static void h_create(void *ud, zs_http_req *r) {
         goto out;
     }
     zs_persist_new_id("ftjob-", j->id, sizeof j->id);
+    snprintf(j->owner, sizeof j->owner, "%s", zs_key_owner(who));
+    j->shared = json_is_true(shv);
     j->events = json_array();
     j->obj = json_pack("{s:s,s:s,s:s,s:I,s:n,s:n,s:s,s:{s:I,s:I,s:f},s:{s:s,s:{s:{s:I,s:I,s:f}}},s:O,s:s,s:o,s:[],"
                        "s:n,s:n,s:I,s:o,s:s,s:n}",
@@ -388,6 +431,7 @@ static void h_create(void *ud, zs_http_req *r) {
     if (j->obj) { /* the share the runner trains with (ftrun.c); a record of what the job asked */
         json_object_set_new(j->obj, "priority", json_string(prio));
         json_object_set_new(j->obj, "train_share", json_real(share));
+        json_object_set_new(j->obj, "shared", json_boolean(j->shared));
     }
     if (!j->obj || !j->events) {
         json_decref(j->obj);
@@ -397,16 +441,30 @@ static void h_create(void *ud, zs_http_req *r) {
         goto out;
     }
     pthread_mutex_lock(&J->mu);
+    long active = who ? active_jobs_locked(J, who->tenant) : 0;
+    if (who && who->limits.jobs > 0 && active >= who->limits.jobs) {
+        pthread_mutex_unlock(&J->mu);
+        json_decref(j->obj);
+        json_decref(j->events);
+        free(j);
+        zs_http_add_header(r, "Retry-After", "30");
+        zs_http_respond_error(r, 429, "rate_limit_error", NULL, "jobs_limit",
+                              "tenant '%s' has %ld fine-tuning jobs queued or running; its key file limit is jobs=%ld. "
+                              "Retry once one of them has finished (or cancel one).",
+                              who->tenant, active, who->limits.jobs);
+        goto out;
+    }
     j->next = J->jobs;
     J->jobs = j;
     char msg[256];
     snprintf(msg, sizeof msg, "Created fine-tuning job: %s", j->id);
     zs_ftjobs_event_locked(J, j, "info", msg, NULL);
     zs_ftjobs_save_locked(J, j);
-    json_t *snap = json_deep_copy(j->obj);
+    json_t *snap = view(j, who);
     /* the files were validated at upload: move on at once */
     zs_ftjobs_event_locked(J, j, "info", "Validating training file", NULL);
     zs_ftjobs_set_status_locked(J, j, "queued", "Files validated, moving job to queued state");
+    zs_http_req_set_object(r, j->id);
     pthread_mutex_unlock(&J->mu);
     zs_http_respond_json(r, 200, snap);
 out:
@@ -436,10 +494,12 @@ static void h_list(void *ud, zs_http_req *r) {
     int limit;
     if (limit_of(r, 20, &limit) < 0) return;
     const char *after = zs_http_req_query(r, "after");
+    const zs_key_id *who = zs_http_req_who(r);
     json_t *data = json_array();
     int more = 0, skipping = after != NULL;
     pthread_mutex_lock(&J->mu);
     for (ftjob *j = J->jobs; j; j = j->next) { /* newest first */
+        if (!zs_key_sees(who, j->owner)) continue; /* another tenant's: as if it did not exist */
         if (skipping) {
             if (!strcmp(j->id, after)) skipping = 0;
             continue;
@@ -448,7 +508,7 @@ static void h_list(void *ud, zs_http_req *r) {
             more = 1;
             break;
         }
-        json_array_append_new(data, json_deep_copy(j->obj));
+        json_array_append_new(data, view(j, who));
     }
     pthread_mutex_unlock(&J->mu);
     zs_http_respond_json(r, 200, json_pack("{s:s,s:o,s:b}", "object", "list", "data", data, "has_more", more));
@@ -462,8 +522,8 @@ static void not_found(zs_http_req *r, const char *id) {
 static void h_get(void *ud, zs_http_req *r) {
     zs_ftjobs *J = ud;
     pthread_mutex_lock(&J->mu);
-    ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
-    json_t *c = j ? json_deep_copy(j->obj) : NULL;
+    ftjob *j = find_for_locked(J, r);
+    json_t *c = j ? view(j, zs_http_req_who(r)) : NULL;
     pthread_mutex_unlock(&J->mu);
     if (!c) return not_found(r, zs_http_req_param(r));
     zs_http_respond_json(r, 200, c);
@@ -472,7 +532,7 @@ static void h_get(void *ud, zs_http_req *r) {
 static void h_cancel(void *ud, zs_http_req *r) {
     zs_ftjobs *J = ud;
     pthread_mutex_lock(&J->mu);
-    ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
+    ftjob *j = find_for_locked(J, r);
     if (!j) {
         pthread_mutex_unlock(&J->mu);
         return not_found(r, zs_http_req_param(r));
@@ -488,7 +548,7 @@ static void h_cancel(void *ud, zs_http_req *r) {
     }
     j->cancel = 1; /* a running job stops before its next step */
     zs_ftjobs_set_status_locked(J, j, "cancelled", "Job cancelled");
-    json_t *c = json_deep_copy(j->obj);
+    json_t *c = view(j, zs_http_req_who(r));
     pthread_mutex_unlock(&J->mu);
     zs_http_respond_json(r, 200, c);
 }
@@ -499,7 +559,7 @@ static void h_events(void *ud, zs_http_req *r) {
     if (limit_of(r, 20, &limit) < 0) return;
     const char *after = zs_http_req_query(r, "after");
     pthread_mutex_lock(&J->mu);
-    ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
+    ftjob *j = find_for_locked(J, r);
     if (!j) {
         pthread_mutex_unlock(&J->mu);
         return not_found(r, zs_http_req_param(r));
@@ -528,7 +588,7 @@ static void h_checkpoints(void *ud, zs_http_req *r) {
     zs_ftjobs *J = ud;
     char dir[4200], ftm[512] = "";
     pthread_mutex_lock(&J->mu);
-    ftjob *j = zs_ftjobs_find_locked(J, zs_http_req_param(r));
+    ftjob *j = find_for_locked(J, r);
     if (j) {
         zs_ftjobs_ckpt_dir(J, j, dir, sizeof dir);
         const char *m = json_string_value(json_object_get(j->obj, "fine_tuned_model"));
@@ -611,6 +671,11 @@ static int load_records(zs_ftjobs *J) {
         snprintf(j->id, sizeof j->id, "%.*s", (int)(l - 5), de->d_name);
         j->n_events = (long)json_integer_value(json_object_get(o, "_n_events"));
         json_object_del(o, "_n_events");
+        const char *owner = json_string_value(json_object_get(o, "_owner"));
+        snprintf(j->owner, sizeof j->owner, "%s", owner ? owner : ""); /* none: made without keys */
+        json_object_del(o, "_owner");
+        j->shared = json_is_true(json_object_get(o, "shared")); /* a record from before "shared": not shared */
+        json_object_set_new(o, "shared", json_boolean(j->shared));
         j->obj = o;
         /* a record from before jobs had a priority: normal, at the server's share */
         if (!json_is_string(json_object_get(o, "priority"))) json_object_set_new(o, "priority", json_string("normal"));
@@ -697,7 +762,8 @@ int zs_ftjobs_start(zs_ftjobs *J, zs_engine *base_engine, zs_sched *base) {
             char dir[4096];
             zs_ftjobs_model_dir(J, name, dir, sizeof dir);
             /* a LoRA job's model is its adapter, served over the base */
-            if ((is_lora ? zs_api_load_adapter(J->api, name, dir) : zs_ftjobs_serve_model(J, name, dir)) < 0)
+            const char *owner = zs_ftjobs_model_owner(j);
+            if ((is_lora ? zs_api_load_adapter(J->api, name, owner, dir) : zs_ftjobs_serve_model(J, name, owner, dir)) < 0)
                 zs_log_error("fine-tuning: cannot serve %s from %s: %s", name, dir, zs_errmsg());
         }
     }

@@ -1,6 +1,6 @@
 /* ftrun.c — the fine-tuning job runner: one thread that takes the oldest queued job and trains
  * it, then serves the result at once under ft:<base>:<suffix>:<job id hex> (ft:<base>:<job id
- * hex> without a suffix):
+ * hex> without a suffix), to the job's tenant only unless the job is shared (zs_ftjobs_model_owner):
  *   - a full fine-tune ("lora": null) trains a separate copy of the base model (a second engine
  *     on the same model directory, with the server's ranks and offload settings: the served base
  *     model is never touched), exports it into data_dir/models/<name> and serves that model;
@@ -35,7 +35,7 @@
 #include "ftrun.h"
 #include "lora.h"
 
-int zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir) {
+int zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *owner, const char *dir) {
     zs_engine_opts eo = J->engine;
     eo.model_dir = dir;
     char nv[4096];
@@ -50,7 +50,7 @@ int zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir) {
     int rc = zs_sched_new(e, &J->sched, &s);
     ftmodel *m = rc == 0 ? calloc(1, sizeof *m) : NULL;
     if (rc == 0 && !m) rc = zs_err(ZS_ENOMEM, "out of memory");
-    if (rc == 0) rc = zs_api_add_model(J->api, name, dir, e, s);
+    if (rc == 0) rc = zs_api_add_model(J->api, name, owner, dir, e, s);
     if (rc < 0) {
         free(m);
         if (s) zs_sched_free(s);
@@ -253,8 +253,8 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
     fo.batch = (int)json_integer_value(json_object_get(hp, "batch_size"));
     fo.lr = (float)(FT_BASE_LR * json_number_value(json_object_get(hp, "learning_rate_multiplier")));
     fo.seed = (uint64_t)json_integer_value(json_object_get(o, "seed"));
-    int have_files = zs_files_path(J->files, tid, tf, sizeof tf) == 0 &&
-                     (!vid || zs_files_path(J->files, vid, vf, sizeof vf) == 0);
+    int have_files = zs_files_path(J->files, tid, NULL, tf, sizeof tf) == 0 &&
+                     (!vid || zs_files_path(J->files, vid, NULL, vf, sizeof vf) == 0);
     json_object_set_new(o, "trained_tokens", json_integer(0));
     json_object_set_new(o, "trained_tokens_per_second", json_real(0));
     /* the record's share (ftjobs.c always writes one); the server's as a fallback */
@@ -311,12 +311,12 @@ static void run_job(zs_ftjobs *J, ftjob *j) {
         h.exec = exec_idle;
         h.exec_work = exec_work;
         if (rc == 0) rc = zs_finetune_run(J->base_engine, &fo, &h, &res);
-        if (rc == 0 && !stop_requested(&c)) rc = zs_api_load_adapter(J->api, name, dir);
+        if (rc == 0 && !stop_requested(&c)) rc = zs_api_load_adapter(J->api, name, zs_ftjobs_model_owner(j), dir);
     } else {
         zs_metrics_train_active(1, share);
         rc = run_full(J, &fo, &h, &res, hex, rc);
         zs_metrics_train_active(0, 0);
-        if (rc == 0 && !stop_requested(&c)) rc = zs_ftjobs_serve_model(J, name, dir);
+        if (rc == 0 && !stop_requested(&c)) rc = zs_ftjobs_serve_model(J, name, zs_ftjobs_model_owner(j), dir);
     }
     finish_job(J, j, rc, name, is_lora, &res);
 }

@@ -5,8 +5,9 @@
 
 #include "ftjobs-internal.h"
 
-/* Loads a model directory and serves it under name (ftrun.c). */
-int  zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *dir);
+/* Loads a model directory and serves it under name, to owner's tenant only (NULL: to every tenant;
+ * zs_api_add_model) (ftrun.c). */
+int  zs_ftjobs_serve_model(zs_ftjobs *J, const char *name, const char *owner, const char *dir);
 /* The runner thread (ftrun.c). */
 void *zs_ftjobs_runner_main(void *arg);
 

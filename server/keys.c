@@ -266,3 +266,9 @@ int zs_keys_check(const zs_keys *k, const char *key, size_t n, zs_key_id *id) {
     *id = k->e[found].id;
     return 1;
 }
+
+int zs_key_sees(const zs_key_id *who, const char *owner) {
+    return !who || who->role == ZS_ROLE_ADMIN || !owner || !*owner || !strcmp(owner, who->tenant);
+}
+
+const char *zs_key_owner(const zs_key_id *who) { return who ? who->tenant : ""; }

@@ -4,9 +4,12 @@
  * SHA-256; either way only the digest is kept. ROLE is inference (completions, chat, embeddings,
  * tokenize, models), finetune (those, plus files, jobs and the tenant's own fine-tuned models) or
  * admin (everything). The limits are the tenant's: rpm (requests a minute), tpm (tokens a minute),
- * streams (requests at once), jobs (fine-tuning jobs at once); 0 or absent: none. A tenant's lines must
- * agree. http.c enforces rpm, tpm and streams (quota.h), the fine-tuning jobs jobs. Every error names
- * the file and line.
+ * streams (requests at once), jobs (fine-tuning jobs queued or running at once); 0 or absent: none.
+ * A tenant's lines must agree. http.c enforces rpm, tpm and streams (quota.h), ftjobs.c jobs (429
+ * jobs_limit). Every error names the file and line.
+ *
+ * Tenants own what they make: files, fine-tuning jobs and their models record the tenant of the
+ * key that made them, and only that tenant and admins see them (zs_key_sees).
  *
  * Ownership: a zs_keys is immutable once loaded; the caller frees it. Thread-safety: lookups on one
  * zs_keys from any thread. */
@@ -45,6 +48,13 @@ int  zs_keys_count(const zs_keys *k);
 /* Finds the key presented (n bytes): 1 and *id, or 0. Its time does not depend on which entry
  * matches or how many bytes of a digest agree. */
 int  zs_keys_check(const zs_keys *k, const char *key, size_t n, zs_key_id *id);
+
+/* Whether the caller who (NULL: no keys are configured) sees what owner owns: yes without keys, for
+ * an admin, for an owner that is NULL or "" (made while no keys were configured, or shared with
+ * every tenant) and for the owner's own tenant. Thread-safe. */
+int zs_key_sees(const zs_key_id *who, const char *owner);
+/* The owner of what who makes: its tenant, or "" without keys. */
+const char *zs_key_owner(const zs_key_id *who);
 
 const char *zs_role_name(zs_role r);
 /* "inference", "finetune", "admin" -> the role; ZS_ROLE_NONE for anything else. */

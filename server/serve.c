@@ -436,7 +436,7 @@ int zs_cmd_serve(int argc, char **argv) {
         {"host", ZS_OPT_STR, &host, "address to listen on (default 127.0.0.1; 0.0.0.0 for all)"},
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
         {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\", one admin key (default: $ZS_API_KEY, else none)"},
-        {"api-key-file", ZS_OPT_STR, &key_file, "API keys with tenants and roles, one per line: KEY TENANT ROLE [rpm=N tpm=N streams=N jobs=N]; KEY or sha256:HEX, ROLE inference | finetune | admin; reloaded on SIGHUP; each limit over answers 429 naming it"},
+        {"api-key-file", ZS_OPT_STR, &key_file, "API keys with tenants and roles, one per line: KEY TENANT ROLE [rpm=N tpm=N streams=N jobs=N]; KEY or sha256:HEX, ROLE inference | finetune | admin; reloaded on SIGHUP; a limit reached answers 429 naming it; files, jobs and fine-tuned models belong to their tenant"},
         {"max-seqs", ZS_OPT_INT, &max_seqs, "sequences generated at once (default 32)"},
         {"max-batch-tokens", ZS_OPT_INT, &max_batch, "tokens per engine step (default 256)"},
         {"max-queue", ZS_OPT_INT, &max_queue, "waiting requests at most; beyond it 429 (default 256)"},

@@ -111,10 +111,23 @@ static void test_files(void) {
     CHECK(zs_keys_single("", &k) == ZS_EINVAL, "--api-key '' refused");
 }
 
+/* Who sees what a tenant owns (files, jobs, fine-tuned models). */
+static void test_sees(void) {
+    zs_key_id acme = {"acme", ZS_ROLE_FINETUNE, {0, 0, 0, 2}}, beta = {"beta", ZS_ROLE_INFERENCE, {0}};
+    zs_key_id ops = {"ops", ZS_ROLE_ADMIN, {0}};
+    CHECK(zs_key_sees(&acme, "acme") && !zs_key_sees(&beta, "acme") && !zs_key_sees(&acme, "acm") &&
+              !zs_key_sees(&acme, "acme2"),
+          "a tenant sees its own, not another's");
+    CHECK(zs_key_sees(&ops, "acme") && zs_key_sees(NULL, "acme"), "an admin, and a server without keys, see everything");
+    CHECK(zs_key_sees(&beta, NULL) && zs_key_sees(&beta, ""), "what has no owner is everyone's");
+    CHECK(!strcmp(zs_key_owner(&acme), "acme") && !strcmp(zs_key_owner(NULL), ""), "the owner of what a caller makes");
+}
+
 int main(void) {
     zs_log_set_level(ZS_LOG_ERROR);
     test_good();
     test_bad();
     test_files();
+    test_sees();
     return tu_finish("test-keys");
 }

@@ -53,7 +53,7 @@ flooded() { # $1: label; calm's latencies while flood floods
     for _ in $(seq 1 20000); do
         printf 'url = "%s/v1/chat/completions"\noutput = "/dev/null"\n' "$ZS_URL"
     done >"$T/flood.cfg"
-    curl -s -Z --parallel-max "$FLOODERS" --rate "$RATE/s" -w '%{http_code}\n' -H 'Authorization: Bearer key-flood' \
+    stdbuf -oL curl -s -Z --parallel-max "$FLOODERS" --rate "$RATE/s" -w '%{http_code}\n' -H 'Authorization: Bearer key-flood' \
         -H 'Content-Type: application/json' --data-binary "$FLOOD" -K "$T/flood.cfg" >"$T/fl" 2>/dev/null &
     fpid=$!
     sleep 2

@@ -110,7 +110,7 @@ static void parse(zs_api *a, const char *body, size_t n, int chat) {
     req_t q;
     api_err e;
     memset(&e, 0, sizeof e);
-    int rc = zs_api_parse_body(a, body, n, chat, &q, &e);
+    int rc = zs_api_parse_body(a, NULL, body, n, chat, &q, &e);
     if (rc == 0) {
         check(&q, a);
         if (chat) { /* the /tokenize path: the messages without tools */
