@@ -28,6 +28,7 @@
 #include "audit.h"
 #include "common.h"
 #include "quota.h"
+#include "tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -46,6 +47,11 @@
 
 #define STREAM_MAX_PENDING ((size_t)64 << 20)
 #define UNMATCHED_ROUTE "unmatched"
+/* CORS: the headers a page may read besides the safelisted ones, and how long a browser may keep
+ * a preflight's answer (Chromium caps it at 7200 s) */
+#define CORS_EXPOSE "Retry-After, X-Engine-Time-Ms, WWW-Authenticate, Allow"
+#define CORS_MAX_AGE "600"
+#define CORS_ALLOW_HEADERS "Authorization, Content-Type"
 
 typedef struct {
     char *method, *pattern;
@@ -141,6 +147,10 @@ struct zs_http {
     int epfd, evfd, watcher_started;
     pthread_t watcher;
     char start_err[256];
+    zs_tls_pem tls;              /* HTTPS when tls.cert is set */
+    char *tls_cert_path, *tls_key_path;
+    char **origins;              /* CORS: the allowed origins (norigins), or any_origin for "*" */
+    int norigins, any_origin;
 };
 
 /* ------------------------------------------------------------------ small helpers */
@@ -351,6 +361,11 @@ static void http_free(zs_http *h) {
     free(h->counts);
     free(h->host);
     free(h->key_file);
+    zs_tls_free(&h->tls);
+    free(h->tls_cert_path);
+    free(h->tls_key_path);
+    for (int i = 0; i < h->norigins; i++) free(h->origins[i]);
+    free(h->origins);
     if (h->keys) {
         zs_keys_free(h->keys);
     }
@@ -365,7 +380,8 @@ static void http_free(zs_http *h) {
  * log; reads (GET, HEAD) that were let in do not. */
 static void audit_req(zs_http *h, zs_http_req *r) {
     zs_role need = h->routes[r->route_idx].role;
-    int read = r->method_idx == method_index("GET") || r->method_idx == method_index("HEAD");
+    int read = r->method_idx == method_index("GET") || r->method_idx == method_index("HEAD") ||
+               r->method_idx == method_index("OPTIONS"); /* a CORS preflight acts on nothing */
     if (need < ZS_ROLE_FINETUNE || (read && r->status != 401 && r->status != 403)) return;
     zs_audit_rec rec = {r->authed ? r->who.tenant : NULL, r->authed ? zs_role_name(r->who.role) : NULL,
                         r->remote[0] ? r->remote : NULL, r->method, r->path, r->status,
@@ -586,6 +602,115 @@ static enum MHD_Result early_error(zs_http_req *r, int status, const char *type,
     return ok;
 }
 
+/* ------------------------------------------------------------------ CORS */
+
+static int cors_on(const zs_http *h) { return h->any_origin || h->norigins > 0; }
+
+/* allowed_origins into h: "*" alone, or comma-separated scheme://host[:port] (blanks around the
+ * commas allowed). "" or NULL: none. */
+static int origins_parse(zs_http *h, const char *list) {
+    if (!list) return 0;
+    const char *p = list;
+    while (*p == ' ' || *p == '\t') p++;
+    if (!*p) return 0;
+    for (;;) {
+        while (*p == ' ' || *p == '\t') p++;
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+        if (n == 0)
+            return zs_err(ZS_EINVAL, "--allowed-origins '%.300s': an empty entry (want '*' or origins like "
+                          "https://app.example.com, separated by commas)", list);
+        if (n == 1 && *p == '*') {
+            h->any_origin = 1;
+        } else {
+            size_t sch = !strncasecmp(p, "http://", 7) ? 7 : !strncasecmp(p, "https://", 8) ? 8 : 0;
+            int bad = sch == 0 || n == sch || n > 255;
+            for (size_t i = sch; !bad && i < n; i++) {
+                unsigned char c = (unsigned char)p[i];
+                bad = c <= ' ' || c >= 0x7f || strchr("/?#@\\*,", c) != NULL;
+            }
+            if (bad)
+                return zs_err(ZS_EINVAL, "--allowed-origins: '%.*s' is not an origin (want scheme://host[:port] with "
+                              "scheme http or https and no path, e.g. https://app.example.com or http://localhost:3000; "
+                              "or '*' alone for any)", (int)ZS_MIN(n, 300), p);
+            char **no = realloc(h->origins, (size_t)(h->norigins + 1) * sizeof *no);
+            if (!no) return zs_err(ZS_ENOMEM, "http: out of memory");
+            h->origins = no;
+            if (!(h->origins[h->norigins] = strndup(p, n))) return zs_err(ZS_ENOMEM, "http: out of memory");
+            h->norigins++;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    if (h->any_origin && h->norigins)
+        return zs_err(ZS_EINVAL, "--allowed-origins '%.300s': '*' (any origin) stands alone, not beside other origins",
+                      list);
+    return 0;
+}
+
+/* The Access-Control-Allow-Origin value for r: "*", the request's own Origin when it is one of
+ * the allowed, or NULL (no Origin, or not allowed, or no CORS). */
+static const char *cors_match(const zs_http *h, const zs_http_req *r) {
+    if (!cors_on(h)) return NULL;
+    const char *o = kv_get(&r->hdrs, "Origin", 1);
+    if (!o || !*o) return NULL;
+    if (h->any_origin) return "*";
+    for (int i = 0; i < h->norigins; i++)
+        if (!strcasecmp(o, h->origins[i])) return o;
+    return NULL;
+}
+
+/* The CORS headers every response to r carries (in r->extra); MHD_NO when out of memory. */
+static enum MHD_Result cors_headers(zs_http *h, zs_http_req *r, const char *allow_origin) {
+    int rc = 0;
+    L(h);
+    if (cors_on(h) && !h->any_origin) rc |= kv_add(&r->extra, "Vary", "Origin");
+    if (allow_origin) {
+        rc |= kv_add(&r->extra, "Access-Control-Allow-Origin", allow_origin);
+        rc |= kv_add(&r->extra, "Access-Control-Expose-Headers", CORS_EXPOSE);
+    }
+    U(h);
+    return rc ? MHD_NO : MHD_YES;
+}
+
+/* Access-Control-Request-Headers when it is a plain list of header names (echoed), else NULL */
+static const char *cors_req_headers(const zs_http_req *r) {
+    const char *v = kv_get(&r->hdrs, "Access-Control-Request-Headers", 1);
+    if (!v || !*v || strlen(v) > 1024) return NULL;
+    for (const char *p = v; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (!(c == ',' || c == ' ' || (c > ' ' && c < 0x7f && !strchr("\"(),/:;<=>?@[\\]{}", c)))) return NULL;
+    }
+    return v;
+}
+
+/* A preflight (OPTIONS with Origin and Access-Control-Request-Method) on a known path: 204 with
+ * the route's methods when the origin is allowed (no key needed), else 403 without CORS headers. */
+static enum MHD_Result preflight(zs_http *h, zs_http_req *r, const char *allow_origin, const char *methods) {
+    if (!allow_origin)
+        return early_error(r, 403, "permission_error", "origin_not_allowed", NULL, NULL,
+                           "Origin %.200s is not allowed to call this server (--allowed-origins)",
+                           kv_get(&r->hdrs, "Origin", 1));
+    const char *rh = cors_req_headers(r);
+    char hdrs[1100];
+    snprintf(hdrs, sizeof hdrs, "%s%s%s", CORS_ALLOW_HEADERS, rh ? ", " : "", rh ? rh : "");
+    L(h);
+    struct MHD_Response *resp = build_response(r, NULL, "", 0);
+    r->state = R_EARLY;
+    U(h);
+    if (!resp) return MHD_NO;
+    int ok = MHD_add_response_header(resp, "Access-Control-Allow-Methods", methods) == MHD_YES &&
+             MHD_add_response_header(resp, "Access-Control-Allow-Headers", hdrs) == MHD_YES &&
+             MHD_add_response_header(resp, "Access-Control-Max-Age", CORS_MAX_AGE) == MHD_YES;
+    enum MHD_Result q = ok ? MHD_queue_response(r->conn, 204, resp) : MHD_NO;
+    L(h);
+    if (q == MHD_YES) count_locked(h, r, 204);
+    U(h);
+    MHD_destroy_response(resp);
+    return q;
+}
+
 /* 1 when the request's key is one of the keys (its caller in r->who); missing: no header at all */
 static int auth_ok(zs_http *h, zs_http_req *r, int *missing) {
     *missing = 0;
@@ -610,6 +735,8 @@ static int auth_ok(zs_http *h, zs_http_req *r, int *missing) {
 
 /* First call: route, auth and Content-Length checks. */
 static enum MHD_Result req_begin(zs_http *h, zs_http_req *r) {
+    const char *allow_origin = cors_match(h, r);
+    if (cors_headers(h, r, allow_origin) != MHD_YES) return MHD_NO;
     L(h);
     int stopping = h->stopping;
     U(h);
@@ -645,6 +772,9 @@ static enum MHD_Result req_begin(zs_http *h, zs_http_req *r) {
                     r->route_idx = i;
                     break;
                 }
+            if (cors_on(h) && !strcmp(r->method, "OPTIONS") && kv_get(&r->hdrs, "Origin", 1) &&
+                kv_get(&r->hdrs, "Access-Control-Request-Method", 1))
+                return preflight(h, r, allow_origin, allow);
             return early_error(r, 405, "invalid_request_error", "method_not_allowed", "Allow", allow,
                                "Method %.16s not allowed for %.200s (allowed: %s)", r->method,
                                r->path, allow);
@@ -928,6 +1058,20 @@ int zs_http_start(const zs_http_opts *o, zs_http **out) {
     }
     if ((rc = zs_quota_new(&h->limits)) < 0) goto fail;
     if (d.audit_path && *d.audit_path && (rc = zs_audit_open(d.audit_path, &h->audit)) < 0) goto fail;
+    if ((d.tls_cert && *d.tls_cert) || (d.tls_key && *d.tls_key)) {
+        if (!zs_tls_supported()) {
+            rc = zs_err(ZS_EUNSUPPORTED, "--tls-cert/--tls-key: this libmicrohttpd was built without TLS (GnuTLS) "
+                        "support; install one with HTTPS (Debian's libmicrohttpd12 has it) or put a TLS proxy in front");
+            goto fail;
+        }
+        if ((rc = zs_tls_load(d.tls_cert, d.tls_key, &h->tls)) < 0) goto fail;
+        if (!(h->tls_cert_path = strdup(d.tls_cert)) || !(h->tls_key_path = strdup(d.tls_key))) {
+            rc = zs_err(ZS_ENOMEM, "http: out of memory");
+            goto fail;
+        }
+        flags |= MHD_USE_TLS;
+    }
+    if ((rc = origins_parse(h, d.allowed_origins)) < 0) goto fail;
     h->epfd = epoll_create1(EPOLL_CLOEXEC);
     h->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
@@ -941,6 +1085,12 @@ int zs_http_start(const zs_http_opts *o, zs_http **out) {
     }
     h->watcher_started = 1;
     h->starting = 1;
+    /* MHD keeps the pointers and reads them while starting; they live as long as h */
+    struct MHD_OptionItem tls_opts[] = {
+        {h->tls.cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, 0, h->tls.cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, h->tls.key},
+        {MHD_OPTION_END, 0, NULL},
+    };
     errno = 0;
     h->d = MHD_start_daemon(flags, (uint16_t)d.port, NULL, NULL, on_access, h,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, /* must come first */
@@ -949,6 +1099,7 @@ int zs_http_start(const zs_http_opts *o, zs_http **out) {
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)tmo,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
+                            MHD_OPTION_ARRAY, tls_opts,
                             MHD_OPTION_END);
     int e = errno;
     L(h);
@@ -959,7 +1110,11 @@ int zs_http_start(const zs_http_opts *o, zs_http **out) {
                           : h->start_err[0]                                      ? h->start_err
                           : e                                                    ? strerror(e)
                                   : "cannot start the HTTP daemon";
-        rc = zs_err(ZS_EIO, "cannot listen on %s:%d: %s", host, d.port, why);
+        if (h->tls.cert && !(e == EADDRINUSE || e == EACCES || e == EADDRNOTAVAIL))
+            rc = zs_err(ZS_EIO, "cannot serve HTTPS on %s:%d with --tls-cert %s and --tls-key %s: %s", host, d.port,
+                        h->tls_cert_path, h->tls_key_path, why);
+        else
+            rc = zs_err(ZS_EIO, "cannot listen on %s:%d: %s", host, d.port, why);
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
@@ -979,6 +1134,7 @@ fail:
 }
 
 int zs_http_port(const zs_http *h) { return h ? h->port : 0; }
+int zs_http_tls(const zs_http *h) { return h && h->tls.cert ? 1 : 0; }
 
 static void abs_deadline(struct timespec *ts, double s) {
     clock_gettime(CLOCK_REALTIME, ts);

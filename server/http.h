@@ -41,6 +41,17 @@ typedef struct {
                               it) and again by zs_http_reload_keys; instead of api_key */
     const char *audit_path; /* NULL/"": none; else the audit log (audit.h) of actions on routes of the
                                finetune and admin roles (all but the reads let in) and of key reloads */
+    const char *tls_cert;  /* HTTPS: the PEM certificate (chain) file; with tls_key, both or neither. */
+    const char *tls_key;   /* its PEM private key (unencrypted). Both are read and checked at start
+                              (missing, unreadable, not PEM, key not the certificate's: errors that
+                              name the file); plain HTTP to an HTTPS port is closed at the handshake */
+    const char *allowed_origins; /* CORS: "*" or comma-separated origins (scheme://host[:port]);
+                              NULL/"" = none: no CORS headers, OPTIONS gets 405 as any unrouted
+                              method. With origins: a matching Origin gets Access-Control-Allow-Origin
+                              (and -Expose-Headers) on every response, errors and streams included;
+                              a preflight (OPTIONS with Origin and Access-Control-Request-Method) on
+                              a known path gets 204 with the route's methods, needing no key, or 403
+                              (no CORS headers) from an origin not allowed */
 } zs_http_opts;
 
 /* Must eventually respond exactly once (now, or later from another thread), or start a
@@ -52,6 +63,8 @@ typedef void (*zs_http_handler)(void *ud, zs_http_req *req);
 int zs_http_start(const zs_http_opts *o, zs_http **out);
 /* The bound port (useful with port 0). */
 int zs_http_port(const zs_http *h);
+/* 1 when the server speaks HTTPS (tls_cert and tls_key), else 0. */
+int zs_http_tls(const zs_http *h);
 
 /* Routes: exact paths or patterns with one {param} segment
  * ("/v1/fine_tuning/jobs/{id}/cancel"). Unknown path -> 404, known path with another method

@@ -223,6 +223,7 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
     }
     s->o.http.api_key = NULL; /* not kept: the HTTP layer copies it */
     s->o.http.key_file = NULL;
+    s->o.http.tls_cert = s->o.http.tls_key = s->o.http.allowed_origins = NULL;
     s->o.loras = NULL;        /* kept split in lora_names / lora_dirs */
     s->o.lora_dirs = NULL;    /* resolved and kept by the api */
     s->o.n_lora_dirs = 0;
@@ -305,8 +306,8 @@ int zs_server_start(const zs_server_opts *o, void (*on_loaded)(void *ud, int rc)
     if (!o->quiet) {
         const char *host = o->http.host ? o->http.host : "127.0.0.1";
         int v6 = strchr(host, ':') != NULL;
-        fprintf(stderr, "zeroserve: listening on http://%s%s%s:%d (model %s)\n", v6 ? "[" : "", host, v6 ? "]" : "",
-                zs_http_port(s->http), s->name);
+        fprintf(stderr, "zeroserve: listening on %s://%s%s%s:%d (model %s)\n", zs_http_tls(s->http) ? "https" : "http",
+                v6 ? "[" : "", host, v6 ? "]" : "", zs_http_port(s->http), s->name);
     }
     if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
         zs_http_stop(s->http, 0);
@@ -415,9 +416,10 @@ static int train_flags(const char *share, const char *slice_ms, zs_sched_opts *o
 #define ZS_SERVE_MAX_LORA_DIRS 16 /* --lora-dir flags at most */
 
 /* serve's own flags in the table below (the engine's follow them) */
-#define SERVE_FLAGS 25
+#define SERVE_FLAGS 28
 
 int zs_cmd_serve(int argc, char **argv) {
+    const char *tls_cert = NULL, *tls_key = NULL, *origins = NULL;
     const char *host = "127.0.0.1", *api_key = NULL, *tmpl_name = "auto", *name = NULL, *key_file = NULL;
     int port = 8080, max_seqs = 32, max_batch = 256, max_queue = 256, threads = 4;
     int64_t max_body = 8388608, max_file = 0;
@@ -437,6 +439,12 @@ int zs_cmd_serve(int argc, char **argv) {
         {"port", ZS_OPT_INT, &port, "TCP port (default 8080; 0 = any free port)"},
         {"api-key", ZS_OPT_STR, &api_key, "require \"Authorization: Bearer KEY\", one admin key (default: $ZS_API_KEY, else none)"},
         {"api-key-file", ZS_OPT_STR, &key_file, "API keys with tenants and roles, one per line: KEY TENANT ROLE [rpm=N tpm=N streams=N jobs=N]; KEY or sha256:HEX, ROLE inference | finetune | admin; reloaded on SIGHUP; a limit reached answers 429 naming it; files, jobs and fine-tuned models belong to their tenant"},
+        {"tls-cert", ZS_OPT_STR, &tls_cert, "serve HTTPS with this PEM certificate (chain) file; with --tls-key "
+                                             "(default: plain HTTP)"},
+        {"tls-key", ZS_OPT_STR, &tls_key, "the PEM private key of --tls-cert (unencrypted; chmod 600)"},
+        {"allowed-origins", ZS_OPT_STR, &origins, "CORS: browser pages from these origins may call the API: "
+                                                  "comma-separated scheme://host[:port], or '*' for any (default: "
+                                                  "none, no CORS headers)"},
         {"max-seqs", ZS_OPT_INT, &max_seqs, "sequences generated at once (default 32)"},
         {"max-batch-tokens", ZS_OPT_INT, &max_batch, "tokens per engine step (default 256)"},
         {"max-queue", ZS_OPT_INT, &max_queue, "waiting requests at most; beyond it 429 (default 256)"},
@@ -500,6 +508,10 @@ int zs_cmd_serve(int argc, char **argv) {
     int tmpl;
     ZS_CHECK(zs_chat_template_parse(tmpl_name, &tmpl));
     if (key_file && api_key) return zs_err(ZS_EINVAL, "--api-key and --api-key-file: give one (a key file's admin line is the single key)");
+    if (!!(tls_cert && *tls_cert) != !!(tls_key && *tls_key))
+        return zs_err(ZS_EINVAL, "%s: --tls-cert and --tls-key go together (the certificate and its private key); give "
+                      "both, or neither for plain HTTP", tls_cert && *tls_cert ? "--tls-cert without --tls-key"
+                                                                            : "--tls-key without --tls-cert");
     if (!api_key && !key_file) api_key = getenv("ZS_API_KEY");
     else if (key_file && getenv("ZS_API_KEY") && *getenv("ZS_API_KEY"))
         zs_log_warn("ZS_API_KEY is set and unused: --api-key-file %s holds the keys", key_file);
@@ -512,6 +524,9 @@ int zs_cmd_serve(int argc, char **argv) {
     so.http.max_body_bytes = (size_t)max_body;
     so.http.api_key = api_key && *api_key ? api_key : NULL;
     so.http.key_file = key_file;
+    so.http.tls_cert = tls_cert && *tls_cert ? tls_cert : NULL;
+    so.http.tls_key = tls_key && *tls_key ? tls_key : NULL;
+    so.http.allowed_origins = origins;
     zs_engine_opts_default(&so.engine);
     so.engine.max_seqs = max_seqs;
     so.engine.max_batch_tokens = max_batch;

@@ -10,6 +10,9 @@
 # picker, reports a bad upload, and the engine view plots samples of /metrics. Every page load
 # must leave #js-errors (the page's uncaught errors) empty. Screenshots of the fine-tuning and
 # engine views go to $BUILD/test-artifacts/playground-{finetune,engine}.png.
+# Against a server with --api-key-file: the page loads without a key, the chat view answers with an
+# inference key typed into its field, and the key stays out of the URL and localStorage
+# (sessionStorage only); curl sends the page's request with and without the key.
 #
 # The chat and completion views are loaded in real time over the DevTools protocol
 # (tests/lib/cdp.sh) until the page says its request is done: Chromium's virtual time stops
@@ -223,4 +226,39 @@ kill -TERM "$ZS_BGPIDS" 2>/dev/null; wait "$ZS_BGPIDS" 2>/dev/null; ZS_BGPIDS=""
 kill -TERM "$SPID"
 for _ in $(seq 100); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
 check "SIGTERM stops the server" '! kill -0 "$SPID" 2>/dev/null'
+
+# ---------------------------------------------------------------- a server with keys: the page needs none, its key field does
+printf 'key-play-inf alice inference\n' >"$T/keys"
+chmod 600 "$T/keys"
+zs_start_server "$T/keys.log" --model "$MODEL" --api-key-file "$T/keys" --data-dir "$T/data-keys" || zs_abort "server with --api-key-file"
+U=$ZS_URL
+code=$(curl -s -m 30 -o "$T/page.html" -w '%{http_code}' "$U/")
+check "with --api-key-file: GET / needs no key (200, the page with its key field)" \
+    '[ "$code" = 200 ] && grep -q "<input id=\"apikey\" type=\"password\"" "$T/page.html"' "$code"
+check "the page reads no key from its URL and keeps none in localStorage" \
+    '! grep -q localStorage clients/web/index.html && ! grep -Eq "params\.(get|has)\(\"(key|api_key|apikey|token)\"\)" clients/web/index.html'
+CHATP='{"model":"stories260K","messages":[{"role":"user","content":"Hello"}],"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}'
+# the page's request as headers() builds it: Content-Type and Authorization: Bearer KEY
+code=$(curl -s -m 60 -o "$T/keychat.txt" -w '%{http_code}' -H 'Content-Type: application/json' \
+    -H 'Authorization: Bearer key-play-inf' -d "$CHATP" "$U/v1/chat/completions")
+check "the page's chat request with an inference key: 200, a stream to [DONE]" \
+    '[ "$code" = 200 ] && grep -q "^data: \[DONE\]" "$T/keychat.txt"' "$code $(head -c 200 "$T/keychat.txt")"
+code=$(curl -s -m 30 -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d "$CHATP" "$U/v1/chat/completions")
+check "the same request without the key: 401" '[ "$code" = 401 ]'
+# in Chromium: the key typed into the field (its change event), the model list loaded with it, then Send
+NDOM=$((NDOM + 1))
+DOM=$T/dom-$NDOM.html
+KCOND='(window.__zsk || (window.__zsk = 1, $("apikey").value = "key-play-inf", $("apikey").dispatchEvent(new Event("change")),
+  loadModels().then(send), 0)) && document.body.dataset.state && (document.body.dataset.keyInUrl = String(location.href.includes("key-play-inf")),
+  document.body.dataset.keyKept = sessionStorage.getItem("zs-api-key") === "key-play-inf" ? "session" : "no",
+  document.body.dataset.localItems = String(localStorage.length), 1)'
+rc=0
+zs_cdp_dom "$U/?prompt=Hello&max_tokens=8&temperature=0" "$KCOND" 60000 "$DOM" || rc=$?
+check "chat view with the key typed in: the answer streams (state done), no JS error" \
+    '[ $rc = 0 ] && [ "$(attr data-state)" = done ] && grep -q "</b> tokens/s</span>" "$DOM" && no_js_errors' \
+    "rc $rc, state $(attr data-state); $(js_errors)"
+check "the key is in sessionStorage only: not in the URL, nothing in localStorage" \
+    '[ "$(attr data-key-in-url)" = false ] && [ "$(attr data-key-kept)" = session ] && [ "$(attr data-local-items)" = 0 ]' \
+    "in url $(attr data-key-in-url), kept $(attr data-key-kept), local $(attr data-local-items)"
+zs_stop_server
 zs_done

@@ -31,7 +31,8 @@ chmod 600 "$T/keys"
 COLKEYS=("" key-acme-inf key-acme-ft key-beta key-ops)
 DD=$T/data
 mkdir -p "$DD/models"
-zs_start_server "$T/server.log" --model "$MODEL" --api-key-file "$T/keys" --data-dir "$DD" --lora-dir "$DD/models" ||
+zs_start_server "$T/server.log" --model "$MODEL" --api-key-file "$T/keys" --data-dir "$DD" --lora-dir "$DD/models" \
+    --allowed-origins http://app.example ||
     zs_abort "serve with a key file, a data directory and --lora-dir"
 
 # call KEY METHOD PATH [BODY]: the status; the body in $T/r.json
@@ -110,6 +111,9 @@ row() {
         j=$(jq -r .id "$T/r.json")
         LONGJOBS+=("$j")
         call "$key" POST "/v1/fine_tuning/jobs/$j/cancel" ;;
+    '`OPTIONS /v1/chat/completions` (a CORS preflight)')
+        curl -s -m 30 -o "$T/r.json" -w '%{http_code}' -X OPTIONS ${key:+-H "Authorization: Bearer $key"} \
+            -H 'Origin: http://app.example' -H 'Access-Control-Request-Method: POST' "$ZS_URL/v1/chat/completions" ;;
     '`GET /metrics`') call "$key" GET /metrics ;;
     '`GET /v1/plan`') call "$key" GET /v1/plan ;;
     '`POST /v1/load_lora_adapter`') call "$key" POST /v1/load_lora_adapter "{\"lora_name\":\"roles-ad\",\"lora_path\":\"$AD\"}" ;;
@@ -142,7 +146,7 @@ for j in "${LONGJOBS[@]}"; do call key-ops POST "/v1/fine_tuning/jobs/$j/cancel"
 call "" GET /openapi.json >/dev/null
 jq -r '.paths | to_entries[] | .key as $p | .value | keys[] | select(test("^(get|post|put|delete|patch)$")) | "\(ascii_upcase) \($p)"' \
     "$T/r.json" | sed 's/{[^}]*}/{}/g' | sort -u >"$T/routes"
-printf '%s\n' "${ROWS[@]}" | sed 's/^`\([A-Z]* [^`]*\)`.*/\1/; s/{[^}]*}/{}/g' | sort -u >"$T/rows"
+printf '%s\n' "${ROWS[@]}" | grep -v '^`OPTIONS ' | sed 's/^`\([A-Z]* [^`]*\)`.*/\1/; s/{[^}]*}/{}/g' | sort -u >"$T/rows"
 check "every route of /openapi.json ($(wc -l <"$T/routes")) has a row in the table" '[ -s "$T/routes" ] && [ -z "$(comm -23 "$T/routes" "$T/rows")" ]' \
     "without a row: $(comm -23 "$T/routes" "$T/rows" | tr '\n' ';')"
 check "and every row is a route" '[ -z "$(comm -13 "$T/routes" "$T/rows")" ]' "not a route: $(comm -13 "$T/routes" "$T/rows" | tr '\n' ';')"

@@ -508,6 +508,80 @@ static void *stop_client(void *arg) {
     return NULL;
 }
 
+/* --allowed-origins and --tls-cert/--tls-key through the layer (the e2e tests take curl to them) */
+static void test_cors_tls(void) {
+    zs_http *x = NULL;
+    zs_http_opts bo = {.port = 0, .allowed_origins = "https://a.example/"};
+    CHECK_ERR(zs_http_start(&bo, &x), "'https://a.example/' is not an origin");
+    bo.allowed_origins = "*, http://b.example";
+    CHECK_ERR(zs_http_start(&bo, &x), "stands alone");
+    bo.allowed_origins = "http://b.example,";
+    CHECK_ERR(zs_http_start(&bo, &x), "an empty entry");
+    zs_http_opts to = {.port = 0, .tls_cert = "tests/tls/server.pem"};
+    CHECK_ERR(zs_http_start(&to, &x), "--tls-cert and --tls-key go together");
+    to.tls_key = "tests/test-http.c";
+    CHECK_ERR(zs_http_start(&to, &x), "--tls-key tests/test-http.c: not a PEM private key");
+    to.tls_key = "tests/tls/ca-key.pem";
+    CHECK_ERR(zs_http_start(&to, &x), "--tls-key tests/tls/ca-key.pem is not the key of the certificate");
+    to.tls_cert = "tests/tls/nope.pem";
+    CHECK_ERR(zs_http_start(&to, &x), "--tls-cert tests/tls/nope.pem: no such file");
+    CHECK(x == NULL, "out set on failure");
+
+    zs_http_opts co = {.port = 0, .api_key = "sk-test", .allowed_origins = " http://a.example:3000 , https://b.example"};
+    int rc = zs_http_start(&co, &x);
+    CHECK(rc == 0, "start with origins: %s", zs_errmsg());
+    if (rc == 0) {
+        CHECK(zs_http_tls(x) == 0, "plain HTTP");
+        zs_http_route(x, "POST", "/echo", ZS_ROLE_INFERENCE, h_echo, NULL);
+        zs_http_route(x, "GET", "/echo", ZS_ROLE_INFERENCE, h_echo, NULL);
+        int port = zs_http_port(x);
+        resp_t r;
+        request(port, "OPTIONS", "/echo", "Origin: http://a.example:3000\r\nAccess-Control-Request-Method: POST\r\n"
+                "Access-Control-Request-Headers: x-a, x-b\r\n", NULL, &r);
+        CHECK(r.status == 204, "preflight %d", r.status);
+        CHECK(hdr(&r, "Access-Control-Allow-Origin") && !strcmp(hdr(&r, "Access-Control-Allow-Origin"), "http://a.example:3000"),
+              "preflight origin");
+        CHECK(hdr(&r, "Access-Control-Allow-Methods") && !strcmp(hdr(&r, "Access-Control-Allow-Methods"), "POST, GET"),
+              "preflight methods %s", hdr(&r, "Access-Control-Allow-Methods"));
+        CHECK(hdr(&r, "Access-Control-Allow-Headers") &&
+                  !strcmp(hdr(&r, "Access-Control-Allow-Headers"), "Authorization, Content-Type, x-a, x-b"),
+              "preflight headers %s", hdr(&r, "Access-Control-Allow-Headers"));
+        resp_free(&r);
+        request(port, "OPTIONS", "/echo", "Origin: https://b.example\r\nAccess-Control-Request-Method: POST\r\n"
+                "Access-Control-Request-Headers: x-a, (bad)\r\n", NULL, &r);
+        CHECK(r.status == 204 && !strcmp(hdr(&r, "Access-Control-Allow-Headers"), "Authorization, Content-Type"),
+              "preflight with an odd header list %d", r.status);
+        resp_free(&r);
+        request(port, "OPTIONS", "/echo", "Origin: http://c.example\r\nAccess-Control-Request-Method: POST\r\n", NULL, &r);
+        CHECK(r.status == 403 && !hdr(&r, "Access-Control-Allow-Origin") && strstr(r.body, "origin_not_allowed"),
+              "preflight from another origin %d", r.status);
+        resp_free(&r);
+        request(port, "POST", "/echo", "Origin: https://b.example\r\nAuthorization: Bearer sk-test\r\n", "{}", &r);
+        CHECK(r.status == 200 && hdr(&r, "Access-Control-Allow-Origin") && hdr(&r, "Access-Control-Expose-Headers") &&
+                  hdr(&r, "Vary"), "allowed origin %d", r.status);
+        resp_free(&r);
+        request(port, "POST", "/echo", "Origin: https://c.example\r\nAuthorization: Bearer sk-test\r\n", "{}", &r);
+        CHECK(r.status == 200 && !hdr(&r, "Access-Control-Allow-Origin"), "another origin %d", r.status);
+        resp_free(&r);
+        zs_http_stop(x, 0);
+        x = NULL;
+    }
+
+    zs_http_opts so = {.port = 0, .tls_cert = "tests/tls/server.pem", .tls_key = "tests/tls/server-key.pem"};
+    rc = zs_http_start(&so, &x);
+    CHECK(rc == 0, "start with TLS: %s", zs_errmsg());
+    if (rc == 0) {
+        CHECK(zs_http_tls(x) == 1, "HTTPS");
+        zs_http_route(x, "GET", "/health", ZS_ROLE_NONE, h_health, NULL);
+        resp_t r;
+        double t0 = zs_now();
+        request(zs_http_port(x), "GET", "/health", NULL, NULL, &r); /* plain HTTP: closed, no answer */
+        CHECK(r.status == 0 && zs_now() - t0 < 2, "plain HTTP to HTTPS: status %d after %.2f s", r.status, zs_now() - t0);
+        resp_free(&r);
+        zs_http_stop(x, 0);
+    }
+}
+
 int main(void) {
     zs_log_set_level(getenv("ZS_LOG") ? ZS_LOG_DEBUG : ZS_LOG_WARN);
     zs_http *h = start_server();
@@ -528,6 +602,7 @@ int main(void) {
     test_delayed_and_sse(port);
     test_disconnect(port);
     test_concurrency(port);
+    test_cors_tls();
 
     for (int i = 0; i < 100 && zs_http_inflight(h) > 0; i++) msleep(10);
     CHECK(zs_http_inflight(h) == 0, "inflight %zu", zs_http_inflight(h));

@@ -21,6 +21,7 @@
 #     zs_model NAME         MODEL: the fixture $SHARED/models/NAME; skip without it
 #     zs_start_server LOG ARGS...   "$BIN" serve on a free loopback port (sets SPID, ZS_URL)
 #     zs_start_cmd LOG CMD...       any command that serves and prints its "listening on" line
+#                                   (http:// or https://; ZS_CACERT: the CA curl verifies with)
 #     zs_stop_server [-SIG] [PID]   SIGTERM (or SIG), up to 5 s, SIGKILL; ZS_RC its exit status
 #     zs_post PATH BODY / zs_code PATH BODY   POST JSON to ZS_URL: the body / the status ($T/body)
 #     zs_expect_400 PATH BODY PARAM WHAT [TEXT]   ok when it is a 400 naming PARAM (and TEXT)
@@ -142,11 +143,12 @@ zs_model() {
 }
 
 # zs_start_cmd LOG CMD...: runs CMD in the background, its output appended to LOG, until it prints
-# "listening on http://127.0.0.1:PORT" and GET /health answers 200 (ZS_START_WAIT tenths of a
-# second at most, default 600); sets SPID and ZS_URL. 1, with the log on stderr and the process
+# "listening on http://127.0.0.1:PORT" (or https://: then ZS_CACERT, when set, is the CA curl
+# verifies it with, here and in zs_post/zs_code) and GET /health answers 200 (ZS_START_WAIT tenths
+# of a second at most, default 600); sets SPID and ZS_URL. 1, with the log on stderr and the process
 # stopped, when it exits or never becomes healthy. Every process started here is stopped on exit.
 zs_start_cmd() {
-    local log="$1" port="" skip=0
+    local log="$1" port="" skip=0 line scheme=http
     shift
     [ -f "$log" ] && skip=$(wc -c <"$log")
     "$@" >>"$log" 2>&1 &
@@ -154,11 +156,14 @@ zs_start_cmd() {
     ZS_SERVERS="$ZS_SERVERS $SPID"
     for _ in $(seq "${ZS_START_WAIT:-600}"); do
         kill -0 "$SPID" 2>/dev/null || break
-        [ -n "$port" ] || port=$(tail -c +$((skip + 1)) "$log" |
-            sed -n 's/.*listening on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' | head -1)
-        if [ -n "$port" ] && [ "$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' \
-                "http://127.0.0.1:$port/health")" = 200 ]; then
-            ZS_URL=http://127.0.0.1:$port
+        if [ -z "$port" ]; then
+            line=$(tail -c +$((skip + 1)) "$log" | grep -o -m1 'listening on https\{0,1\}://127\.0\.0\.1:[0-9]*')
+            port=${line##*:}
+            case $line in *https://*) scheme=https;; esac
+        fi
+        if [ -n "$port" ] && [ "$(curl -s --max-time 2 ${ZS_CACERT:+--cacert "$ZS_CACERT"} -o /dev/null \
+                -w '%{http_code}' "$scheme://127.0.0.1:$port/health")" = 200 ]; then
+            ZS_URL=$scheme://127.0.0.1:$port
             return 0
         fi
         sleep 0.1
@@ -215,11 +220,12 @@ trap 'echo "# interrupted"; exit 1' INT TERM HUP
 # zs_code PATH BODY: the same; prints the HTTP status, the body goes to $T/body.
 # Each request gives up after ZS_HTTP_TIMEOUT seconds (default 300).
 zs_post() {
-    curl -s --max-time "${ZS_HTTP_TIMEOUT:-300}" -H 'Content-Type: application/json' "$ZS_URL$1" -d "$2"
+    curl -s --max-time "${ZS_HTTP_TIMEOUT:-300}" ${ZS_CACERT:+--cacert "$ZS_CACERT"} -H 'Content-Type: application/json' \
+        "$ZS_URL$1" -d "$2"
 }
 zs_code() {
-    curl -s --max-time "${ZS_HTTP_TIMEOUT:-300}" -o "$T/body" -w '%{http_code}' -H 'Content-Type: application/json' \
-        "$ZS_URL$1" -d "$2"
+    curl -s --max-time "${ZS_HTTP_TIMEOUT:-300}" ${ZS_CACERT:+--cacert "$ZS_CACERT"} -o "$T/body" -w '%{http_code}' \
+        -H 'Content-Type: application/json' "$ZS_URL$1" -d "$2"
 }
 # zs_expect_400 PATH BODY PARAM WHAT [TEXT]: ok when POST BODY answers 400 with error.param PARAM
 # (PARAM ending in *: starting with the rest) and an error.message that contains TEXT
