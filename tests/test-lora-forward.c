@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "device.h"
+#include "hold.h"
 #include "lora.h"
 #include "model.h"
 #include "ref.h"
@@ -327,31 +328,6 @@ static int submit(zs_sched *s, req_t *q, const int32_t *p, int np, int max, cons
     return zs_sched_submit(s, &rp, &sink, &q->r);
 }
 
-/* an idle job that holds the engine thread until released */
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int entered, release;
-    zs_sched *s;
-    int rc;
-} holder_t;
-
-static int hold_fn(void *ud) {
-    holder_t *h = ud;
-    pthread_mutex_lock(&h->mu);
-    h->entered = 1;
-    pthread_cond_broadcast(&h->cv);
-    while (!h->release) pthread_cond_wait(&h->cv, &h->mu);
-    pthread_mutex_unlock(&h->mu);
-    return 7;
-}
-
-static void *hold_thread(void *arg) {
-    holder_t *h = arg;
-    h->rc = zs_sched_run_idle(h->s, hold_fn, h, NULL);
-    return NULL;
-}
-
 static void test_sched(const char *dir) {
     zs_engine_opts eo;
     zs_engine_opts_default(&eo);
@@ -386,22 +362,14 @@ static void test_sched(const char *dir) {
     req_wait(&qb);
     CHECK(memcmp(qb.toks, solo[0].toks, sizeof qb.toks), "adapter A's greedy tokens differ from the base's");
     /* all three at once: their solo tokens (held at the start so that they share every step) */
-    holder_t h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, s, 0};
-    pthread_t th;
-    pthread_create(&th, NULL, hold_thread, &h);
-    pthread_mutex_lock(&h.mu);
-    while (!h.entered) pthread_cond_wait(&h.cv, &h.mu);
-    pthread_mutex_unlock(&h.mu);
+    tu_hold h;
+    tu_hold_start(&h, s);
     for (int i = 0; i < 3; i++) {
         req_init(&q[i]);
         CHECK(submit(s, &q[i], p[i], np[i], 20, lo[i]) == 0, "submit %d", i);
     }
-    pthread_mutex_lock(&h.mu);
-    h.release = 1;
-    pthread_cond_broadcast(&h.cv);
-    pthread_mutex_unlock(&h.mu);
-    pthread_join(th, NULL);
-    CHECK(h.rc == 7, "run_idle returned the job's value (%d)", h.rc);
+    tu_hold_end(&h);
+    CHECK(h.rc == TU_HOLD_VALUE, "run_idle returned the job's value (%d)", h.rc);
     int same = 0;
     for (int i = 0; i < 3; i++) {
         req_wait(&q[i]);
@@ -411,11 +379,8 @@ static void test_sched(const char *dir) {
 
     /* zs_sched_fail_lora: the requests of A (one running, one queued) fail, the others finish */
     static req_t f[4];
-    holder_t h2 = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, s, 0};
-    pthread_create(&th, NULL, hold_thread, &h2);
-    pthread_mutex_lock(&h2.mu);
-    while (!h2.entered) pthread_cond_wait(&h2.cv, &h2.mu);
-    pthread_mutex_unlock(&h2.mu);
+    tu_hold h2;
+    tu_hold_start(&h2, s);
     const zs_lora *fl[4] = {A, NULL, B, A};
     for (int i = 0; i < 4; i++) {
         req_init(&f[i]);
@@ -423,11 +388,7 @@ static void test_sched(const char *dir) {
     }
     int marked = zs_sched_fail_lora(s, A, "adapter A was unloaded");
     CHECK(marked == 2, "fail_lora marked the 2 requests of A (%d)", marked);
-    pthread_mutex_lock(&h2.mu);
-    h2.release = 1;
-    pthread_cond_broadcast(&h2.cv);
-    pthread_mutex_unlock(&h2.mu);
-    pthread_join(th, NULL);
+    tu_hold_end(&h2);
     for (int i = 0; i < 4; i++) req_wait(&f[i]);
     CHECK(f[0].finish == ZS_DONE_ERROR && f[3].finish == ZS_DONE_ERROR && f[0].err == ZS_ECANCELLED &&
               !strcmp(f[0].msg, "adapter A was unloaded"),

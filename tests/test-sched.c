@@ -8,6 +8,7 @@
 #include <pthread.h>
 
 #include "common.h"
+#include "hold.h"
 #include "sched.h"
 #include "testutil.h"
 
@@ -102,50 +103,6 @@ static int idle_fn(void *ud) {
     return 42;
 }
 
-/* a job that holds the engine thread until released */
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int entered, release, rc;
-    zs_sched *s;
-    int (*fn)(void *);
-} holder_t;
-
-static int hold_fn(void *ud) {
-    holder_t *h = ud;
-    pthread_mutex_lock(&h->mu);
-    h->entered = 1;
-    pthread_cond_broadcast(&h->cv);
-    while (!h->release) pthread_cond_wait(&h->cv, &h->mu);
-    pthread_mutex_unlock(&h->mu);
-    return 7;
-}
-
-static void *hold_thread(void *arg) {
-    holder_t *h = arg;
-    h->rc = zs_sched_run_idle(h->s, h->fn ? h->fn : hold_fn, h, NULL);
-    return NULL;
-}
-
-static void hold_start(holder_t *h, zs_sched *s, pthread_t *th) {
-    memset(h, 0, sizeof *h);
-    pthread_mutex_init(&h->mu, NULL);
-    pthread_cond_init(&h->cv, NULL);
-    h->s = s;
-    pthread_create(th, NULL, hold_thread, h);
-    pthread_mutex_lock(&h->mu);
-    while (!h->entered) pthread_cond_wait(&h->cv, &h->mu);
-    pthread_mutex_unlock(&h->mu);
-}
-
-static void hold_end(holder_t *h, pthread_t th) {
-    pthread_mutex_lock(&h->mu);
-    h->release = 1;
-    pthread_cond_broadcast(&h->cv);
-    pthread_mutex_unlock(&h->mu);
-    pthread_join(th, NULL);
-}
-
 static int never_fn(void *ud) {
     (*(int *)ud)++;
     return 1;
@@ -165,11 +122,14 @@ static int cancel_after(void *ud) {
     return ++c->polls >= c->after;
 }
 
+typedef struct {
+    zs_sched *s;
+    int rc, ran;
+} never_t;
+
 static void *never_thread(void *arg) {
-    holder_t *h = arg; /* only s, fn (unused) and rc */
-    int ran = 0;
-    h->rc = zs_sched_run_idle(h->s, never_fn, &ran, NULL);
-    h->entered = ran;
+    never_t *w = arg;
+    w->rc = zs_sched_run_idle(w->s, never_fn, &w->ran, NULL);
     return NULL;
 }
 
@@ -199,9 +159,8 @@ static void test_idle(zs_sched *s, const int32_t *p1, const int32_t *ref1) {
           "the job ran after the running request had finished (done %d)", d.req_done);
     req_wait(&q);
     /* requests submitted while a job runs wait for it */
-    holder_t h;
-    pthread_t th;
-    hold_start(&h, s, &th);
+    tu_hold h;
+    tu_hold_start(&h, s);
     req_init(&q, s);
     CHECK(submit(s, &q, p1, 5, 16, 0, 0, NULL) == 0, "submit while a job runs");
     struct timespec ts = {0, 20000000};
@@ -218,23 +177,21 @@ static void test_idle(zs_sched *s, const int32_t *p1, const int32_t *ref1) {
     CHECK(rc == ZS_ECANCELLED && c.ran == 0 && c.polls == 10, "cancelled: ZS_ECANCELLED without running (rc %d, ran %d, %d polls)",
           rc, c.ran, c.polls);
     CHECK(dt >= 0.03 && dt < 5, "polled every few milliseconds (10 polls in %.3f s)", dt);
-    hold_end(&h, th);
-    CHECK(h.rc == 7, "the holding job's value");
+    tu_hold_end(&h);
+    CHECK(h.rc == TU_HOLD_VALUE, "the holding job's value");
     req_wait(&q);
     CHECK(q.n_tok == 16 && !memcmp(q.toks, ref1, 16 * sizeof(int32_t)), "the request waited, then gave the reference tokens");
     /* drain: a waiting job is cancelled, later calls too */
-    hold_start(&h, s, &th);
-    holder_t w;
-    memset(&w, 0, sizeof w);
-    w.s = s;
+    tu_hold_start(&h, s);
+    never_t w = {s, 0, 0};
     pthread_t tw;
     pthread_create(&tw, NULL, never_thread, &w);
     nanosleep(&ts, NULL);
     zs_sched_drain(s, 1.0);
     pthread_join(tw, NULL);
-    CHECK(w.rc == ZS_ECANCELLED && w.entered == 0, "drain: the waiting job is cancelled without running (rc %d)", w.rc);
-    hold_end(&h, th);
-    CHECK(h.rc == 7, "the job that was running when the drain began finished");
+    CHECK(w.rc == ZS_ECANCELLED && w.ran == 0, "drain: the waiting job is cancelled without running (rc %d)", w.rc);
+    tu_hold_end(&h);
+    CHECK(h.rc == TU_HOLD_VALUE, "the job that was running when the drain began finished");
     int ran = 0;
     CHECK(zs_sched_run_idle(s, never_fn, &ran, NULL) == ZS_ECANCELLED && ran == 0, "after a drain: ZS_ECANCELLED");
 }

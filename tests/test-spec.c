@@ -32,6 +32,7 @@
 
 #include "common.h"
 #include "config.h"
+#include "hold.h"
 #include "init-model.h"
 #include "jsonschema.h"
 #include "lora.h"
@@ -510,59 +511,6 @@ static zs_spec *open_draft(const draft_cfg *dc, zs_engine *target, const char *t
     return rc == 0 ? p : NULL;
 }
 
-/* Holds the engine thread (zs_sched_run_idle) while a wave is submitted, so that the whole wave is
- * in the inbox at the first step: how requests share passes then depends on the engine alone, not
- * on how fast this thread submits. */
-typedef struct {
-    zs_sched *s;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int entered, open;
-    pthread_t thr;
-} gate_t;
-
-static int gate_hold(void *ud) {
-    gate_t *g = ud;
-    pthread_mutex_lock(&g->mu);
-    g->entered = 1;
-    pthread_cond_broadcast(&g->cv);
-    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-    return 0;
-}
-
-static void *gate_main(void *ud) {
-    gate_t *g = ud;
-    if (zs_sched_run_idle(g->s, gate_hold, g, NULL) < 0) { /* not run: let the waiter go */
-        pthread_mutex_lock(&g->mu);
-        g->entered = 1;
-        pthread_cond_broadcast(&g->cv);
-        pthread_mutex_unlock(&g->mu);
-    }
-    return NULL;
-}
-
-static void gate_close(gate_t *g, zs_sched *s) {
-    g->s = s;
-    g->entered = g->open = 0;
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
-    pthread_create(&g->thr, NULL, gate_main, g);
-    pthread_mutex_lock(&g->mu);
-    while (!g->entered) pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_open(gate_t *g) {
-    pthread_mutex_lock(&g->mu);
-    g->open = 1;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-    pthread_join(g->thr, NULL);
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
-}
-
 static void run_mix_ex(const eng_cfg *c, const char *nvme, int no_drafts, zs_spec *spec, int k, int tree, run_out *o,
                        int with_lora, int with_con, int nreq, const draft_cfg *dc, int simple) {
     zs_engine *e = open_engine(c, nvme);
@@ -638,8 +586,8 @@ static void run_mix_ex(const eng_cfg *c, const char *nvme, int no_drafts, zs_spe
     int32_t p[160];
     for (int w0 = 0; w0 < nreq; w0 += WAVE) {
         int nw = ZS_MIN(WAVE, nreq - w0);
-        gate_t gate;
-        gate_close(&gate, s);
+        tu_hold gate; /* the whole wave in the inbox at the first step: passes then do not depend on how fast we submit */
+        tu_hold_start(&gate, s);
         for (int j = 0; j < nw; j++) {
             int i = w0 + j;
             memset(&q[j], 0, sizeof q[j]);
@@ -652,7 +600,7 @@ static void run_mix_ex(const eng_cfg *c, const char *nvme, int no_drafts, zs_spe
             CHECK(rc == 0, "submit %d: %s", i, zs_errmsg());
             if (rc < 0) q[j].done = 1;
         }
-        gate_open(&gate);
+        tu_hold_end(&gate);
         for (int j = 0; j < nw; j++) {
             int i = w0 + j;
             req_wait(&q[j]);
