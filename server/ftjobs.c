@@ -87,7 +87,7 @@ static int bad_param(zs_http_req *r, const char *param, const char *code, const 
     return -1;
 }
 
-/* Every key of o is one of known (NULL-terminated); else 400 naming prefix.key. */
+/* Every key of o is one of known (NULL-terminated); else 400 naming prefix.key (key at the top, prefix ""). */
 static int known_keys(json_t *o, const char *prefix, const char *const *known, zs_http_req *r) {
     const char *k;
     json_t *v;
@@ -96,7 +96,7 @@ static int known_keys(json_t *o, const char *prefix, const char *const *known, z
         for (int i = 0; known[i] && !ok; i++) ok = !strcmp(k, known[i]);
         if (!ok) {
             char param[128], msg[400];
-            snprintf(param, sizeof param, "%s.%s", prefix, k);
+            snprintf(param, sizeof param, "%s%s%s", prefix, *prefix ? "." : "", k);
             int n = snprintf(msg, sizeof msg, "Unrecognized argument '%s' (expected", param);
             for (int i = 0; known[i] && n > 0 && (size_t)n < sizeof msg; i++)
                 n += snprintf(msg + n, sizeof msg - (size_t)n, "%s %s", i ? "," : "", known[i]);
@@ -109,6 +109,8 @@ static int known_keys(json_t *o, const char *prefix, const char *const *known, z
 
 /* The three hyperparameters of hp (an object or NULL) under the name prefix. */
 static int hp_all(json_t *hp, const char *prefix, double *ep, double *bs, double *lrm, zs_http_req *r) {
+    static const char *const keys[] = {"n_epochs", "batch_size", "learning_rate_multiplier", NULL};
+    if (hp && known_keys(hp, prefix, keys, r) < 0) return -1;
     if (hp_value(hp, prefix, "n_epochs", 1, 10000, 3, 1, ep, r) < 0 || hp_value(hp, prefix, "batch_size", 1, 256, 2, 1, bs, r) < 0 ||
         hp_value(hp, prefix, "learning_rate_multiplier", 1e-6, 100, 1, 0, lrm, r) < 0)
         return -1;
@@ -144,9 +146,7 @@ static int parse_method(json_t *method, json_t **mhp, zs_http_req *r) {
     if (!json_is_object(hp))
         return bad_param(r, "method.supervised.hyperparameters", "invalid_type",
                          "Invalid 'method.supervised.hyperparameters': expected an object.");
-    static const char *const hk[] = {"n_epochs", "batch_size", "learning_rate_multiplier", NULL};
-    if (known_keys(hp, "method.supervised.hyperparameters", hk, r) < 0) return -1;
-    *mhp = hp;
+    *mhp = hp; /* its keys are checked by hp_all */
     return 0;
 }
 
@@ -314,6 +314,12 @@ static void h_create(void *ud, zs_http_req *r) {
     if (!json_is_object(root)) {
         json_decref(root);
         zs_http_respond_error(r, 400, "invalid_request_error", NULL, NULL, "The body must be a JSON object.");
+        return;
+    }
+    static const char *const known[] = {"model", "training_file", "validation_file", "suffix", "seed", "hyperparameters",
+                                        "method", "lora", "shared", "priority", "train_share", NULL};
+    if (known_keys(root, "", known, r) < 0) { /* nothing accepted and then ignored */
+        json_decref(root);
         return;
     }
     const char *model, *tf, *vf, *suffix;

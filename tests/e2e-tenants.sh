@@ -125,6 +125,12 @@ check "acme's job: 200, \"shared\": false, no owner field" \
 check "job 1 (full, private) succeeds" 'wait_status "$J1" succeeded 90'
 J2=$(job key-acme "$FA" 1 '"suffix":"lora","lora":{"r":2},')
 check "job 2 (LoRA, private) succeeds" '[ -n "$J2" ] && wait_status "$J2" succeeded 90'
+uk=$(call key-acme POST /v1/fine_tuning/jobs "{\"model\":\"stories260K\",\"training_file\":\"$FA\",\"sharedd\":true}")
+check "a job with a field it does not know (sharedd): 400 unknown_parameter naming it" \
+    '[ "$uk" = 400 ] && jq -e ".error.code == \"unknown_parameter\" and .error.param == \"sharedd\"" "$T/r.json" >/dev/null' "$uk $(cat "$T/r.json")"
+uk=$(call key-acme POST /v1/fine_tuning/jobs "{\"model\":\"stories260K\",\"training_file\":\"$FA\",\"hyperparameters\":{\"n_epoch\":1}}")
+check "and one in hyperparameters (n_epoch): 400 naming hyperparameters.n_epoch" \
+    '[ "$uk" = 400 ] && jq -e ".error.param == \"hyperparameters.n_epoch\"" "$T/r.json" >/dev/null' "$uk $(cat "$T/r.json")"
 J3=$(job key-acme "$FA" 1 '"suffix":"pub","shared":true,')
 check "job 3 (\"shared\": true) records it and succeeds" \
     '[ -n "$J3" ] && jq -e ".shared == true" "$T/r.json" >/dev/null && wait_status "$J3" succeeded 90'
