@@ -801,22 +801,15 @@ static enum MHD_Result req_begin(zs_http *h, zs_http_req *r) {
                            r->method, r->path, zs_role_name(rt->role));
     if (r->authed) {
         zs_quota_refusal why;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int ok = zs_quota_admit(h->limits, r->who.tenant, &r->who.limits, (double)ts.tv_sec + ts.tv_nsec * 1e-9, &why);
+        int ok = zs_quota_admit(h->limits, r->who.tenant, &r->who.limits, zs_now(), &why);
         if (ok < 0) return MHD_NO;
         if (!ok) {
-            char ra[24];
+            char ra[24], code[32];
             snprintf(ra, sizeof ra, "%ld", why.retry_s);
-            return early_error(r, 429, "rate_limit_error", !strcmp(why.limit, "rpm")   ? "rpm_limit"
-                                                           : !strcmp(why.limit, "tpm") ? "tpm_limit"
-                                                                                       : "streams_limit",
-                               "Retry-After", ra, "Tenant '%s' is at its %s limit (%s=%ld in the key file%s); retry in %ld s",
-                               r->who.tenant,
-                               !strcmp(why.limit, "rpm")   ? "requests-a-minute"
-                               : !strcmp(why.limit, "tpm") ? "tokens-a-minute"
-                                                           : "requests-at-once",
-                               why.limit, why.value, !strcmp(why.limit, "streams") ? ", requests in flight" : "", why.retry_s);
+            snprintf(code, sizeof code, "%s_limit", why.limit);
+            return early_error(r, 429, "rate_limit_error", code, "Retry-After", ra,
+                               "Tenant '%s' is at its %s limit (%s=%ld in the key file); retry in %ld s", r->who.tenant,
+                               why.what, why.limit, why.value, why.retry_s);
         }
         r->limited = 1;
     }
@@ -1513,8 +1506,5 @@ int zs_http_req_set_object(zs_http_req *r, const char *id) {
 }
 
 void zs_http_req_charge(zs_http_req *r, long tokens) {
-    if (!r || !r->authed) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    zs_quota_charge(r->h->limits, r->who.tenant, &r->who.limits, tokens, (double)ts.tv_sec + ts.tv_nsec * 1e-9);
+    if (r && r->authed) zs_quota_charge(r->h->limits, r->who.tenant, &r->who.limits, tokens, zs_now());
 }

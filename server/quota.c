@@ -83,13 +83,13 @@ int zs_quota_admit(zs_quota *L, const char *tenant, const zs_key_limits *lim, do
     int ok = 1;
     if (lim->streams > 0 && e->inflight >= lim->streams) {
         /* a slot frees when a request ends; no time can be promised, so a second */
-        *why = (zs_quota_refusal){"streams", lim->streams, 1};
+        *why = (zs_quota_refusal){"streams", "requests-at-once", lim->streams, 1};
         ok = 0;
     }
     if (ok && lim->rpm > 0) {
         refill(&e->req_tokens, &e->req_t, lim->rpm, now);
         if (e->req_tokens < 1.0) {
-            *why = (zs_quota_refusal){"rpm", lim->rpm, wait_for(e->req_tokens, 1.0, lim->rpm)};
+            *why = (zs_quota_refusal){"rpm", "requests-a-minute", lim->rpm, wait_for(e->req_tokens, 1.0, lim->rpm)};
             ok = 0;
         }
     }
@@ -97,7 +97,7 @@ int zs_quota_admit(zs_quota *L, const char *tenant, const zs_key_limits *lim, do
         refill(&e->tok_tokens, &e->tok_t, lim->tpm, now);
         if (e->tok_tokens <= 0) {
             /* admitted again once the bucket is above zero: one token's worth past it */
-            *why = (zs_quota_refusal){"tpm", lim->tpm, wait_for(e->tok_tokens, 1.0, lim->tpm)};
+            *why = (zs_quota_refusal){"tpm", "tokens-a-minute", lim->tpm, wait_for(e->tok_tokens, 1.0, lim->tpm)};
             ok = 0;
         }
     }

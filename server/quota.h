@@ -19,6 +19,7 @@ typedef struct zs_quota zs_quota;
 /* Why a request was refused. */
 typedef struct {
     const char *limit; /* "rpm", "tpm" or "streams" (static) */
+    const char *what;  /* what it counts, in words: "requests-a-minute", ... (static) */
     long value;        /* the limit's value */
     long retry_s;      /* seconds until it would be admitted (at least 1) */
 } zs_quota_refusal;
